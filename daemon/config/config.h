@@ -1,0 +1,141 @@
+// Config: idem's YAML configuration, validated against
+// schemas/config.schema.json (valijson) and then resolved into typed structs.
+//
+// Relative paths inside a config file (prompt templates, output schemas,
+// checks, scripted rules) resolve against the directory of that file.
+// Provider keys are never in the file: a provider names the environment
+// variable that holds its key (api_key_env).
+//
+// Errors: LoadConfig returns InvalidArgument whose message names the file,
+// the JSON pointer inside it (field()) and the reason, e.g.
+//   "config/idem.yaml: /steps/triage_ticket/temperature: must be <= 2".
+// Unknown keys are errors.
+//
+// Thread-safety: a loaded Config is immutable and may be shared freely.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/core/status.h"
+
+namespace idem {
+
+using Json = nlohmann::json;
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:7411";
+  int threads = 64;
+  size_t max_body_bytes = 1 << 20;
+  int max_json_depth = 64;
+};
+
+struct StoreConfig {
+  std::string engine = "rocksdb";
+  std::string path = "./var/idem";  // resolved against the config file's directory
+  bool sync = true;
+};
+
+struct AuthToken {
+  std::string name;
+  std::string sha256;  // hex sha256 of the bearer token
+  std::vector<std::string> roles;
+};
+
+struct AuthConfig {
+  std::vector<AuthToken> tokens;  // empty: no auth (loopback-only default)
+};
+
+struct IdempotencyConfig {
+  int64_t window_ms = 24LL * 3600 * 1000;  // default Idempotency-Key window
+  int64_t lease_ms = 60'000;               // an in_progress key is taken over after this
+  std::map<std::string, int64_t> route_windows_ms;  // "POST /v1/decide" -> window
+};
+
+struct ProviderConfig {
+  std::string name;
+  std::string type;  // scripted | openai | anthropic | openai_compatible
+  std::string api_key_env;
+  std::string base_url;
+  std::string rules_path;  // scripted: the rules file (absolute after loading)
+  Json raw = Json::object();  // the provider's whole config node (for adapters)
+};
+
+struct PromptConfig {
+  std::string template_path;  // absolute after loading
+  std::string version;
+  std::string text;    // the template's text
+  std::string sha256;  // hex sha256 of text
+};
+
+struct InputConfig {
+  std::vector<std::string> drop;       // JSON pointers or top-level names to drop
+  bool trim_strings = true;            // trim leading/trailing white space
+  std::vector<std::string> url_fields;  // JSON pointers of URL-valued fields to normalize
+};
+
+struct StepConfig {
+  std::string name;
+  std::string provider;
+  std::string model;
+  double temperature = 0;
+  PromptConfig prompt;
+  std::string output_schema_path;
+  Json output_schema;  // the parsed schema
+  Json tools = Json::array();
+  InputConfig input;
+  std::string checks_path;  // empty: none
+  int attempts = 3;
+  int64_t timeout_ms = 30'000;
+  Json fallback = Json::array();
+  int64_t cache_window_ms = 0;  // 0: forever
+  std::string plan_pointer;     // JSON pointer of the actions list in the output
+};
+
+struct RetryConfig {
+  int attempts = 5;
+  int64_t base_ms = 200;
+  int64_t cap_ms = 30'000;
+  int64_t timeout_ms = 10'000;  // per call
+};
+
+struct ActionConfig {
+  std::string name;
+  std::vector<std::string> identity_fields;  // JSON pointers into args
+  std::string identity_version = "v1";
+  int64_t window_ms = 24LL * 3600 * 1000;  // 0: forever
+  std::string on_duplicate = "return_original";  // return_original | conflict | ignore
+  Json effector = Json::object();
+  RetryConfig retry;
+  Json approval;  // null: none
+};
+
+struct Config {
+  std::string source_path;  // the file it came from
+  std::string base_dir;     // its directory
+  ServerConfig server;
+  StoreConfig store;
+  AuthConfig auth;
+  IdempotencyConfig idempotency;
+  std::map<std::string, ProviderConfig> providers;
+  std::map<std::string, StepConfig> steps;
+  std::map<std::string, ActionConfig> actions;
+  Json prices = Json::object();  // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
+};
+
+// Reads, validates and resolves the config at `path`.
+StatusOr<Config> LoadConfig(const std::string& path);
+
+// Parses "250ms", "30s", "5m", "24h", "7d" or "forever" (0) into milliseconds.
+StatusOr<int64_t> ParseDuration(const std::string& text);
+
+// One sentence per step and action kind on identity, window and duplicate
+// response (R1-R3), for `idem contracts`.
+std::string DescribeContracts(const Config& config);
+
+}  // namespace idem

@@ -1,0 +1,70 @@
+#include "daemon/core/crypto.h"
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <openssl/rand.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace idem {
+
+std::string HexEncode(std::string_view raw) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.resize(raw.size() * 2);
+  for (size_t i = 0; i < raw.size(); ++i) {
+    auto b = static_cast<unsigned char>(raw[i]);
+    out[2 * i] = kHex[b >> 4];
+    out[2 * i + 1] = kHex[b & 15];
+  }
+  return out;
+}
+
+std::string Sha256Raw(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1) {
+    std::abort();  // OpenSSL cannot hash: the process cannot keep any promise
+  }
+  return std::string(reinterpret_cast<char*>(md), len);
+}
+
+std::string Sha256Hex(std::string_view data) { return HexEncode(Sha256Raw(data)); }
+
+std::string HmacSha256Hex(std::string_view key, std::string_view data) {
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (mac == nullptr) std::abort();
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac);
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                         OSSL_PARAM_construct_end()};
+  unsigned char out[EVP_MAX_MD_SIZE];
+  size_t out_len = 0;
+  if (ctx == nullptr ||
+      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(),
+                   params) != 1 ||
+      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(data.data()), data.size()) !=
+          1 ||
+      EVP_MAC_final(ctx, out, &out_len, sizeof(out)) != 1) {
+    std::abort();
+  }
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+  return HexEncode(std::string_view(reinterpret_cast<char*>(out), out_len));
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string RandomHex(size_t bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), static_cast<int>(bytes)) != 1) std::abort();
+  return HexEncode(std::string_view(reinterpret_cast<char*>(buf.data()), bytes));
+}
+
+}  // namespace idem

@@ -1,0 +1,32 @@
+#include "daemon/core/env.h"
+
+#include <chrono>
+#include <thread>
+
+namespace idem {
+
+Env& Env::Real() {
+  static RealEnv* env = new RealEnv();  // never destroyed: used by detached threads at exit
+  return *env;
+}
+
+int64_t RealEnv::WallMillis() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+int64_t RealEnv::MonoNanos() {
+  using namespace std::chrono;
+  return duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
+}
+
+void RealEnv::SleepMillis(int64_t ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+uint64_t RealEnv::Random64() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rng_();
+}
+
+}  // namespace idem

@@ -1,0 +1,48 @@
+// JSON at the edge of the daemon: parsing untrusted text with limits, and
+// RFC 8785 (JCS) canonical serialization for hashing.
+//
+// ParseJson rejects, with InvalidArgument and a message that says where:
+//   - syntax errors (with the byte offset),
+//   - invalid UTF-8 and lone surrogate escapes,
+//   - duplicate member names (field() is the JSON pointer of the duplicate),
+// and with ResourceExhausted: text longer than limits.max_bytes, nesting
+// deeper than limits.max_depth (checked while parsing, before the value is
+// built, so a hostile body cannot exhaust the stack or memory).
+//
+// CanonicalJson returns the RFC 8785 form: members sorted by their UTF-16
+// code units, numbers in ECMAScript Number-to-String form (integers are
+// treated as IEEE-754 doubles, as JCS requires), strings with the minimal
+// escaping of RFC 8785 section 3.2.2.2. NaN or infinities are
+// InvalidArgument (nlohmann can hold them; JSON cannot).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/core/status.h"
+
+namespace idem {
+
+using Json = nlohmann::json;
+
+struct JsonLimits {
+  size_t max_bytes = 1 << 20;
+  int max_depth = 64;
+};
+
+StatusOr<Json> ParseJson(std::string_view text, const JsonLimits& limits = {});
+
+StatusOr<std::string> CanonicalJson(const Json& value);
+
+// ECMAScript Number::toString for a finite double (RFC 8785 3.2.2.3).
+std::string FormatJcsNumber(double value);
+
+// Escapes one reference token for a JSON pointer (RFC 6901: ~ -> ~0, / -> ~1).
+std::string JsonPointerToken(std::string_view token);
+
+}  // namespace idem

@@ -1,0 +1,335 @@
+// The domain store: what idem remembers, behind interfaces shaped by the
+// domain (decisions, idempotency keys, the effects journal, plans, audit,
+// named leases), never a generic key-value API. One implementation today:
+// RocksDB (store/rocksdb/), embedded, one process owning the folder.
+//
+// Durability: every write that a later side effect depends on (an
+// Idempotency-Key record, a journal claim, a completion) is synced to disk
+// before the call returns when the store was opened with sync=true.
+// Concurrent writers share fsyncs (group commit).
+//
+// Time: every call that needs "now" takes it as an argument (milliseconds
+// since the epoch, from the daemon's StableClock), so tests control time.
+//
+// Errors: Unavailable (retryable) when the disk or RocksDB fails;
+// InvalidArgument for malformed arguments; NotFound / FailedPrecondition as
+// documented per method. A stored record that cannot be decoded is Internal.
+//
+// Thread-safety: every method of every interface may be called from many
+// threads at once; atomicity is per method as documented.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/core/status.h"
+
+namespace idem {
+
+using Json = nlohmann::json;
+
+// ---------------------------------------------------------------- decisions
+
+struct Decision {
+  std::string decision_id;   // "dec_" + 32 hex; unique per stored decision
+  std::string decision_key;  // sha256 hex of the key material (the cache key)
+  std::string step;
+  std::string status = "decided";    // "decided"
+  std::string decided_by = "model";  // "model" | "human"
+  Json output;                       // the parsed, validated output
+  Json material;                     // the canonical key material (JSON)
+  Json trace = Json::object();       // attempts, raw output, tokens, cost
+  std::string provider, model, prompt_version;
+  int64_t created_at_ms = 0;
+  int64_t expires_at_ms = 0;  // 0: kept forever
+
+  Json ToJson() const;
+  static StatusOr<Decision> FromJson(const Json& j);
+};
+
+struct DecisionPage {
+  std::vector<Decision> items;
+  std::string next_cursor;  // empty: no more
+};
+
+class DecisionStore {
+ public:
+  virtual ~DecisionStore() = default;
+  // The current decision cached under `decision_key`, NotFound if none or if
+  // it expired before `now_ms`.
+  virtual StatusOr<Decision> GetByKey(const std::string& decision_key, int64_t now_ms) = 0;
+  // A decision by id (also superseded ones), NotFound if none.
+  virtual StatusOr<Decision> Get(const std::string& decision_id) = 0;
+  // Stores `d` as the decision for d.decision_key unless a live one exists;
+  // returns the one that is cached afterwards (the existing one, or `d`).
+  virtual StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) = 0;
+  // Stores `d` and makes it the cached decision for its key (cache=refresh);
+  // an older decision stays readable by id.
+  virtual Status Replace(const Decision& d) = 0;
+  // Decisions, newest first; filters may be empty. `cursor` from a previous page.
+  virtual StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
+                                      const std::string& cursor, size_t limit) = 0;
+};
+
+// --------------------------------------------------------- idempotency keys
+
+struct IdemRecord {
+  std::string scope;        // the caller (token name) plus the route
+  std::string key;          // the Idempotency-Key value
+  std::string fingerprint;  // sha256 hex of method, path and JCS body
+  enum class State { kInProgress, kCompleted } state = State::kInProgress;
+  int response_status = 0;
+  std::string response_body;
+  std::string response_content_type;
+  std::string request_id;
+  int64_t created_at_ms = 0;
+  int64_t expires_at_ms = 0;
+  int64_t lease_until_ms = 0;  // in_progress only: after it, the key may be taken over
+};
+
+enum class BeginOutcome {
+  kNew,       // the caller owns the key now and must Finish or Abandon it
+  kReplay,    // completed with the same fingerprint: replay record.response_*
+  kMismatch,  // the key was used with another fingerprint: 422, nothing runs
+  kInFlight,  // in progress under a live lease: 409 or wait
+};
+
+struct BeginResult {
+  BeginOutcome outcome;
+  IdemRecord record;  // the stored record (for kNew: the one just written)
+};
+
+class IdemKeyStore {
+ public:
+  virtual ~IdemKeyStore() = default;
+  // Atomically: if (scope,key) is absent, or expired at now_ms, or
+  // in_progress with lease_until <= now_ms (its owner crashed), writes an
+  // in_progress record (durably) and returns kNew; otherwise classifies.
+  virtual StatusOr<BeginResult> Begin(const std::string& scope, const std::string& key,
+                                      const std::string& fingerprint, const std::string& request_id,
+                                      int64_t now_ms, int64_t ttl_ms, int64_t lease_ms) = 0;
+  // Records the response of the request that owns the key (durably).
+  // FailedPrecondition if the record is gone or owned by another fingerprint.
+  virtual Status Finish(const std::string& scope, const std::string& key,
+                        const std::string& fingerprint, int status, const std::string& body,
+                        const std::string& content_type, int64_t now_ms) = 0;
+  // Forgets an in_progress record (the request failed validation, so a
+  // corrected retry may reuse the key). No-op when absent.
+  virtual Status Abandon(const std::string& scope, const std::string& key,
+                         const std::string& fingerprint) = 0;
+  virtual StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) = 0;
+  // Deletes up to `limit` records expired before now_ms; returns how many.
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
+};
+
+// ----------------------------------------------------------- effects journal
+
+enum class WorkState { kPending, kRunning, kDone, kFailed, kDead };
+std::string_view WorkStateName(WorkState s);
+
+struct WorkItem {
+  std::string work_id;  // sha256 hex of kind:version:JCS(identity)
+  std::string kind;
+  WorkState state = WorkState::kPending;
+  int attempt = 0;          // claims granted so far
+  int max_attempts = 5;     // after this many failures: dead
+  std::string lease_token;  // holder of the current lease (running)
+  int64_t locked_until_ms = 0;
+  Json args = Json::object();  // what the effect needs (daemon-executed work)
+  Json identity = Json::object();
+  Json result;  // null until done
+  std::string external_ref;
+  std::string last_error;
+  int64_t next_attempt_at_ms = 0;  // pending/failed: when it is due
+  int64_t created_at_ms = 0;
+  int64_t updated_at_ms = 0;
+  int64_t expires_at_ms = 0;  // done/dead: forgotten after this (0: never)
+  std::string run_id;
+  std::string request_id;  // correlation id of the request that created it
+
+  Json ToJson() const;
+  static StatusOr<WorkItem> FromJson(const Json& j);
+};
+
+struct ClaimRequest {
+  std::string work_id;
+  std::string kind;
+  Json identity = Json::object();
+  Json args = Json::object();
+  std::string run_id;
+  std::string request_id;
+  int64_t lease_ms = 30'000;
+  int64_t window_ms = 0;  // how long a done record is remembered (0: forever)
+  int max_attempts = 5;
+  int64_t now_ms = 0;
+};
+
+enum class ClaimOutcome {
+  kClaimed,  // the caller holds the lease: do the effect, then Complete/Fail
+  kDone,     // already done: item.result / item.external_ref are the original
+  kBusy,     // someone holds a live lease until item.locked_until_ms
+  kDead,     // attempts exhausted; only a requeue revives it
+};
+
+struct ClaimResult {
+  ClaimOutcome outcome;
+  WorkItem item;  // the record after the claim
+};
+
+class Journal {
+ public:
+  virtual ~Journal() = default;
+  // One atomic, durable step covering: first delivery (creates the record),
+  // concurrent duplicates (one kClaimed, the rest kBusy), retry after a
+  // crash (lease expired -> kClaimed with attempt+1 and a new token), retry
+  // after a failure (failed -> kClaimed), and duplicates of done work.
+  virtual StatusOr<ClaimResult> Claim(const ClaimRequest& req) = 0;
+  // Creates a pending record due at req.now_ms unless one exists; returns
+  // the stored record either way (daemon-executed work goes through Due).
+  virtual StatusOr<WorkItem> Enqueue(const ClaimRequest& req) = 0;
+  // Marks done. FailedPrecondition if `lease_token` is not the current
+  // holder (a stale lease), NotFound if no such work.
+  virtual Status Complete(const std::string& work_id, const std::string& lease_token,
+                          const Json& result, const std::string& external_ref,
+                          int64_t now_ms) = 0;
+  // Stores external_ref while still running (level-3 effects: proof first).
+  virtual Status RecordExternalRef(const std::string& work_id, const std::string& lease_token,
+                                   const std::string& external_ref, int64_t now_ms) = 0;
+  // Records a failure. Retryable and attempts left: failed, due at
+  // retry_at_ms. Otherwise: dead. Same token rules as Complete.
+  virtual StatusOr<WorkItem> Fail(const std::string& work_id, const std::string& lease_token,
+                                  const std::string& error, bool retryable, int64_t retry_at_ms,
+                                  int64_t now_ms) = 0;
+  virtual StatusOr<WorkItem> Get(const std::string& work_id) = 0;
+  // Up to n items that are due at now_ms: pending/failed with
+  // next_attempt_at <= now, and running with an expired lease.
+  virtual StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) = 0;
+  virtual StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) = 0;
+  // dead -> pending with a fresh attempt budget, due now. FailedPrecondition
+  // unless dead.
+  virtual StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) = 0;
+  virtual StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) = 0;
+  virtual StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) = 0;
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
+};
+
+// -------------------------------------------------------------------- plans
+
+struct Plan {
+  std::string plan_id;
+  std::string decision_id;
+  std::string state;  // proposed | approved | rejected | applying | applied | failed
+  Json actions = Json::array();
+  Json history = Json::array();  // [{from,to,actor,note,at_ms}]
+  int64_t created_at_ms = 0;
+  int64_t updated_at_ms = 0;
+
+  Json ToJson() const;
+  static StatusOr<Plan> FromJson(const Json& j);
+};
+
+class PlanStore {
+ public:
+  virtual ~PlanStore() = default;
+  // AlreadyExists if plan_id exists.
+  virtual Status Put(const Plan& plan) = 0;
+  virtual StatusOr<Plan> Get(const std::string& plan_id) = 0;
+  // Compare-and-set of the state; FailedPrecondition when the current state
+  // is not `from`. Appends to history.
+  virtual StatusOr<Plan> Transition(const std::string& plan_id, const std::string& from,
+                                    const std::string& to, const std::string& actor,
+                                    const std::string& note, int64_t now_ms) = 0;
+  virtual StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) = 0;
+};
+
+// -------------------------------------------------------------------- audit
+
+struct AuditEvent {
+  uint64_t seq = 0;
+  int64_t at_ms = 0;
+  std::string actor;
+  std::string action;
+  Json detail = Json::object();
+  std::string prev_hash;  // hash of the previous event (hex), "" for the first
+  std::string hash;       // sha256(prev_hash + JCS(event without hash))
+};
+
+class AuditLog {
+ public:
+  virtual ~AuditLog() = default;
+  // Appends, filling seq, prev_hash and hash; returns seq.
+  virtual StatusOr<uint64_t> Append(AuditEvent event) = 0;
+  virtual StatusOr<std::vector<AuditEvent>> Scan(uint64_t from_seq, size_t limit) = 0;
+  // Recomputes the chain; Internal with the first broken seq.
+  virtual Status Verify() = 0;
+};
+
+// ------------------------------------------------------------- named leases
+
+struct NamedLease {
+  std::string name;
+  std::string holder;
+  std::string token;
+  int64_t acquired_at_ms = 0;
+  int64_t expires_at_ms = 0;
+};
+
+enum class LeaseOutcome { kAcquired, kRenewed, kHeld };
+
+struct LeaseResult {
+  LeaseOutcome outcome;
+  NamedLease lease;  // the current lease (the other holder's for kHeld)
+};
+
+class LeaseStore {
+ public:
+  virtual ~LeaseStore() = default;
+  // Acquire if free or expired; renew if `holder` already holds it; else kHeld.
+  virtual StatusOr<LeaseResult> Acquire(const std::string& name, const std::string& holder,
+                                        int64_t ttl_ms, int64_t now_ms) = 0;
+  // FailedPrecondition unless held by `holder`.
+  virtual Status Release(const std::string& name, const std::string& holder) = 0;
+  virtual StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) = 0;
+};
+
+// --------------------------------------------------------------------- meta
+
+// Small durable facts, e.g. the hash of each prompt version.
+class MetaStore {
+ public:
+  virtual ~MetaStore() = default;
+  virtual StatusOr<std::optional<std::string>> Get(const std::string& key) = 0;
+  virtual Status Put(const std::string& key, const std::string& value) = 0;
+};
+
+// ------------------------------------------------------------------- bundle
+
+struct StoreOptions {
+  std::string path;
+  bool sync = true;
+};
+
+// All the stores of one database. The Store owns the database; the
+// interfaces it hands out live as long as it does.
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual DecisionStore& decisions() = 0;
+  virtual IdemKeyStore& idem_keys() = 0;
+  virtual Journal& journal() = 0;
+  virtual PlanStore& plans() = 0;
+  virtual AuditLog& audit() = 0;
+  virtual LeaseStore& leases() = 0;
+  virtual MetaStore& meta() = 0;
+};
+
+// Opens (creating if needed) the RocksDB store at options.path.
+// Unavailable if the folder is locked by another process or unreadable.
+StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options);
+
+}  // namespace idem
