@@ -1,6 +1,162 @@
-#include <cstdio>
+// idem: the daemon (`idem serve`) and its command-line tools.
+//
+// Tools that must work with the daemon down read the config or stdin
+// directly: canon, key, contracts. The rest talk to the daemon's HTTP API.
+#include <signal.h>
+#include <unistd.h>
 
-int main() {
-  std::puts("idem: see README.md");
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "daemon/apply/work_identity.h"
+#include "daemon/core/json.h"
+#include "daemon/decide/decide_engine.h"
+#include "daemon/http/daemon.h"
+#include "daemon/obs/log.h"
+
+namespace idem {
+namespace {
+
+std::string ReadStdin() {
+  return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "idem: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int Serve(const DaemonOptions& options, const std::string& port_file) {
+  // Block the stop signals before any thread starts, then wait for them here.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = Daemon::Start(options);
+  if (!daemon.ok()) return Fail(daemon.status());
+  const std::string url = "http://" + (*daemon)->host() + ":" + std::to_string((*daemon)->port());
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << (*daemon)->port() << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  std::printf(
+      "idem listening on %s (store: %s)\n"
+      "try:\n"
+      "  curl -s %s/v1/decide -H 'Idempotency-Key: \"t-1\"' \\\n"
+      "    -d '{\"step\":\"triage_ticket\",\"input\":{\"ticket_id\":42,\"text\":\"refund "
+      "please\"}}'\n"
+      "  curl -s %s/openapi.json | head -c 300; echo\n",
+      url.c_str(), (*daemon)->config().store.path.c_str(), url.c_str(), url.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig}});
+  (*daemon)->Stop();
   return 0;
+}
+
+int Canon() {
+  JsonLimits limits;
+  limits.max_bytes = 64 << 20;
+  limits.max_depth = 512;
+  auto parsed = ParseJson(ReadStdin(), limits);
+  if (!parsed.ok()) return Fail(parsed.status());
+  auto canon = CanonicalJson(*parsed);
+  if (!canon.ok()) return Fail(canon.status());
+  std::fwrite(canon->data(), 1, canon->size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+int Key(const std::string& config_path, const std::string& step, const std::string& kind) {
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) return Fail(config.status());
+  auto input = ParseJson(ReadStdin());
+  if (!input.ok()) return Fail(input.status());
+  if (!step.empty()) {
+    auto sit = config->steps.find(step);
+    if (sit == config->steps.end()) return Fail(NotFound("no step '" + step + "' in the config"));
+    auto pit = config->providers.find(sit->second.provider);
+    if (pit == config->providers.end()) return Fail(NotFound("provider missing"));
+    auto key = ComputeStepKey(sit->second, pit->second, *input);
+    if (!key.ok()) return Fail(key.status());
+    std::printf("decision_key %s\nmaterial %s\n", key->key.key.c_str(),
+                key->key.canonical.c_str());
+    return 0;
+  }
+  auto ait = config->actions.find(kind);
+  if (ait == config->actions.end()) return Fail(NotFound("no action kind '" + kind + "'"));
+  auto key = ActionWorkId(ait->second, *input);
+  if (!key.ok()) return Fail(key.status());
+  std::printf("work_id %s\nmaterial %s\n", key->key.c_str(), key->canonical.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace idem
+
+int main(int argc, char** argv) {
+  using namespace idem;
+  CLI::App app{"idem: makes LLM-driven automation safe to retry"};
+  app.require_subcommand(1);
+
+  DaemonOptions serve_opts;
+  std::string port_file, log_level = "info";
+  auto* serve = app.add_subcommand("serve", "Run the daemon");
+  serve->add_option("--config", serve_opts.config_path, "Config file")
+      ->default_val("config/idem.yaml");
+  serve->add_option("--listen", serve_opts.listen_override, "host:port (overrides the config)");
+  serve->add_option("--data", serve_opts.data_override, "Store folder (overrides the config)");
+  serve->add_flag("--allow-prompt-change", serve_opts.allow_prompt_change,
+                  "Accept a prompt text that changed under the same version");
+  serve->add_option("--port-file", port_file, "Write the bound port to this file");
+  serve->add_option("--log-level", log_level, "debug, info, warn or error");
+
+  app.add_subcommand("canon", "Print the RFC 8785 canonical form of the JSON on stdin");
+
+  std::string key_config = "config/idem.yaml", key_step, key_kind;
+  auto* key = app.add_subcommand(
+      "key", "Print the decision_key (--step) or work_id (--kind) of the JSON input on stdin");
+  key->add_option("--config", key_config, "Config file")->default_val("config/idem.yaml");
+  auto* step_opt = key->add_option("--step", key_step, "Step name");
+  auto* kind_opt = key->add_option("--kind", key_kind, "Action kind");
+  step_opt->excludes(kind_opt);
+  key->require_option(1, 2);
+
+  std::string contracts_config = "config/idem.yaml";
+  auto* contracts = app.add_subcommand(
+      "contracts", "Print each step's and action kind's identity, window and duplicate response");
+  contracts->add_option("--config", contracts_config, "Config file")
+      ->default_val("config/idem.yaml");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (serve->parsed()) {
+    SetLogLevel(log_level);
+    return Serve(serve_opts, port_file);
+  }
+  if (app.got_subcommand("canon")) return Canon();
+  if (key->parsed()) {
+    if (key_step.empty() && key_kind.empty()) {
+      std::fprintf(stderr, "idem key: give --step or --kind\n");
+      return 2;
+    }
+    return Key(key_config, key_step, key_kind);
+  }
+  if (contracts->parsed()) {
+    auto config = LoadConfig(contracts_config);
+    if (!config.ok()) return Fail(config.status());
+    std::fputs(DescribeContracts(*config).c_str(), stdout);
+    return 0;
+  }
+  return 2;
 }

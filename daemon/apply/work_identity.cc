@@ -1,0 +1,31 @@
+#include "daemon/apply/work_identity.h"
+
+namespace idem {
+
+StatusOr<Json> ExtractIdentity(const Json& args, const std::vector<std::string>& fields) {
+  if (!args.is_object()) return InvalidArgument("args must be a JSON object", "/args");
+  Json identity = Json::object();
+  for (const std::string& field : fields) {
+    Json::json_pointer ptr;
+    try {
+      ptr = Json::json_pointer(field);
+    } catch (const Json::exception&) {
+      return InvalidArgument("identity field '" + field + "' is not a JSON pointer");
+    }
+    if (!args.contains(ptr)) {
+      return InvalidArgument("the identity field " + field + " is missing", "/args" + field);
+    }
+    identity[field] = args.at(ptr);
+  }
+  return identity;
+}
+
+StatusOr<KeyMaterial> ActionWorkId(const ActionConfig& action, const Json& args) {
+  ASSIGN_OR_RETURN(Json identity, ExtractIdentity(args, action.identity_fields));
+  Normalizers trim;  // R5: " hello " and "hello" are the same work
+  trim.trim_strings = true;
+  ASSIGN_OR_RETURN(Json normalized, NormalizeInput(identity, trim));
+  return ComputeWorkId(action.name, action.identity_version, normalized);
+}
+
+}  // namespace idem

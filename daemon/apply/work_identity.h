@@ -1,0 +1,24 @@
+// The identity of a unit of work of an action kind (R1, R4): the values at
+// the kind's identity fields (JSON pointers into the args), as an object
+// keyed by those pointers, hashed into the work_id:
+//   work_id = sha256(kind + ":" + version + ":" + JCS(identity)).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "daemon/config/config.h"
+#include "daemon/core/identity.h"
+#include "daemon/core/status.h"
+
+namespace idem {
+
+// InvalidArgument (field "/args<pointer>") when an identity field is absent.
+StatusOr<Json> ExtractIdentity(const Json& args, const std::vector<std::string>& fields);
+
+// The work_id of `args` for action kind `action`.
+StatusOr<KeyMaterial> ActionWorkId(const ActionConfig& action, const Json& args);
+
+}  // namespace idem

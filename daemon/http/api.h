@@ -1,0 +1,40 @@
+// The v1 HTTP API: builds the route table (router.h) over the daemon's
+// engines. Handlers translate between JSON bodies and engine calls; the
+// pipeline around them (auth, limits, Idempotency-Key) is the server's.
+//
+// Thread-safety: the handlers are thread-safe; the deps must outlive them.
+#pragma once
+
+#include <vector>
+
+#include "daemon/apply/apply_engine.h"
+#include "daemon/config/config.h"
+#include "daemon/core/env.h"
+#include "daemon/decide/decide_engine.h"
+#include "daemon/http/router.h"
+#include "daemon/obs/metrics.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+
+struct ApiDeps {
+  const Config& config;
+  Store& store;
+  DecideEngine& decide;
+  ApplyEngine& apply;
+  Metrics& metrics;
+  StableClock& clock;
+};
+
+// Every route, /openapi.json included (documenting all of them).
+std::vector<Route> BuildApiRoutes(ApiDeps deps);
+
+// The apply half: work claims, actions, runs, plans, dead letters, named
+// leases, reconciliation (api_work.cc).
+void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
+
+// Shared by the route files.
+StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
+std::string QueryParam(const RequestContext& ctx, const std::string& name);
+
+}  // namespace idem

@@ -1,0 +1,552 @@
+// The apply half of the v1 API.
+#include <algorithm>
+
+#include "daemon/apply/work_identity.h"
+#include "daemon/core/identity.h"
+#include "daemon/core/json.h"
+#include "daemon/http/api.h"
+#include "daemon/http/problem.h"
+
+namespace idem {
+namespace {
+
+constexpr int64_t kMaxLeaseMs = 24LL * 3600 * 1000;
+
+Json WorkBody(const WorkItem& w) {
+  Json j = {{"work_id", w.work_id},
+            {"kind", w.kind},
+            {"state", WorkStateName(w.state)},
+            {"attempt", w.attempt}};
+  if (w.state == WorkState::kDone) {
+    j["result"] = w.result;
+    if (!w.external_ref.empty()) j["external_ref"] = w.external_ref;
+    j["completed_at_ms"] = w.updated_at_ms;
+  }
+  if (w.state == WorkState::kRunning) j["locked_until_ms"] = w.locked_until_ms;
+  if (w.state == WorkState::kFailed || w.state == WorkState::kPending) {
+    j["next_attempt_at_ms"] = w.next_attempt_at_ms;
+  }
+  if (!w.last_error.empty()) j["last_error"] = w.last_error;
+  if (!w.run_id.empty()) j["run_id"] = w.run_id;
+  return j;
+}
+
+// A problem body that also carries the work's state (409 busy / dead / done).
+RouteResponse Conflict(const Status& st, const WorkItem& w, const std::string& request_id) {
+  Json body = ProblemBody(409, st, request_id);
+  Json work = WorkBody(w);
+  for (auto it = work.begin(); it != work.end(); ++it) body[it.key()] = it.value();
+  return RouteResponse{409, std::move(body), {}};
+}
+
+StatusOr<const ActionConfig*> FindKind(const Config& config, const std::string& kind,
+                                       const std::string& field) {
+  auto it = config.actions.find(kind);
+  if (it == config.actions.end()) {
+    return Status(Code::kNotFound,
+                  "unknown action kind '" + kind + "'; kinds are declared under actions: in the config",
+                  field);
+  }
+  return &it->second;
+}
+
+// The answer to a duplicate of done work, as the kind's on_duplicate says (R3).
+RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid) {
+  if (kind.on_duplicate == "conflict") {
+    return Conflict(AlreadyExists("this work was already done"), w, rid);
+  }
+  Json body = WorkBody(w);
+  body["duplicate"] = true;
+  if (kind.on_duplicate == "ignore") {
+    body.erase("result");
+    body.erase("external_ref");
+  }
+  return RouteResponse{200, std::move(body), {}};
+}
+
+StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def,
+                                int64_t max) {
+  if (!body.contains(name)) return def;
+  const Json& v = body[name];
+  int64_t ms = 0;
+  if (v.is_number_integer()) {
+    ms = v.get<int64_t>() * 1000;
+  } else if (v.is_string()) {
+    auto parsed = ParseDuration(v.get<std::string>());
+    if (!parsed.ok()) return InvalidArgument(parsed.status().message(), "/" + name);
+    ms = *parsed;
+  } else {
+    return InvalidArgument(name + " must be a duration (\"30s\") or seconds", "/" + name);
+  }
+  if (ms <= 0 || ms > max) {
+    return InvalidArgument(name + " must be between 1ms and " + std::to_string(max / 1000) + "s",
+                           "/" + name);
+  }
+  return ms;
+}
+
+Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string& rid,
+             int* status) {
+  switch (o.kind) {
+    case ActionOutcomeKind::kExecuted:
+      *status = 201;
+      return WorkBody(o.item);
+    case ActionOutcomeKind::kDuplicate: {
+      RouteResponse r = Duplicate(kind, o.item, rid);
+      *status = r.status;
+      return r.body;
+    }
+    case ActionOutcomeKind::kRetrying:
+      *status = 202;
+      return WorkBody(o.item);
+    case ActionOutcomeKind::kBusy: {
+      RouteResponse r =
+          Conflict(Aborted("another worker holds this work under a live lease"), o.item, rid);
+      *status = 409;
+      return r.body;
+    }
+    case ActionOutcomeKind::kDead: {
+      RouteResponse r = Conflict(
+          FailedPrecondition("this work is a dead letter: " + o.item.last_error +
+                             "; replay it with POST /v1/dead-letters/{id}/replay"),
+          o.item, rid);
+      *status = 409;
+      return r.body;
+    }
+  }
+  *status = 500;
+  return Json::object();
+}
+
+Json ReportBody(const ReconcileReport& r) {
+  Json findings = Json::array();
+  for (const auto& f : r.findings) {
+    findings.push_back({{"work_id", f.work_id}, {"kind", f.kind},
+                        {"external_ref", f.external_ref}, {"problem", f.problem}});
+  }
+  return {{"ran_at_ms", r.ran_at_ms}, {"checked", r.checked}, {"findings", findings},
+          {"errors", r.errors}};
+}
+
+}  // namespace
+
+void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/work/claim",
+      .summary = "Claim client-executed work: 201 you own it, 200 already done (the original "
+                 "result), 409 someone else holds it.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "work.claim.request",
+      .responses = {{201, "work.claimed"}, {200, "work.item"}, {400, "problem"},
+                    {404, "problem"}, {409, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(const ActionConfig* kind,
+                         FindKind(deps.config, ctx.body["kind"].get<std::string>(), "/kind"));
+        const Json& identity = ctx.body["identity"];
+        Json ident = identity;
+        if (!kind->identity_fields.empty()) {
+          auto extracted = ExtractIdentity(identity, kind->identity_fields);
+          if (!extracted.ok()) {
+            return extracted.status().WithField(
+                "/identity" + extracted.status().field().substr(std::min<size_t>(
+                                  5, extracted.status().field().size())));
+          }
+          ident = std::move(extracted).value();
+        }
+        Normalizers trim;
+        ASSIGN_OR_RETURN(Json normalized, NormalizeInput(ident, trim));
+        ASSIGN_OR_RETURN(KeyMaterial id,
+                         ComputeWorkId(kind->name, kind->identity_version, normalized));
+        ASSIGN_OR_RETURN(int64_t lease_ms,
+                         DurationField(ctx.body, "lease", kind->retry.timeout_ms, kMaxLeaseMs));
+        ClaimRequest req;
+        req.work_id = id.key;
+        req.kind = kind->name;
+        req.identity = normalized;
+        req.args = ctx.body.value("args", Json::object());
+        req.run_id = ctx.body.value("run_id", "");
+        req.request_id = ctx.request_id;
+        req.lease_ms = lease_ms;
+        req.window_ms = kind->window_ms;
+        req.max_attempts = kind->retry.attempts;
+        req.now_ms = deps.clock.NowMillis();
+        ASSIGN_OR_RETURN(ClaimResult r, deps.store.journal().Claim(req));
+        switch (r.outcome) {
+          case ClaimOutcome::kClaimed: {
+            deps.metrics.work_claimed.Inc();
+            Json body = WorkBody(r.item);
+            body["lease_token"] = r.item.lease_token;
+            return RouteResponse{201, std::move(body), {}};
+          }
+          case ClaimOutcome::kDone:
+            deps.metrics.work_duplicates.Inc();
+            return Duplicate(*kind, r.item, ctx.request_id);
+          case ClaimOutcome::kBusy:
+            deps.metrics.work_busy.Inc();
+            return Conflict(Aborted("another caller holds this work under a live lease"),
+                            r.item, ctx.request_id);
+          case ClaimOutcome::kDead:
+            return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
+                            r.item, ctx.request_id);
+        }
+        return Internal("unreachable claim outcome");
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/work/{id}/complete",
+      .summary = "Record that claimed work is done, with its result and external_ref.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "work.complete.request",
+      .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        const std::string& work_id = ctx.params[0];
+        const std::string token = ctx.body["lease_token"];
+        Status st = deps.store.journal().Complete(work_id, token,
+                                                  ctx.body.value("result", Json()),
+                                                  ctx.body.value("external_ref", ""),
+                                                  deps.clock.NowMillis());
+        ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(work_id));
+        if (!st.ok()) {
+          // A repeated complete by the holder that finished it is not an error.
+          bool repeat = item.state == WorkState::kDone && item.lease_token == token;
+          if (!repeat) {
+            if (st.code() == Code::kFailedPrecondition) {
+              return Conflict(Status(Code::kFailedPrecondition,
+                                     "stale lease: " + st.message(), "/lease_token"),
+                              item, ctx.request_id);
+            }
+            return st;
+          }
+        } else {
+          deps.metrics.work_completed.Inc();
+        }
+        return RouteResponse{200, WorkBody(item), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/work/{id}/fail",
+      .summary = "Record that claimed work failed: retried later (retryable) or dead.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "work.fail.request",
+      .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        const std::string& work_id = ctx.params[0];
+        ASSIGN_OR_RETURN(WorkItem before, deps.store.journal().Get(work_id));
+        const ActionConfig* kind = nullptr;
+        auto kit = deps.config.actions.find(before.kind);
+        if (kit != deps.config.actions.end()) kind = &kit->second;
+        const int64_t now = deps.clock.NowMillis();
+        int64_t delay = 0;
+        if (ctx.body.contains("retry_after")) {
+          ASSIGN_OR_RETURN(delay, DurationField(ctx.body, "retry_after", 0, kMaxLeaseMs));
+        } else if (kind != nullptr) {
+          // Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))].
+          int shift = std::clamp(before.attempt - 1, 0, 30);
+          int64_t ceiling = std::min<int64_t>(kind->retry.cap_ms, kind->retry.base_ms << shift);
+          delay = static_cast<int64_t>(deps.clock.env().RandomUnit() *
+                                       static_cast<double>(ceiling));
+        }
+        auto r = deps.store.journal().Fail(work_id, ctx.body["lease_token"],
+                                           ctx.body.value("error", "failed"),
+                                           ctx.body.value("retryable", true), now + delay, now);
+        if (!r.ok()) {
+          if (r.status().code() == Code::kFailedPrecondition) {
+            return Conflict(Status(Code::kFailedPrecondition,
+                                   "stale lease: " + r.status().message(), "/lease_token"),
+                            before, ctx.request_id);
+          }
+          return r.status();
+        }
+        deps.metrics.work_failed.Inc();
+        if (r->state == WorkState::kDead) deps.metrics.work_dead.Inc();
+        return RouteResponse{200, WorkBody(*r), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/work/{id}",
+      .summary = "One journal record: state, attempts, result, external_ref, lease.",
+      .responses = {{200, "work.item"}, {404, "problem"}},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(ctx.params[0]));
+        Json body = WorkBody(item);
+        body["args"] = item.args;
+        body["identity"] = item.identity;
+        body["created_at_ms"] = item.created_at_ms;
+        body["updated_at_ms"] = item.updated_at_ms;
+        if (!item.request_id.empty()) body["request_id"] = item.request_id;
+        return RouteResponse{200, std::move(body), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/actions/{kind}",
+      .summary = "Execute an action kind exactly once per unit of work: 201 executed now, 200 "
+                 "the original result of a duplicate, 202 retrying, 409 busy or dead.",
+      .key_policy = KeyPolicy::kRequired,
+      .request_schema = "action.request",
+      .responses = {{201, "work.item"}, {200, "work.item"}, {202, "work.item"},
+                    {400, "problem"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(const ActionConfig* kind,
+                         FindKind(deps.config, ctx.params[0], "path:kind"));
+        ASSIGN_OR_RETURN(ActionOutcome o,
+                         deps.apply.Submit(kind->name, ctx.body["args"],
+                                           ctx.body.value("run_id", ""), ctx.request_id));
+        int status = 200;
+        Json body = Outcome(*kind, o, ctx.request_id, &status);
+        return RouteResponse{status, std::move(body), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/runs",
+      .summary = "Submit a batch under a run_id; resubmitting resumes it (done items are not "
+                 "redone).",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "run.request",
+      .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        const std::string run_id = ctx.body["run_id"];
+        ASSIGN_OR_RETURN(const ActionConfig* kind,
+                         FindKind(deps.config, ctx.body["kind"].get<std::string>(), "/kind"));
+        Json items = Json::array();
+        std::map<std::string, int> counts;
+        const Json& batch = ctx.body["items"];
+        for (size_t i = 0; i < batch.size(); ++i) {
+          auto o = deps.apply.Submit(kind->name, batch[i], run_id, ctx.request_id);
+          if (!o.ok()) {
+            Status s = o.status();
+            if (s.code() == Code::kInvalidArgument) {
+              return s.WithField("/items/" + std::to_string(i) +
+                                 s.field().substr(std::min<size_t>(5, s.field().size())));
+            }
+            items.push_back({{"index", i}, {"error", s.ToString()}});
+            counts["error"]++;
+            continue;
+          }
+          int status = 0;
+          Json body = Outcome(*kind, *o, ctx.request_id, &status);
+          const char* label = o->kind == ActionOutcomeKind::kExecuted    ? "executed"
+                              : o->kind == ActionOutcomeKind::kDuplicate ? "already_done"
+                              : o->kind == ActionOutcomeKind::kRetrying  ? "retrying"
+                              : o->kind == ActionOutcomeKind::kBusy      ? "busy"
+                                                                         : "dead";
+          counts[label]++;
+          items.push_back({{"index", i}, {"outcome", label}, {"work_id", o->item.work_id},
+                           {"state", WorkStateName(o->item.state)}});
+        }
+        return RouteResponse{200, {{"run_id", run_id}, {"counts", counts}, {"items", items}}, {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/runs/{id}",
+      .summary = "The work items of a run and their states.",
+      .responses = {{200, "run.response"}},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 1000, 10000));
+        ASSIGN_OR_RETURN(std::vector<WorkItem> items,
+                         deps.store.journal().ByRun(ctx.params[0], limit));
+        Json list = Json::array();
+        std::map<std::string, int> counts;
+        for (const auto& w : items) {
+          counts[std::string(WorkStateName(w.state))]++;
+          list.push_back(WorkBody(w));
+        }
+        return RouteResponse{200, {{"run_id", ctx.params[0]}, {"counts", counts}, {"items", list}},
+                             {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/plans/{id}/apply",
+      .summary = "Apply the plan of a decision (id: the decision_id): each action becomes a "
+                 "work item executed exactly once; applying again redoes nothing.",
+      .key_policy = KeyPolicy::kRequired,
+      .responses = {{200, "plan"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(Decision d, deps.store.decisions().Get(ctx.params[0]));
+        auto sit = deps.config.steps.find(d.step);
+        if (sit == deps.config.steps.end() || sit->second.plan_pointer.empty()) {
+          return FailedPrecondition("step " + d.step + " declares no plan (plan.pointer)");
+        }
+        Json::json_pointer ptr(sit->second.plan_pointer);
+        if (!d.output.contains(ptr) || !d.output.at(ptr).is_array()) {
+          return FailedPrecondition("the decision's output has no action list at " +
+                                    sit->second.plan_pointer);
+        }
+        const Json& actions = d.output.at(ptr);
+        const std::string plan_id = "plan_" + d.decision_id.substr(4);
+        const int64_t now = deps.clock.NowMillis();
+        Plan plan;
+        plan.plan_id = plan_id;
+        plan.decision_id = d.decision_id;
+        plan.state = "applying";
+        plan.actions = actions;
+        plan.created_at_ms = now;
+        plan.updated_at_ms = now;
+        Status put = deps.store.plans().Put(plan);
+        if (!put.ok() && put.code() != Code::kAlreadyExists) return put;
+        Json results = Json::array();
+        bool all_done = true;
+        for (size_t i = 0; i < actions.size(); ++i) {
+          const Json& a = actions[i];
+          std::string kind = a.value("kind", "");
+          auto kit = deps.config.actions.find(kind);
+          if (kit == deps.config.actions.end()) {
+            results.push_back({{"index", i}, {"kind", kind}, {"error", "unknown action kind"}});
+            all_done = false;
+            continue;
+          }
+          auto o = deps.apply.Submit(kind, a.value("args", Json::object()), plan_id,
+                                     ctx.request_id);
+          if (!o.ok()) {
+            results.push_back({{"index", i}, {"kind", kind}, {"error", o.status().ToString()}});
+            all_done = false;
+            continue;
+          }
+          int status = 0;
+          Json body = Outcome(kit->second, *o, ctx.request_id, &status);
+          body["index"] = i;
+          all_done = all_done && o->item.state == WorkState::kDone;
+          results.push_back(std::move(body));
+        }
+        auto current = deps.store.plans().Get(plan_id);
+        std::string from = current.ok() ? current->state : "applying";
+        std::string to = all_done ? "applied" : "partial";
+        if (from != to) {
+          (void)deps.store.plans().Transition(plan_id, from, to, ctx.caller, "apply",
+                                              deps.clock.NowMillis());
+        }
+        return RouteResponse{200,
+                             {{"plan_id", plan_id},
+                              {"decision_id", d.decision_id},
+                              {"state", to},
+                              {"run_id", plan_id},
+                              {"actions", results}},
+                             {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/plans/{id}",
+      .summary = "A plan: its actions, state and history.",
+      .responses = {{200, "plan"}, {404, "problem"}},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
+        return RouteResponse{200, p.ToJson(), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/dead-letters",
+      .summary = "Work whose attempts ran out: work_id, kind, attempts, last error, args.",
+      .responses = {{200, "dead_letter.list"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        ASSIGN_OR_RETURN(std::vector<WorkItem> dead, deps.store.journal().DeadLetters(limit));
+        Json items = Json::array();
+        for (const auto& w : dead) {
+          items.push_back({{"work_id", w.work_id},
+                           {"kind", w.kind},
+                           {"attempts", w.attempt},
+                           {"last_error", w.last_error},
+                           {"args", w.args},
+                           {"updated_at_ms", w.updated_at_ms},
+                           {"run_id", w.run_id}});
+        }
+        return RouteResponse{200, {{"items", items}}, {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/dead-letters/{id}/replay",
+      .summary = "Replay one dead letter (not the batch): it becomes due now with a fresh "
+                 "attempt budget.",
+      .key_policy = KeyPolicy::kRequired,
+      .responses = {{202, "work.item"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(WorkItem item,
+                         deps.store.journal().Requeue(ctx.params[0], deps.clock.NowMillis()));
+        return RouteResponse{202, WorkBody(item), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/leases/{name}",
+      .summary = "Take or renew a named lease (cron overlap): 201 acquired, 200 renewed, 409 "
+                 "held by another holder.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "lease.request",
+      .responses = {{201, "lease"}, {200, "lease"}, {409, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(int64_t ttl, DurationField(ctx.body, "ttl", 60'000, kMaxLeaseMs));
+        ASSIGN_OR_RETURN(LeaseResult r,
+                         deps.store.leases().Acquire(ctx.params[0], ctx.body["holder"], ttl,
+                                                     deps.clock.NowMillis()));
+        Json body = {{"name", r.lease.name},
+                     {"holder", r.lease.holder},
+                     {"acquired_at_ms", r.lease.acquired_at_ms},
+                     {"expires_at_ms", r.lease.expires_at_ms}};
+        if (r.outcome == LeaseOutcome::kHeld) {
+          Json p = ProblemBody(409, Aborted("lease '" + r.lease.name + "' is held by " +
+                                            r.lease.holder),
+                               ctx.request_id);
+          for (auto it = body.begin(); it != body.end(); ++it) p[it.key()] = it.value();
+          return RouteResponse{409, std::move(p), {}};
+        }
+        return RouteResponse{r.outcome == LeaseOutcome::kAcquired ? 201 : 200, std::move(body),
+                             {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "DELETE",
+      .pattern = "/v1/leases/{name}",
+      .summary = "Release a named lease (?holder=).",
+      .responses = {{200, "lease"}, {409, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        std::string holder = QueryParam(ctx, "holder");
+        if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
+        RETURN_IF_ERROR(deps.store.leases().Release(ctx.params[0], holder));
+        return RouteResponse{200, {{"name", ctx.params[0]}, {"released", true}}, {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/reconcile",
+      .summary = "Compare done work with the target systems now.",
+      .key_policy = KeyPolicy::kOptional,
+      .responses = {{200, "reconcile.report"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(ReconcileReport r, deps.apply.Reconcile());
+        return RouteResponse{200, ReportBody(r), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/reconcile/report",
+      .summary = "The last reconciliation report (periodic or on demand).",
+      .responses = {{200, "reconcile.report"}, {404, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(ReconcileReport r, deps.apply.LastReconcile());
+        return RouteResponse{200, ReportBody(r), {}};
+      }});
+}
+
+}  // namespace idem

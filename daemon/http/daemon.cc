@@ -1,0 +1,123 @@
+#include "daemon/http/daemon.h"
+
+#include "daemon/core/failpoints.h"
+#include "daemon/http/api.h"
+#include "daemon/obs/log.h"
+#include "providers/registry.h"
+
+namespace idem {
+
+constexpr int kApplyWorkers = 4;
+constexpr int kReconcileEverySweeps = 20;  // sweeps run every 30 s: reconcile every 10 min
+
+Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change) {
+  std::vector<std::pair<std::string, std::string>> to_record;
+  for (const auto& [name, step] : config.steps) {
+    std::string key = "prompt/" + name + "/" + step.prompt.version;
+    ASSIGN_OR_RETURN(std::optional<std::string> stored, meta.Get(key));
+    if (stored && *stored != step.prompt.sha256) {
+      if (!allow_change) {
+        return FailedPrecondition(
+            "step " + name + ": the text of prompt " + step.prompt.template_path +
+            " changed while its version stayed " + step.prompt.version +
+            "; cached decisions would no longer match their prompt. Bump prompt.version, or "
+            "start with --allow-prompt-change to accept the new text under the old version");
+      }
+      LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
+               {{"step", name}, {"version", step.prompt.version}});
+    }
+    if (!stored || *stored != step.prompt.sha256) to_record.emplace_back(key, step.prompt.sha256);
+  }
+  for (const auto& [k, v] : to_record) RETURN_IF_ERROR(meta.Put(k, v));
+  return Status::Ok();
+}
+
+Daemon::~Daemon() { Stop(); }
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  Failpoints::InitFromEnv();
+  std::unique_ptr<Daemon> d(new Daemon());
+  Env& env = options.env != nullptr ? *options.env : Env::Real();
+  d->clock_ = std::make_unique<StableClock>(env);
+
+  ASSIGN_OR_RETURN(d->config_, LoadConfig(options.config_path));
+  if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
+  if (!options.data_override.empty()) d->config_.store.path = options.data_override;
+  ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
+
+  StoreOptions so;
+  so.path = d->config_.store.path;
+  so.sync = d->config_.store.sync;
+  auto store = OpenRocksStore(so);
+  if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
+  d->store_ = std::move(store).value();
+
+  RETURN_IF_ERROR(
+      CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
+
+  std::map<std::string, std::unique_ptr<Provider>> providers;
+  for (const auto& [name, pc] : d->config_.providers) {
+    auto p = MakeProvider(pc, env);
+    if (!p.ok()) return p.status().Annotate("provider " + name);
+    providers.emplace(name, std::move(p).value());
+  }
+  ASSIGN_OR_RETURN(d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(),
+                                                    std::move(providers), *d->clock_,
+                                                    d->metrics_));
+
+  d->http_client_ = MakeCurlHttpClient();
+  ASSIGN_OR_RETURN(d->apply_, ApplyEngine::Create(d->config_, d->store_->journal(),
+                                                  *d->http_client_, *d->clock_, d->metrics_));
+  // Work left running by a crashed process, and failed work whose retry time
+  // came, is picked up by the workers.
+  d->apply_->StartWorkers(kApplyWorkers);
+
+  ApiDeps api{d->config_, *d->store_, *d->decide_, *d->apply_, d->metrics_, *d->clock_};
+  ServerDeps sd{d->config_, d->store_->idem_keys(), *d->clock_, d->metrics_};
+  ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
+  ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
+  d->host_ = listen.first;
+  d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });
+  LogEvent(LogLevel::kInfo, "started",
+           {{"listen", d->host_ + ":" + std::to_string(d->port_)},
+            {"store", so.path},
+            {"config", d->config_.source_path}});
+  return d;
+}
+
+void Daemon::SweepLoop() {
+  std::unique_lock<std::mutex> lock(sweep_mu_);
+  int pass = 0;
+  while (!stopping_) {
+    sweep_cv_.wait_for(lock, std::chrono::seconds(30), [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    const int64_t now = clock_->NowMillis();
+    auto keys = store_->idem_keys().SweepExpired(now, 10'000);
+    auto work = store_->journal().SweepExpired(now, 10'000);
+    if (++pass % kReconcileEverySweeps == 0) {
+      auto report = apply_->Reconcile();
+      if (report.ok() && !report->findings.empty()) {
+        LogEvent(LogLevel::kWarn, "reconcile_findings", {{"count", report->findings.size()}});
+      }
+    }
+    if ((keys.ok() && *keys > 0) || (work.ok() && *work > 0)) {
+      LogEvent(LogLevel::kDebug, "swept",
+               {{"idempotency_keys", keys.ok() ? *keys : 0}, {"work", work.ok() ? *work : 0}});
+    }
+    lock.lock();
+  }
+}
+
+void Daemon::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    stopping_ = true;
+  }
+  sweep_cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+  if (server_) server_->Stop();
+  if (apply_) apply_->Stop();
+}
+
+}  // namespace idem

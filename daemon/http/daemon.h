@@ -1,0 +1,74 @@
+// Daemon: the whole idem process wired together — config, store, providers,
+// engines, HTTP server and the background sweeper — so that `idem serve`
+// and the integration tests start exactly the same thing.
+//
+// Start-up refuses (non-OK Status, nothing served) when the config is
+// invalid, the store cannot be opened, a provider cannot be built, or a
+// prompt template's text changed while its version did not (the store keeps
+// the hash per step and version) unless allow_prompt_change is set.
+//
+// Thread-safety: Start and Stop from one thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "daemon/apply/apply_engine.h"
+#include "daemon/config/config.h"
+#include "daemon/core/http_client.h"
+#include "daemon/core/env.h"
+#include "daemon/decide/decide_engine.h"
+#include "daemon/http/server.h"
+#include "daemon/obs/metrics.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+
+struct DaemonOptions {
+  std::string config_path = "config/idem.yaml";
+  std::string listen_override;  // "host:port"; port 0 picks a free port
+  std::string data_override;    // store folder
+  bool allow_prompt_change = false;
+  Env* env = nullptr;  // null: the real Env
+};
+
+class Daemon {
+ public:
+  ~Daemon();
+  static StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+
+  int port() const { return port_; }
+  const std::string& host() const { return host_; }
+  const Config& config() const { return config_; }
+  Store& store() { return *store_; }
+  Metrics& metrics() { return metrics_; }
+  void Stop();
+
+ private:
+  Daemon() = default;
+  void SweepLoop();
+
+  Config config_;
+  std::unique_ptr<StableClock> clock_;
+  std::unique_ptr<Store> store_;
+  Metrics metrics_;
+  std::unique_ptr<DecideEngine> decide_;
+  std::unique_ptr<HttpClient> http_client_;
+  std::unique_ptr<ApplyEngine> apply_;
+  std::unique_ptr<HttpServer> server_;
+  std::string host_;
+  int port_ = 0;
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  bool stopping_ = false;
+  std::thread sweeper_;
+};
+
+// Checks (and records) the hash of every step's prompt per version.
+Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change);
+
+}  // namespace idem

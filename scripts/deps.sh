@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages idem builds and tests with, when missing.
+# Does nothing (and needs no network) when they are all present.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config
+  libssl-dev libcurl4-openssl-dev nlohmann-json3-dev libvalijson-dev librocksdb-dev
+  libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
+  libkainjow-mustache-dev
+)
+if [ "${IDEM_DEPS_BENCH:-0}" = 1 ]; then pkgs+=(wrk); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "idem: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds idem and runs every test: unit and integration tests in a normal
+# build and under AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# concurrency tests (ctest label "concurrency") under ThreadSanitizer.
+# IDEM_TEST_QUICK=1 runs the normal build only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+jobs=$(nproc)
+start=$(date +%s)
+
+build() {  # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja -DIDEM_BENCH=ON "$@" >/dev/null
+  cmake --build "$dir" -j"$jobs"
+}
+
+echo "== normal build"
+build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd build && ctest --output-on-failure -j2)
+
+if [ "${IDEM_TEST_QUICK:-0}" != 1 ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+  build build-asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=address,undefined -DIDEM_BENCH=OFF
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j2)
+
+  echo "== ThreadSanitizer (concurrency tests)"
+  build build-tsan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=thread -DIDEM_BENCH=OFF
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+     ctest --output-on-failure -L concurrency)
+fi
+echo "== all tests passed in $(( $(date +%s) - start )) s"

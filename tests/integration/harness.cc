@@ -1,0 +1,206 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace idem::testing {
+namespace fs = std::filesystem;
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/idem-test-XXXXXX";
+  char* p = mkdtemp(tmpl);
+  if (p == nullptr) std::abort();
+  path_ = p;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::string TempDir::File(const std::string& name, const std::string& content) const {
+  std::string p = path_ + "/" + name;
+  fs::create_directories(fs::path(p).parent_path());
+  std::ofstream(p) << content;
+  return p;
+}
+
+namespace {
+
+std::string ReadFile(const std::string& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::unique_ptr<DaemonProcess> DaemonProcess::Start(const DaemonArgs& args, std::string* error) {
+  auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess());
+  std::string port_file = args.data_dir + ".port";
+  d->log_path_ = args.data_dir + ".log";
+  unlink(port_file.c_str());
+  std::vector<std::string> argv_s = {IDEM_BINARY,  "serve",         "--config", args.config_path,
+                                     "--listen",   "127.0.0.1:0",   "--data",   args.data_dir,
+                                     "--port-file", port_file};
+  for (const auto& a : args.extra_args) argv_s.push_back(a);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(d->log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const auto& [k, v] : args.env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  d->pid_ = pid;
+  for (int i = 0; i < 2000; ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      d->pid_ = -1;
+      if (error != nullptr) *error = ReadFile(d->log_path_);
+      return nullptr;
+    }
+    std::ifstream pf(port_file);
+    int port = 0;
+    if (pf >> port && port > 0) {
+      d->port_ = port;
+      auto c = d->Client();
+      auto res = c->Get("/healthz");
+      if (res && res->status == 200) return d;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (error != nullptr) *error = "daemon did not come up in 20 s: " + ReadFile(d->log_path_);
+  return nullptr;
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) Kill9();
+}
+
+std::unique_ptr<httplib::Client> DaemonProcess::Client() const {
+  auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+  c->set_connection_timeout(5, 0);
+  c->set_read_timeout(30, 0);
+  return c;
+}
+
+void DaemonProcess::Kill9() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+int DaemonProcess::Stop() {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+bool DaemonProcess::WaitExit(int timeout_ms) {
+  if (pid_ <= 0) return true;
+  for (int waited = 0; waited < timeout_ms; waited += 5) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text) {
+  TempDir dir;
+  std::string in = dir.File("stdin", stdin_text);
+  std::string out = dir.path() + "/stdout", err = dir.path() + "/stderr";
+  pid_t pid = fork();
+  if (pid == 0) {
+    int i = open(in.c_str(), O_RDONLY);
+    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(i, 0);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<std::string> argv_s = {IDEM_BINARY};
+    for (const auto& a : args) argv_s.push_back(a);
+    std::vector<char*> argv;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  return r;
+}
+
+std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,
+                            const std::string& extra_yaml) {
+  const std::string src = IDEM_SOURCE_DIR;
+  std::string rules = dir.File("rules.yaml", rules_yaml);
+  std::string config =
+      "server:\n"
+      "  listen: 127.0.0.1:0\n"
+      "  threads: 96\n"
+      "store:\n"
+      "  engine: rocksdb\n"
+      "  path: " + dir.path() + "/data\n"
+      "providers:\n"
+      "  demo:\n"
+      "    type: scripted\n"
+      "    rules: " + rules + "\n"
+      "steps:\n"
+      "  triage_ticket:\n"
+      "    provider: demo\n"
+      "    model: demo-1\n"
+      "    temperature: 0\n"
+      "    prompt:\n"
+      "      template: " + src + "/config/prompts/triage_ticket.mustache\n"
+      "      version: v1\n"
+      "    output_schema: " + src + "/schemas/examples/triage_ticket.v1.json\n"
+      "    input:\n"
+      "      drop: [received_at, request_id, trace_id]\n"
+      "    attempts: 3\n"
+      "    timeout: 30s\n"
+      "    cache:\n"
+      "      window: forever\n" +
+      extra_yaml;
+  return dir.File("idem.yaml", config);
+}
+
+long MetricValue(httplib::Client& client, const std::string& name) {
+  auto res = client.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  std::istringstream in(res->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::atol(line.c_str() + name.size() + 1);
+  }
+  return -1;
+}
+
+}  // namespace idem::testing

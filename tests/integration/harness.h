@@ -1,0 +1,80 @@
+// Integration-test harness: runs the real `idem` binary as a child process
+// on 127.0.0.1 port 0 (the bound port comes back through --port-file),
+// with its own temp store folder and config, and talks to it over HTTP.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace idem::testing {
+
+using Json = nlohmann::json;
+
+// A fresh folder under /tmp, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name, const std::string& content) const;
+
+ private:
+  std::string path_;
+};
+
+struct DaemonArgs {
+  std::string config_path;
+  std::string data_dir;
+  std::vector<std::string> extra_args;
+  std::map<std::string, std::string> env;  // e.g. IDEM_FAILPOINTS
+};
+
+class DaemonProcess {
+ public:
+  ~DaemonProcess();
+  // Starts the daemon and waits (up to 20 s) until it serves /healthz.
+  // Returns null (and fills *error with its stderr) if it exits instead.
+  static std::unique_ptr<DaemonProcess> Start(const DaemonArgs& args, std::string* error = nullptr);
+
+  int port() const { return port_; }
+  std::unique_ptr<httplib::Client> Client() const;
+  // SIGKILL, as a crash would; waits for the process to be gone.
+  void Kill9();
+  // SIGTERM and wait; returns the exit status.
+  int Stop();
+  // Waits for the process to exit by itself (e.g. a crash failpoint); returns
+  // true if it exited within timeout_ms.
+  bool WaitExit(int timeout_ms);
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string log_path_;
+};
+
+// Runs `idem <args>` to completion with `stdin_text`; returns exit code,
+// stdout and stderr.
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "");
+
+// A config file in `dir` for the demo step (scripted provider) plus
+// whatever YAML `extra` adds at the top level; paths are absolute.
+std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,
+                            const std::string& extra_yaml = "");
+
+// The value of a Prometheus counter from GET /metrics, or -1.
+long MetricValue(httplib::Client& client, const std::string& name);
+
+}  // namespace idem::testing
