@@ -21,11 +21,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/core/status.h"
 
@@ -71,7 +70,9 @@ class DecisionStore {
   // Stores `d` and makes it the cached decision for its key (cache=refresh);
   // an older decision stays readable by id.
   virtual Status Replace(const Decision& d) = 0;
-  // Decisions, newest first; filters may be empty. `cursor` from a previous page.
+  // Decisions (superseded and expired ones too), newest first; filters may
+  // be empty. `cursor` from a previous page; InvalidArgument for a malformed
+  // cursor or limit == 0.
   virtual StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                                       const std::string& cursor, size_t limit) = 0;
 };
@@ -109,17 +110,25 @@ class IdemKeyStore {
   virtual ~IdemKeyStore() = default;
   // Atomically: if (scope,key) is absent, or expired at now_ms, or
   // in_progress with lease_until <= now_ms (its owner crashed), writes an
-  // in_progress record (durably) and returns kNew; otherwise classifies.
+  // in_progress record (durably) and returns kNew; otherwise classifies,
+  // without writing: another fingerprint -> kMismatch (checked first, also
+  // while in progress), completed -> kReplay, in progress -> kInFlight.
+  // The record expires at now_ms + ttl_ms (ttl_ms == 0: never); the window
+  // starts at Begin and Finish does not extend it. InvalidArgument if
+  // ttl_ms < 0 or lease_ms <= 0.
   virtual StatusOr<BeginResult> Begin(const std::string& scope, const std::string& key,
                                       const std::string& fingerprint, const std::string& request_id,
                                       int64_t now_ms, int64_t ttl_ms, int64_t lease_ms) = 0;
   // Records the response of the request that owns the key (durably).
   // FailedPrecondition if the record is gone or owned by another fingerprint.
+  // Finishing a key that is already completed (same fingerprint) keeps the
+  // first response and returns OK.
   virtual Status Finish(const std::string& scope, const std::string& key,
                         const std::string& fingerprint, int status, const std::string& body,
                         const std::string& content_type, int64_t now_ms) = 0;
   // Forgets an in_progress record (the request failed validation, so a
   // corrected retry may reuse the key). No-op when absent.
+  // FailedPrecondition if it is completed or has another fingerprint.
   virtual Status Abandon(const std::string& scope, const std::string& key,
                          const std::string& fingerprint) = 0;
   virtual StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) = 0;
@@ -148,9 +157,10 @@ struct WorkItem {
   int64_t next_attempt_at_ms = 0;  // pending/failed: when it is due
   int64_t created_at_ms = 0;
   int64_t updated_at_ms = 0;
-  int64_t expires_at_ms = 0;  // done/dead: forgotten after this (0: never)
+  int64_t expires_at_ms = 0;  // done: forgotten after this (0: never); dead: kept
   std::string run_id;
   std::string request_id;  // correlation id of the request that created it
+  int64_t window_ms = 0;   // from the creating request: done -> expires_at = now + window
 
   Json ToJson() const;
   static StatusOr<WorkItem> FromJson(const Json& j);
@@ -181,6 +191,10 @@ struct ClaimResult {
   WorkItem item;  // the record after the claim
 };
 
+// Every WorkItem returned carries an empty lease_token, except the one in a
+// kClaimed ClaimResult: only the holder of a lease learns its token.
+// identity, args, run_id, request_id, window_ms and max_attempts are taken
+// from the request that creates the record; later claims keep them.
 class Journal {
  public:
   virtual ~Journal() = default;
@@ -188,15 +202,23 @@ class Journal {
   // concurrent duplicates (one kClaimed, the rest kBusy), retry after a
   // crash (lease expired -> kClaimed with attempt+1 and a new token), retry
   // after a failure (failed -> kClaimed), and duplicates of done work.
+  // A pending item is claimed at once. A crashed item (expired lease) whose
+  // attempts are used up becomes dead (kDead) instead. A done item whose
+  // window expired (expires_at != 0 && <= now) counts as absent: new work.
+  // Outcomes other than kClaimed write nothing (no fsync).
+  // InvalidArgument if work_id is empty, lease_ms <= 0, window_ms < 0 or
+  // max_attempts < 1.
   virtual StatusOr<ClaimResult> Claim(const ClaimRequest& req) = 0;
   // Creates a pending record due at req.now_ms unless one exists; returns
   // the stored record either way (daemon-executed work goes through Due).
   virtual StatusOr<WorkItem> Enqueue(const ClaimRequest& req) = 0;
   // Marks done. FailedPrecondition if `lease_token` is not the current
-  // holder (a stale lease), NotFound if no such work.
+  // holder (a stale lease), NotFound if no such work. An expired lease that
+  // nobody has taken over yet is still the current holder. Completing again
+  // with the token that completed it is OK and changes nothing. An empty
+  // external_ref keeps one stored by RecordExternalRef.
   virtual Status Complete(const std::string& work_id, const std::string& lease_token,
-                          const Json& result, const std::string& external_ref,
-                          int64_t now_ms) = 0;
+                          const Json& result, const std::string& external_ref, int64_t now_ms) = 0;
   // Stores external_ref while still running (level-3 effects: proof first).
   virtual Status RecordExternalRef(const std::string& work_id, const std::string& lease_token,
                                    const std::string& external_ref, int64_t now_ms) = 0;
@@ -209,12 +231,17 @@ class Journal {
   // Up to n items that are due at now_ms: pending/failed with
   // next_attempt_at <= now, and running with an expired lease.
   virtual StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) = 0;
+  // Dead items, oldest death first.
   virtual StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) = 0;
   // dead -> pending with a fresh attempt budget, due now. FailedPrecondition
   // unless dead.
   virtual StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) = 0;
+  // Items created under run_id, oldest first.
   virtual StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) = 0;
+  // Done items of `kind` with an external_ref (for reconciliation), most
+  // recently completed first.
   virtual StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) = 0;
+  // Deletes up to `limit` done items whose window expired at now_ms.
   virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
 };
 
@@ -244,6 +271,7 @@ class PlanStore {
   virtual StatusOr<Plan> Transition(const std::string& plan_id, const std::string& from,
                                     const std::string& to, const std::string& actor,
                                     const std::string& note, int64_t now_ms) = 0;
+  // Plans in `state`, oldest created first.
   virtual StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) = 0;
 };
 
@@ -262,7 +290,8 @@ struct AuditEvent {
 class AuditLog {
  public:
   virtual ~AuditLog() = default;
-  // Appends, filling seq, prev_hash and hash; returns seq.
+  // Appends, filling seq (1, 2, ...), prev_hash and hash; returns seq.
+  // Appends are serialized (the chain is a sequence).
   virtual StatusOr<uint64_t> Append(AuditEvent event) = 0;
   virtual StatusOr<std::vector<AuditEvent>> Scan(uint64_t from_seq, size_t limit) = 0;
   // Recomputes the chain; Internal with the first broken seq.
@@ -289,12 +318,52 @@ struct LeaseResult {
 class LeaseStore {
  public:
   virtual ~LeaseStore() = default;
-  // Acquire if free or expired; renew if `holder` already holds it; else kHeld.
+  // Acquire if free or expired (a new token); renew if `holder` already
+  // holds it (same token, expiry now + ttl); else kHeld. InvalidArgument if
+  // name or holder is empty or ttl_ms <= 0.
   virtual StatusOr<LeaseResult> Acquire(const std::string& name, const std::string& holder,
                                         int64_t ttl_ms, int64_t now_ms) = 0;
   // FailedPrecondition unless held by `holder`.
   virtual Status Release(const std::string& name, const std::string& holder) = 0;
+  // The live lease; NotFound if free or expired at now_ms.
   virtual StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) = 0;
+};
+
+// -------------------------------------------------------------- escalations
+
+// A decide whose chain was exhausted, waiting for a human (R35). Never a
+// decision: GetByKey does not see it. Resolving it stores a decision.
+struct Escalation {
+  std::string escalation_id;  // "esc_" + 32 hex
+  std::string decision_key;
+  std::string step;
+  std::string state = "open";  // open | resolved
+  Json input = Json::object();  // the normalized input
+  Json material;                // the canonical key material
+  Json context = Json::object();  // summary, attempts, errors, best_guess, cost_usd
+  std::string decision_id;        // resolved: the decision the human's answer became
+  std::string resolved_by;
+  int64_t created_at_ms = 0;
+  int64_t resolved_at_ms = 0;
+
+  Json ToJson() const;
+  static StatusOr<Escalation> FromJson(const Json& j);
+};
+
+class EscalationStore {
+ public:
+  virtual ~EscalationStore() = default;
+  // AlreadyExists if the id exists.
+  virtual Status Put(const Escalation& e) = 0;
+  virtual StatusOr<Escalation> Get(const std::string& escalation_id) = 0;
+  // The open escalation for a decision key; NotFound if none is open.
+  virtual StatusOr<Escalation> OpenByKey(const std::string& decision_key) = 0;
+  // Newest first; `state` empty: all.
+  virtual StatusOr<std::vector<Escalation>> List(const std::string& state, size_t limit) = 0;
+  // open -> resolved (compare-and-set); FailedPrecondition unless open.
+  virtual StatusOr<Escalation> Resolve(const std::string& escalation_id,
+                                       const std::string& decision_id, const std::string& actor,
+                                       int64_t now_ms) = 0;
 };
 
 // --------------------------------------------------------------------- meta
@@ -326,10 +395,12 @@ class Store {
   virtual AuditLog& audit() = 0;
   virtual LeaseStore& leases() = 0;
   virtual MetaStore& meta() = 0;
+  virtual EscalationStore& escalations() = 0;
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.
 // Unavailable if the folder is locked by another process or unreadable.
+// Failpoint "store.write" (error) fails every write as a disk error would.
 StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options);
 
 }  // namespace idem

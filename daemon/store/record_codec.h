@@ -1,0 +1,43 @@
+// Private to daemon/store: the JSON form of the records that store.h does
+// not give a ToJson/FromJson of their own, and the conversion between a JSON
+// value and the bytes a backend stores.
+//
+// Decoders never throw: a malformed stored record is Internal.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "daemon/core/status.h"
+#include "daemon/store/store.h"
+
+namespace idem::store_internal {
+
+// Compact JSON text. InvalidArgument if a string in `j` is not valid UTF-8.
+StatusOr<std::string> EncodeJson(const Json& j);
+// Parses stored JSON text; Internal if it is not JSON. `what` names the
+// record family in the message.
+StatusOr<Json> DecodeJson(std::string_view text, std::string_view what);
+
+// WorkItem::FromJson(parsed text) without building the whole document: the
+// journal's read path (every duplicate claim) decodes straight from the
+// stored text. Same acceptance rules as WorkItem::FromJson.
+StatusOr<WorkItem> DecodeWorkItem(std::string_view text);
+
+Json IdemRecordToJson(const IdemRecord& r);
+StatusOr<IdemRecord> IdemRecordFromJson(const Json& j);
+std::string_view IdemStateName(IdemRecord::State s);
+
+Json NamedLeaseToJson(const NamedLease& l);
+StatusOr<NamedLease> NamedLeaseFromJson(const Json& j);
+
+// The event without `hash`: exactly what the audit chain hashes.
+Json AuditEventBodyToJson(const AuditEvent& e);
+// The stored form: the body plus `hash`.
+Json AuditEventToJson(const AuditEvent& e);
+StatusOr<AuditEvent> AuditEventFromJson(const Json& j);
+
+StatusOr<WorkState> ParseWorkState(std::string_view name);
+
+}  // namespace idem::store_internal

@@ -1,0 +1,542 @@
+// JSON forms of the stored records. Field names are the on-disk format:
+// renaming one is a migration. Decoding accepts missing optional fields (so
+// records written before a field existed still load) but rejects a present
+// field of the wrong type.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "daemon/store/record_codec.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+namespace {
+
+// Reads typed members of one JSON object, remembering the first problem.
+// Uses only non-throwing accessors.
+class FieldReader {
+ public:
+  FieldReader(const Json& j, std::string_view record) : j_(j), record_(record) {
+    if (!j_.is_object()) Fail("", "not an object");
+  }
+
+  void Str(const char* name, std::string& out, bool required = false) {
+    const Json* v = Find(name, required);
+    if (v == nullptr) return;
+    if (!v->is_string()) return Fail(name, "not a string");
+    out = v->get_ref<const std::string&>();
+  }
+  void Int(const char* name, int64_t& out) {
+    const Json* v = Find(name, false);
+    if (v == nullptr) return;
+    if (!v->is_number_integer()) return Fail(name, "not an integer");
+    out = v->get<int64_t>();
+  }
+  void Int(const char* name, int& out) {
+    int64_t wide = out;
+    Int(name, wide);
+    if (wide < INT32_MIN || wide > INT32_MAX) return Fail(name, "out of range");
+    out = static_cast<int>(wide);
+  }
+  void Uint(const char* name, uint64_t& out) {
+    const Json* v = Find(name, false);
+    if (v == nullptr) return;
+    if (!v->is_number_unsigned()) return Fail(name, "not an unsigned integer");
+    out = v->get<uint64_t>();
+  }
+  void Any(const char* name, Json& out) {
+    const Json* v = Find(name, false);
+    if (v != nullptr) out = *v;
+  }
+  void Array(const char* name, Json& out) {
+    const Json* v = Find(name, false);
+    if (v == nullptr) return;
+    if (!v->is_array()) return Fail(name, "not an array");
+    out = *v;
+  }
+  void Fail(std::string_view name, std::string_view problem) {
+    if (!status_.ok()) return;
+    std::string msg = "stored " + std::string(record_) + " record is malformed";
+    if (!name.empty()) msg += ": field '" + std::string(name) + "'";
+    msg += " " + std::string(problem);
+    status_ = Internal(std::move(msg));
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  const Json* Find(const char* name, bool required) {
+    if (!status_.ok()) return nullptr;
+    auto it = j_.find(name);
+    if (it == j_.end()) {
+      if (required) Fail(name, "is missing");
+      return nullptr;
+    }
+    return &*it;
+  }
+
+  const Json& j_;
+  std::string_view record_;
+  Status status_;
+};
+
+}  // namespace
+
+std::string_view WorkStateName(WorkState s) {
+  switch (s) {
+    case WorkState::kPending:
+      return "pending";
+    case WorkState::kRunning:
+      return "running";
+    case WorkState::kDone:
+      return "done";
+    case WorkState::kFailed:
+      return "failed";
+    case WorkState::kDead:
+      return "dead";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------- Decision
+
+Json Decision::ToJson() const {
+  return Json{{"decision_id", decision_id},
+              {"decision_key", decision_key},
+              {"step", step},
+              {"status", status},
+              {"decided_by", decided_by},
+              {"output", output},
+              {"material", material},
+              {"trace", trace},
+              {"provider", provider},
+              {"model", model},
+              {"prompt_version", prompt_version},
+              {"created_at_ms", created_at_ms},
+              {"expires_at_ms", expires_at_ms}};
+}
+
+StatusOr<Decision> Decision::FromJson(const Json& j) {
+  Decision d;
+  FieldReader r(j, "decision");
+  r.Str("decision_id", d.decision_id, /*required=*/true);
+  r.Str("decision_key", d.decision_key, /*required=*/true);
+  r.Str("step", d.step);
+  r.Str("status", d.status);
+  r.Str("decided_by", d.decided_by);
+  r.Any("output", d.output);
+  r.Any("material", d.material);
+  r.Any("trace", d.trace);
+  r.Str("provider", d.provider);
+  r.Str("model", d.model);
+  r.Str("prompt_version", d.prompt_version);
+  r.Int("created_at_ms", d.created_at_ms);
+  r.Int("expires_at_ms", d.expires_at_ms);
+  if (!r.status().ok()) return r.status();
+  return d;
+}
+
+// ---------------------------------------------------------------- WorkItem
+
+Json WorkItem::ToJson() const {
+  return Json{{"work_id", work_id},
+              {"kind", kind},
+              {"state", WorkStateName(state)},
+              {"attempt", attempt},
+              {"max_attempts", max_attempts},
+              {"lease_token", lease_token},
+              {"locked_until_ms", locked_until_ms},
+              {"args", args},
+              {"identity", identity},
+              {"result", result},
+              {"external_ref", external_ref},
+              {"last_error", last_error},
+              {"next_attempt_at_ms", next_attempt_at_ms},
+              {"created_at_ms", created_at_ms},
+              {"updated_at_ms", updated_at_ms},
+              {"expires_at_ms", expires_at_ms},
+              {"run_id", run_id},
+              {"request_id", request_id},
+              {"window_ms", window_ms}};
+}
+
+StatusOr<WorkItem> WorkItem::FromJson(const Json& j) {
+  WorkItem w;
+  FieldReader r(j, "journal");
+  r.Str("work_id", w.work_id, /*required=*/true);
+  r.Str("kind", w.kind);
+  std::string state;
+  r.Str("state", state, /*required=*/true);
+  r.Int("attempt", w.attempt);
+  r.Int("max_attempts", w.max_attempts);
+  r.Str("lease_token", w.lease_token);
+  r.Int("locked_until_ms", w.locked_until_ms);
+  r.Any("args", w.args);
+  r.Any("identity", w.identity);
+  r.Any("result", w.result);
+  r.Str("external_ref", w.external_ref);
+  r.Str("last_error", w.last_error);
+  r.Int("next_attempt_at_ms", w.next_attempt_at_ms);
+  r.Int("created_at_ms", w.created_at_ms);
+  r.Int("updated_at_ms", w.updated_at_ms);
+  r.Int("expires_at_ms", w.expires_at_ms);
+  r.Str("run_id", w.run_id);
+  r.Str("request_id", w.request_id);
+  r.Int("window_ms", w.window_ms);
+  if (!r.status().ok()) return r.status();
+  StatusOr<WorkState> parsed = store_internal::ParseWorkState(state);
+  if (!parsed.ok()) return parsed.status();
+  w.state = *parsed;
+  return w;
+}
+
+// -------------------------------------------------------------------- Plan
+
+Json Plan::ToJson() const {
+  return Json{{"plan_id", plan_id},
+              {"decision_id", decision_id},
+              {"state", state},
+              {"actions", actions},
+              {"history", history},
+              {"created_at_ms", created_at_ms},
+              {"updated_at_ms", updated_at_ms}};
+}
+
+StatusOr<Plan> Plan::FromJson(const Json& j) {
+  Plan p;
+  FieldReader r(j, "plan");
+  r.Str("plan_id", p.plan_id, /*required=*/true);
+  r.Str("decision_id", p.decision_id);
+  r.Str("state", p.state, /*required=*/true);
+  r.Array("actions", p.actions);
+  r.Array("history", p.history);
+  r.Int("created_at_ms", p.created_at_ms);
+  r.Int("updated_at_ms", p.updated_at_ms);
+  if (!r.status().ok()) return r.status();
+  return p;
+}
+
+namespace store_internal {
+namespace {
+
+// SAX handler for one stored WorkItem: top-level scalars go straight into
+// their fields; nested values (args, identity, result) are built as DOM.
+class WorkItemSax {
+ public:
+  explicit WorkItemSax(WorkItem& w) : w_(w) {}
+
+  bool null() { return Value(Json(nullptr)); }
+  bool boolean(bool v) { return Value(Json(v)); }
+  bool number_integer(Json::number_integer_t v) { return Value(Json(v)); }
+  bool number_unsigned(Json::number_unsigned_t v) { return Value(Json(v)); }
+  bool number_float(Json::number_float_t v, const std::string& /*text*/) { return Value(Json(v)); }
+  bool string(std::string& v) { return Value(Json(std::move(v))); }
+  bool binary(Json::binary_t& /*v*/) { return Fail("", "holds binary data"); }
+  bool key(std::string& k) {
+    if (stack_.empty()) {
+      field_.assign(k);
+    } else {
+      nested_key_ = std::move(k);
+    }
+    return true;
+  }
+  bool start_object(size_t /*n*/) { return Open(Json::object()); }
+  bool start_array(size_t /*n*/) {
+    if (!in_top_) return Fail("", "is not an object");
+    return Open(Json::array());
+  }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool parse_error(size_t /*pos*/, const std::string& /*token*/,
+                   const nlohmann::detail::exception& /*ex*/) {
+    if (status_.ok()) status_ = Internal("stored journal record is not valid JSON");
+    return false;
+  }
+
+  Status Finish() {
+    RETURN_IF_ERROR(status_);
+    if (!seen_top_) return Internal("stored journal record is malformed: not an object");
+    if (!have_work_id_) Fail("work_id", "is missing");
+    if (!have_state_) Fail("state", "is missing");
+    return status_;
+  }
+
+ private:
+  bool Fail(std::string_view name, std::string_view problem) {
+    if (status_.ok()) {
+      std::string msg = "stored journal record is malformed";
+      if (!name.empty()) msg += ": field '" + std::string(name) + "'";
+      status_ = Internal(msg + " " + std::string(problem));
+    }
+    return false;
+  }
+
+  bool Open(Json container) {
+    if (!in_top_) {
+      if (seen_top_ || !container.is_object()) return Fail("", "is not an object");
+      in_top_ = seen_top_ = true;
+      return true;
+    }
+    if (stack_.empty()) {
+      // A nested value of a top-level field.
+      Json* target = NestedTarget();
+      if (target == nullptr) return Fail(field_, "has the wrong type");
+      *target = std::move(container);
+      stack_.push_back(target);
+      return true;
+    }
+    Json* parent = stack_.back();
+    Json* child = parent->is_object() ? &(*parent)[nested_key_] : &parent->emplace_back();
+    *child = std::move(container);
+    stack_.push_back(child);
+    return true;
+  }
+
+  bool Close() {
+    if (stack_.empty()) {
+      in_top_ = false;  // the end of the record
+      return true;
+    }
+    stack_.pop_back();
+    return true;
+  }
+
+  Json* NestedTarget() {
+    if (field_ == "args") return &w_.args;
+    if (field_ == "identity") return &w_.identity;
+    if (field_ == "result") return &w_.result;
+    if (IsKnownScalar()) return nullptr;
+    return &ignored_;  // an unknown field from a newer version
+  }
+
+  bool IsKnownScalar() const {
+    for (std::string_view name :
+         {"work_id", "kind", "state", "lease_token", "external_ref", "last_error", "run_id",
+          "request_id", "attempt", "max_attempts", "locked_until_ms", "next_attempt_at_ms",
+          "created_at_ms", "updated_at_ms", "expires_at_ms", "window_ms"}) {
+      if (field_ == name) return true;
+    }
+    return false;
+  }
+
+  bool Value(Json v) {
+    if (!in_top_) return Fail("", "is not an object");
+    if (!stack_.empty()) {
+      Json* parent = stack_.back();
+      if (parent->is_object()) {
+        (*parent)[nested_key_] = std::move(v);
+      } else {
+        parent->push_back(std::move(v));
+      }
+      return true;
+    }
+    return Field(std::move(v));
+  }
+
+  bool Str(Json& v, std::string& out) {
+    if (!v.is_string()) return Fail(field_, "not a string");
+    out = std::move(v.get_ref<std::string&>());
+    return true;
+  }
+  bool Int(const Json& v, int64_t& out) {
+    if (!v.is_number_integer()) return Fail(field_, "not an integer");
+    out = v.get<int64_t>();
+    return true;
+  }
+  bool Int(const Json& v, int& out) {
+    int64_t wide = 0;
+    if (!Int(v, wide)) return false;
+    if (wide < INT32_MIN || wide > INT32_MAX) return Fail(field_, "out of range");
+    out = static_cast<int>(wide);
+    return true;
+  }
+
+  bool Field(Json v) {
+    const std::string& f = field_;
+    if (f == "work_id") return have_work_id_ = true, Str(v, w_.work_id);
+    if (f == "state") {
+      std::string name;
+      if (!Str(v, name)) return false;
+      StatusOr<WorkState> parsed = ParseWorkState(name);
+      if (!parsed.ok()) {
+        status_ = parsed.status();
+        return false;
+      }
+      w_.state = *parsed;
+      have_state_ = true;
+      return true;
+    }
+    if (f == "kind") return Str(v, w_.kind);
+    if (f == "lease_token") return Str(v, w_.lease_token);
+    if (f == "external_ref") return Str(v, w_.external_ref);
+    if (f == "last_error") return Str(v, w_.last_error);
+    if (f == "run_id") return Str(v, w_.run_id);
+    if (f == "request_id") return Str(v, w_.request_id);
+    if (f == "attempt") return Int(v, w_.attempt);
+    if (f == "max_attempts") return Int(v, w_.max_attempts);
+    if (f == "locked_until_ms") return Int(v, w_.locked_until_ms);
+    if (f == "next_attempt_at_ms") return Int(v, w_.next_attempt_at_ms);
+    if (f == "created_at_ms") return Int(v, w_.created_at_ms);
+    if (f == "updated_at_ms") return Int(v, w_.updated_at_ms);
+    if (f == "expires_at_ms") return Int(v, w_.expires_at_ms);
+    if (f == "window_ms") return Int(v, w_.window_ms);
+    if (f == "args") return w_.args = std::move(v), true;
+    if (f == "identity") return w_.identity = std::move(v), true;
+    if (f == "result") return w_.result = std::move(v), true;
+    return true;  // an unknown field from a newer version
+  }
+
+  WorkItem& w_;
+  Status status_;
+  bool in_top_ = false;
+  bool seen_top_ = false;
+  bool have_work_id_ = false;
+  bool have_state_ = false;
+  std::string field_;         // the current top-level member name
+  std::string nested_key_;    // the current member name inside a nested object
+  std::vector<Json*> stack_;  // open nested containers, innermost last
+  Json ignored_;
+};
+
+}  // namespace
+
+StatusOr<WorkItem> DecodeWorkItem(std::string_view text) {
+  WorkItem w;
+  WorkItemSax sax(w);
+  bool parsed = false;
+  try {
+    parsed = Json::sax_parse(text, &sax);
+  } catch (const Json::exception&) {
+    // sax_parse reports through parse_error; this is belt and braces.
+  }
+  Status s = sax.Finish();
+  if (!s.ok()) return s;
+  if (!parsed) return Internal("stored journal record is not valid JSON");
+  return w;
+}
+
+StatusOr<WorkState> ParseWorkState(std::string_view name) {
+  for (WorkState s : {WorkState::kPending, WorkState::kRunning, WorkState::kDone,
+                      WorkState::kFailed, WorkState::kDead}) {
+    if (WorkStateName(s) == name) return s;
+  }
+  return Internal("stored journal record has unknown state '" + std::string(name) + "'");
+}
+
+StatusOr<std::string> EncodeJson(const Json& j) {
+  try {
+    return j.dump();
+  } catch (const Json::exception& e) {
+    // dump() throws only for strings that are not valid UTF-8.
+    return InvalidArgument(std::string("record cannot be stored: ") + e.what());
+  }
+}
+
+StatusOr<Json> DecodeJson(std::string_view text, std::string_view what) {
+  Json j = Json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return Internal("stored " + std::string(what) + " record is not valid JSON");
+  }
+  return j;
+}
+
+// --------------------------------------------------------------- IdemRecord
+
+std::string_view IdemStateName(IdemRecord::State s) {
+  return s == IdemRecord::State::kCompleted ? "completed" : "in_progress";
+}
+
+Json IdemRecordToJson(const IdemRecord& rec) {
+  return Json{{"scope", rec.scope},
+              {"key", rec.key},
+              {"fingerprint", rec.fingerprint},
+              {"state", IdemStateName(rec.state)},
+              {"response_status", rec.response_status},
+              {"response_body", rec.response_body},
+              {"response_content_type", rec.response_content_type},
+              {"request_id", rec.request_id},
+              {"created_at_ms", rec.created_at_ms},
+              {"expires_at_ms", rec.expires_at_ms},
+              {"lease_until_ms", rec.lease_until_ms}};
+}
+
+StatusOr<IdemRecord> IdemRecordFromJson(const Json& j) {
+  IdemRecord rec;
+  FieldReader r(j, "idempotency key");
+  r.Str("scope", rec.scope, /*required=*/true);
+  r.Str("key", rec.key, /*required=*/true);
+  r.Str("fingerprint", rec.fingerprint);
+  std::string state;
+  r.Str("state", state, /*required=*/true);
+  r.Int("response_status", rec.response_status);
+  r.Str("response_body", rec.response_body);
+  r.Str("response_content_type", rec.response_content_type);
+  r.Str("request_id", rec.request_id);
+  r.Int("created_at_ms", rec.created_at_ms);
+  r.Int("expires_at_ms", rec.expires_at_ms);
+  r.Int("lease_until_ms", rec.lease_until_ms);
+  if (r.status().ok()) {
+    if (state == "completed") {
+      rec.state = IdemRecord::State::kCompleted;
+    } else if (state == "in_progress") {
+      rec.state = IdemRecord::State::kInProgress;
+    } else {
+      r.Fail("state", "is unknown");
+    }
+  }
+  if (!r.status().ok()) return r.status();
+  return rec;
+}
+
+// --------------------------------------------------------------- NamedLease
+
+Json NamedLeaseToJson(const NamedLease& l) {
+  return Json{{"name", l.name},
+              {"holder", l.holder},
+              {"token", l.token},
+              {"acquired_at_ms", l.acquired_at_ms},
+              {"expires_at_ms", l.expires_at_ms}};
+}
+
+StatusOr<NamedLease> NamedLeaseFromJson(const Json& j) {
+  NamedLease l;
+  FieldReader r(j, "lease");
+  r.Str("name", l.name, /*required=*/true);
+  r.Str("holder", l.holder, /*required=*/true);
+  r.Str("token", l.token);
+  r.Int("acquired_at_ms", l.acquired_at_ms);
+  r.Int("expires_at_ms", l.expires_at_ms);
+  if (!r.status().ok()) return r.status();
+  return l;
+}
+
+// --------------------------------------------------------------- AuditEvent
+
+Json AuditEventBodyToJson(const AuditEvent& e) {
+  return Json{{"seq", e.seq},       {"at_ms", e.at_ms},   {"actor", e.actor},
+              {"action", e.action}, {"detail", e.detail}, {"prev_hash", e.prev_hash}};
+}
+
+Json AuditEventToJson(const AuditEvent& e) {
+  Json j = AuditEventBodyToJson(e);
+  j["hash"] = e.hash;
+  return j;
+}
+
+StatusOr<AuditEvent> AuditEventFromJson(const Json& j) {
+  AuditEvent e;
+  FieldReader r(j, "audit");
+  r.Uint("seq", e.seq);
+  r.Int("at_ms", e.at_ms);
+  r.Str("actor", e.actor);
+  r.Str("action", e.action);
+  r.Any("detail", e.detail);
+  r.Str("prev_hash", e.prev_hash);
+  r.Str("hash", e.hash, /*required=*/true);
+  if (!r.status().ok()) return r.status();
+  return e;
+}
+
+}  // namespace store_internal
+}  // namespace idem

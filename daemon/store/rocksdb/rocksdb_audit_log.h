@@ -1,0 +1,45 @@
+// The hash-chained audit log (store.h, class AuditLog) on RocksDB.
+//
+// Family "audit" holds BE8(seq) -> AuditEvent JSON (with hash). Each event's
+// hash = sha256_hex(prev_hash + JCS(event without hash)), so changing,
+// removing or reordering a stored event breaks every later link; Verify
+// recomputes the chain and also checks that it ends at the last event this
+// process appended (a truncated tail).
+//
+// Appends are serialized by one mutex held across the durable write: the
+// chain is a sequence, and releasing earlier could let event N+1 reach the
+// disk without event N if the process died in between.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/core/mutex.h"
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/store.h"
+
+namespace idem::rocks {
+
+class RocksAuditLog final : public AuditLog {
+ public:
+  // Reads the head of the chain. `db` must outlive the log.
+  static StatusOr<std::unique_ptr<RocksAuditLog>> Create(RocksDatabase& db);
+
+  StatusOr<uint64_t> Append(AuditEvent event) override;
+  StatusOr<std::vector<AuditEvent>> Scan(uint64_t from_seq, size_t limit) override;
+  Status Verify() override;
+
+ private:
+  explicit RocksAuditLog(RocksDatabase& db) : db_(db) {}
+
+  RocksDatabase& db_;
+  Mutex mu_;
+  uint64_t last_seq_ GUARDED_BY(mu_) = 0;
+  std::string last_hash_ GUARDED_BY(mu_);
+};
+
+}  // namespace idem::rocks

@@ -1,0 +1,244 @@
+#include "daemon/store/rocksdb/rocksdb_database.h"
+
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+
+#include <functional>
+#include <utility>
+
+#include "daemon/core/failpoints.h"
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+
+std::string_view ColumnFamilyName(Family f) {
+  switch (f) {
+    case Family::kMeta:
+      return "meta";
+    case Family::kDecisions:
+      return "decisions";
+    case Family::kDecisionKeys:
+      return "decision_keys";
+    case Family::kDecisionsByTime:
+      return "decisions_by_time";
+    case Family::kDecisionsByStep:
+      return "decisions_by_step";
+    case Family::kIdemKeys:
+      return "idem_keys";
+    case Family::kIdemExpiry:
+      return "idem_expiry";
+    case Family::kJournal:
+      return "journal";
+    case Family::kJournalDue:
+      return "journal_due";
+    case Family::kJournalDead:
+      return "journal_dead";
+    case Family::kJournalRun:
+      return "journal_run";
+    case Family::kJournalDoneRef:
+      return "journal_done_ref";
+    case Family::kJournalExpiry:
+      return "journal_expiry";
+    case Family::kPlans:
+      return "plans";
+    case Family::kPlansByState:
+      return "plans_by_state";
+    case Family::kAudit:
+      return "audit";
+    case Family::kLeases:
+      return "leases";
+    case Family::kEscalations:
+      return "escalations";
+    case Family::kEscalationsOpen:
+      return "escalations_open";
+    case Family::kEscalationsByTime:
+      return "escalations_by_time";
+    case Family::kCount:
+      break;
+  }
+  return "";
+}
+
+std::string BigEndian8(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    out[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+  return out;
+}
+
+std::string BigEndian8(int64_t v) { return BigEndian8(static_cast<uint64_t>(v < 0 ? 0 : v)); }
+
+std::string InvertedBigEndian8(int64_t v) {
+  return BigEndian8(~static_cast<uint64_t>(v < 0 ? 0 : v));
+}
+
+uint64_t ReadBigEndian8(std::string_view bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8 && i < bytes.size(); ++i) {
+    v = (v << 8) | static_cast<unsigned char>(bytes[i]);
+  }
+  return v;
+}
+
+std::string LengthPrefixed(std::string_view s) {
+  std::string out = BigEndian8(static_cast<uint64_t>(s.size())).substr(4);
+  out.append(s);
+  return out;
+}
+
+namespace {
+rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+}  // namespace
+
+void RecordBatch::Put(Family f, std::string_view key, std::string_view value) {
+  rocksdb::Status s = batch_.Put(db_.handle(f), ToSlice(key), ToSlice(value));
+  if (!s.ok() && status_.ok()) status_ = RocksDatabase::Translate(s, "staging a write");
+}
+
+void RecordBatch::PutJson(Family f, std::string_view key, const Json& j) {
+  StatusOr<std::string> text = store_internal::EncodeJson(j);
+  if (!text.ok()) {
+    if (status_.ok()) status_ = text.status();
+    return;
+  }
+  Put(f, key, *text);
+}
+
+void RecordBatch::Delete(Family f, std::string_view key) {
+  rocksdb::Status s = batch_.Delete(db_.handle(f), ToSlice(key));
+  if (!s.ok() && status_.ok()) status_ = RocksDatabase::Translate(s, "staging a delete");
+}
+
+Status RocksDatabase::Translate(const rocksdb::Status& s, std::string_view what) {
+  if (s.ok()) return Status::Ok();
+  std::string msg = "store: " + std::string(what) + ": " + s.ToString();
+  // A retry can help after an I/O error, a lock held by another process that
+  // goes away, or a busy/timed-out write; not after corruption or misuse.
+  bool retryable = !(s.IsCorruption() || s.IsNotSupported() || s.IsInvalidArgument());
+  return Unavailable(std::move(msg), retryable);
+}
+
+StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions& options) {
+  if (options.path.empty()) return InvalidArgument("store path is empty", "/store/path");
+  std::unique_ptr<RocksDatabase> self(new RocksDatabase(options));
+
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.IncreaseParallelism(2);
+  db_options.max_background_jobs = 2;
+  db_options.keep_log_file_num = 5;
+  // Twenty-odd families with a default 64 MiB memtable each could hold a lot
+  // of memory; cap the total and let RocksDB flush the largest.
+  db_options.db_write_buffer_size = 256 << 20;
+  // Journal and idempotency records are point lookups; a bloom filter keeps a
+  // miss (first delivery) from touching every level.
+  rocksdb::BlockBasedTableOptions table;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  rocksdb::ColumnFamilyOptions cf_options(db_options);
+  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+
+  // Every existing family must be opened, including ones this version does
+  // not know (written by a newer idem): keep them open and untouched.
+  std::vector<std::string> existing;
+  rocksdb::Status listed = rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing);
+  if (!listed.ok()) existing = {rocksdb::kDefaultColumnFamilyName};  // a new database
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const std::string& name : existing) descriptors.emplace_back(name, cf_options);
+
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path, descriptors, &handles, &raw);
+  if (!s.ok()) return Translate(s, "opening " + options.path);
+  self->db_.reset(raw);
+
+  // Missing families are created in one call: one OPTIONS file rewrite for
+  // all of them rather than one (with its fsyncs) per family.
+  std::vector<std::string> missing;
+  for (int i = 0; i < static_cast<int>(Family::kCount); ++i) {
+    std::string name(ColumnFamilyName(static_cast<Family>(i)));
+    bool found = false;
+    for (const std::string& e : existing) found = found || e == name;
+    if (!found) missing.push_back(std::move(name));
+  }
+  if (!missing.empty()) {
+    std::vector<rocksdb::ColumnFamilyHandle*> created;
+    s = raw->CreateColumnFamilies(cf_options, missing, &created);
+    handles.insert(handles.end(), created.begin(), created.end());
+    if (!s.ok()) {
+      self->other_handles_ = std::move(handles);  // closed by the destructor
+      return Translate(s, "creating column families in " + options.path);
+    }
+  }
+  for (rocksdb::ColumnFamilyHandle* h : handles) {
+    bool known = false;
+    for (int i = 0; i < static_cast<int>(Family::kCount) && !known; ++i) {
+      if (h->GetName() == ColumnFamilyName(static_cast<Family>(i))) {
+        self->handles_[i] = h;
+        known = true;
+      }
+    }
+    if (!known) self->other_handles_.push_back(h);
+  }
+  return self;
+}
+
+RocksDatabase::~RocksDatabase() {
+  if (db_ == nullptr) return;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    if (h != nullptr) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  for (rocksdb::ColumnFamilyHandle* h : other_handles_) {
+    db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  db_->Close().PermitUncheckedError();
+}
+
+StatusOr<std::optional<std::string>> RocksDatabase::Get(Family f, std::string_view key,
+                                                        const rocksdb::Snapshot* snapshot) {
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot;
+  std::optional<std::string> value(std::in_place);
+  rocksdb::Status s = db_->Get(ro, handle(f), ToSlice(key), &*value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  if (!s.ok()) return Translate(s, "reading " + std::string(ColumnFamilyName(f)));
+  return value;
+}
+
+Status RocksDatabase::Commit(RecordBatch& batch, bool durable) {
+  RETURN_IF_ERROR(batch.status_);
+  if (batch.empty()) return Status::Ok();
+  IDEM_FAILPOINT("store.write");
+  rocksdb::WriteOptions wo;
+  wo.sync = durable && options_.sync;
+  return Translate(db_->Write(wo, &batch.batch_), "writing");
+}
+
+std::unique_ptr<rocksdb::Iterator> RocksDatabase::NewIterator(Family f,
+                                                              const rocksdb::ReadOptions& ro) {
+  return std::unique_ptr<rocksdb::Iterator>(db_->NewIterator(ro, handle(f)));
+}
+
+Status RocksDatabase::IteratorStatus(const rocksdb::Iterator& it, std::string_view what) {
+  return Translate(it.status(), what);
+}
+
+Mutex& RocksDatabase::LockFor(Family f, std::string_view key) {
+  size_t h = std::hash<std::string_view>{}(key) ^ (static_cast<size_t>(f) * 0x9e3779b97f4a7c15ull);
+  return stripes_[h % kStripes];
+}
+
+}  // namespace idem::rocks
+
+// librocksdb is not built with ThreadSanitizer: its memtable publishes
+// records through atomics TSan cannot see, so a lock-free Get that reads a
+// record another thread just wrote looks like a race. Reports whose stacks
+// pass through the library are suppressed; races between our own accesses
+// stay reported. Defined here, in the store library, so that every TSan
+// binary using the store (store, apply, decide, http tests) gets it.
+#if defined(__SANITIZE_THREAD__)
+extern "C" const char* __tsan_default_suppressions() { return "race:librocksdb.so\n"; }
+#endif

@@ -1,0 +1,142 @@
+// Private to daemon/store/rocksdb: the one RocksDB database behind every
+// store, its column families, the striped per-key locks that make a
+// read-modify-write atomic, and the translation of rocksdb::Status into
+// idem::Status (the only place in the daemon that sees rocksdb::Status).
+//
+// Atomicity recipe used by every store in this folder:
+//   MutexLock lock(db.LockFor(Family::kX, key));   // one stripe per key
+//   read the record, decide, stage the new record and its index entries in
+//   one RecordBatch, db.Commit(batch, durable)     // one atomic WriteBatch
+// Writes to different keys never share a lock, so concurrent committers
+// reach RocksDB together and share one fsync (group commit).
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/core/mutex.h"
+#include "daemon/core/status.h"
+#include "daemon/store/store.h"
+
+namespace idem::rocks {
+
+// One column family per record family, plus the index families. The names
+// (Family ColumnFamilyName) are the on-disk layout.
+enum class Family : int {
+  kMeta = 0,
+  kDecisions,        // decision_id -> Decision JSON
+  kDecisionKeys,     // decision_key -> decision_id of the cached decision
+  kDecisionsByTime,  // BE8(~created_at) | decision_id -> ""
+  kDecisionsByStep,  // LP(step) | BE8(~created_at) | decision_id -> ""
+  kIdemKeys,         // LP(scope) | key -> IdemRecord JSON
+  kIdemExpiry,       // BE8(expires_at) | LP(scope) | key -> ""
+  kJournal,          // work_id -> WorkItem JSON
+  kJournalDue,       // BE8(due_at) | work_id -> ""  (pending/failed, running)
+  kJournalDead,      // BE8(updated_at) | work_id -> ""
+  kJournalRun,       // LP(run_id) | BE8(created_at) | work_id -> ""
+  kJournalDoneRef,   // LP(kind) | BE8(~updated_at) | work_id -> ""
+  kJournalExpiry,    // BE8(expires_at) | work_id -> ""  (done with a window)
+  kPlans,            // plan_id -> Plan JSON
+  kPlansByState,     // LP(state) | BE8(created_at) | plan_id -> ""
+  kAudit,            // BE8(seq) -> AuditEvent JSON
+  kLeases,           // name -> NamedLease JSON
+  kEscalations,      // escalation_id -> Escalation JSON
+  kEscalationsOpen,  // decision_key -> escalation_id of the open escalation
+  kEscalationsByTime,  // BE8(~created_at) | escalation_id -> ""
+  kCount,
+};
+
+std::string_view ColumnFamilyName(Family f);
+
+// --- key encoding: big-endian integers sort like the numbers; a length
+// prefix (LP) keeps variable-length parts from bleeding into each other.
+
+// Negative values clamp to 0 (times before the epoch do not occur).
+std::string BigEndian8(int64_t v);
+std::string BigEndian8(uint64_t v);
+// For newest-first indexes: sorts in reverse order of v.
+std::string InvertedBigEndian8(int64_t v);
+uint64_t ReadBigEndian8(std::string_view bytes);
+std::string LengthPrefixed(std::string_view s);
+
+// A WriteBatch that remembers the first error while staging.
+class RecordBatch {
+ public:
+  explicit RecordBatch(class RocksDatabase& db) : db_(db) {}
+  void Put(Family f, std::string_view key, std::string_view value);
+  // Encodes `j`; an encoding error is kept and returned by Commit.
+  void PutJson(Family f, std::string_view key, const Json& j);
+  void Delete(Family f, std::string_view key);
+  bool empty() const { return batch_.Count() == 0; }
+
+ private:
+  friend class RocksDatabase;
+  RocksDatabase& db_;
+  rocksdb::WriteBatch batch_;
+  Status status_;
+};
+
+// A point-in-time view for multi-key reads (an index plus its records).
+class ScopedSnapshot {
+ public:
+  explicit ScopedSnapshot(rocksdb::DB& db) : db_(db), snap_(db.GetSnapshot()) {}
+  ~ScopedSnapshot() { db_.ReleaseSnapshot(snap_); }
+  ScopedSnapshot(const ScopedSnapshot&) = delete;
+  ScopedSnapshot& operator=(const ScopedSnapshot&) = delete;
+  const rocksdb::Snapshot* get() const { return snap_; }
+
+ private:
+  rocksdb::DB& db_;
+  const rocksdb::Snapshot* snap_;
+};
+
+class RocksDatabase {
+ public:
+  // Opens (creating if needed) the database and every column family.
+  // Unavailable if the folder is locked by another process or unreadable.
+  static StatusOr<std::unique_ptr<RocksDatabase>> Open(const StoreOptions& options);
+  ~RocksDatabase();
+  RocksDatabase(const RocksDatabase&) = delete;
+  RocksDatabase& operator=(const RocksDatabase&) = delete;
+
+  // The value under `key`, nullopt if absent.
+  StatusOr<std::optional<std::string>> Get(Family f, std::string_view key,
+                                           const rocksdb::Snapshot* snapshot = nullptr);
+  // Writes the batch atomically. `durable`: synced to disk before returning
+  // when the store was opened with sync=true. Failpoint "store.write" (error)
+  // makes it fail as a disk error would.
+  Status Commit(RecordBatch& batch, bool durable);
+  std::unique_ptr<rocksdb::Iterator> NewIterator(Family f, const rocksdb::ReadOptions& ro);
+  // Iterator errors surface only through status(); call after the loop.
+  static Status IteratorStatus(const rocksdb::Iterator& it, std::string_view what);
+
+  // The lock stripe for `key` of family `f` (1024 stripes). Hold at most one.
+  Mutex& LockFor(Family f, std::string_view key);
+
+  rocksdb::DB& raw() { return *db_; }
+  rocksdb::ColumnFamilyHandle* handle(Family f) { return handles_[static_cast<int>(f)]; }
+
+  static Status Translate(const rocksdb::Status& s, std::string_view what);
+
+ private:
+  static constexpr size_t kStripes = 1024;
+  explicit RocksDatabase(const StoreOptions& options) : options_(options) {}
+
+  StoreOptions options_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::array<rocksdb::ColumnFamilyHandle*, static_cast<size_t>(Family::kCount)> handles_{};
+  std::vector<rocksdb::ColumnFamilyHandle*> other_handles_;  // default + unknown families
+  std::array<Mutex, kStripes> stripes_;
+};
+
+}  // namespace idem::rocks

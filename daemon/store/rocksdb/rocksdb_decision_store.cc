@@ -1,0 +1,146 @@
+#include "daemon/store/rocksdb/rocksdb_decision_store.h"
+
+#include <utility>
+
+#include "daemon/core/crypto.h"
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+namespace {
+
+bool Live(const Decision& d, int64_t now_ms) {
+  return d.expires_at_ms == 0 || d.expires_at_ms > now_ms;
+}
+
+Status Validate(const Decision& d) {
+  if (d.decision_id.empty()) return InvalidArgument("decision_id is empty", "/decision_id");
+  if (d.decision_key.empty()) return InvalidArgument("decision_key is empty", "/decision_key");
+  return Status::Ok();
+}
+
+// The part of an index key after the optional step prefix: BE8(~created) | id.
+std::string Position(const Decision& d) {
+  return InvertedBigEndian8(d.created_at_ms) + d.decision_id;
+}
+
+StatusOr<std::string> DecodeCursor(const std::string& cursor) {
+  if (cursor.size() % 2 != 0 || cursor.size() <= 16) {
+    return InvalidArgument("malformed cursor", "/cursor");
+  }
+  std::string raw;
+  raw.reserve(cursor.size() / 2);
+  for (size_t i = 0; i < cursor.size(); i += 2) {
+    int v = 0;
+    for (size_t k = 0; k < 2; ++k) {
+      char c = cursor[i + k];
+      int nibble = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (nibble < 0) return InvalidArgument("malformed cursor", "/cursor");
+      v = v * 16 + nibble;
+    }
+    raw.push_back(static_cast<char>(v));
+  }
+  return raw;
+}
+
+}  // namespace
+
+StatusOr<std::optional<Decision>> RocksDecisionStore::Load(const std::string& decision_id) {
+  ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kDecisions, decision_id));
+  if (!raw) return std::optional<Decision>();
+  ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "decision"));
+  ASSIGN_OR_RETURN(Decision d, Decision::FromJson(j));
+  return std::optional<Decision>(std::move(d));
+}
+
+StatusOr<std::optional<Decision>> RocksDecisionStore::Current(const std::string& decision_key) {
+  ASSIGN_OR_RETURN(std::optional<std::string> id, db_.Get(Family::kDecisionKeys, decision_key));
+  if (!id) return std::optional<Decision>();
+  return Load(*id);
+}
+
+StatusOr<Decision> RocksDecisionStore::GetByKey(const std::string& decision_key, int64_t now_ms) {
+  ASSIGN_OR_RETURN(std::optional<Decision> d, Current(decision_key));
+  if (!d || !Live(*d, now_ms)) return NotFound("no cached decision for key " + decision_key);
+  return std::move(*d);
+}
+
+StatusOr<Decision> RocksDecisionStore::Get(const std::string& decision_id) {
+  ASSIGN_OR_RETURN(std::optional<Decision> d, Load(decision_id));
+  if (!d) return NotFound("no such decision: " + decision_id);
+  return std::move(*d);
+}
+
+Status RocksDecisionStore::Store(const Decision& d) {
+  // Rewriting an id (same decision stored again) must not leave its old
+  // index entries behind.
+  ASSIGN_OR_RETURN(std::optional<Decision> previous, Load(d.decision_id));
+  RecordBatch batch(db_);
+  if (previous) {
+    batch.Delete(Family::kDecisionsByTime, Position(*previous));
+    batch.Delete(Family::kDecisionsByStep, LengthPrefixed(previous->step) + Position(*previous));
+  }
+  batch.PutJson(Family::kDecisions, d.decision_id, d.ToJson());
+  batch.Put(Family::kDecisionKeys, d.decision_key, d.decision_id);
+  batch.Put(Family::kDecisionsByTime, Position(d), "");
+  batch.Put(Family::kDecisionsByStep, LengthPrefixed(d.step) + Position(d), "");
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+StatusOr<Decision> RocksDecisionStore::PutIfAbsent(const Decision& d, int64_t now_ms) {
+  RETURN_IF_ERROR(Validate(d));
+  MutexLock lock(db_.LockFor(Family::kDecisionKeys, d.decision_key));
+  ASSIGN_OR_RETURN(std::optional<Decision> current, Current(d.decision_key));
+  if (current && Live(*current, now_ms)) return std::move(*current);
+  RETURN_IF_ERROR(Store(d));
+  return d;
+}
+
+Status RocksDecisionStore::Replace(const Decision& d) {
+  RETURN_IF_ERROR(Validate(d));
+  MutexLock lock(db_.LockFor(Family::kDecisionKeys, d.decision_key));
+  return Store(d);
+}
+
+StatusOr<DecisionPage> RocksDecisionStore::List(const std::string& step, const std::string& status,
+                                                const std::string& cursor, size_t limit) {
+  if (limit == 0) return InvalidArgument("limit must be positive", "/limit");
+  std::string after;
+  if (!cursor.empty()) {
+    ASSIGN_OR_RETURN(after, DecodeCursor(cursor));
+  }
+  Family family = step.empty() ? Family::kDecisionsByTime : Family::kDecisionsByStep;
+  std::string prefix = step.empty() ? "" : LengthPrefixed(step);
+
+  ScopedSnapshot snapshot(db_.raw());
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot.get();
+  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(family, ro);
+  it->Seek(prefix + after);
+  if (!after.empty() && it->Valid() && it->key().ToString() == prefix + after) it->Next();
+
+  DecisionPage page;
+  std::string last_position;
+  for (; it->Valid(); it->Next()) {
+    std::string_view key(it->key().data(), it->key().size());
+    if (!key.starts_with(prefix)) break;
+    std::string_view position = key.substr(prefix.size());
+    if (position.size() <= 8) continue;
+    ASSIGN_OR_RETURN(std::optional<std::string> raw,
+                     db_.Get(Family::kDecisions, std::string(position.substr(8)), snapshot.get()));
+    if (!raw) continue;
+    ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "decision"));
+    ASSIGN_OR_RETURN(Decision d, Decision::FromJson(j));
+    if (!status.empty() && d.status != status) continue;
+    if (page.items.size() == limit) {
+      // One more match exists: the page is full and another follows.
+      page.next_cursor = HexEncode(last_position);
+      break;
+    }
+    last_position.assign(position);
+    page.items.push_back(std::move(d));
+  }
+  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing decisions"));
+  return page;
+}
+
+}  // namespace idem::rocks

@@ -1,0 +1,83 @@
+#include "daemon/store/rocksdb/rocksdb_escalation_store.h"
+
+#include <utility>
+
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+
+StatusOr<std::optional<Escalation>> RocksEscalationStore::Load(const std::string& id,
+                                                               const rocksdb::Snapshot* snapshot) {
+  ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kEscalations, id, snapshot));
+  if (!raw) return std::optional<Escalation>();
+  ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "escalation"));
+  ASSIGN_OR_RETURN(Escalation e, Escalation::FromJson(j));
+  return std::optional<Escalation>(std::move(e));
+}
+
+Status RocksEscalationStore::Put(const Escalation& e) {
+  if (e.escalation_id.empty()) return InvalidArgument("escalation_id is empty");
+  if (e.decision_key.empty()) return InvalidArgument("decision_key is empty");
+  MutexLock lock(db_.LockFor(Family::kEscalationsOpen, e.decision_key));
+  ASSIGN_OR_RETURN(std::optional<Escalation> existing, Load(e.escalation_id));
+  if (existing) return AlreadyExists("escalation " + e.escalation_id + " exists");
+  RecordBatch batch(db_);
+  batch.PutJson(Family::kEscalations, e.escalation_id, e.ToJson());
+  batch.Put(Family::kEscalationsByTime, InvertedBigEndian8(e.created_at_ms) + e.escalation_id, "");
+  if (e.state == "open") batch.Put(Family::kEscalationsOpen, e.decision_key, e.escalation_id);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+StatusOr<Escalation> RocksEscalationStore::Get(const std::string& escalation_id) {
+  ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(escalation_id));
+  if (!e) return NotFound("no such escalation: " + escalation_id);
+  return std::move(*e);
+}
+
+StatusOr<Escalation> RocksEscalationStore::OpenByKey(const std::string& decision_key) {
+  ASSIGN_OR_RETURN(std::optional<std::string> id, db_.Get(Family::kEscalationsOpen, decision_key));
+  if (!id) return NotFound("no open escalation for this key");
+  ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(*id));
+  if (!e || e->state != "open") return NotFound("no open escalation for this key");
+  return std::move(*e);
+}
+
+StatusOr<std::vector<Escalation>> RocksEscalationStore::List(const std::string& state,
+                                                             size_t limit) {
+  std::vector<Escalation> out;
+  ScopedSnapshot snapshot(db_.raw());
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot.get();
+  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kEscalationsByTime, ro);
+  for (it->SeekToFirst(); it->Valid() && out.size() < limit; it->Next()) {
+    std::string_view key(it->key().data(), it->key().size());
+    if (key.size() <= 8) continue;
+    ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(std::string(key.substr(8)), snapshot.get()));
+    if (e && (state.empty() || e->state == state)) out.push_back(std::move(*e));
+  }
+  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing escalations"));
+  return out;
+}
+
+StatusOr<Escalation> RocksEscalationStore::Resolve(const std::string& escalation_id,
+                                                   const std::string& decision_id,
+                                                   const std::string& actor, int64_t now_ms) {
+  ASSIGN_OR_RETURN(Escalation current, Get(escalation_id));
+  MutexLock lock(db_.LockFor(Family::kEscalationsOpen, current.decision_key));
+  ASSIGN_OR_RETURN(current, Get(escalation_id));  // re-read under the lock
+  if (current.state != "open") {
+    return FailedPrecondition("escalation " + escalation_id + " is " + current.state);
+  }
+  Escalation next = current;
+  next.state = "resolved";
+  next.decision_id = decision_id;
+  next.resolved_by = actor;
+  next.resolved_at_ms = now_ms;
+  RecordBatch batch(db_);
+  batch.PutJson(Family::kEscalations, escalation_id, next.ToJson());
+  batch.Delete(Family::kEscalationsOpen, current.decision_key);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  return next;
+}
+
+}  // namespace idem::rocks

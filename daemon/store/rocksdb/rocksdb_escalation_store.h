@@ -1,0 +1,40 @@
+// Escalations (store.h, class EscalationStore) on RocksDB.
+//
+// "escalations" holds escalation_id -> Escalation JSON; "escalations_open"
+// maps a decision_key to its open escalation (at most one), so a repeated
+// decide finds it with one point read; "escalations_by_time" lists newest
+// first. Put and Resolve hold the decision key's lock stripe, so two
+// escalations for one key, or two resolutions of one escalation, cannot
+// interleave.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/store.h"
+
+namespace idem::rocks {
+
+class RocksEscalationStore final : public EscalationStore {
+ public:
+  // `db` must outlive this object.
+  explicit RocksEscalationStore(RocksDatabase& db) : db_(db) {}
+
+  Status Put(const Escalation& e) override;
+  StatusOr<Escalation> Get(const std::string& escalation_id) override;
+  StatusOr<Escalation> OpenByKey(const std::string& decision_key) override;
+  StatusOr<std::vector<Escalation>> List(const std::string& state, size_t limit) override;
+  StatusOr<Escalation> Resolve(const std::string& escalation_id, const std::string& decision_id,
+                               const std::string& actor, int64_t now_ms) override;
+
+ private:
+  StatusOr<std::optional<Escalation>> Load(const std::string& id,
+                                           const rocksdb::Snapshot* snapshot = nullptr);
+  RocksDatabase& db_;
+};
+
+}  // namespace idem::rocks

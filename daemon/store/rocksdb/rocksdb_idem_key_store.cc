@@ -1,0 +1,173 @@
+#include "daemon/store/rocksdb/rocksdb_idem_key_store.h"
+
+#include <limits>
+#include <utility>
+
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+namespace {
+
+std::string RecordKey(const std::string& scope, const std::string& key) {
+  return LengthPrefixed(scope) + key;
+}
+
+bool Expired(const IdemRecord& r, int64_t now_ms) {
+  return r.expires_at_ms != 0 && r.expires_at_ms <= now_ms;
+}
+
+// The answer to a Begin that writes nothing, or nullopt when Begin takes the key.
+std::optional<BeginResult> ReadOnlyOutcome(const std::optional<IdemRecord>& current,
+                                           const std::string& fingerprint, int64_t now_ms) {
+  if (!current || Expired(*current, now_ms)) return std::nullopt;
+  bool in_progress = current->state == IdemRecord::State::kInProgress;
+  if (in_progress && current->lease_until_ms <= now_ms) return std::nullopt;  // owner crashed
+  if (current->fingerprint != fingerprint) return BeginResult{BeginOutcome::kMismatch, *current};
+  if (in_progress) return BeginResult{BeginOutcome::kInFlight, *current};
+  return BeginResult{BeginOutcome::kReplay, *current};
+}
+
+}  // namespace
+
+StatusOr<std::optional<IdemRecord>> RocksIdemKeyStore::Load(const std::string& record_key) {
+  ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kIdemKeys, record_key));
+  if (!raw) return std::optional<IdemRecord>();
+  ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "idempotency key"));
+  ASSIGN_OR_RETURN(IdemRecord r, store_internal::IdemRecordFromJson(j));
+  return std::optional<IdemRecord>(std::move(r));
+}
+
+void RocksIdemKeyStore::Stage(RecordBatch& batch, const std::string& record_key,
+                              const std::optional<IdemRecord>& before, const IdemRecord* after) {
+  int64_t old_expiry = before ? before->expires_at_ms : 0;
+  int64_t new_expiry = after != nullptr ? after->expires_at_ms : 0;
+  if (old_expiry != 0 && old_expiry != new_expiry) {
+    batch.Delete(Family::kIdemExpiry, BigEndian8(old_expiry) + record_key);
+  }
+  if (new_expiry != 0 && old_expiry != new_expiry) {
+    batch.Put(Family::kIdemExpiry, BigEndian8(new_expiry) + record_key, "");
+  }
+  if (after != nullptr) {
+    batch.PutJson(Family::kIdemKeys, record_key, store_internal::IdemRecordToJson(*after));
+  } else {
+    batch.Delete(Family::kIdemKeys, record_key);
+  }
+}
+
+StatusOr<BeginResult> RocksIdemKeyStore::Begin(const std::string& scope, const std::string& key,
+                                               const std::string& fingerprint,
+                                               const std::string& request_id, int64_t now_ms,
+                                               int64_t ttl_ms, int64_t lease_ms) {
+  if (key.empty()) return InvalidArgument("idempotency key is empty", "/key");
+  if (ttl_ms < 0) return InvalidArgument("ttl_ms must not be negative", "/ttl_ms");
+  if (lease_ms <= 0) return InvalidArgument("lease_ms must be positive", "/lease_ms");
+  std::string record_key = RecordKey(scope, key);
+  {
+    ASSIGN_OR_RETURN(std::optional<IdemRecord> seen, Load(record_key));
+    if (std::optional<BeginResult> r = ReadOnlyOutcome(seen, fingerprint, now_ms)) {
+      return std::move(*r);
+    }
+  }
+  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+  if (std::optional<BeginResult> r = ReadOnlyOutcome(current, fingerprint, now_ms)) {
+    return std::move(*r);
+  }
+  IdemRecord next;
+  next.scope = scope;
+  next.key = key;
+  next.fingerprint = fingerprint;
+  next.state = IdemRecord::State::kInProgress;
+  next.request_id = request_id;
+  next.created_at_ms = now_ms;
+  next.expires_at_ms = ttl_ms == 0 ? 0 : now_ms + ttl_ms;
+  next.lease_until_ms = now_ms + lease_ms;
+  RecordBatch batch(db_);
+  Stage(batch, record_key, current, &next);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  return BeginResult{BeginOutcome::kNew, std::move(next)};
+}
+
+Status RocksIdemKeyStore::Finish(const std::string& scope, const std::string& key,
+                                 const std::string& fingerprint, int status,
+                                 const std::string& body, const std::string& content_type,
+                                 int64_t now_ms) {
+  std::string record_key = RecordKey(scope, key);
+  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+  if (!current || Expired(*current, now_ms)) {
+    return FailedPrecondition("idempotency key '" + key + "' is no longer recorded");
+  }
+  if (current->fingerprint != fingerprint) {
+    return FailedPrecondition("idempotency key '" + key + "' belongs to another request");
+  }
+  if (current->state == IdemRecord::State::kCompleted) return Status::Ok();  // first one wins
+  IdemRecord next = *current;
+  next.state = IdemRecord::State::kCompleted;
+  next.response_status = status;
+  next.response_body = body;
+  next.response_content_type = content_type;
+  next.lease_until_ms = 0;
+  RecordBatch batch(db_);
+  Stage(batch, record_key, current, &next);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+Status RocksIdemKeyStore::Abandon(const std::string& scope, const std::string& key,
+                                  const std::string& fingerprint) {
+  std::string record_key = RecordKey(scope, key);
+  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+  if (!current) return Status::Ok();
+  if (current->fingerprint != fingerprint) {
+    return FailedPrecondition("idempotency key '" + key + "' belongs to another request");
+  }
+  if (current->state == IdemRecord::State::kCompleted) {
+    return FailedPrecondition("idempotency key '" + key + "' is completed");
+  }
+  RecordBatch batch(db_);
+  Stage(batch, record_key, current, nullptr);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+StatusOr<IdemRecord> RocksIdemKeyStore::Get(const std::string& scope, const std::string& key) {
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(RecordKey(scope, key)));
+  if (!current) return NotFound("no such idempotency key: " + key);
+  return std::move(*current);
+}
+
+StatusOr<size_t> RocksIdemKeyStore::SweepExpired(int64_t now_ms, size_t limit) {
+  if (limit == 0 || now_ms < 0) return size_t{0};
+  std::vector<std::string> candidates;
+  {
+    int64_t bound = now_ms == std::numeric_limits<int64_t>::max() ? now_ms : now_ms + 1;
+    std::string upper = BigEndian8(bound);
+    rocksdb::Slice upper_slice(upper);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper_slice;
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemExpiry, ro);
+    for (it->SeekToFirst(); it->Valid() && candidates.size() < limit; it->Next()) {
+      candidates.emplace_back(it->key().data(), it->key().size());
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning expired idempotency keys"));
+  }
+  size_t swept = 0;
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    std::string record_key = index_key.substr(8);
+    MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+    ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+    RecordBatch batch(db_);
+    if (current && Expired(*current, now_ms)) {
+      Stage(batch, record_key, current, nullptr);
+      ++swept;
+    } else {
+      batch.Delete(Family::kIdemExpiry, index_key);  // stale; not expected
+    }
+    // Losing a sweep in a crash only brings back a record that reads as absent.
+    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+  }
+  return swept;
+}
+
+}  // namespace idem::rocks

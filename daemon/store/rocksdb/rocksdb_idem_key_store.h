@@ -1,0 +1,44 @@
+// Idempotency-Key records (store.h, class IdemKeyStore) on RocksDB.
+//
+// Family "idem_keys" holds LP(scope) | key -> IdemRecord JSON; "idem_expiry"
+// indexes records with an expiry by BE8(expires_at) for SweepExpired. Every
+// write holds the (scope, key) lock stripe. Begin answers replays, mismatches
+// and in-flight keys from a read alone (no lock, no write, no fsync).
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/store.h"
+
+namespace idem::rocks {
+
+class RocksIdemKeyStore final : public IdemKeyStore {
+ public:
+  // `db` must outlive this object.
+  explicit RocksIdemKeyStore(RocksDatabase& db) : db_(db) {}
+
+  StatusOr<BeginResult> Begin(const std::string& scope, const std::string& key,
+                              const std::string& fingerprint, const std::string& request_id,
+                              int64_t now_ms, int64_t ttl_ms, int64_t lease_ms) override;
+  Status Finish(const std::string& scope, const std::string& key, const std::string& fingerprint,
+                int status, const std::string& body, const std::string& content_type,
+                int64_t now_ms) override;
+  Status Abandon(const std::string& scope, const std::string& key,
+                 const std::string& fingerprint) override;
+  StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) override;
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
+
+ private:
+  StatusOr<std::optional<IdemRecord>> Load(const std::string& record_key);
+  // Stages `after` (or the deletion when null), moving the expiry entry.
+  void Stage(RecordBatch& batch, const std::string& record_key,
+             const std::optional<IdemRecord>& before, const IdemRecord* after);
+
+  RocksDatabase& db_;
+};
+
+}  // namespace idem::rocks

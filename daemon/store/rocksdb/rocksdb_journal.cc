@@ -1,0 +1,401 @@
+#include "daemon/store/rocksdb/rocksdb_journal.h"
+
+#include <limits>
+#include <utility>
+
+#include "daemon/core/crypto.h"
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+namespace {
+
+constexpr size_t kLeaseTokenBytes = 16;
+
+bool Expired(const WorkItem& w, int64_t now_ms) {
+  return w.state == WorkState::kDone && w.expires_at_ms != 0 && w.expires_at_ms <= now_ms;
+}
+
+// Only the claimer learns the token; every other caller gets the record
+// without it, so a duplicate cannot complete or fail someone else's lease.
+WorkItem Scrubbed(WorkItem w) {
+  w.lease_token.clear();
+  return w;
+}
+
+std::vector<std::pair<Family, std::string>> IndexEntries(const WorkItem& w) {
+  std::vector<std::pair<Family, std::string>> out;
+  switch (w.state) {
+    case WorkState::kPending:
+    case WorkState::kFailed:
+      out.emplace_back(Family::kJournalDue, BigEndian8(w.next_attempt_at_ms) + w.work_id);
+      break;
+    case WorkState::kRunning:
+      out.emplace_back(Family::kJournalDue, BigEndian8(w.locked_until_ms) + w.work_id);
+      break;
+    case WorkState::kDone:
+      if (!w.external_ref.empty()) {
+        out.emplace_back(Family::kJournalDoneRef,
+                         LengthPrefixed(w.kind) + InvertedBigEndian8(w.updated_at_ms) + w.work_id);
+      }
+      if (w.expires_at_ms != 0) {
+        out.emplace_back(Family::kJournalExpiry, BigEndian8(w.expires_at_ms) + w.work_id);
+      }
+      break;
+    case WorkState::kDead:
+      out.emplace_back(Family::kJournalDead, BigEndian8(w.updated_at_ms) + w.work_id);
+      break;
+  }
+  if (!w.run_id.empty()) {
+    out.emplace_back(Family::kJournalRun,
+                     LengthPrefixed(w.run_id) + BigEndian8(w.created_at_ms) + w.work_id);
+  }
+  return out;
+}
+
+Status ValidateRequest(const ClaimRequest& req) {
+  if (req.work_id.empty()) return InvalidArgument("work_id is empty", "/work_id");
+  if (req.lease_ms <= 0) return InvalidArgument("lease_ms must be positive", "/lease_ms");
+  if (req.window_ms < 0) return InvalidArgument("window_ms must not be negative", "/window_ms");
+  if (req.max_attempts < 1) {
+    return InvalidArgument("max_attempts must be at least 1", "/max_attempts");
+  }
+  return Status::Ok();
+}
+
+WorkItem NewItem(const ClaimRequest& req) {
+  WorkItem w;
+  w.work_id = req.work_id;
+  w.kind = req.kind;
+  w.max_attempts = req.max_attempts;
+  w.args = req.args;
+  w.identity = req.identity;
+  w.run_id = req.run_id;
+  w.request_id = req.request_id;
+  w.window_ms = req.window_ms;
+  w.created_at_ms = req.now_ms;
+  w.updated_at_ms = req.now_ms;
+  return w;
+}
+
+void GrantLease(WorkItem& w, const ClaimRequest& req) {
+  w.state = WorkState::kRunning;
+  w.attempt += 1;
+  w.lease_token = RandomHex(kLeaseTokenBytes);
+  w.locked_until_ms = req.now_ms + req.lease_ms;
+  w.next_attempt_at_ms = 0;
+  w.updated_at_ms = req.now_ms;
+}
+
+// The outcome of a claim that writes nothing, or nullopt when the claim must
+// write (and so must hold the lock).
+std::optional<ClaimOutcome> ReadOnlyOutcome(const std::optional<WorkItem>& current,
+                                            int64_t now_ms) {
+  if (!current || Expired(*current, now_ms)) return std::nullopt;
+  switch (current->state) {
+    case WorkState::kDone:
+      return ClaimOutcome::kDone;
+    case WorkState::kDead:
+      return ClaimOutcome::kDead;
+    case WorkState::kRunning:
+      if (current->locked_until_ms > now_ms) return ClaimOutcome::kBusy;
+      return std::nullopt;
+    case WorkState::kPending:
+    case WorkState::kFailed:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string WorkLabel(const std::string& work_id) { return "work " + work_id; }
+
+}  // namespace
+
+StatusOr<std::optional<WorkItem>> RocksJournal::Load(const std::string& work_id,
+                                                     const rocksdb::Snapshot* snapshot) {
+  ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kJournal, work_id, snapshot));
+  if (!raw) return std::optional<WorkItem>();
+  ASSIGN_OR_RETURN(WorkItem w, store_internal::DecodeWorkItem(*raw));
+  return std::optional<WorkItem>(std::move(w));
+}
+
+void RocksJournal::Stage(RecordBatch& batch, const std::optional<WorkItem>& before,
+                         const WorkItem* after) {
+  std::vector<std::pair<Family, std::string>> old_entries;
+  if (before) old_entries = IndexEntries(*before);
+  std::vector<std::pair<Family, std::string>> new_entries;
+  if (after != nullptr) new_entries = IndexEntries(*after);
+  for (const auto& e : old_entries) {
+    bool kept = false;
+    for (const auto& n : new_entries) kept = kept || n == e;
+    if (!kept) batch.Delete(e.first, e.second);
+  }
+  for (const auto& e : new_entries) {
+    bool existed = false;
+    for (const auto& o : old_entries) existed = existed || o == e;
+    if (!existed) batch.Put(e.first, e.second, "");
+  }
+  if (after != nullptr) {
+    batch.PutJson(Family::kJournal, after->work_id, after->ToJson());
+  } else if (before) {
+    batch.Delete(Family::kJournal, before->work_id);
+  }
+}
+
+StatusOr<ClaimResult> RocksJournal::Claim(const ClaimRequest& req) {
+  RETURN_IF_ERROR(ValidateRequest(req));
+  {
+    // Any outcome that writes nothing is linearizable at this read.
+    ASSIGN_OR_RETURN(std::optional<WorkItem> seen, Load(req.work_id));
+    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(seen, req.now_ms)) {
+      return ClaimResult{*o, Scrubbed(std::move(*seen))};
+    }
+  }
+  MutexLock lock(db_.LockFor(Family::kJournal, req.work_id));
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(req.work_id));
+  if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, req.now_ms)) {
+    return ClaimResult{*o, Scrubbed(std::move(*current))};
+  }
+
+  WorkItem next;
+  ClaimOutcome outcome = ClaimOutcome::kClaimed;
+  if (!current || Expired(*current, req.now_ms)) {
+    next = NewItem(req);  // first delivery, or the window of the done record is over
+    GrantLease(next, req);
+  } else {
+    next = *current;
+    if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
+      // The holder crashed on its last attempt: no attempts left.
+      next.state = WorkState::kDead;
+      next.last_error = "lease expired on attempt " + std::to_string(next.attempt) + " of " +
+                        std::to_string(next.max_attempts) + " (the worker crashed or hung)";
+      next.lease_token.clear();
+      next.locked_until_ms = 0;
+      next.expires_at_ms = 0;
+      next.updated_at_ms = req.now_ms;
+      outcome = ClaimOutcome::kDead;
+    } else {
+      GrantLease(next, req);  // pending, failed, or running under an expired lease
+    }
+  }
+  RecordBatch batch(db_);
+  Stage(batch, current, &next);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  if (outcome != ClaimOutcome::kClaimed) next = Scrubbed(std::move(next));
+  return ClaimResult{outcome, std::move(next)};
+}
+
+StatusOr<WorkItem> RocksJournal::Enqueue(const ClaimRequest& req) {
+  RETURN_IF_ERROR(ValidateRequest(req));
+  {
+    ASSIGN_OR_RETURN(std::optional<WorkItem> seen, Load(req.work_id));
+    if (seen && !Expired(*seen, req.now_ms)) return Scrubbed(std::move(*seen));
+  }
+  MutexLock lock(db_.LockFor(Family::kJournal, req.work_id));
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(req.work_id));
+  if (current && !Expired(*current, req.now_ms)) return Scrubbed(std::move(*current));
+  WorkItem next = NewItem(req);
+  next.state = WorkState::kPending;
+  next.next_attempt_at_ms = req.now_ms;
+  RecordBatch batch(db_);
+  Stage(batch, current, &next);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  return next;
+}
+
+StatusOr<WorkItem> RocksJournal::LoadHeld(const std::string& work_id,
+                                          const std::string& lease_token) {
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
+  if (!current) return NotFound("no such work: " + work_id);
+  if (current->state != WorkState::kRunning ||
+      !ConstantTimeEquals(current->lease_token, lease_token)) {
+    return FailedPrecondition("the lease token does not hold " + WorkLabel(work_id) + " (it is " +
+                              std::string(WorkStateName(current->state)) + ", attempt " +
+                              std::to_string(current->attempt) + ")");
+  }
+  return std::move(*current);
+}
+
+Status RocksJournal::Complete(const std::string& work_id, const std::string& lease_token,
+                              const Json& result, const std::string& external_ref, int64_t now_ms) {
+  if (lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
+  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
+  if (current && current->state == WorkState::kDone &&
+      ConstantTimeEquals(current->lease_token, lease_token)) {
+    return Status::Ok();  // a retried Complete by the holder that completed it
+  }
+  ASSIGN_OR_RETURN(WorkItem next, LoadHeld(work_id, lease_token));
+  next.state = WorkState::kDone;
+  next.result = result;
+  if (!external_ref.empty()) next.external_ref = external_ref;
+  next.locked_until_ms = 0;
+  next.updated_at_ms = now_ms;
+  next.expires_at_ms = next.window_ms == 0 ? 0 : now_ms + next.window_ms;
+  // lease_token stays (never returned) so that a retried Complete is a no-op.
+  RecordBatch batch(db_);
+  Stage(batch, current, &next);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+Status RocksJournal::RecordExternalRef(const std::string& work_id, const std::string& lease_token,
+                                       const std::string& external_ref, int64_t now_ms) {
+  if (lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
+  if (external_ref.empty()) return InvalidArgument("external_ref is empty", "/external_ref");
+  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+  ASSIGN_OR_RETURN(WorkItem next, LoadHeld(work_id, lease_token));
+  std::optional<WorkItem> before = next;
+  next.external_ref = external_ref;
+  next.updated_at_ms = now_ms;
+  RecordBatch batch(db_);
+  Stage(batch, before, &next);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+StatusOr<WorkItem> RocksJournal::Fail(const std::string& work_id, const std::string& lease_token,
+                                      const std::string& error, bool retryable, int64_t retry_at_ms,
+                                      int64_t now_ms) {
+  if (lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
+  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+  ASSIGN_OR_RETURN(WorkItem next, LoadHeld(work_id, lease_token));
+  std::optional<WorkItem> before = next;
+  next.last_error = error;
+  next.lease_token.clear();
+  next.locked_until_ms = 0;
+  next.updated_at_ms = now_ms;
+  if (retryable && next.attempt < next.max_attempts) {
+    next.state = WorkState::kFailed;
+    next.next_attempt_at_ms = retry_at_ms;
+  } else {
+    next.state = WorkState::kDead;
+    next.next_attempt_at_ms = 0;
+    next.expires_at_ms = 0;
+  }
+  RecordBatch batch(db_);
+  Stage(batch, before, &next);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  return next;
+}
+
+StatusOr<WorkItem> RocksJournal::Get(const std::string& work_id) {
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
+  if (!current) return NotFound("no such work: " + work_id);
+  return Scrubbed(std::move(*current));
+}
+
+StatusOr<std::vector<WorkItem>> RocksJournal::Due(int64_t now_ms, size_t n) {
+  std::vector<WorkItem> out;
+  if (n == 0 || now_ms < 0) return out;
+  ScopedSnapshot snapshot(db_.raw());
+  // Index keys start with BE8(due_at); everything below BE8(now + 1) is due.
+  int64_t bound = now_ms == std::numeric_limits<int64_t>::max() ? now_ms : now_ms + 1;
+  std::string upper = BigEndian8(bound);
+  rocksdb::Slice upper_slice(upper);
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot.get();
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kJournalDue, ro);
+  for (it->SeekToFirst(); it->Valid() && out.size() < n; it->Next()) {
+    std::string_view key(it->key().data(), it->key().size());
+    if (key.size() <= 8) continue;
+    std::string work_id(key.substr(8));
+    ASSIGN_OR_RETURN(std::optional<WorkItem> w, Load(work_id, snapshot.get()));
+    if (!w) continue;
+    bool due = ((w->state == WorkState::kPending || w->state == WorkState::kFailed) &&
+                w->next_attempt_at_ms <= now_ms) ||
+               (w->state == WorkState::kRunning && w->locked_until_ms <= now_ms);
+    if (due) out.push_back(Scrubbed(std::move(*w)));
+  }
+  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning due work"));
+  return out;
+}
+
+StatusOr<std::vector<WorkItem>> RocksJournal::ScanIndex(Family f, const std::string& prefix,
+                                                        size_t limit) {
+  std::vector<WorkItem> out;
+  if (limit == 0) return out;
+  ScopedSnapshot snapshot(db_.raw());
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot.get();
+  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(f, ro);
+  for (it->Seek(prefix); it->Valid() && out.size() < limit; it->Next()) {
+    std::string_view key(it->key().data(), it->key().size());
+    if (!key.starts_with(prefix)) break;
+    if (key.size() <= prefix.size() + 8) continue;
+    std::string work_id(key.substr(prefix.size() + 8));
+    ASSIGN_OR_RETURN(std::optional<WorkItem> w, Load(work_id, snapshot.get()));
+    if (w) out.push_back(Scrubbed(std::move(*w)));
+  }
+  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning the journal"));
+  return out;
+}
+
+StatusOr<std::vector<WorkItem>> RocksJournal::DeadLetters(size_t limit) {
+  return ScanIndex(Family::kJournalDead, "", limit);
+}
+
+StatusOr<std::vector<WorkItem>> RocksJournal::ByRun(const std::string& run_id, size_t limit) {
+  if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
+  return ScanIndex(Family::kJournalRun, LengthPrefixed(run_id), limit);
+}
+
+StatusOr<std::vector<WorkItem>> RocksJournal::DoneWithRef(const std::string& kind, size_t limit) {
+  return ScanIndex(Family::kJournalDoneRef, LengthPrefixed(kind), limit);
+}
+
+StatusOr<WorkItem> RocksJournal::Requeue(const std::string& work_id, int64_t now_ms) {
+  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
+  if (!current) return NotFound("no such work: " + work_id);
+  if (current->state != WorkState::kDead) {
+    return FailedPrecondition(WorkLabel(work_id) + " is " +
+                              std::string(WorkStateName(current->state)) + ", not dead");
+  }
+  WorkItem next = *current;
+  next.state = WorkState::kPending;
+  next.attempt = 0;  // a fresh attempt budget
+  next.lease_token.clear();
+  next.locked_until_ms = 0;
+  next.next_attempt_at_ms = now_ms;
+  next.updated_at_ms = now_ms;
+  next.expires_at_ms = 0;
+  RecordBatch batch(db_);
+  Stage(batch, current, &next);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  return next;
+}
+
+StatusOr<size_t> RocksJournal::SweepExpired(int64_t now_ms, size_t limit) {
+  if (limit == 0 || now_ms < 0) return size_t{0};
+  std::vector<std::string> candidates;
+  {
+    int64_t bound = now_ms == std::numeric_limits<int64_t>::max() ? now_ms : now_ms + 1;
+    std::string upper = BigEndian8(bound);
+    rocksdb::Slice upper_slice(upper);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper_slice;
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kJournalExpiry, ro);
+    for (it->SeekToFirst(); it->Valid() && candidates.size() < limit; it->Next()) {
+      candidates.emplace_back(it->key().data(), it->key().size());
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning expired work"));
+  }
+  size_t swept = 0;
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    std::string work_id = index_key.substr(8);
+    MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+    ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
+    RecordBatch batch(db_);
+    if (current && Expired(*current, now_ms)) {
+      Stage(batch, current, nullptr);
+      ++swept;
+    } else {
+      batch.Delete(Family::kJournalExpiry, index_key);  // stale; not expected
+    }
+    // Losing a sweep in a crash only brings back a record that reads as absent.
+    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+  }
+  return swept;
+}
+
+}  // namespace idem::rocks

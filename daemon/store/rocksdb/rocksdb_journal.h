@@ -1,0 +1,65 @@
+// The effects journal (store.h, class Journal) on RocksDB.
+//
+// Records live in family "journal" (work_id -> WorkItem JSON); four index
+// families are kept exact in the same WriteBatch as the record:
+//   journal_due     pending/failed at next_attempt_at, running at locked_until
+//   journal_dead    dead items by time of death
+//   journal_run     items by run_id
+//   journal_done_ref done items with an external_ref, by kind
+//   journal_expiry  done items with a window, by expires_at
+// so Due, DeadLetters, ByRun, DoneWithRef and SweepExpired read an index
+// range, never the whole journal.
+//
+// Claim reads without a lock first: an outcome that writes nothing (done,
+// dead, busy) is answered from that read, costing no lock and no fsync.
+// Only a claim that writes takes the work_id's lock stripe and re-reads.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/store.h"
+
+namespace idem::rocks {
+
+class RocksJournal final : public Journal {
+ public:
+  // `db` must outlive this object.
+  explicit RocksJournal(RocksDatabase& db) : db_(db) {}
+
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override;
+  StatusOr<WorkItem> Enqueue(const ClaimRequest& req) override;
+  Status Complete(const std::string& work_id, const std::string& lease_token, const Json& result,
+                  const std::string& external_ref, int64_t now_ms) override;
+  Status RecordExternalRef(const std::string& work_id, const std::string& lease_token,
+                           const std::string& external_ref, int64_t now_ms) override;
+  StatusOr<WorkItem> Fail(const std::string& work_id, const std::string& lease_token,
+                          const std::string& error, bool retryable, int64_t retry_at_ms,
+                          int64_t now_ms) override;
+  StatusOr<WorkItem> Get(const std::string& work_id) override;
+  StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) override;
+  StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) override;
+  StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) override;
+  StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) override;
+  StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) override;
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
+
+ private:
+  StatusOr<std::optional<WorkItem>> Load(const std::string& work_id,
+                                         const rocksdb::Snapshot* snapshot = nullptr);
+  // Stages `after` (or the deletion when null) and moves its index entries
+  // from those of `before`.
+  void Stage(RecordBatch& batch, const std::optional<WorkItem>& before, const WorkItem* after);
+  // The holder's running record, or FailedPrecondition / NotFound.
+  StatusOr<WorkItem> LoadHeld(const std::string& work_id, const std::string& lease_token);
+  // Up to `limit` items named by the index keys `prefix | BE8 | work_id`.
+  StatusOr<std::vector<WorkItem>> ScanIndex(Family f, const std::string& prefix, size_t limit);
+
+  RocksDatabase& db_;
+};
+
+}  // namespace idem::rocks

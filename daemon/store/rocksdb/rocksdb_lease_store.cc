@@ -1,0 +1,73 @@
+#include "daemon/store/rocksdb/rocksdb_lease_store.h"
+
+#include <utility>
+
+#include "daemon/core/crypto.h"
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+
+StatusOr<std::optional<NamedLease>> RocksLeaseStore::Load(const std::string& name) {
+  ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kLeases, name));
+  if (!raw) return std::optional<NamedLease>();
+  ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "lease"));
+  ASSIGN_OR_RETURN(NamedLease l, store_internal::NamedLeaseFromJson(j));
+  return std::optional<NamedLease>(std::move(l));
+}
+
+StatusOr<LeaseResult> RocksLeaseStore::Acquire(const std::string& name, const std::string& holder,
+                                               int64_t ttl_ms, int64_t now_ms) {
+  if (name.empty()) return InvalidArgument("lease name is empty", "/name");
+  if (holder.empty()) return InvalidArgument("lease holder is empty", "/holder");
+  if (ttl_ms <= 0) return InvalidArgument("ttl_ms must be positive", "/ttl_ms");
+  MutexLock lock(db_.LockFor(Family::kLeases, name));
+  ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
+  bool live = current && current->expires_at_ms > now_ms;
+  if (live && current->holder != holder) return LeaseResult{LeaseOutcome::kHeld, *current};
+  LeaseResult result;
+  if (live) {
+    result.outcome = LeaseOutcome::kRenewed;
+    result.lease = *current;
+  } else {
+    result.outcome = LeaseOutcome::kAcquired;
+    result.lease.name = name;
+    result.lease.holder = holder;
+    result.lease.token = RandomHex(16);
+    result.lease.acquired_at_ms = now_ms;
+  }
+  result.lease.expires_at_ms = now_ms + ttl_ms;
+  RecordBatch batch(db_);
+  batch.PutJson(Family::kLeases, name, store_internal::NamedLeaseToJson(result.lease));
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  return result;
+}
+
+Status RocksLeaseStore::Release(const std::string& name, const std::string& holder) {
+  MutexLock lock(db_.LockFor(Family::kLeases, name));
+  ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
+  if (!current || current->holder != holder) {
+    return FailedPrecondition("lease '" + name + "' is not held by " + holder);
+  }
+  RecordBatch batch(db_);
+  batch.Delete(Family::kLeases, name);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+StatusOr<NamedLease> RocksLeaseStore::Get(const std::string& name, int64_t now_ms) {
+  ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
+  if (!current || current->expires_at_ms <= now_ms) return NotFound("lease '" + name + "' is free");
+  return std::move(*current);
+}
+
+StatusOr<std::optional<std::string>> RocksMetaStore::Get(const std::string& key) {
+  return db_.Get(Family::kMeta, key);
+}
+
+Status RocksMetaStore::Put(const std::string& key, const std::string& value) {
+  if (key.empty()) return InvalidArgument("meta key is empty", "/key");
+  RecordBatch batch(db_);
+  batch.Put(Family::kMeta, key, value);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+}  // namespace idem::rocks

@@ -1,0 +1,61 @@
+// OpenRocksStore: one RocksDatabase shared by every domain store.
+#include <memory>
+#include <utility>
+
+#include "daemon/store/rocksdb/rocksdb_audit_log.h"
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/rocksdb/rocksdb_decision_store.h"
+#include "daemon/store/rocksdb/rocksdb_escalation_store.h"
+#include "daemon/store/rocksdb/rocksdb_idem_key_store.h"
+#include "daemon/store/rocksdb/rocksdb_journal.h"
+#include "daemon/store/rocksdb/rocksdb_lease_store.h"
+#include "daemon/store/rocksdb/rocksdb_plan_store.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+namespace {
+
+class RocksStore final : public Store {
+ public:
+  RocksStore(std::unique_ptr<rocks::RocksDatabase> db, std::unique_ptr<rocks::RocksAuditLog> audit)
+      : db_(std::move(db)),
+        decisions_(*db_),
+        idem_keys_(*db_),
+        journal_(*db_),
+        plans_(*db_),
+        audit_(std::move(audit)),
+        leases_(*db_),
+        meta_(*db_),
+        escalations_(*db_) {}
+
+  DecisionStore& decisions() override { return decisions_; }
+  IdemKeyStore& idem_keys() override { return idem_keys_; }
+  Journal& journal() override { return journal_; }
+  PlanStore& plans() override { return plans_; }
+  AuditLog& audit() override { return *audit_; }
+  LeaseStore& leases() override { return leases_; }
+  MetaStore& meta() override { return meta_; }
+  EscalationStore& escalations() override { return escalations_; }
+
+ private:
+  // Declared first: destroyed last, after every store that refers to it.
+  std::unique_ptr<rocks::RocksDatabase> db_;
+  rocks::RocksDecisionStore decisions_;
+  rocks::RocksIdemKeyStore idem_keys_;
+  rocks::RocksJournal journal_;
+  rocks::RocksPlanStore plans_;
+  std::unique_ptr<rocks::RocksAuditLog> audit_;
+  rocks::RocksLeaseStore leases_;
+  rocks::RocksMetaStore meta_;
+  rocks::RocksEscalationStore escalations_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksDatabase> db, rocks::RocksDatabase::Open(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksAuditLog> audit, rocks::RocksAuditLog::Create(*db));
+  return std::unique_ptr<Store>(new RocksStore(std::move(db), std::move(audit)));
+}
+
+}  // namespace idem

@@ -1,0 +1,137 @@
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::OpenStore;
+using testing::TempDir;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+
+Decision MakeDecision(const std::string& id, const std::string& key, const std::string& step,
+                      int64_t created_at_ms, int64_t expires_at_ms = 0) {
+  Decision d;
+  d.decision_id = id;
+  d.decision_key = key;
+  d.step = step;
+  d.output = Json{{"label", id}};
+  d.material = Json{{"v", 1}, {"input", key}};
+  d.provider = "scripted";
+  d.model = "m";
+  d.prompt_version = "p1";
+  d.created_at_ms = created_at_ms;
+  d.expires_at_ms = expires_at_ms;
+  return d;
+}
+
+TEST_CASE("PutIfAbsent stores the first decision and returns it to later callers") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  StatusOr<Decision> first = s.PutIfAbsent(MakeDecision("dec_1", "key-a", "triage", kT0), kT0);
+  REQUIRE(first.ok());
+  CHECK(first->decision_id == "dec_1");
+  StatusOr<Decision> second =
+      s.PutIfAbsent(MakeDecision("dec_2", "key-a", "triage", kT0 + 1), kT0 + 1);
+  REQUIRE(second.ok());
+  CHECK(second->decision_id == "dec_1");
+  CHECK(second->output == Json{{"label", "dec_1"}});
+  CHECK(s.Get("dec_2").status().code() == Code::kNotFound);
+  CHECK(s.GetByKey("key-a", kT0 + 2)->decision_id == "dec_1");
+  CHECK(s.GetByKey("key-b", kT0 + 2).status().code() == Code::kNotFound);
+}
+
+TEST_CASE("Replace makes the new decision current while the old stays readable by id") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  REQUIRE(s.PutIfAbsent(MakeDecision("dec_1", "key-a", "triage", kT0), kT0).ok());
+  REQUIRE(s.Replace(MakeDecision("dec_2", "key-a", "triage", kT0 + 5)).ok());
+  CHECK(s.GetByKey("key-a", kT0 + 6)->decision_id == "dec_2");
+  StatusOr<Decision> old = s.Get("dec_1");
+  REQUIRE(old.ok());
+  CHECK(old->output == Json{{"label", "dec_1"}});
+  CHECK(s.PutIfAbsent(MakeDecision("dec_3", "key-a", "triage", kT0 + 7), kT0 + 7)->decision_id ==
+        "dec_2");
+}
+
+TEST_CASE("an expired decision is not returned by GetByKey and may be replaced by PutIfAbsent") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  REQUIRE(s.PutIfAbsent(MakeDecision("dec_1", "key-a", "triage", kT0, kT0 + 100), kT0).ok());
+  CHECK(s.GetByKey("key-a", kT0 + 99).ok());
+  CHECK(s.GetByKey("key-a", kT0 + 100).status().code() == Code::kNotFound);
+  CHECK(s.Get("dec_1").ok());  // still readable by id
+  StatusOr<Decision> fresh =
+      s.PutIfAbsent(MakeDecision("dec_2", "key-a", "triage", kT0 + 100), kT0 + 100);
+  REQUIRE(fresh.ok());
+  CHECK(fresh->decision_id == "dec_2");
+  CHECK(s.GetByKey("key-a", kT0 + 200)->decision_id == "dec_2");
+}
+
+TEST_CASE("List pages through decisions newest first with a cursor and a step filter") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  for (int i = 0; i < 7; ++i) {
+    std::string step = i % 2 == 0 ? "triage" : "reply";
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_" + std::to_string(i), "key-" + std::to_string(i), step,
+                                       kT0 + i),
+                          kT0 + i)
+                .ok());
+  }
+  std::vector<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    StatusOr<DecisionPage> page = s.List("", "", cursor, 3);
+    REQUIRE(page.ok());
+    for (const Decision& d : page->items) seen.push_back(d.decision_id);
+    cursor = page->next_cursor;
+    ++pages;
+  } while (!cursor.empty() && pages < 10);
+  CHECK(pages == 3);
+  CHECK(seen ==
+        std::vector<std::string>{"dec_6", "dec_5", "dec_4", "dec_3", "dec_2", "dec_1", "dec_0"});
+
+  StatusOr<DecisionPage> triage = s.List("triage", "", "", 3);
+  REQUIRE(triage.ok());
+  REQUIRE(triage->items.size() == 3);
+  CHECK(triage->items[0].decision_id == "dec_6");
+  CHECK(triage->items[2].decision_id == "dec_2");
+  REQUIRE(!triage->next_cursor.empty());
+  StatusOr<DecisionPage> rest = s.List("triage", "", triage->next_cursor, 3);
+  REQUIRE(rest.ok());
+  REQUIRE(rest->items.size() == 1);
+  CHECK(rest->items[0].decision_id == "dec_0");
+  CHECK(rest->next_cursor.empty());
+
+  StatusOr<DecisionPage> exact = s.List("reply", "", "", 3);
+  CHECK(exact->items.size() == 3);
+  CHECK(exact->next_cursor.empty());  // exactly one full page: no empty extra page
+
+  CHECK(s.List("", "decided", "", 100)->items.size() == 7);
+  CHECK(s.List("", "other", "", 100)->items.empty());
+  CHECK(s.List("", "", "zz", 3).status().code() == Code::kInvalidArgument);
+  CHECK(s.List("", "", "", 0).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("decisions without an id or key are refused") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  CHECK(store->decisions().PutIfAbsent(MakeDecision("", "k", "s", kT0), kT0).status().code() ==
+        Code::kInvalidArgument);
+  CHECK(store->decisions().Replace(MakeDecision("d", "", "s", kT0)).code() ==
+        Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,182 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::OpenStore;
+using testing::TempDir;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+constexpr int64_t kTtl = 24 * 3600 * 1000;
+constexpr int64_t kLease = 30'000;
+
+BeginResult MustBegin(IdemKeyStore& s, const std::string& key, const std::string& fp,
+                      int64_t now_ms, int64_t ttl_ms = kTtl) {
+  StatusOr<BeginResult> r = s.Begin("tok:POST /v1/apply", key, fp, "req-1", now_ms, ttl_ms, kLease);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  return std::move(r).value();
+}
+
+Status MustFinish(IdemKeyStore& s, const std::string& key, const std::string& fp, int64_t now_ms) {
+  return s.Finish("tok:POST /v1/apply", key, fp, 201, R"({"id":1})", "application/json", now_ms);
+}
+
+TEST_CASE("a new idempotency key is taken, then replayed with the stored response") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  BeginResult b = MustBegin(s, "k1", "fp-a", kT0);
+  CHECK(b.outcome == BeginOutcome::kNew);
+  CHECK(b.record.state == IdemRecord::State::kInProgress);
+  CHECK(b.record.lease_until_ms == kT0 + kLease);
+  CHECK(b.record.expires_at_ms == kT0 + kTtl);
+
+  REQUIRE(MustFinish(s, "k1", "fp-a", kT0 + 10).ok());
+  BeginResult replay = MustBegin(s, "k1", "fp-a", kT0 + 20);
+  CHECK(replay.outcome == BeginOutcome::kReplay);
+  CHECK(replay.record.response_status == 201);
+  CHECK(replay.record.response_body == R"({"id":1})");
+  CHECK(replay.record.response_content_type == "application/json");
+  CHECK(replay.record.request_id == "req-1");
+}
+
+TEST_CASE("an idempotency key reused with another fingerprint is a mismatch") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  MustBegin(s, "k1", "fp-a", kT0);
+  CHECK(MustBegin(s, "k1", "fp-b", kT0 + 1).outcome == BeginOutcome::kMismatch);
+  REQUIRE(MustFinish(s, "k1", "fp-a", kT0 + 2).ok());
+  BeginResult m = MustBegin(s, "k1", "fp-b", kT0 + 3);
+  CHECK(m.outcome == BeginOutcome::kMismatch);
+  CHECK(m.record.fingerprint == "fp-a");
+  CHECK(MustFinish(s, "k1", "fp-b", kT0 + 4).code() == Code::kFailedPrecondition);
+}
+
+TEST_CASE("a key in progress under a live lease is in flight") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  MustBegin(s, "k1", "fp-a", kT0);
+  BeginResult again = MustBegin(s, "k1", "fp-a", kT0 + kLease - 1);
+  CHECK(again.outcome == BeginOutcome::kInFlight);
+  CHECK(again.record.lease_until_ms == kT0 + kLease);
+}
+
+TEST_CASE("a key whose owner's lease expired is taken over") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  MustBegin(s, "k1", "fp-a", kT0);
+  BeginResult takeover = MustBegin(s, "k1", "fp-a", kT0 + kLease);
+  CHECK(takeover.outcome == BeginOutcome::kNew);
+  CHECK(takeover.record.lease_until_ms == kT0 + 2 * kLease);
+  CHECK(MustBegin(s, "k1", "fp-a", kT0 + kLease + 1).outcome == BeginOutcome::kInFlight);
+}
+
+TEST_CASE("finishing a key twice keeps the first response") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  MustBegin(s, "k1", "fp-a", kT0);
+  REQUIRE(MustFinish(s, "k1", "fp-a", kT0 + 1).ok());
+  CHECK(s.Finish("tok:POST /v1/apply", "k1", "fp-a", 500, "late", "text/plain", kT0 + 2).ok());
+  CHECK(s.Get("tok:POST /v1/apply", "k1")->response_status == 201);
+  CHECK(s.Finish("tok:POST /v1/apply", "absent", "fp-a", 200, "", "", kT0).code() ==
+        Code::kFailedPrecondition);
+}
+
+TEST_CASE("an abandoned key can be used again") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  MustBegin(s, "k1", "fp-a", kT0);
+  CHECK(s.Abandon("tok:POST /v1/apply", "k1", "fp-b").code() == Code::kFailedPrecondition);
+  REQUIRE(s.Abandon("tok:POST /v1/apply", "k1", "fp-a").ok());
+  CHECK(s.Get("tok:POST /v1/apply", "k1").status().code() == Code::kNotFound);
+  CHECK(s.Abandon("tok:POST /v1/apply", "k1", "fp-a").ok());  // absent: no-op
+  CHECK(MustBegin(s, "k1", "fp-b", kT0 + 1).outcome == BeginOutcome::kNew);
+  REQUIRE(MustFinish(s, "k1", "fp-b", kT0 + 2).ok());
+  CHECK(s.Abandon("tok:POST /v1/apply", "k1", "fp-b").code() == Code::kFailedPrecondition);
+}
+
+TEST_CASE("keys are scoped: the same key in two scopes is two records") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  CHECK(s.Begin("a", "bk", "fp", "r", kT0, kTtl, kLease)->outcome == BeginOutcome::kNew);
+  CHECK(s.Begin("ab", "k", "fp", "r", kT0, kTtl, kLease)->outcome == BeginOutcome::kNew);
+  CHECK(s.Begin("b", "bk", "fp", "r", kT0, kTtl, kLease)->outcome == BeginOutcome::kNew);
+}
+
+TEST_CASE("an expired key is new again and the sweep deletes expired keys") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  MustBegin(s, "short", "fp-a", kT0, 1'000);
+  REQUIRE(MustFinish(s, "short", "fp-a", kT0 + 1).ok());
+  MustBegin(s, "long", "fp-a", kT0, 10'000);
+  MustBegin(s, "forever", "fp-a", kT0, 0);
+
+  CHECK(MustBegin(s, "short", "fp-b", kT0 + 999).outcome == BeginOutcome::kMismatch);
+  BeginResult fresh = MustBegin(s, "short", "fp-b", kT0 + 1'000, 1'000);
+  CHECK(fresh.outcome == BeginOutcome::kNew);
+  CHECK(fresh.record.expires_at_ms == kT0 + 2'000);
+
+  CHECK(s.SweepExpired(kT0 + 1'999, 100).value() == 0);
+  CHECK(s.SweepExpired(kT0 + 10'000, 100).value() == 2);
+  CHECK(s.Get("tok:POST /v1/apply", "short").status().code() == Code::kNotFound);
+  CHECK(s.Get("tok:POST /v1/apply", "long").status().code() == Code::kNotFound);
+  CHECK(s.Get("tok:POST /v1/apply", "forever").ok());
+  CHECK(s.SweepExpired(kT0 + 100'000'000, 100).value() == 0);
+}
+
+TEST_CASE("64 concurrent Begin calls of one key give exactly one kNew") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  constexpr int kThreads = 64;
+  std::latch start(kThreads);
+  std::atomic<int> fresh{0}, in_flight{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      start.arrive_and_wait();
+      StatusOr<BeginResult> r =
+          store->idem_keys().Begin("scope", "storm", "fp", "req", kT0, kTtl, kLease);
+      if (!r.ok()) {
+        ++other;
+      } else if (r->outcome == BeginOutcome::kNew) {
+        ++fresh;
+      } else if (r->outcome == BeginOutcome::kInFlight) {
+        ++in_flight;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(fresh.load() == 1);
+  CHECK(in_flight.load() == kThreads - 1);
+  CHECK(other.load() == 0);
+}
+
+TEST_CASE("Begin refuses a negative ttl and a non-positive lease") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  CHECK(store->idem_keys().Begin("s", "k", "f", "r", kT0, -1, kLease).status().code() ==
+        Code::kInvalidArgument);
+  CHECK(store->idem_keys().Begin("s", "k", "f", "r", kT0, kTtl, 0).status().code() ==
+        Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,504 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <latch>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/core/failpoints.h"
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::OpenStore;
+using testing::TempDir;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+
+ClaimRequest Req(const std::string& work_id, int64_t now_ms, int64_t lease_ms = 1'000) {
+  ClaimRequest r;
+  r.work_id = work_id;
+  r.kind = "send_email";
+  r.identity = Json{{"to", "a@example.com"}};
+  r.args = Json{{"subject", "hi"}};
+  r.lease_ms = lease_ms;
+  r.now_ms = now_ms;
+  return r;
+}
+
+ClaimResult MustClaim(Journal& j, const ClaimRequest& r) {
+  StatusOr<ClaimResult> c = j.Claim(r);
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  return std::move(c).value();
+}
+
+std::set<std::string> Ids(const std::vector<WorkItem>& items) {
+  std::set<std::string> out;
+  for (const WorkItem& w : items) out.insert(w.work_id);
+  return out;
+}
+
+TEST_CASE("first claim creates a running record with attempt 1 and a lease") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ClaimResult c = MustClaim(store->journal(), Req("w1", kT0, 5'000));
+  CHECK(c.outcome == ClaimOutcome::kClaimed);
+  CHECK(c.item.state == WorkState::kRunning);
+  CHECK(c.item.attempt == 1);
+  CHECK(c.item.lease_token.size() == 32);
+  CHECK(c.item.locked_until_ms == kT0 + 5'000);
+  CHECK(c.item.identity == Json{{"to", "a@example.com"}});
+
+  StatusOr<WorkItem> got = store->journal().Get("w1");
+  REQUIRE(got.ok());
+  CHECK(got->state == WorkState::kRunning);
+  CHECK(got->lease_token.empty());  // only the claimer learns the token
+}
+
+TEST_CASE("64 simultaneous claims of one work_id give exactly one winner") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  constexpr int kThreads = 64;
+  std::latch start(kThreads);
+  std::atomic<int> claimed{0}, busy{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      start.arrive_and_wait();
+      StatusOr<ClaimResult> c = store->journal().Claim(Req("contended", kT0, 60'000));
+      if (!c.ok()) {
+        ++other;
+      } else if (c->outcome == ClaimOutcome::kClaimed) {
+        ++claimed;
+      } else if (c->outcome == ClaimOutcome::kBusy) {
+        ++busy;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(claimed.load() == 1);
+  CHECK(busy.load() == kThreads - 1);
+  CHECK(other.load() == 0);
+  StatusOr<WorkItem> got = store->journal().Get("contended");
+  REQUIRE(got.ok());
+  CHECK(got->attempt == 1);
+}
+
+TEST_CASE("a duplicate claim under a live lease is busy until the lease ends") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  MustClaim(store->journal(), Req("w1", kT0, 1'000));
+  ClaimResult dup = MustClaim(store->journal(), Req("w1", kT0 + 999, 1'000));
+  CHECK(dup.outcome == ClaimOutcome::kBusy);
+  CHECK(dup.item.locked_until_ms == kT0 + 1'000);
+  CHECK(dup.item.lease_token.empty());
+  CHECK(dup.item.attempt == 1);
+}
+
+TEST_CASE(
+    "claim after an expired lease is granted to the next caller and the stale token is refused") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimResult first = MustClaim(j, Req("w1", kT0, 1'000));
+  ClaimResult second = MustClaim(j, Req("w1", kT0 + 1'000, 1'000));
+  CHECK(second.outcome == ClaimOutcome::kClaimed);
+  CHECK(second.item.attempt == 2);
+  CHECK(second.item.lease_token != first.item.lease_token);
+  CHECK(second.item.locked_until_ms == kT0 + 2'000);
+
+  Status stale_complete =
+      j.Complete("w1", first.item.lease_token, Json{{"ok", true}}, "ref", kT0 + 1'100);
+  CHECK(stale_complete.code() == Code::kFailedPrecondition);
+  StatusOr<WorkItem> stale_fail = j.Fail("w1", first.item.lease_token, "x", true, 0, kT0 + 1'100);
+  CHECK(stale_fail.status().code() == Code::kFailedPrecondition);
+  Status stale_ref = j.RecordExternalRef("w1", first.item.lease_token, "ref", kT0 + 1'100);
+  CHECK(stale_ref.code() == Code::kFailedPrecondition);
+
+  CHECK(j.Complete("w1", second.item.lease_token, Json{{"ok", true}}, "ref-2", kT0 + 1'200).ok());
+  StatusOr<WorkItem> got = j.Get("w1");
+  REQUIRE(got.ok());
+  CHECK(got->state == WorkState::kDone);
+  CHECK(got->attempt == 2);
+  CHECK(got->external_ref == "ref-2");
+}
+
+TEST_CASE("an expired lease nobody took over can still complete") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ClaimResult c = MustClaim(store->journal(), Req("w1", kT0, 1'000));
+  CHECK(store->journal().Complete("w1", c.item.lease_token, 1, "", kT0 + 5'000).ok());
+  CHECK(store->journal().Get("w1")->state == WorkState::kDone);
+}
+
+TEST_CASE("claim after an honest failure is granted with the next attempt") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimResult c = MustClaim(j, Req("w1", kT0));
+  StatusOr<WorkItem> failed = j.Fail("w1", c.item.lease_token, "503 from upstream",
+                                     /*retryable=*/true, kT0 + 60'000, kT0 + 10);
+  REQUIRE(failed.ok());
+  CHECK(failed->state == WorkState::kFailed);
+  CHECK(failed->next_attempt_at_ms == kT0 + 60'000);
+  CHECK(failed->last_error == "503 from upstream");
+  CHECK(failed->lease_token.empty());
+
+  // The old token is spent.
+  CHECK(j.Complete("w1", c.item.lease_token, 1, "", kT0 + 20).code() == Code::kFailedPrecondition);
+
+  ClaimResult again = MustClaim(j, Req("w1", kT0 + 20));
+  CHECK(again.outcome == ClaimOutcome::kClaimed);
+  CHECK(again.item.attempt == 2);
+  CHECK(again.item.last_error == "503 from upstream");
+}
+
+TEST_CASE("fail with no attempts left makes the work dead") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w1", kT0);
+  r.max_attempts = 2;
+  ClaimResult c1 = MustClaim(j, r);
+  CHECK(j.Fail("w1", c1.item.lease_token, "e1", true, kT0, kT0)->state == WorkState::kFailed);
+  ClaimResult c2 = MustClaim(j, r);
+  CHECK(c2.item.attempt == 2);
+  StatusOr<WorkItem> dead = j.Fail("w1", c2.item.lease_token, "e2", true, kT0, kT0);
+  REQUIRE(dead.ok());
+  CHECK(dead->state == WorkState::kDead);
+  CHECK(dead->last_error == "e2");
+
+  ClaimResult after = MustClaim(j, r);
+  CHECK(after.outcome == ClaimOutcome::kDead);
+  CHECK(after.item.last_error == "e2");
+  std::vector<WorkItem> dlq = j.DeadLetters(10).value();
+  REQUIRE(dlq.size() == 1);
+  CHECK(dlq[0].work_id == "w1");
+}
+
+TEST_CASE("a non-retryable failure makes the work dead at once") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ClaimResult c = MustClaim(store->journal(), Req("w1", kT0));
+  StatusOr<WorkItem> w = store->journal().Fail("w1", c.item.lease_token, "400 bad request",
+                                               /*retryable=*/false, 0, kT0);
+  REQUIRE(w.ok());
+  CHECK(w->state == WorkState::kDead);
+  CHECK(w->attempt == 1);
+}
+
+TEST_CASE("a crash on the last attempt makes the work dead instead of claimed") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ClaimRequest r = Req("w1", kT0, 1'000);
+  r.max_attempts = 1;
+  MustClaim(store->journal(), r);
+  r.now_ms = kT0 + 1'000;
+  ClaimResult c = MustClaim(store->journal(), r);
+  CHECK(c.outcome == ClaimOutcome::kDead);
+  CHECK(c.item.state == WorkState::kDead);
+  CHECK(c.item.lease_token.empty());
+  CHECK(store->journal().Get("w1")->state == WorkState::kDead);
+  CHECK(Ids(store->journal().DeadLetters(10).value()) == std::set<std::string>{"w1"});
+  CHECK(store->journal().Due(kT0 + 10'000, 10)->empty());
+}
+
+TEST_CASE("requeue revives a dead item with a fresh attempt budget") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w1", kT0);
+  r.max_attempts = 1;
+  ClaimResult c = MustClaim(j, r);
+  REQUIRE(j.Fail("w1", c.item.lease_token, "boom", true, 0, kT0)->state == WorkState::kDead);
+
+  StatusOr<WorkItem> requeued = j.Requeue("w1", kT0 + 100);
+  REQUIRE(requeued.ok());
+  CHECK(requeued->state == WorkState::kPending);
+  CHECK(requeued->attempt == 0);
+  CHECK(requeued->next_attempt_at_ms == kT0 + 100);
+  CHECK(j.DeadLetters(10)->empty());
+  CHECK(Ids(j.Due(kT0 + 100, 10).value()) == std::set<std::string>{"w1"});
+
+  r.now_ms = kT0 + 200;
+  ClaimResult again = MustClaim(j, r);
+  CHECK(again.outcome == ClaimOutcome::kClaimed);
+  CHECK(again.item.attempt == 1);
+
+  CHECK(j.Requeue("w1", kT0 + 300).status().code() == Code::kFailedPrecondition);
+  CHECK(j.Requeue("nope", kT0 + 300).status().code() == Code::kNotFound);
+}
+
+TEST_CASE("a duplicate of done work returns the original result and external_ref") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimResult c = MustClaim(j, Req("w1", kT0));
+  REQUIRE(j.Complete("w1", c.item.lease_token, Json{{"message_id", 42}}, "tg:42", kT0 + 5).ok());
+
+  ClaimResult dup = MustClaim(j, Req("w1", kT0 + 10));
+  CHECK(dup.outcome == ClaimOutcome::kDone);
+  CHECK(dup.item.result == Json{{"message_id", 42}});
+  CHECK(dup.item.external_ref == "tg:42");
+  CHECK(dup.item.attempt == 1);
+  CHECK(dup.item.lease_token.empty());
+  CHECK(dup.item.expires_at_ms == 0);  // window 0: remembered forever
+}
+
+TEST_CASE("completing again with the same token changes nothing") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimResult c = MustClaim(j, Req("w1", kT0));
+  REQUIRE(j.Complete("w1", c.item.lease_token, 1, "r1", kT0 + 5).ok());
+  CHECK(j.Complete("w1", c.item.lease_token, 2, "r2", kT0 + 6).ok());
+  CHECK(j.Get("w1")->result == 1);
+  CHECK(j.Get("w1")->external_ref == "r1");
+  CHECK(j.Complete("w1", "not-the-token", 2, "r2", kT0 + 6).code() == Code::kFailedPrecondition);
+  CHECK(j.Complete("absent", "t", 2, "r2", kT0 + 6).code() == Code::kNotFound);
+}
+
+TEST_CASE("an external ref recorded while running survives a completion without one") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimResult c = MustClaim(j, Req("w1", kT0));
+  REQUIRE(j.RecordExternalRef("w1", c.item.lease_token, "crm:7", kT0 + 1).ok());
+  CHECK(j.Get("w1")->external_ref == "crm:7");
+  CHECK(j.Get("w1")->state == WorkState::kRunning);
+  REQUIRE(j.Complete("w1", c.item.lease_token, Json::object(), "", kT0 + 2).ok());
+  CHECK(j.Get("w1")->external_ref == "crm:7");
+}
+
+TEST_CASE("window expiry makes done work new again and the sweep forgets it") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w1", kT0);
+  r.window_ms = 1'000;
+  ClaimResult c = MustClaim(j, r);
+  REQUIRE(j.Complete("w1", c.item.lease_token, "first", "ref-1", kT0 + 10).ok());
+  CHECK(j.Get("w1")->expires_at_ms == kT0 + 1'010);
+
+  r.now_ms = kT0 + 1'009;
+  CHECK(MustClaim(j, r).outcome == ClaimOutcome::kDone);
+  CHECK(j.SweepExpired(kT0 + 1'009, 100).value() == 0);
+
+  r.now_ms = kT0 + 1'010;
+  ClaimResult fresh = MustClaim(j, r);
+  CHECK(fresh.outcome == ClaimOutcome::kClaimed);
+  CHECK(fresh.item.attempt == 1);
+  CHECK(fresh.item.result.is_null());
+  CHECK(fresh.item.external_ref.empty());
+  CHECK(j.DoneWithRef("send_email", 10)->empty());  // the old done index entry went with it
+}
+
+TEST_CASE("sweeping removes expired done work and its index entries only") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  for (const char* id : {"a", "b", "c"}) {
+    ClaimRequest r = Req(id, kT0);
+    r.window_ms = std::string(id) == "c" ? 0 : 1'000;
+    r.run_id = "run-1";
+    ClaimResult c = MustClaim(j, r);
+    REQUIRE(j.Complete(id, c.item.lease_token, 1, std::string("ref-") + id, kT0).ok());
+  }
+  CHECK(j.SweepExpired(kT0 + 5'000, 1).value() == 1);
+  CHECK(j.SweepExpired(kT0 + 5'000, 10).value() == 1);
+  CHECK(j.SweepExpired(kT0 + 5'000, 10).value() == 0);
+  CHECK(j.Get("a").status().code() == Code::kNotFound);
+  CHECK(j.Get("b").status().code() == Code::kNotFound);
+  CHECK(j.Get("c").ok());
+  CHECK(Ids(j.ByRun("run-1", 10).value()) == std::set<std::string>{"c"});
+  CHECK(Ids(j.DoneWithRef("send_email", 10).value()) == std::set<std::string>{"c"});
+}
+
+TEST_CASE("Due returns due and lease-expired items only") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  const int64_t now = kT0 + 10'000;
+
+  REQUIRE(j.Enqueue(Req("pending-due", kT0)).ok());
+  REQUIRE(j.Enqueue(Req("pending-later", now + 1)).ok());
+  ClaimResult f1 = MustClaim(j, Req("failed-due", kT0));
+  REQUIRE(j.Fail("failed-due", f1.item.lease_token, "e", true, now, kT0).ok());
+  ClaimResult f2 = MustClaim(j, Req("failed-later", kT0));
+  REQUIRE(j.Fail("failed-later", f2.item.lease_token, "e", true, now + 1, kT0).ok());
+  MustClaim(j, Req("running-live", now - 1, 2));             // until now + 1
+  MustClaim(j, Req("running-expired", now - 1'000, 1'000));  // until now
+  ClaimResult d = MustClaim(j, Req("done", kT0));
+  REQUIRE(j.Complete("done", d.item.lease_token, 1, "", kT0).ok());
+  ClaimResult x = MustClaim(j, Req("dead", kT0));
+  REQUIRE(j.Fail("dead", x.item.lease_token, "e", false, 0, kT0).ok());
+
+  std::vector<WorkItem> due = j.Due(now, 100).value();
+  CHECK(Ids(due) == std::set<std::string>{"pending-due", "failed-due", "running-expired"});
+  for (const WorkItem& w : due) CHECK(w.lease_token.empty());
+  CHECK(j.Due(now, 2)->size() == 2);
+  CHECK(j.Due(now, 0)->empty());
+  CHECK(Ids(j.Due(now + 1, 100).value()) ==
+        std::set<std::string>{"pending-due", "pending-later", "failed-due", "failed-later",
+                              "running-live", "running-expired"});
+
+  // Claiming a due item takes it out of the due set until its lease ends.
+  MustClaim(j, Req("pending-due", now, 5'000));
+  CHECK(Ids(j.Due(now, 100).value()) == std::set<std::string>{"failed-due", "running-expired"});
+}
+
+TEST_CASE("enqueue creates pending work due now and leaves existing work untouched") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  StatusOr<WorkItem> e = j.Enqueue(Req("w1", kT0));
+  REQUIRE(e.ok());
+  CHECK(e->state == WorkState::kPending);
+  CHECK(e->attempt == 0);
+  CHECK(e->next_attempt_at_ms == kT0);
+
+  ClaimResult c = MustClaim(j, Req("w1", kT0 + 1));
+  CHECK(c.outcome == ClaimOutcome::kClaimed);
+  CHECK(c.item.attempt == 1);
+  ClaimRequest other = Req("w1", kT0 + 2);
+  other.args = Json{{"subject", "changed"}};
+  StatusOr<WorkItem> again = j.Enqueue(other);
+  REQUIRE(again.ok());
+  CHECK(again->state == WorkState::kRunning);
+  CHECK(again->args == Json{{"subject", "hi"}});
+  CHECK(again->lease_token.empty());
+}
+
+TEST_CASE("ByRun lists the items of one run in creation order") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  for (int i = 0; i < 5; ++i) {
+    ClaimRequest r = Req("w" + std::to_string(i), kT0 + 10 - i);  // created in reverse id order
+    r.run_id = i % 2 == 0 ? "run-a" : "run-b";
+    REQUIRE(j.Enqueue(r).ok());
+  }
+  std::vector<WorkItem> a = j.ByRun("run-a", 10).value();
+  REQUIRE(a.size() == 3);
+  CHECK(a[0].work_id == "w4");
+  CHECK(a[1].work_id == "w2");
+  CHECK(a[2].work_id == "w0");
+  CHECK(j.ByRun("run-a", 2)->size() == 2);
+  CHECK(Ids(j.ByRun("run-b", 10).value()) == std::set<std::string>{"w1", "w3"});
+  CHECK(j.ByRun("run-c", 10)->empty());
+  CHECK(j.ByRun("run", 10)->empty());  // a prefix of a run id is another run
+}
+
+TEST_CASE("DoneWithRef lists done items of a kind that carry an external ref, newest first") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  auto done = [&](const std::string& id, const std::string& kind, const std::string& ref,
+                  int64_t at) {
+    ClaimRequest r = Req(id, at);
+    r.kind = kind;
+    ClaimResult c = MustClaim(j, r);
+    REQUIRE(j.Complete(id, c.item.lease_token, 1, ref, at).ok());
+  };
+  done("old", "crm", "crm:1", kT0);
+  done("new", "crm", "crm:2", kT0 + 5);
+  done("noref", "crm", "", kT0 + 6);
+  done("other", "mail", "m:1", kT0 + 7);
+  ClaimRequest r = Req("running", kT0);
+  r.kind = "crm";
+  ClaimResult c = MustClaim(j, r);
+  REQUIRE(j.RecordExternalRef("running", c.item.lease_token, "crm:3", kT0).ok());
+
+  std::vector<WorkItem> crm = j.DoneWithRef("crm", 10).value();
+  REQUIRE(crm.size() == 2);
+  CHECK(crm[0].work_id == "new");
+  CHECK(crm[1].work_id == "old");
+  CHECK(Ids(j.DoneWithRef("mail", 10).value()) == std::set<std::string>{"other"});
+}
+
+TEST_CASE("claims with bad arguments are refused before anything is written") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ClaimRequest r = Req("", kT0);
+  CHECK(store->journal().Claim(r).status().code() == Code::kInvalidArgument);
+  r = Req("w", kT0, 0);
+  CHECK(store->journal().Claim(r).status().code() == Code::kInvalidArgument);
+  r = Req("w", kT0);
+  r.max_attempts = 0;
+  CHECK(store->journal().Enqueue(r).status().code() == Code::kInvalidArgument);
+  CHECK(store->journal().Get("w").status().code() == Code::kNotFound);
+}
+
+TEST_CASE("a failing disk write fails the claim and leaves no record") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  REQUIRE(Failpoints::Set("store.write=error").ok());
+  StatusOr<ClaimResult> c = store->journal().Claim(Req("w1", kT0));
+  Failpoints::Clear();
+  CHECK(c.status().code() == Code::kUnavailable);
+  CHECK(c.status().retryable());
+  CHECK(store->journal().Get("w1").status().code() == Code::kNotFound);
+  CHECK(MustClaim(store->journal(), Req("w1", kT0)).outcome == ClaimOutcome::kClaimed);
+}
+
+TEST_CASE("duplicate claims and idempotency replays write nothing") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimResult done = MustClaim(j, Req("done", kT0));
+  REQUIRE(j.Complete("done", done.item.lease_token, 1, "ref", kT0).ok());
+  MustClaim(j, Req("busy", kT0, 60'000));
+  ClaimRequest dead_req = Req("dead", kT0);
+  ClaimResult dead = MustClaim(j, dead_req);
+  REQUIRE(j.Fail("dead", dead.item.lease_token, "e", false, 0, kT0).ok());
+  REQUIRE(store->idem_keys().Begin("s", "k", "fp", "r", kT0, 60'000, 1'000).ok());
+  REQUIRE(store->idem_keys().Finish("s", "k", "fp", 200, "{}", "application/json", kT0).ok());
+
+  // With every write failing, only answers that need no write still work.
+  REQUIRE(Failpoints::Set("store.write=error").ok());
+  StatusOr<ClaimResult> d = j.Claim(Req("done", kT0 + 1));
+  StatusOr<ClaimResult> b = j.Claim(Req("busy", kT0 + 1));
+  StatusOr<ClaimResult> x = j.Claim(Req("dead", kT0 + 1));
+  StatusOr<WorkItem> e = j.Enqueue(Req("done", kT0 + 1));
+  StatusOr<BeginResult> replay =
+      store->idem_keys().Begin("s", "k", "fp", "r", kT0 + 1, 60'000, 1'000);
+  StatusOr<BeginResult> mismatch =
+      store->idem_keys().Begin("s", "k", "other", "r", kT0 + 1, 60'000, 1'000);
+  StatusOr<ClaimResult> fresh = j.Claim(Req("fresh", kT0 + 1));
+  Failpoints::Clear();
+  CHECK((d.ok() && d->outcome == ClaimOutcome::kDone));
+  CHECK((b.ok() && b->outcome == ClaimOutcome::kBusy));
+  CHECK((x.ok() && x->outcome == ClaimOutcome::kDead));
+  CHECK((e.ok() && e->state == WorkState::kDone));
+  CHECK((replay.ok() && replay->outcome == BeginOutcome::kReplay));
+  CHECK((mismatch.ok() && mismatch->outcome == BeginOutcome::kMismatch));
+  CHECK(fresh.status().code() == Code::kUnavailable);  // the failpoint was live
+}
+
+TEST_CASE("a stored journal record that cannot be decoded reads as Internal") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    REQUIRE(store->journal().Enqueue(Req("w1", kT0)).ok());
+  }
+  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
+    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("journal"), "w1", "{not json").ok());
+    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("journal"), "w2",
+                   R"({"work_id":"w2","state":"running","attempt":"one"})")
+                .ok());
+  });
+  auto store = OpenStore(dir.path());
+  CHECK(store->journal().Get("w1").status().code() == Code::kInternal);
+  CHECK(store->journal().Claim(Req("w1", kT0)).status().code() == Code::kInternal);
+  CHECK(store->journal().Get("w2").status().code() == Code::kInternal);
+}
+
+}  // namespace
+}  // namespace idem

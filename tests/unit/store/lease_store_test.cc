@@ -1,0 +1,74 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::OpenStore;
+using testing::TempDir;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+
+TEST_CASE("a named lease is acquired, held against others, renewed, and expires") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  LeaseStore& s = store->leases();
+  StatusOr<LeaseResult> a = s.Acquire("cron:digest", "run-1", 1'000, kT0);
+  REQUIRE(a.ok());
+  CHECK(a->outcome == LeaseOutcome::kAcquired);
+  CHECK(a->lease.expires_at_ms == kT0 + 1'000);
+  CHECK(!a->lease.token.empty());
+
+  StatusOr<LeaseResult> held = s.Acquire("cron:digest", "run-2", 1'000, kT0 + 500);
+  REQUIRE(held.ok());
+  CHECK(held->outcome == LeaseOutcome::kHeld);
+  CHECK(held->lease.holder == "run-1");
+
+  StatusOr<LeaseResult> renewed = s.Acquire("cron:digest", "run-1", 1'000, kT0 + 900);
+  REQUIRE(renewed.ok());
+  CHECK(renewed->outcome == LeaseOutcome::kRenewed);
+  CHECK(renewed->lease.expires_at_ms == kT0 + 1'900);
+  CHECK(renewed->lease.token == a->lease.token);
+  CHECK(renewed->lease.acquired_at_ms == kT0);
+
+  CHECK(s.Get("cron:digest", kT0 + 1'899)->holder == "run-1");
+  CHECK(s.Get("cron:digest", kT0 + 1'900).status().code() == Code::kNotFound);
+
+  StatusOr<LeaseResult> taken = s.Acquire("cron:digest", "run-2", 1'000, kT0 + 1'900);
+  REQUIRE(taken.ok());
+  CHECK(taken->outcome == LeaseOutcome::kAcquired);
+  CHECK(taken->lease.holder == "run-2");
+  CHECK(taken->lease.token != a->lease.token);
+}
+
+TEST_CASE("only the holder releases a named lease") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  LeaseStore& s = store->leases();
+  REQUIRE(s.Acquire("cron:x", "run-1", 60'000, kT0).ok());
+  CHECK(s.Release("cron:x", "run-2").code() == Code::kFailedPrecondition);
+  CHECK(s.Release("cron:x", "run-1").ok());
+  CHECK(s.Get("cron:x", kT0).status().code() == Code::kNotFound);
+  CHECK(s.Release("cron:x", "run-1").code() == Code::kFailedPrecondition);
+  CHECK(s.Acquire("cron:x", "run-2", 60'000, kT0 + 1)->outcome == LeaseOutcome::kAcquired);
+  CHECK(s.Acquire("", "run-2", 60'000, kT0).status().code() == Code::kInvalidArgument);
+  CHECK(s.Acquire("cron:y", "run-2", 0, kT0).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("meta stores small strings") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  MetaStore& m = store->meta();
+  CHECK(!m.Get("prompt:triage:v1").value().has_value());
+  REQUIRE(m.Put("prompt:triage:v1", "abc").ok());
+  CHECK(m.Get("prompt:triage:v1").value() == std::optional<std::string>("abc"));
+  REQUIRE(m.Put("prompt:triage:v1", "def").ok());
+  CHECK(m.Get("prompt:triage:v1").value() == std::optional<std::string>("def"));
+}
+
+}  // namespace
+}  // namespace idem

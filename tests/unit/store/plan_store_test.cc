@@ -1,0 +1,85 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::OpenStore;
+using testing::TempDir;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+
+Plan MakePlan(const std::string& id, int64_t created_at_ms) {
+  Plan p;
+  p.plan_id = id;
+  p.decision_id = "dec_1";
+  p.state = "proposed";
+  p.actions = Json::array({Json{{"kind", "send_email"}}});
+  p.created_at_ms = created_at_ms;
+  p.updated_at_ms = created_at_ms;
+  return p;
+}
+
+TEST_CASE("a plan is stored once and read back") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  REQUIRE(s.Put(MakePlan("plan_1", kT0)).ok());
+  CHECK(s.Put(MakePlan("plan_1", kT0)).code() == Code::kAlreadyExists);
+  StatusOr<Plan> p = s.Get("plan_1");
+  REQUIRE(p.ok());
+  CHECK(p->state == "proposed");
+  CHECK(p->actions.size() == 1);
+  CHECK(s.Get("plan_2").status().code() == Code::kNotFound);
+}
+
+TEST_CASE("a plan transition is a compare-and-set that appends to the history") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  REQUIRE(s.Put(MakePlan("plan_1", kT0)).ok());
+  StatusOr<Plan> approved = s.Transition("plan_1", "proposed", "approved", "alice", "ok", kT0 + 5);
+  REQUIRE(approved.ok());
+  CHECK(approved->state == "approved");
+  CHECK(approved->updated_at_ms == kT0 + 5);
+  REQUIRE(approved->history.size() == 1);
+  CHECK(approved->history[0] == Json{{"from", "proposed"},
+                                     {"to", "approved"},
+                                     {"actor", "alice"},
+                                     {"note", "ok"},
+                                     {"at_ms", kT0 + 5}});
+
+  // A second operator acting on the stale state loses.
+  StatusOr<Plan> rejected = s.Transition("plan_1", "proposed", "rejected", "bob", "", kT0 + 6);
+  CHECK(rejected.status().code() == Code::kFailedPrecondition);
+  CHECK(s.Get("plan_1")->state == "approved");
+  CHECK(s.Get("plan_1")->history.size() == 1);
+  CHECK(s.Transition("nope", "proposed", "approved", "a", "", kT0).status().code() ==
+        Code::kNotFound);
+}
+
+TEST_CASE("ByState lists plans in a state, oldest first, following transitions") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  REQUIRE(s.Put(MakePlan("plan_b", kT0 + 2)).ok());
+  REQUIRE(s.Put(MakePlan("plan_a", kT0 + 1)).ok());
+  REQUIRE(s.Put(MakePlan("plan_c", kT0 + 3)).ok());
+  REQUIRE(s.Transition("plan_b", "proposed", "approved", "alice", "", kT0 + 4).ok());
+  std::vector<Plan> proposed = s.ByState("proposed", 10).value();
+  REQUIRE(proposed.size() == 2);
+  CHECK(proposed[0].plan_id == "plan_a");
+  CHECK(proposed[1].plan_id == "plan_c");
+  std::vector<Plan> approved = s.ByState("approved", 10).value();
+  REQUIRE(approved.size() == 1);
+  CHECK(approved[0].plan_id == "plan_b");
+  CHECK(s.ByState("proposed", 1)->size() == 1);
+  CHECK(s.ByState("applied", 10)->empty());
+}
+
+}  // namespace
+}  // namespace idem

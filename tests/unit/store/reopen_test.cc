@@ -1,0 +1,89 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::OpenStore;
+using testing::TempDir;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+
+TEST_CASE("records survive reopening the store") {
+  TempDir dir;
+  std::string running_token;
+  {
+    auto store = OpenStore(dir.path(), /*sync=*/true);
+    Decision d;
+    d.decision_id = "dec_1";
+    d.decision_key = "key-a";
+    d.step = "triage";
+    d.output = Json{{"label", "spam"}};
+    REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+
+    REQUIRE(store->idem_keys().Begin("s", "k-done", "fp", "r1", kT0, 60'000, 1'000).ok());
+    REQUIRE(
+        store->idem_keys().Finish("s", "k-done", "fp", 201, "{}", "application/json", kT0).ok());
+    REQUIRE(store->idem_keys().Begin("s", "k-open", "fp", "r2", kT0, 60'000, 1'000).ok());
+
+    ClaimRequest r;
+    r.work_id = "w-done";
+    r.kind = "k";
+    r.now_ms = kT0;
+    r.run_id = "run-1";
+    StatusOr<ClaimResult> c = store->journal().Claim(r);
+    REQUIRE(c.ok());
+    REQUIRE(store->journal().Complete("w-done", c->item.lease_token, 7, "ext-7", kT0).ok());
+    r.work_id = "w-running";
+    StatusOr<ClaimResult> c2 = store->journal().Claim(r);
+    REQUIRE(c2.ok());
+    running_token = c2->item.lease_token;
+
+    Plan p;
+    p.plan_id = "plan_1";
+    p.state = "proposed";
+    REQUIRE(store->plans().Put(p).ok());
+    REQUIRE(store->leases().Acquire("cron", "run-1", 60'000, kT0).ok());
+    REQUIRE(store->meta().Put("m", "v").ok());
+  }
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  CHECK(store->decisions().GetByKey("key-a", kT0)->output == Json{{"label", "spam"}});
+  CHECK(store->idem_keys().Begin("s", "k-done", "fp", "r3", kT0 + 1, 60'000, 1'000)->outcome ==
+        BeginOutcome::kReplay);
+  CHECK(store->idem_keys().Begin("s", "k-open", "fp", "r3", kT0 + 1, 60'000, 1'000)->outcome ==
+        BeginOutcome::kInFlight);
+
+  ClaimRequest r;
+  r.work_id = "w-done";
+  r.now_ms = kT0 + 1;
+  StatusOr<ClaimResult> done = store->journal().Claim(r);
+  REQUIRE(done.ok());
+  CHECK(done->outcome == ClaimOutcome::kDone);
+  CHECK(done->item.result == 7);
+  CHECK(done->item.external_ref == "ext-7");
+  CHECK(store->journal().ByRun("run-1", 10)->size() == 2);
+
+  // The lease of the running item is still in force, and its holder's token still works.
+  r.work_id = "w-running";
+  CHECK(store->journal().Claim(r)->outcome == ClaimOutcome::kBusy);
+  CHECK(store->journal().Due(kT0 + 30'000, 10)->size() == 1);
+  CHECK(store->journal().Complete("w-running", running_token, 1, "", kT0 + 2).ok());
+
+  CHECK(store->plans().Get("plan_1")->state == "proposed");
+  CHECK(store->leases().Get("cron", kT0)->holder == "run-1");
+  CHECK(store->meta().Get("m").value() == std::optional<std::string>("v"));
+}
+
+TEST_CASE("a store folder already open is refused as Unavailable") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  StatusOr<std::unique_ptr<Store>> second = OpenRocksStore(StoreOptions{dir.path(), false});
+  CHECK(second.status().code() == Code::kUnavailable);
+}
+
+}  // namespace
+}  // namespace idem

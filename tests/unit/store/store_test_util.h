@@ -1,0 +1,70 @@
+// Helpers shared by the store tests: a fresh temporary folder per test, a
+// store opened in it, and raw RocksDB access for tests that tamper with the
+// bytes on disk (the store must be closed first).
+#pragma once
+
+#include <doctest/doctest.h>
+#include <rocksdb/db.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/store/store.h"
+
+namespace idem::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = "/tmp/idem-store-test-XXXXXX";
+    char* made = mkdtemp(tmpl.data());
+    REQUIRE(made != nullptr);
+    path_ = made;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline std::unique_ptr<Store> OpenStore(const std::string& path, bool sync = false) {
+  StatusOr<std::unique_ptr<Store>> store = OpenRocksStore(StoreOptions{path, sync});
+  REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+  return std::move(store).value();
+}
+
+// A closed store's database opened directly, with every column family by name.
+inline void WithRawDb(
+    const std::string& path,
+    const std::function<void(rocksdb::DB&, std::map<std::string, rocksdb::ColumnFamilyHandle*>&)>&
+        fn) {
+  rocksdb::Options options;
+  std::vector<std::string> names;
+  REQUIRE(rocksdb::DB::ListColumnFamilies(options, path, &names).ok());
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const std::string& n : names) descriptors.emplace_back(n, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, path, descriptors, &handles, &raw);
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+  std::map<std::string, rocksdb::ColumnFamilyHandle*> by_name;
+  for (size_t i = 0; i < names.size(); ++i) by_name[names[i]] = handles[i];
+  fn(*raw, by_name);
+  for (rocksdb::ColumnFamilyHandle* h : handles)
+    raw->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  raw->Close().PermitUncheckedError();
+  delete raw;
+}
+
+}  // namespace idem::testing
