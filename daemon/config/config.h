@@ -7,20 +7,23 @@
 // variable that holds its key (api_key_env).
 //
 // Errors: LoadConfig returns InvalidArgument whose message names the file,
-// the JSON pointer inside it (field()) and the reason, e.g.
-//   "config/idem.yaml: /steps/triage_ticket/temperature: must be <= 2".
-// Unknown keys are errors.
+// the line, the JSON pointer inside it (field()) and the reason, e.g.
+//   "config/idem.yaml:12: /steps/triage_ticket/temperature: must be <= 2".
+// When the schema finds several problems, each is on its own line; field()
+// is the first one's pointer. Unknown keys are errors. A file that cannot
+// be read (the config, a prompt template, an output schema, a rules or
+// checks file) is InvalidArgument too, naming the key that referred to it.
 //
 // Thread-safety: a loaded Config is immutable and may be shared freely.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/core/status.h"
 
@@ -52,8 +55,8 @@ struct AuthConfig {
 };
 
 struct IdempotencyConfig {
-  int64_t window_ms = 24LL * 3600 * 1000;  // default Idempotency-Key window
-  int64_t lease_ms = 60'000;               // an in_progress key is taken over after this
+  int64_t window_ms = 24LL * 3600 * 1000;           // default Idempotency-Key window
+  int64_t lease_ms = 60'000;                        // an in_progress key is taken over after this
   std::map<std::string, int64_t> route_windows_ms;  // "POST /v1/decide" -> window
 };
 
@@ -62,7 +65,7 @@ struct ProviderConfig {
   std::string type;  // scripted | openai | anthropic | openai_compatible
   std::string api_key_env;
   std::string base_url;
-  std::string rules_path;  // scripted: the rules file (absolute after loading)
+  std::string rules_path;     // scripted: the rules file (absolute after loading)
   Json raw = Json::object();  // the provider's whole config node (for adapters)
 };
 
@@ -74,8 +77,8 @@ struct PromptConfig {
 };
 
 struct InputConfig {
-  std::vector<std::string> drop;       // JSON pointers or top-level names to drop
-  bool trim_strings = true;            // trim leading/trailing white space
+  std::vector<std::string> drop;        // JSON pointers or top-level names to drop
+  bool trim_strings = true;             // trim leading/trailing white space
   std::vector<std::string> url_fields;  // JSON pointers of URL-valued fields to normalize
 };
 
@@ -84,6 +87,7 @@ struct StepConfig {
   std::string provider;
   std::string model;
   double temperature = 0;
+  std::string system_prompt;  // the step's `system` text; may be empty
   PromptConfig prompt;
   std::string output_schema_path;
   Json output_schema;  // the parsed schema
@@ -91,7 +95,9 @@ struct StepConfig {
   InputConfig input;
   std::string checks_path;  // empty: none
   int attempts = 3;
-  int64_t timeout_ms = 30'000;
+  int64_t timeout_ms = 30'000;  // the whole decide: every attempt and fallback
+  int64_t retry_base_ms = 500;  // backoff between retryable failures (full jitter)
+  int64_t retry_cap_ms = 10'000;
   Json fallback = Json::array();
   int64_t cache_window_ms = 0;  // 0: forever
   std::string plan_pointer;     // JSON pointer of the actions list in the output
@@ -108,7 +114,7 @@ struct ActionConfig {
   std::string name;
   std::vector<std::string> identity_fields;  // JSON pointers into args
   std::string identity_version = "v1";
-  int64_t window_ms = 24LL * 3600 * 1000;  // 0: forever
+  int64_t window_ms = 24LL * 3600 * 1000;        // 0: forever
   std::string on_duplicate = "return_original";  // return_original | conflict | ignore
   Json effector = Json::object();
   RetryConfig retry;
@@ -125,7 +131,8 @@ struct Config {
   std::map<std::string, ProviderConfig> providers;
   std::map<std::string, StepConfig> steps;
   std::map<std::string, ActionConfig> actions;
-  Json prices = Json::object();  // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
+  // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
+  Json prices = Json::object();
 };
 
 // Reads, validates and resolves the config at `path`.
@@ -134,8 +141,16 @@ StatusOr<Config> LoadConfig(const std::string& path);
 // Parses "250ms", "30s", "5m", "24h", "7d" or "forever" (0) into milliseconds.
 StatusOr<int64_t> ParseDuration(const std::string& text);
 
+// "250ms", "30s", "5m", "24h", "7d": the largest unit that divides `ms`
+// exactly (days only from 2 days on, so 24h stays "24h"). 0 is "0ms".
+std::string FormatDuration(int64_t ms);
+
 // One sentence per step and action kind on identity, window and duplicate
-// response (R1-R3), for `idem contracts`.
+// response (R1-R3), for `idem contracts`; one per line, steps first, each
+// group in name order.
 std::string DescribeContracts(const Config& config);
+
+// The text of schemas/config.schema.json, built into the binary.
+std::string_view ConfigSchemaText();
 
 }  // namespace idem

@@ -1,0 +1,391 @@
+// LoadConfig: YAML -> JSON (yaml_document.cc) -> schema check -> typed
+// structs. The schema catches shapes and ranges; this file catches what a
+// schema cannot: references between sections, files on disk, durations
+// that overflow, templates and output schemas that do not compile.
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <kainjow/mustache.hpp>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "daemon/config/config.h"
+#include "daemon/config/yaml_document.h"
+#include "daemon/core/crypto.h"
+#include "daemon/core/json.h"
+#include "daemon/core/json_schema.h"
+
+namespace idem {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxSchemaFileBytes = 4 << 20;
+
+const JsonSchema* CompiledConfigSchema(Status* error) {
+  static std::once_flag once;
+  static std::unique_ptr<JsonSchema> schema;
+  static Status failure;
+  std::call_once(once, [] {
+    auto parsed = ParseJson(ConfigSchemaText(), JsonLimits{kMaxSchemaFileBytes, 64});
+    if (!parsed.ok()) {
+      failure = Internal("built-in config schema is not JSON: " + parsed.status().message());
+      return;
+    }
+    auto created = JsonSchema::Create(*parsed);
+    if (!created.ok()) {
+      failure = Internal("built-in config schema is invalid: " + created.status().message());
+      return;
+    }
+    schema = std::move(created).value();
+  });
+  if (!schema) *error = failure;
+  return schema.get();
+}
+
+std::string Token(std::string_view name) { return "/" + JsonPointerToken(name); }
+
+// The schema's #/definitions/name, checked here because valijson reports a
+// failed propertyNames without saying which name failed.
+bool IsName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  if (!((name[0] >= 'A' && name[0] <= 'Z') || (name[0] >= 'a' && name[0] <= 'z'))) return false;
+  for (char c : name) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+StatusOr<std::string> ReadFileText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument(std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return InvalidArgument(std::strerror(errno));
+  return text.str();
+}
+
+std::string JoinWords(const std::vector<std::string>& words) {
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i > 0) out += i + 1 == words.size() ? " and " : ", ";
+    out += words[i];
+  }
+  return out;
+}
+
+// Resolves one validated document into a Config. Every error goes through
+// doc_.Error so that it carries the file, line and pointer.
+class Resolver {
+ public:
+  Resolver(const YamlDocument& doc, Config& config) : doc_(doc), config_(config) {}
+
+  Status Run() {
+    const Json& root = doc_.value;
+    for (const char* section : {"providers", "steps", "actions"}) {
+      if (!root.contains(section)) continue;
+      for (const auto& [name, unused] : root[section].items()) {
+        if (!IsName(name)) {
+          return doc_.Error("/" + std::string(section) + Token(name),
+                            "a name must start with a letter and hold only letters, digits, "
+                            "_ . and - (at most 64 characters)");
+        }
+      }
+    }
+    if (root.contains("server")) RETURN_IF_ERROR(Server(root["server"]));
+    if (root.contains("store")) RETURN_IF_ERROR(Store(root["store"]));
+    if (root.contains("auth")) RETURN_IF_ERROR(Auth(root["auth"]));
+    if (root.contains("idempotency")) RETURN_IF_ERROR(Idempotency(root["idempotency"]));
+    if (root.contains("providers")) {
+      for (const auto& [name, node] : root["providers"].items()) {
+        RETURN_IF_ERROR(Provider(name, node));
+      }
+    }
+    if (root.contains("steps")) {
+      for (const auto& [name, node] : root["steps"].items()) RETURN_IF_ERROR(Step(name, node));
+    }
+    if (root.contains("actions")) {
+      for (const auto& [name, node] : root["actions"].items()) {
+        RETURN_IF_ERROR(Action(name, node));
+      }
+    }
+    if (root.contains("prices")) config_.prices = root["prices"];
+    return Status::Ok();
+  }
+
+ private:
+  std::string Path(const std::string& written) const {
+    fs::path p(written);
+    if (p.is_absolute()) return p.lexically_normal().string();
+    return (fs::path(config_.base_dir) / p).lexically_normal().string();
+  }
+
+  // A path that must name a readable regular file.
+  StatusOr<std::string> ExistingFile(const std::string& pointer, const std::string& written) {
+    std::string path = Path(written);
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) {
+      return doc_.Error(pointer, "no such file: " + path);
+    }
+    return path;
+  }
+
+  StatusOr<int64_t> Duration(const std::string& pointer, const Json& node, bool allow_forever) {
+    const std::string text = node.get<std::string>();
+    if (text == "forever" && !allow_forever) {
+      return doc_.Error(pointer, "must be a finite duration, not forever");
+    }
+    auto ms = ParseDuration(text);
+    if (!ms.ok()) return doc_.Error(pointer, ms.status().message());
+    if (*ms == 0 && text != "forever") {
+      return doc_.Error(pointer, allow_forever
+                                     ? "must be longer than 0 (write forever for no expiry)"
+                                     : "must be longer than 0");
+    }
+    return *ms;
+  }
+
+  Status Server(const Json& node) {
+    ServerConfig& s = config_.server;
+    s.listen = node.value("listen", s.listen);
+    s.threads = node.value("threads", s.threads);
+    s.max_body_bytes = node.value("max_body_bytes", s.max_body_bytes);
+    s.max_json_depth = node.value("max_json_depth", s.max_json_depth);
+    return Status::Ok();
+  }
+
+  Status Store(const Json& node) {
+    StoreConfig& s = config_.store;
+    s.engine = node.value("engine", s.engine);
+    s.path = Path(node.value("path", s.path));
+    s.sync = node.value("sync", s.sync);
+    return Status::Ok();
+  }
+
+  Status Auth(const Json& node) {
+    std::set<std::string> names;
+    for (size_t i = 0; i < node.value("tokens", Json::array()).size(); ++i) {
+      const Json& t = node["tokens"][i];
+      AuthToken token{t["name"], t["sha256"], t["roles"].get<std::vector<std::string>>()};
+      if (!names.insert(token.name).second) {
+        return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
+                          "duplicate token name '" + token.name + "'");
+      }
+      config_.auth.tokens.push_back(std::move(token));
+    }
+    return Status::Ok();
+  }
+
+  Status Idempotency(const Json& node) {
+    IdempotencyConfig& c = config_.idempotency;
+    if (node.contains("window")) {
+      ASSIGN_OR_RETURN(c.window_ms, Duration("/idempotency/window", node["window"], false));
+    }
+    if (node.contains("lease")) {
+      ASSIGN_OR_RETURN(c.lease_ms, Duration("/idempotency/lease", node["lease"], false));
+    }
+    if (node.contains("routes")) {
+      for (const auto& [route, window] : node["routes"].items()) {
+        ASSIGN_OR_RETURN(c.route_windows_ms[route],
+                         Duration("/idempotency/routes" + Token(route), window, false));
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Provider(const std::string& name, const Json& node) {
+    const std::string at = "/providers" + Token(name);
+    ProviderConfig p;
+    p.name = name;
+    p.type = node["type"];
+    p.api_key_env = node.value("api_key_env", "");
+    p.base_url = node.value("base_url", "");
+    p.raw = node;
+    if (p.type == "scripted") {
+      for (const auto& [key, value] : node.items()) {
+        if (key != "type" && key != "rules") {
+          return doc_.Error(at + Token(key),
+                            "unknown key for a scripted provider (it takes rules)");
+        }
+      }
+      if (!node.contains("rules")) return doc_.Error(at, "missing required key 'rules'");
+      ASSIGN_OR_RETURN(p.rules_path, ExistingFile(at + "/rules", node["rules"]));
+    } else {
+      if (node.contains("rules")) {
+        return doc_.Error(at + "/rules", "only scripted providers take a rules file");
+      }
+    }
+    config_.providers[name] = std::move(p);
+    return Status::Ok();
+  }
+
+  Status CheckProvider(const std::string& pointer, const std::string& name) {
+    if (config_.providers.count(name) != 0) return Status::Ok();
+    std::vector<std::string> declared;
+    for (const auto& [n, unused] : config_.providers) declared.push_back(n);
+    return doc_.Error(pointer, "no provider named '" + name + "' (declared: " +
+                                   (declared.empty() ? "none" : JoinWords(declared)) + ")");
+  }
+
+  Status Step(const std::string& name, const Json& node) {
+    const std::string at = "/steps" + Token(name);
+    StepConfig s;
+    s.name = name;
+    s.provider = node["provider"];
+    RETURN_IF_ERROR(CheckProvider(at + "/provider", s.provider));
+    s.model = node["model"];
+    s.temperature = node.value("temperature", s.temperature);
+    s.system_prompt = node.value("system", "");
+
+    const Json& prompt = node["prompt"];
+    ASSIGN_OR_RETURN(s.prompt.template_path,
+                     ExistingFile(at + "/prompt/template", prompt["template"]));
+    s.prompt.version = prompt["version"];
+    auto text = ReadFileText(s.prompt.template_path);
+    if (!text.ok()) {
+      return doc_.Error(at + "/prompt/template",
+                        "cannot read " + s.prompt.template_path + ": " + text.status().message());
+    }
+    s.prompt.text = std::move(text).value();
+    s.prompt.sha256 = Sha256Hex(s.prompt.text);
+    kainjow::mustache::mustache compiled(s.prompt.text);
+    if (!compiled.is_valid()) {
+      return doc_.Error(at + "/prompt/template",
+                        s.prompt.template_path +
+                            " is not a valid mustache template: " + compiled.error_message());
+    }
+
+    ASSIGN_OR_RETURN(s.output_schema_path,
+                     ExistingFile(at + "/output_schema", node["output_schema"]));
+    auto schema_text = ReadFileText(s.output_schema_path);
+    if (!schema_text.ok()) {
+      return doc_.Error(at + "/output_schema", "cannot read " + s.output_schema_path + ": " +
+                                                   schema_text.status().message());
+    }
+    auto schema = ParseJson(*schema_text, JsonLimits{kMaxSchemaFileBytes, 64});
+    if (!schema.ok()) {
+      return doc_.Error(at + "/output_schema",
+                        s.output_schema_path + " is not JSON: " + schema.status().message());
+    }
+    auto compiled_schema = JsonSchema::Create(*schema);
+    if (!compiled_schema.ok()) {
+      std::string where = compiled_schema.status().field().empty()
+                              ? std::string()
+                              : " at " + compiled_schema.status().field();
+      return doc_.Error(at + "/output_schema",
+                        s.output_schema_path + where + ": " + compiled_schema.status().message());
+    }
+    s.output_schema = std::move(schema).value();
+
+    s.tools = node.value("tools", Json::array());
+    if (node.contains("input")) {
+      const Json& input = node["input"];
+      s.input.drop = input.value("drop", std::vector<std::string>{});
+      s.input.trim_strings = input.value("trim", s.input.trim_strings);
+      s.input.url_fields = input.value("urls", std::vector<std::string>{});
+    }
+    if (node.contains("checks")) {
+      ASSIGN_OR_RETURN(s.checks_path, ExistingFile(at + "/checks", node["checks"]));
+    }
+    s.attempts = node.value("attempts", s.attempts);
+    if (node.contains("timeout")) {
+      ASSIGN_OR_RETURN(s.timeout_ms, Duration(at + "/timeout", node["timeout"], false));
+    }
+    if (node.contains("retry")) {
+      const Json& r = node["retry"];
+      if (r.contains("base")) {
+        ASSIGN_OR_RETURN(s.retry_base_ms, Duration(at + "/retry/base", r["base"], false));
+      }
+      if (r.contains("cap")) {
+        ASSIGN_OR_RETURN(s.retry_cap_ms, Duration(at + "/retry/cap", r["cap"], false));
+      }
+    }
+    if (s.retry_cap_ms < s.retry_base_ms) {
+      return doc_.Error(at + "/retry/cap",
+                        "must not be shorter than base (" + FormatDuration(s.retry_base_ms) + ")");
+    }
+    s.fallback = node.value("fallback", Json::array());
+    for (size_t i = 0; i < s.fallback.size(); ++i) {
+      const Json& f = s.fallback[i];
+      if (f.is_object() && f.contains("provider")) {
+        RETURN_IF_ERROR(
+            CheckProvider(at + "/fallback/" + std::to_string(i) + "/provider", f["provider"]));
+      }
+    }
+    if (node.contains("cache") && node["cache"].contains("window")) {
+      ASSIGN_OR_RETURN(s.cache_window_ms,
+                       Duration(at + "/cache/window", node["cache"]["window"], true));
+    }
+    if (node.contains("plan")) s.plan_pointer = node["plan"]["pointer"];
+    config_.steps[name] = std::move(s);
+    return Status::Ok();
+  }
+
+  Status Action(const std::string& name, const Json& node) {
+    const std::string at = "/actions" + Token(name);
+    ActionConfig a;
+    a.name = name;
+    a.identity_fields = node["identity"]["fields"].get<std::vector<std::string>>();
+    a.identity_version = node["identity"]["version"];
+    ASSIGN_OR_RETURN(a.window_ms, Duration(at + "/window", node["window"], true));
+    a.on_duplicate = node["on_duplicate"];
+    a.effector = node.value("effector", Json::object());
+    if (node.contains("retry")) {
+      const Json& r = node["retry"];
+      a.retry.attempts = r.value("attempts", a.retry.attempts);
+      if (r.contains("base")) {
+        ASSIGN_OR_RETURN(a.retry.base_ms, Duration(at + "/retry/base", r["base"], false));
+      }
+      if (r.contains("cap")) {
+        ASSIGN_OR_RETURN(a.retry.cap_ms, Duration(at + "/retry/cap", r["cap"], false));
+      }
+      if (r.contains("timeout")) {
+        ASSIGN_OR_RETURN(a.retry.timeout_ms, Duration(at + "/retry/timeout", r["timeout"], false));
+      }
+    }
+    if (a.retry.cap_ms < a.retry.base_ms) {
+      return doc_.Error(at + "/retry/cap",
+                        "must not be shorter than base (" + FormatDuration(a.retry.base_ms) + ")");
+    }
+    if (node.contains("approval")) a.approval = node["approval"];
+    config_.actions[name] = std::move(a);
+    return Status::Ok();
+  }
+
+  const YamlDocument& doc_;
+  Config& config_;
+};
+
+}  // namespace
+
+StatusOr<Config> LoadConfig(const std::string& path) {
+  Status schema_error;
+  const JsonSchema* schema = CompiledConfigSchema(&schema_error);
+  if (schema == nullptr) return schema_error;
+
+  ASSIGN_OR_RETURN(YamlDocument doc, ReadYamlFile(path));
+  if (doc.value.is_null()) doc.value = Json::object();  // an empty file: all defaults
+  RETURN_IF_ERROR(doc.Check(*schema));
+
+  Config config;
+  config.source_path = path;
+  std::error_code ec;
+  fs::path absolute = fs::absolute(fs::path(path), ec);
+  if (ec) return InvalidArgument(path + ": cannot resolve its directory: " + ec.message());
+  config.base_dir = absolute.lexically_normal().parent_path().string();
+  // A schema-valid document has the types Resolver reads; nlohmann throws
+  // only if that promise is broken, which is a bug worth naming.
+  try {
+    RETURN_IF_ERROR(Resolver(doc, config).Run());
+  } catch (const std::exception& e) {
+    return Internal(path + ": config passed its schema but could not be read: " + e.what());
+  }
+  return config;
+}
+
+}  // namespace idem

@@ -1,0 +1,295 @@
+// The one file that talks to yaml-cpp: YAML text -> JSON plus a line map.
+#include "daemon/config/yaml_document.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+namespace idem {
+namespace {
+
+constexpr int kMaxDepth = 64;
+constexpr size_t kMaxErrorsListed = 20;
+
+const std::string kTagStr = "tag:yaml.org,2002:str";
+const std::string kTagInt = "tag:yaml.org,2002:int";
+const std::string kTagFloat = "tag:yaml.org,2002:float";
+const std::string kTagBool = "tag:yaml.org,2002:bool";
+const std::string kTagNull = "tag:yaml.org,2002:null";
+
+std::string EscapeToken(std::string_view token) {
+  std::string out;
+  for (char c : token) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+bool IsNullWord(std::string_view s) {
+  return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL";
+}
+
+std::optional<bool> ParseBool(std::string_view s) {
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+bool AllOf(std::string_view s, const char* allowed) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (std::strchr(allowed, c) == nullptr) return false;
+  }
+  return true;
+}
+
+// YAML 1.2 core schema integers: [-+]?[0-9]+, 0o[0-7]+, 0x[0-9a-fA-F]+.
+std::optional<Json> ParseInt(std::string_view s) {
+  int base = 10;
+  bool negative = false;
+  std::string_view digits = s;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'o')) {
+    base = s[1] == 'x' ? 16 : 8;
+    digits = s.substr(2);
+    if (!AllOf(digits, base == 16 ? "0123456789abcdefABCDEF" : "01234567")) return std::nullopt;
+  } else {
+    if (!digits.empty() && (digits[0] == '-' || digits[0] == '+')) {
+      negative = digits[0] == '-';
+      digits.remove_prefix(1);
+    }
+    if (!AllOf(digits, "0123456789")) return std::nullopt;
+  }
+  uint64_t magnitude = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), magnitude, base);
+  if (ec == std::errc() && ptr == digits.data() + digits.size()) {
+    if (!negative) {
+      if (magnitude <= static_cast<uint64_t>(INT64_MAX))
+        return Json(static_cast<int64_t>(magnitude));
+      return Json(magnitude);
+    }
+    if (magnitude <= static_cast<uint64_t>(INT64_MAX))
+      return Json(-static_cast<int64_t>(magnitude));
+    if (magnitude == static_cast<uint64_t>(INT64_MAX) + 1) return Json(INT64_MIN);
+  }
+  if (base != 10) return std::nullopt;
+  // Too large for 64 bits: keep it as a number, as JSON parsers do.
+  double d = 0;
+  auto [p2, ec2] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
+  if (ec2 != std::errc() || p2 != digits.data() + digits.size()) return std::nullopt;
+  return Json(negative ? -d : d);
+}
+
+// YAML 1.2 core schema floats, without .inf / .nan (JSON has neither).
+std::optional<double> ParseFloat(std::string_view s) {
+  std::string_view body = s;
+  bool negative = false;
+  if (!body.empty() && (body[0] == '-' || body[0] == '+')) {
+    negative = body[0] == '-';
+    body.remove_prefix(1);
+  }
+  if (!AllOf(body, "0123456789.eE+-")) return std::nullopt;
+  if (body.find_first_of("0123456789") == std::string_view::npos) return std::nullopt;
+  if (body[0] != '.' && (body[0] < '0' || body[0] > '9')) return std::nullopt;
+  std::string text(body);
+  if (text[0] == '.') text.insert(text.begin(), '0');
+  if (text.back() == '.') text.push_back('0');
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
+  return negative ? -value : value;
+}
+
+bool IsInfOrNan(std::string_view s) {
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  return s == ".inf" || s == ".Inf" || s == ".INF" || s == ".nan" || s == ".NaN" || s == ".NAN";
+}
+
+class Converter {
+ public:
+  explicit Converter(YamlDocument& doc) : doc_(doc) {}
+
+  Status Convert(const YAML::Node& node, const std::string& pointer, int line, int depth,
+                 Json& out) {
+    if (depth > kMaxDepth) {
+      return doc_.Error(pointer, "nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    }
+    switch (node.Type()) {
+      case YAML::NodeType::Undefined:
+      case YAML::NodeType::Null:
+        out = nullptr;
+        return Status::Ok();
+      case YAML::NodeType::Scalar:
+        return Scalar(node, pointer, out);
+      case YAML::NodeType::Sequence: {
+        out = Json::array();
+        size_t index = 0;
+        for (const YAML::Node& item : node) {
+          const std::string child = pointer + "/" + std::to_string(index++);
+          const int item_line = item.Mark().line >= 0 ? item.Mark().line + 1 : line;
+          doc_.lines[child] = item_line;
+          Json value;
+          RETURN_IF_ERROR(Convert(item, child, item_line, depth + 1, value));
+          out.push_back(std::move(value));
+        }
+        return Status::Ok();
+      }
+      case YAML::NodeType::Map: {
+        out = Json::object();
+        for (auto it = node.begin(); it != node.end(); ++it) {
+          const YAML::Node key = it->first;  // a copy: the iterator yields proxies
+          const int key_line = key.Mark().line >= 0 ? key.Mark().line + 1 : line;
+          if (!key.IsScalar()) {
+            doc_.lines[pointer + "/?"] = key_line;
+            return doc_.Error(pointer + "/?", "mapping keys must be plain strings");
+          }
+          const std::string& name = key.Scalar();
+          const std::string child = pointer + "/" + EscapeToken(name);
+          doc_.lines[child] = key_line;
+          if (out.contains(name)) return doc_.Error(child, "duplicate key '" + name + "'");
+          Json value;
+          RETURN_IF_ERROR(Convert(YAML::Node(it->second), child, key_line, depth + 1, value));
+          out[name] = std::move(value);
+        }
+        return Status::Ok();
+      }
+    }
+    return doc_.Error(pointer, "unsupported YAML node");
+  }
+
+ private:
+  Status Scalar(const YAML::Node& node, const std::string& pointer, Json& out) {
+    const std::string& text = node.Scalar();
+    const std::string& tag = node.Tag();
+    if (tag == "!" || tag == kTagStr) {
+      out = text;  // quoted, block or explicitly a string
+      return Status::Ok();
+    }
+    if (tag == kTagNull) {
+      out = nullptr;
+      return Status::Ok();
+    }
+    if (tag == kTagBool) {
+      auto b = ParseBool(text);
+      if (!b) return doc_.Error(pointer, "'" + text + "' is not a boolean");
+      out = *b;
+      return Status::Ok();
+    }
+    if (tag == kTagInt) {
+      auto i = ParseInt(text);
+      if (!i) return doc_.Error(pointer, "'" + text + "' is not an integer");
+      out = std::move(*i);
+      return Status::Ok();
+    }
+    if (tag == kTagFloat) {
+      auto f = ParseFloat(text);
+      if (!f) return doc_.Error(pointer, "'" + text + "' is not a finite number");
+      out = *f;
+      return Status::Ok();
+    }
+    if (tag != "?" && !tag.empty()) {
+      return doc_.Error(pointer, "unsupported tag " + tag);
+    }
+    // A plain scalar: resolve it as the YAML 1.2 core schema does.
+    if (IsNullWord(text)) {
+      out = nullptr;
+    } else if (auto b = ParseBool(text)) {
+      out = *b;
+    } else if (auto i = ParseInt(text)) {
+      out = std::move(*i);
+    } else if (auto f = ParseFloat(text)) {
+      out = *f;
+    } else if (IsInfOrNan(text)) {
+      return doc_.Error(pointer, "'" + text + "' cannot be represented in JSON; quote it");
+    } else {
+      out = text;
+    }
+    return Status::Ok();
+  }
+
+  YamlDocument& doc_;
+};
+
+}  // namespace
+
+int YamlDocument::LineOf(std::string_view pointer) const {
+  std::string p(pointer);
+  while (true) {
+    auto it = lines.find(p);
+    if (it != lines.end()) return it->second;
+    if (p.empty()) return 0;
+    p.resize(p.rfind('/'));
+  }
+}
+
+Status YamlDocument::Error(std::string_view pointer, std::string_view reason) const {
+  std::string message = source;
+  if (int line = LineOf(pointer); line > 0) message += ":" + std::to_string(line);
+  message += ": ";
+  message += pointer.empty() ? std::string_view("(root)") : pointer;
+  message += ": ";
+  message += reason;
+  return InvalidArgument(std::move(message), std::string(pointer));
+}
+
+Status YamlDocument::Check(const JsonSchema& schema) const {
+  std::vector<SchemaError> errors = schema.Errors(value);
+  if (errors.empty()) return Status::Ok();
+  // Schema order follows the schema's key order; people read files top down.
+  std::stable_sort(errors.begin(), errors.end(),
+                   [this](const SchemaError& a, const SchemaError& b) {
+                     return LineOf(a.pointer) < LineOf(b.pointer);
+                   });
+  std::string message;
+  for (size_t i = 0; i < errors.size() && i < kMaxErrorsListed; ++i) {
+    if (i > 0) message += "\n";
+    message += Error(errors[i].pointer, errors[i].message).message();
+  }
+  if (errors.size() > kMaxErrorsListed) {
+    message += "\n(and " + std::to_string(errors.size() - kMaxErrorsListed) + " more)";
+  }
+  return InvalidArgument(std::move(message), errors.front().pointer);
+}
+
+StatusOr<YamlDocument> ParseYaml(std::string_view text, std::string source) {
+  YamlDocument doc;
+  doc.source = std::move(source);
+  try {
+    YAML::Node root = YAML::Load(std::string(text));
+    doc.lines[""] = root.Mark().line >= 0 ? root.Mark().line + 1 : 1;
+    RETURN_IF_ERROR(Converter(doc).Convert(root, "", doc.lines[""], 0, doc.value));
+  } catch (const YAML::Exception& e) {
+    std::string message = doc.source;
+    if (e.mark.line >= 0) message += ":" + std::to_string(e.mark.line + 1);
+    return InvalidArgument(message + ": yaml syntax error: " + e.msg);
+  } catch (const std::exception& e) {
+    return InvalidArgument(doc.source + ": cannot parse: " + e.what());
+  }
+  return doc;
+}
+
+StatusOr<YamlDocument> ReadYamlFile(const std::string& path, std::string display_name) {
+  if (display_name.empty()) display_name = path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return InvalidArgument(display_name + ": cannot read: " + std::strerror(errno));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return InvalidArgument(display_name + ": cannot read: " + std::strerror(errno));
+  return ParseYaml(text.str(), std::move(display_name));
+}
+
+}  // namespace idem

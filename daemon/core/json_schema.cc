@@ -1,0 +1,585 @@
+// The one file that talks to valijson. valijson reports a failed schema or a
+// bad regular expression by calling throwRuntimeError, which aborts the
+// process unless VALIJSON_USE_EXCEPTIONS is set; no other translation unit
+// may include valijson headers, so the setting cannot disagree between them.
+#define VALIJSON_USE_EXCEPTIONS 1
+
+#include "daemon/core/json_schema.h"
+
+#include <charconv>
+#include <exception>
+#include <regex>
+#include <string_view>
+#include <utility>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include <valijson/adapters/nlohmann_json_adapter.hpp>
+#include <valijson/schema.hpp>
+#include <valijson/schema_parser.hpp>
+#include <valijson/validation_results.hpp>
+#include <valijson/validator.hpp>
+#pragma GCC diagnostic pop
+
+namespace idem {
+
+struct JsonSchema::Compiled {
+  valijson::Schema schema;
+};
+
+namespace {
+
+constexpr int kMaxRefHops = 32;
+
+std::string EscapeToken(std::string_view token) {
+  std::string out;
+  out.reserve(token.size());
+  for (char c : token) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// valijson names each step of its path "[name]" (or "[3]" for an array
+// index) after a first "<root>" element. Property names may themselves hold
+// brackets, so only the outermost pair is stripped.
+std::vector<std::string> ContextTokens(const std::vector<std::string>& context) {
+  std::vector<std::string> tokens;
+  for (const std::string& part : context) {
+    if (part == "<root>") continue;
+    if (part.size() >= 2 && part.front() == '[' && part.back() == ']') {
+      tokens.push_back(part.substr(1, part.size() - 2));
+    } else {
+      tokens.push_back(part);
+    }
+  }
+  return tokens;
+}
+
+std::string PointerOf(const std::vector<std::string>& tokens) {
+  std::string pointer;
+  for (const std::string& t : tokens) pointer += "/" + EscapeToken(t);
+  return pointer;
+}
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// Summary lines valijson adds after a nested failure; the nested error says
+// the same thing more precisely.
+bool IsPropagation(std::string_view description) {
+  static constexpr std::string_view kPrefixes[] = {
+      "Failed to validate against schema associated with property name",
+      "Failed to validate against schema associated with pattern",
+      "Failed to validate item #",
+      "Failed to validate against additional properties schema",
+      "Failed to validate against additional items schema",
+      "Failed to validate against child schema #",
+      "Failed to validate against dependent schema",
+  };
+  for (std::string_view p : kPrefixes) {
+    if (StartsWith(description, p)) return true;
+  }
+  return false;
+}
+
+// Text between the first single quote after `marker` and the last one, e.g.
+// the property name in "Missing required property 'version'.". The name
+// may itself hold quotes, hence the last one.
+std::string Quoted(std::string_view description, std::string_view marker = {}) {
+  size_t from = marker.empty() ? 0 : description.find(marker);
+  if (from == std::string_view::npos) from = 0;
+  size_t open = description.find('\'', from + marker.size());
+  size_t close = description.rfind('\'');
+  if (open == std::string_view::npos || close == open) return {};
+  return std::string(description.substr(open + 1, close - open - 1));
+}
+
+// valijson prints limits with std::to_string(double): "2.000000" -> "2".
+std::string TrimNumber(std::string_view text) {
+  std::string s(text);
+  while (!s.empty() && (s.back() == '.' || s.back() == ' ')) s.pop_back();
+  if (s.find('.') != std::string::npos) {
+    while (!s.empty() && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+  }
+  return s;
+}
+
+std::string JsonTypeName(const Json& value) {
+  switch (value.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+      return "integer";
+    case Json::value_t::number_float:
+      return "number";
+    case Json::value_t::string:
+      return "string";
+    case Json::value_t::array:
+      return "array";
+    case Json::value_t::object:
+      return "object";
+    default:
+      return "value";
+  }
+}
+
+// Follows local "$ref"s ("#/definitions/x"); returns nullptr for anything
+// else (remote refs are rejected at Create anyway).
+const Json* Deref(const Json& root, const Json* node) {
+  for (int hops = 0; node != nullptr && node->is_object() && hops < kMaxRefHops; ++hops) {
+    auto ref = node->find("$ref");
+    if (ref == node->end() || !ref->is_string()) return node;
+    const std::string& target = ref->get_ref<const std::string&>();
+    if (target.empty() || target[0] != '#') return nullptr;
+    try {
+      const Json::json_pointer pointer(target.substr(1));
+      if (!root.contains(pointer)) return nullptr;
+      node = &root.at(pointer);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }
+  return node;
+}
+
+// Whether `schema` (dereferenced) could accept a value of `value`'s type,
+// judged from its "type", "enum", "const" or object keywords only.
+bool TypeAdmits(const Json& schema, const Json& value) {
+  if (!schema.is_object()) return true;
+  const std::string actual = JsonTypeName(value);
+  auto names = [&](const Json& type) {
+    if (type.is_string()) {
+      const std::string& t = type.get_ref<const std::string&>();
+      return t == actual || (t == "number" && actual == "integer");
+    }
+    return false;
+  };
+  if (auto type = schema.find("type"); type != schema.end()) {
+    if (type->is_array()) {
+      for (const Json& t : *type) {
+        if (names(t)) return true;
+      }
+      return false;
+    }
+    return names(*type);
+  }
+  auto same_kind = [&](const Json& v) {
+    return JsonTypeName(v) == actual || (v.is_number() && value.is_number());
+  };
+  if (auto values = schema.find("enum"); values != schema.end() && values->is_array()) {
+    for (const Json& v : *values) {
+      if (same_kind(v)) return true;
+    }
+    return false;
+  }
+  if (auto c = schema.find("const"); c != schema.end()) return same_kind(*c);
+  if (schema.contains("properties") || schema.contains("required")) return value.is_object();
+  if (schema.contains("items")) return value.is_array();
+  return true;
+}
+
+const Json* Combinator(const Json& schema) {
+  for (const char* key : {"anyOf", "oneOf"}) {
+    auto it = schema.find(key);
+    if (it != schema.end() && it->is_array()) return &*it;
+  }
+  return nullptr;
+}
+
+// The one anyOf / oneOf branch whose type fits `value`, or nullptr when
+// none or several do.
+const Json* PickBranch(const Json& root, const Json& schema, const Json& value) {
+  const Json* branches = Combinator(schema);
+  if (branches == nullptr) return nullptr;
+  const Json* picked = nullptr;
+  for (const Json& branch : *branches) {
+    const Json* b = Deref(root, &branch);
+    if (b == nullptr || !TypeAdmits(*b, value)) continue;
+    if (picked != nullptr) return nullptr;
+    picked = b;
+  }
+  return picked;
+}
+
+// Best effort: the subschema that governs the value at `tokens` in `doc`,
+// following properties / patternProperties / additionalProperties / items,
+// and an anyOf / oneOf branch where only one fits the value. nullptr when
+// it cannot tell; the caller then falls back to valijson's own wording.
+const Json* SubschemaAt(const Json& root, const Json& doc, const std::vector<std::string>& tokens) {
+  const Json* schema = Deref(root, &root);
+  const Json* value = &doc;
+  auto settle = [&] {
+    if (schema != nullptr && schema->is_object() && value != nullptr) {
+      if (const Json* branch = PickBranch(root, *schema, *value)) schema = branch;
+    }
+  };
+  settle();
+  for (const std::string& token : tokens) {
+    if (schema == nullptr || !schema->is_object() || value == nullptr) return nullptr;
+    const Json* next = nullptr;
+    if (value->is_object()) {
+      auto props = schema->find("properties");
+      if (props != schema->end() && props->is_object() && props->contains(token)) {
+        next = &(*props)[token];
+      }
+      auto patterns = schema->find("patternProperties");
+      if (next == nullptr && patterns != schema->end() && patterns->is_object()) {
+        for (auto it = patterns->begin(); it != patterns->end() && next == nullptr; ++it) {
+          try {
+            if (std::regex_search(token, std::regex(it.key(), std::regex::ECMAScript))) {
+              next = &it.value();
+            }
+          } catch (const std::regex_error&) {
+          }
+        }
+      }
+      auto additional = schema->find("additionalProperties");
+      if (next == nullptr && additional != schema->end() && additional->is_object()) {
+        next = &*additional;
+      }
+      auto member = value->find(token);
+      value = member == value->end() ? nullptr : &*member;
+    } else if (value->is_array()) {
+      size_t index = 0;
+      auto [ptr, ec] = std::from_chars(token.data(), token.data() + token.size(), index);
+      if (ec != std::errc() || ptr != token.data() + token.size() || index >= value->size()) {
+        return nullptr;
+      }
+      auto items = schema->find("items");
+      if (items != schema->end() && items->is_object()) {
+        next = &*items;
+      } else if (items != schema->end() && items->is_array() && index < items->size()) {
+        next = &(*items)[index];
+      }
+      value = &(*value)[index];
+    } else {
+      return nullptr;
+    }
+    schema = Deref(root, next);
+    settle();
+  }
+  return schema;
+}
+
+const Json* ValueAt(const Json& doc, const std::string& pointer) {
+  try {
+    const Json::json_pointer p(pointer);
+    if (doc.contains(p)) return &doc.at(p);
+  } catch (const std::exception&) {
+  }
+  return nullptr;
+}
+
+std::string DescribeAllowed(const Json& allowed) {
+  std::string out;
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    if (i > 0) out += i + 1 == allowed.size() ? " or " : ", ";
+    out += allowed[i].is_string() ? allowed[i].get<std::string>() : allowed[i].dump();
+  }
+  return out;
+}
+
+std::string WithArticle(const std::string& type) {
+  return (type == "integer" || type == "object" || type == "array" ? "an " : "a ") + type;
+}
+
+// "escalate", "an object with keys model, provider", "a string".
+std::string DescribeBranch(const Json& root, const Json& branch) {
+  const Json* b = Deref(root, &branch);
+  if (b == nullptr || !b->is_object()) return "a value of another form";
+  if (auto e = b->find("enum"); e != b->end() && e->is_array()) return DescribeAllowed(*e);
+  if (auto c = b->find("const"); c != b->end())
+    return c->is_string() ? c->get<std::string>() : c->dump();
+  if (auto p = b->find("properties"); p != b->end() && p->is_object() && !p->empty()) {
+    std::string keys;
+    for (auto it = p->begin(); it != p->end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+    return "an object with keys " + keys;
+  }
+  if (auto t = b->find("type"); t != b->end()) {
+    if (t->is_string()) return WithArticle(t->get<std::string>());
+    if (t->is_array()) return DescribeAllowed(*t);
+  }
+  return "a value of another form";
+}
+
+struct Bound {
+  std::string_view prefix;
+  std::string_view before;
+  std::string_view after;
+};
+
+// Rewrites one valijson error into a pointer and a sentence for people.
+SchemaError Translate(const Json& root, const Json& doc,
+                      const valijson::ValidationResults::Error& error) {
+  std::vector<std::string> tokens = ContextTokens(error.context);
+  const std::string& d = error.description;
+  SchemaError out;
+
+  if (StartsWith(d, "Object contains a property that could not be validated")) {
+    tokens.push_back(Quoted(d, "constraints: "));
+    out.pointer = PointerOf(tokens);
+    out.message = "unknown key";
+    return out;
+  }
+  out.pointer = PointerOf(tokens);
+
+  // valijson's wording "<prefix>N<rest>" -> "<before>N<after>".
+  static constexpr Bound kBounds[] = {
+      {"Expected number less than or equal to ", "must be <= ", ""},
+      {"Expected number less than ", "must be < ", ""},
+      {"Expected number greater than or equal to ", "must be >= ", ""},
+      {"Expected number greater than ", "must be > ", ""},
+      {"Array should contain no fewer than ", "must have at least ", " item(s)"},
+      {"Array should contain no more than ", "must have at most ", " item(s)"},
+      {"String should be no fewer than ", "must be at least ", " character(s) long"},
+      {"String should be no more than ", "must be at most ", " character(s) long"},
+      {"Object should have no fewer than ", "must have at least ", " key(s)"},
+      {"Object should have no more than ", "must have at most ", " key(s)"},
+  };
+  for (const Bound& b : kBounds) {
+    if (StartsWith(d, b.prefix)) {
+      std::string_view rest = std::string_view(d).substr(b.prefix.size());
+      out.message = std::string(b.before) + TrimNumber(rest.substr(0, rest.find_first_of(" \t"))) +
+                    std::string(b.after);
+      return out;
+    }
+  }
+  if (StartsWith(d, "Missing required property")) {
+    out.message = "missing required key '" + Quoted(d) + "'";
+    return out;
+  }
+  if (StartsWith(d, "Elements at indexes #")) {
+    out.message = "must not repeat an item (" + d.substr(std::string_view("Elements at ").size());
+    if (out.message.back() == '.') out.message.pop_back();
+    out.message += ")";
+    return out;
+  }
+
+  const Json* sub = SubschemaAt(root, doc, tokens);
+  const Json* value = ValueAt(doc, out.pointer);
+
+  if (StartsWith(d, "Value type not permitted")) {
+    std::string expected;
+    if (sub != nullptr && sub->contains("type")) {
+      const Json& type = (*sub)["type"];
+      expected = type.is_array() ? DescribeAllowed(type) : type.get<std::string>();
+    }
+    out.message = expected.empty() ? "has the wrong type" : "must be " + expected;
+    if (value != nullptr) out.message += ", not " + JsonTypeName(*value);
+    return out;
+  }
+  if (StartsWith(d, "Failed to match against any enum values") && sub != nullptr &&
+      sub->contains("enum") && (*sub)["enum"].is_array()) {
+    const Json& allowed = (*sub)["enum"];
+    out.message = (allowed.size() == 1 ? "must be " : "must be one of ") + DescribeAllowed(allowed);
+    return out;
+  }
+  if (StartsWith(d, "Failed to match expected value set by 'const'") && sub != nullptr &&
+      sub->contains("const")) {
+    const Json& c = (*sub)["const"];
+    out.message = "must be " + (c.is_string() ? c.get<std::string>() : c.dump());
+    return out;
+  }
+  if (StartsWith(d, "Failed to match regex")) {
+    if (sub != nullptr && sub->contains("description") && (*sub)["description"].is_string()) {
+      // A schema author's description says what the pattern means better
+      // than the pattern does ("a duration like 30s, 5m or forever").
+      out.message = "must be " + (*sub)["description"].get<std::string>();
+    } else if (sub != nullptr && sub->contains("pattern") && (*sub)["pattern"].is_string()) {
+      out.message = "must match " + (*sub)["pattern"].get<std::string>();
+    } else {
+      out.message = "does not match the required pattern";
+    }
+    return out;
+  }
+
+  // Anything else: valijson's sentence, lower-cased start and no full stop.
+  out.message = d;
+  if (!out.message.empty() && out.message.back() == '.') out.message.pop_back();
+  if (!out.message.empty() && out.message[0] >= 'A' && out.message[0] <= 'Z') {
+    out.message[0] = static_cast<char>(out.message[0] - 'A' + 'a');
+  }
+  return out;
+}
+
+bool IsCombinatorSummary(std::string_view description) {
+  return StartsWith(description, "Failed to validate against any schemas allowed by anyOf") ||
+         StartsWith(description, "Failed to validate against any child schemas allowed by oneOf");
+}
+
+bool Within(const std::string& pointer, const std::string& base) {
+  return pointer == base || StartsWith(pointer, base + "/");
+}
+
+// valijson compiles "pattern" regexes lazily, during validation; compiling
+// them here turns a bad one into a Create error instead of a surprise later.
+Status CheckPatterns(const Json& node, const std::string& where) {
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string here = where + "/" + EscapeToken(it.key());
+      if (it.key() == "pattern" && it->is_string()) {
+        try {
+          std::regex re(it->get<std::string>(), std::regex::ECMAScript);
+        } catch (const std::regex_error& e) {
+          return InvalidArgument("invalid regular expression in schema: " + std::string(e.what()),
+                                 here);
+        }
+      } else if (it.key() == "patternProperties" && it->is_object()) {
+        for (auto p = it->begin(); p != it->end(); ++p) {
+          try {
+            std::regex re(p.key(), std::regex::ECMAScript);
+          } catch (const std::regex_error& e) {
+            return InvalidArgument("invalid regular expression in schema: " + std::string(e.what()),
+                                   here);
+          }
+        }
+      }
+      if (it.key() == "$ref" && it->is_string()) {
+        const std::string& ref = it->get_ref<const std::string&>();
+        if (ref.empty() || ref[0] != '#') {
+          return InvalidArgument("only local $ref (\"#/...\") is supported, got \"" + ref + "\"",
+                                 here);
+        }
+      }
+      const bool data = it.key() == "enum" || it.key() == "const" || it.key() == "default" ||
+                        it.key() == "examples";
+      if (!data) RETURN_IF_ERROR(CheckPatterns(*it, here));
+    }
+  } else if (node.is_array()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      RETURN_IF_ERROR(CheckPatterns(node[i], where + "/" + std::to_string(i)));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+JsonSchema::JsonSchema(Json schema, std::unique_ptr<Compiled> compiled)
+    : schema_(std::move(schema)), compiled_(std::move(compiled)) {}
+
+JsonSchema::~JsonSchema() = default;
+
+StatusOr<std::unique_ptr<JsonSchema>> JsonSchema::Create(const Json& schema) {
+  if (!schema.is_object() && !schema.is_boolean()) {
+    return InvalidArgument("a JSON Schema must be an object or a boolean, not " +
+                           JsonTypeName(schema));
+  }
+  RETURN_IF_ERROR(CheckPatterns(schema, ""));
+  auto compiled = std::make_unique<Compiled>();
+  try {
+    valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
+    valijson::adapters::NlohmannJsonAdapter adapter(schema);
+    parser.populateSchema(adapter, compiled->schema);
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("invalid JSON Schema: ") + e.what());
+  }
+  return std::unique_ptr<JsonSchema>(new JsonSchema(schema, std::move(compiled)));
+}
+
+std::vector<SchemaError> JsonSchema::Errors(const Json& doc) const {
+  valijson::ValidationResults results;
+  try {
+    // A Validator caches compiled regexes in a plain map, so each call gets
+    // its own; the parsed Schema is only read.
+    valijson::Validator validator(valijson::Validator::kStrongTypes);
+    valijson::adapters::NlohmannJsonAdapter adapter(doc);
+    if (validator.validate(compiled_->schema, adapter, &results)) return {};
+  } catch (const std::exception& e) {
+    return {SchemaError{"", std::string("schema could not be applied: ") + e.what()}};
+  }
+
+  bool has_specific = false;
+  for (const auto& error : results) {
+    if (!IsPropagation(error.description)) has_specific = true;
+  }
+  std::vector<SchemaError> errors;
+  for (const auto& error : results) {
+    if (has_specific && IsPropagation(error.description)) continue;
+    if (!IsCombinatorSummary(error.description)) {
+      errors.push_back(Translate(schema_, doc, error));
+      continue;
+    }
+    // valijson lists every branch's errors, then this summary. Replace them
+    // with the errors of the one branch that fits the value's type, or with
+    // a list of the forms the value may take.
+    const std::string at = PointerOf(ContextTokens(error.context));
+    while (!errors.empty() && Within(errors.back().pointer, at)) errors.pop_back();
+    const Json* value = ValueAt(doc, at);
+    const Json* sub = SubschemaAt(schema_, doc, ContextTokens(error.context));
+    const Json* branch = nullptr;
+    const Json* holder = nullptr;
+    if (sub != nullptr && value != nullptr) {
+      // SubschemaAt already descended into the fitting branch, if any; find
+      // the holder of the combinator again to list all forms otherwise.
+      branch = Combinator(*sub) == nullptr ? sub : nullptr;
+      holder = Combinator(*sub) != nullptr ? sub : nullptr;
+    }
+    std::vector<SchemaError> nested;
+    if (branch != nullptr && branch->is_object()) {
+      // Validate against that branch alone, with the root's definitions so
+      // that its "#/definitions/..." references still resolve.
+      Json alone = *branch;
+      if (schema_.is_object() && schema_.contains("definitions") &&
+          !alone.contains("definitions")) {
+        alone["definitions"] = schema_["definitions"];
+      }
+      if (auto compiled = JsonSchema::Create(alone); compiled.ok()) {
+        nested = (*compiled)->Errors(*value);
+      }
+    }
+    if (!nested.empty()) {
+      for (SchemaError& e : nested) errors.push_back({at + e.pointer, std::move(e.message)});
+      continue;
+    }
+    std::string forms;
+    if (holder != nullptr) {
+      const Json& branches = *Combinator(*holder);
+      for (size_t i = 0; i < branches.size(); ++i) {
+        if (i > 0) forms += ", or ";
+        forms += DescribeBranch(schema_, branches[i]);
+      }
+    }
+    errors.push_back(
+        {at, forms.empty() ? "matches none of the allowed forms" : "must be " + forms});
+  }
+
+  std::vector<SchemaError> unique;
+  for (SchemaError& e : errors) {
+    bool seen = false;
+    for (const SchemaError& u : unique) seen |= u.pointer == e.pointer && u.message == e.message;
+    if (!seen) unique.push_back(std::move(e));
+  }
+  if (unique.empty()) {
+    // valijson fails some keywords (propertyNames, for one) without saying
+    // where; there is nothing better to point at than the document.
+    unique.push_back({"", "does not satisfy the schema (a constraint failed without details)"});
+  }
+  return unique;
+}
+
+Status JsonSchema::Validate(const Json& doc) const {
+  std::vector<SchemaError> errors = Errors(doc);
+  if (errors.empty()) return Status::Ok();
+  std::string message;
+  for (const SchemaError& e : errors) {
+    if (!message.empty()) message += "; ";
+    message += (e.pointer.empty() ? std::string("(root)") : e.pointer) + ": " + e.message;
+  }
+  return InvalidArgument(std::move(message), errors.front().pointer);
+}
+
+}  // namespace idem

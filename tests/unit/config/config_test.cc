@@ -1,0 +1,474 @@
+#include "daemon/config/config.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace idem {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A scratch directory holding a config and the files it refers to.
+class ConfigDir {
+ public:
+  ConfigDir() {
+    static std::atomic<int> counter{0};
+    root_ = fs::temp_directory_path() /
+            ("idem_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "conf" / "prompts");
+    Write("conf/prompts/p.mustache", "Ticket: {{{input.text}}}\n");
+    Write("conf/rules.yaml", "rules: []\n");
+    Write("schemas/out.json", R"({"type": "object", "properties": {"a": {"type": "string"}}})");
+  }
+  ~ConfigDir() { fs::remove_all(root_); }
+
+  void Write(const std::string& relative, const std::string& text) {
+    fs::path p = root_ / relative;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  std::string Path(const std::string& relative) const { return (root_ / relative).string(); }
+
+  // Writes conf/idem.yaml and loads it.
+  StatusOr<Config> Load(const std::string& yaml) {
+    Write("conf/idem.yaml", yaml);
+    return LoadConfig(Path("conf/idem.yaml"));
+  }
+
+ private:
+  fs::path root_;
+};
+
+const std::string kMinimal = R"(providers:
+  demo:
+    type: scripted
+    rules: rules.yaml
+steps:
+  triage:
+    provider: demo
+    model: m-1
+    temperature: 0.5
+    prompt: {template: prompts/p.mustache, version: v1}
+    output_schema: ../schemas/out.json
+actions:
+  send_reply:
+    identity: {fields: [/ticket_id, /text], version: v1}
+    window: 24h
+    on_duplicate: return_original
+)";
+
+TEST_CASE("the default config in config/idem.yaml loads") {
+  auto config = LoadConfig(IDEM_SOURCE_DIR "/config/idem.yaml");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.listen == "127.0.0.1:7411");
+  CHECK(config->store.engine == "rocksdb");
+  CHECK(fs::path(config->store.path) == fs::path(IDEM_SOURCE_DIR "/var/idem").lexically_normal());
+  REQUIRE(config->providers.count("demo") == 1);
+  CHECK(config->providers.at("demo").type == "scripted");
+  CHECK(fs::exists(config->providers.at("demo").rules_path));
+
+  REQUIRE(config->steps.count("triage_ticket") == 1);
+  const StepConfig& step = config->steps.at("triage_ticket");
+  CHECK(step.provider == "demo");
+  CHECK(step.model == "demo-1");
+  CHECK(step.temperature == 0);
+  CHECK(step.prompt.version == "v1");
+  CHECK(step.prompt.text.find("{{{input.text}}}") != std::string::npos);
+  CHECK(step.prompt.sha256.size() == 64);
+  CHECK(step.output_schema["required"].size() == 4);
+  CHECK(step.input.drop == std::vector<std::string>{"received_at", "request_id", "trace_id"});
+  CHECK(step.attempts == 3);
+  CHECK(step.timeout_ms == 30'000);
+  CHECK(step.cache_window_ms == 0);
+  CHECK(step.plan_pointer == "/actions");
+
+  REQUIRE(config->actions.count("send_reply") == 1);
+  const ActionConfig& action = config->actions.at("send_reply");
+  CHECK(action.identity_fields == std::vector<std::string>{"/ticket_id", "/text"});
+  CHECK(action.identity_version == "v1");
+  CHECK(action.window_ms == 24LL * 3600 * 1000);
+  CHECK(action.on_duplicate == "return_original");
+  CHECK(action.effector["http"]["idempotency"] == "header");
+  CHECK(action.retry.attempts == 5);
+  CHECK(action.retry.base_ms == 200);
+  CHECK(action.retry.cap_ms == 30'000);
+}
+
+TEST_CASE("relative paths resolve against the config file's directory") {
+  ConfigDir dir;
+  auto config = dir.Load(kMinimal + "store: {path: data/idem}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->base_dir == dir.Path("conf"));
+  CHECK(config->store.path == dir.Path("conf/data/idem"));
+  CHECK(config->providers.at("demo").rules_path == dir.Path("conf/rules.yaml"));
+  const StepConfig& step = config->steps.at("triage");
+  CHECK(step.prompt.template_path == dir.Path("conf/prompts/p.mustache"));
+  CHECK(step.output_schema_path == dir.Path("schemas/out.json"));
+  CHECK(step.prompt.text == "Ticket: {{{input.text}}}\n");
+  CHECK(step.output_schema["properties"]["a"]["type"] == "string");
+}
+
+TEST_CASE("absolute paths are kept as written") {
+  ConfigDir dir;
+  auto config = dir.Load(kMinimal + "store: {path: " + dir.Path("elsewhere") + "}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->store.path == dir.Path("elsewhere"));
+}
+
+TEST_CASE("an unknown key is an error naming the file, line and pointer") {
+  ConfigDir dir;
+  auto config = dir.Load("server:\n  listen: 127.0.0.1:1\n  colour: red\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == Code::kInvalidArgument);
+  CHECK(config.status().field() == "/server/colour");
+  CHECK(config.status().message() ==
+        dir.Path("conf/idem.yaml") + ":3: /server/colour: unknown key");
+}
+
+TEST_CASE("an unknown key deep inside a step is found too") {
+  ConfigDir dir;
+  auto config = dir.Load(kMinimal + "    colour: red\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/actions/send_reply/colour");
+  CHECK(config.status().message().find(":17: /actions/send_reply/colour: unknown key") !=
+        std::string::npos);
+}
+
+TEST_CASE("a value of the wrong type is an error saying which type was expected") {
+  ConfigDir dir;
+  auto config = dir.Load("server:\n  threads: \"8\"\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/server/threads");
+  CHECK(config.status().message() ==
+        dir.Path("conf/idem.yaml") + ":2: /server/threads: must be integer, not string");
+}
+
+TEST_CASE("a number out of range is an error with the bound") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("temperature: 0.5"), 16, "temperature: 3");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/temperature");
+  CHECK(config.status().message().find(":9: /steps/triage/temperature: must be <= 2") !=
+        std::string::npos);
+}
+
+TEST_CASE("every schema error is listed, one per line") {
+  ConfigDir dir;
+  auto config = dir.Load("server:\n  threads: 0\n  colour: red\nstore:\n  sync: maybe\n");
+  REQUIRE_FALSE(config.ok());
+  const std::string& m = config.status().message();
+  CHECK(m.find(":2: /server/threads: must be >= 1") != std::string::npos);
+  CHECK(m.find(":3: /server/colour: unknown key") != std::string::npos);
+  CHECK(m.find(":5: /store/sync: must be boolean, not string") != std::string::npos);
+  CHECK(std::count(m.begin(), m.end(), '\n') == 2);
+}
+
+TEST_CASE("a missing config file is an error naming it") {
+  auto config = LoadConfig("/nonexistent/idem.yaml");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == Code::kInvalidArgument);
+  CHECK(config.status().message().find("/nonexistent/idem.yaml: cannot read") == 0);
+}
+
+TEST_CASE("a YAML syntax error reports the file and line") {
+  ConfigDir dir;
+  auto config = dir.Load("server:\n  listen: [1, 2\nstore: {}\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find(dir.Path("conf/idem.yaml") + ":3: yaml syntax error") == 0);
+}
+
+TEST_CASE("a step naming an undeclared provider is an error listing the declared ones") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("provider: demo"), 14, "provider: openai");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/provider");
+  CHECK(config.status().message().find(
+            ":7: /steps/triage/provider: no provider named 'openai' (declared: demo)") !=
+        std::string::npos);
+}
+
+TEST_CASE("a provider, step or action name must be a plain identifier") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("send_reply:"), 11, "send reply:");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/actions/send reply");
+  CHECK(config.status().message().find(
+            ":13: /actions/send reply: a name must start with a letter") != std::string::npos);
+}
+
+TEST_CASE("the built-in config schema is the file in schemas/") {
+  std::ifstream in(IDEM_SOURCE_DIR "/schemas/config.schema.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(Json::parse(ConfigSchemaText()) == Json::parse(text));
+}
+
+TEST_CASE("a fallback naming an undeclared provider is an error") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("actions:"), "    fallback: [{model: big, provider: nope}, escalate]\n");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/fallback/0/provider");
+}
+
+TEST_CASE("a malformed duration is an error describing the expected form") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("window: 24h"), 11, "window: 24 hours");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/actions/send_reply/window");
+  CHECK(config.status().message().find(
+            "/actions/send_reply/window: must be a window like 5m, 24h, 30d or forever") !=
+        std::string::npos);
+}
+
+TEST_CASE("a zero window is refused in favour of writing forever") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("window: 24h"), 11, "window: 0s");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("write forever") != std::string::npos);
+}
+
+TEST_CASE("forever is not a timeout") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("actions:"), "    timeout: forever\n");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/timeout");
+}
+
+TEST_CASE("a duration too long for 64 bits is an error, not an overflow") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("window: 24h"), 11, "window: 999999999999d");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("too long") != std::string::npos);
+}
+
+TEST_CASE("a step's retry backoff is read, with defaults when absent") {
+  ConfigDir dir;
+  auto config = dir.Load(kMinimal);
+  REQUIRE(config.ok());
+  CHECK(config->steps.at("triage").retry_base_ms == StepConfig{}.retry_base_ms);
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("actions:"), "    retry: {base: 1s, cap: 20s}\n");
+  config = dir.Load(yaml);
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->steps.at("triage").retry_base_ms == 1000);
+  CHECK(config->steps.at("triage").retry_cap_ms == 20'000);
+}
+
+TEST_CASE("a retry cap shorter than its base is an error") {
+  ConfigDir dir;
+  auto config = dir.Load(kMinimal + "    retry: {base: 10s, cap: 1s}\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/actions/send_reply/retry/cap");
+}
+
+TEST_CASE("a missing prompt template is an error at its key") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("prompts/p.mustache"), 18, "prompts/gone.mustache");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/prompt/template");
+  CHECK(config.status().message().find("no such file: " + dir.Path("conf/prompts/gone.mustache")) !=
+        std::string::npos);
+}
+
+TEST_CASE("a prompt template with broken mustache is an error") {
+  ConfigDir dir;
+  dir.Write("conf/prompts/p.mustache", "{{#input}}unclosed");
+  auto config = dir.Load(kMinimal);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/prompt/template");
+}
+
+TEST_CASE("an output schema that is not JSON or not a schema is an error") {
+  ConfigDir dir;
+  dir.Write("schemas/out.json", "{not json");
+  auto config = dir.Load(kMinimal);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/output_schema");
+  CHECK(config.status().message().find("is not JSON") != std::string::npos);
+
+  dir.Write("schemas/out.json", R"({"type": "objekt"})");
+  config = dir.Load(kMinimal);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/output_schema");
+}
+
+TEST_CASE("the prompt hash follows the template text") {
+  ConfigDir dir;
+  auto first = dir.Load(kMinimal);
+  REQUIRE(first.ok());
+  dir.Write("conf/prompts/p.mustache", "Ticket, changed: {{{input.text}}}\n");
+  auto second = dir.Load(kMinimal);
+  REQUIRE(second.ok());
+  CHECK(first->steps.at("triage").prompt.sha256 != second->steps.at("triage").prompt.sha256);
+}
+
+TEST_CASE("a scripted provider takes only a rules file") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("steps:"), "    api_key_env: KEY\n");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/providers/demo/api_key_env");
+}
+
+TEST_CASE("other provider types keep their adapter keys in raw") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("steps:"), R"(  openai:
+    type: openai
+    api_key_env: OPENAI_API_KEY
+    base_url: https://api.openai.com/v1
+    max_tokens: 512
+    organization: org-1
+    headers: {X-Trace: "on"}
+    structured_output: json_schema
+)");
+  auto config = dir.Load(yaml);
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  const ProviderConfig& p = config->providers.at("openai");
+  CHECK(p.api_key_env == "OPENAI_API_KEY");
+  CHECK(p.base_url == "https://api.openai.com/v1");
+  CHECK(p.raw["max_tokens"] == 512);
+  CHECK(p.raw["headers"]["X-Trace"] == "on");
+  CHECK(p.raw["structured_output"] == "json_schema");
+}
+
+TEST_CASE("quoted scalars stay strings and plain ones get their YAML types") {
+  ConfigDir dir;
+  // A token's sha256 must be a string; a route window must be a string even
+  // when it looks like a number.
+  auto config = dir.Load(R"(server: {listen: "127.0.0.1:7411", threads: 8, max_body_bytes: 0x100}
+store: {sync: false}
+auth:
+  tokens:
+    - name: agent-1
+      sha256: "0000000000000000000000000000000000000000000000000000000000000000"
+      roles: [agent]
+prices:
+  m-1: {input_per_mtok: 2.5, output_per_mtok: 10}
+)");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.threads == 8);
+  CHECK(config->server.max_body_bytes == 256);
+  CHECK(config->store.sync == false);
+  REQUIRE(config->auth.tokens.size() == 1);
+  CHECK(config->auth.tokens[0].roles == std::vector<std::string>{"agent"});
+  CHECK(config->prices["m-1"]["input_per_mtok"].is_number_float());
+  CHECK(config->prices["m-1"]["output_per_mtok"].is_number_integer());
+}
+
+TEST_CASE("idempotency windows per route are read as durations") {
+  ConfigDir dir;
+  auto config = dir.Load(
+      "idempotency:\n  window: 1h\n  lease: 30s\n  routes:\n"
+      "    \"POST /v1/decide\": 2d\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->idempotency.window_ms == 3'600'000);
+  CHECK(config->idempotency.lease_ms == 30'000);
+  CHECK(config->idempotency.route_windows_ms.at("POST /v1/decide") == 2 * 86'400'000LL);
+
+  config = dir.Load("idempotency:\n  routes:\n    \"FETCH /v1/x\": 2d\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/idempotency/routes/FETCH ~1v1~1x");
+}
+
+TEST_CASE("an empty config file means all defaults") {
+  ConfigDir dir;
+  auto config = dir.Load("# nothing here\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.threads == 64);
+  CHECK(config->steps.empty());
+}
+
+TEST_CASE("an action must state identity, window and duplicate response") {
+  ConfigDir dir;
+  auto config = dir.Load("actions:\n  a:\n    identity: {fields: [/id], version: v1}\n");
+  REQUIRE_FALSE(config.ok());
+  const std::string& m = config.status().message();
+  CHECK(m.find("/actions/a: missing required key 'window'") != std::string::npos);
+  CHECK(m.find("/actions/a: missing required key 'on_duplicate'") != std::string::npos);
+}
+
+TEST_CASE("ParseDuration reads every unit and forever") {
+  CHECK(*ParseDuration("250ms") == 250);
+  CHECK(*ParseDuration("30s") == 30'000);
+  CHECK(*ParseDuration("5m") == 300'000);
+  CHECK(*ParseDuration("24h") == 86'400'000);
+  CHECK(*ParseDuration("7d") == 7 * 86'400'000LL);
+  CHECK(*ParseDuration("forever") == 0);
+  for (const char* bad : {"", "s", "10", "10x", "-5s", "1.5h", "10 s", "99999999999999999999d"}) {
+    CAPTURE(bad);
+    CHECK(ParseDuration(bad).status().code() == Code::kInvalidArgument);
+  }
+}
+
+TEST_CASE("FormatDuration picks the largest exact unit") {
+  CHECK(FormatDuration(250) == "250ms");
+  CHECK(FormatDuration(1500) == "1500ms");
+  CHECK(FormatDuration(30'000) == "30s");
+  CHECK(FormatDuration(90'000) == "90s");
+  CHECK(FormatDuration(300'000) == "5m");
+  CHECK(FormatDuration(86'400'000) == "24h");
+  CHECK(FormatDuration(7 * 86'400'000LL) == "7d");
+}
+
+TEST_CASE("contracts state identity, window and duplicate response for each action and step") {
+  auto config = LoadConfig(IDEM_SOURCE_DIR "/config/idem.yaml");
+  REQUIRE(config.ok());
+  std::string text = DescribeContracts(*config);
+  CHECK(text.find("action send_reply: the same work is the same /ticket_id and /text (version "
+                  "v1); it is remembered for 24h; a duplicate returns the original result.\n") !=
+        std::string::npos);
+  CHECK(text.find("step triage_ticket: the same work is the same input (ignoring received_at, "
+                  "request_id and trace_id) sent to provider demo, model demo-1, prompt v1, "
+                  "temperature 0") != std::string::npos);
+  CHECK(text.find("it is remembered forever; a duplicate returns the cached decision") !=
+        std::string::npos);
+
+  ConfigDir dir;
+  auto other = dir.Load(kMinimal + R"(  close_ticket:
+    identity: {fields: [/ticket_id], version: v3}
+    window: forever
+    on_duplicate: conflict
+  tag_ticket:
+    identity: {fields: [/ticket_id, /tag], version: v1}
+    window: 10m
+    on_duplicate: ignore
+)");
+  REQUIRE_MESSAGE(other.ok(), other.status().ToString());
+  text = DescribeContracts(*other);
+  CHECK(text.find("action close_ticket: the same work is the same /ticket_id (version v3); it is "
+                  "remembered forever; a duplicate is refused with a conflict error") !=
+        std::string::npos);
+  CHECK(text.find("action tag_ticket: the same work is the same /ticket_id and /tag (version "
+                  "v1); it is remembered for 10m; a duplicate is silently ignored") !=
+        std::string::npos);
+  CHECK(text.find("temperature 0.5") != std::string::npos);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 4);
+}
+
+}  // namespace
+}  // namespace idem

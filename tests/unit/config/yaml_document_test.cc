@@ -1,0 +1,116 @@
+#include "daemon/config/yaml_document.h"
+
+#include <doctest/doctest.h>
+
+namespace idem {
+namespace {
+
+YamlDocument MustParse(const std::string& text) {
+  auto doc = ParseYaml(text, "t.yaml");
+  REQUIRE_MESSAGE(doc.ok(), doc.status().ToString());
+  return std::move(doc).value();
+}
+
+TEST_CASE("plain scalars get YAML 1.2 core types and quoted ones stay strings") {
+  YamlDocument doc = MustParse(R"(
+int: 12
+neg: -7
+hex: 0x1f
+octal: 0o17
+float: 1.5
+exp: 1e3
+dot: .5
+yes_bool: true
+no_bool: False
+null1: ~
+null2:
+word: hello
+quoted_int: "12"
+single_quoted_bool: 'true'
+yes_word: yes
+version: 1.2.3
+block: |
+  12
+tagged: !!str 42
+tagged_float: !!float 3
+big: 123456789012345678901234
+)");
+  const Json& v = doc.value;
+  CHECK(v["int"] == 12);
+  CHECK(v["int"].is_number_integer());
+  CHECK(v["neg"] == -7);
+  CHECK(v["hex"] == 31);
+  CHECK(v["octal"] == 15);
+  CHECK(v["float"].is_number_float());
+  CHECK(v["float"] == 1.5);
+  CHECK(v["exp"] == 1000.0);
+  CHECK(v["dot"] == 0.5);
+  CHECK(v["yes_bool"] == true);
+  CHECK(v["no_bool"] == false);
+  CHECK(v["null1"].is_null());
+  CHECK(v["null2"].is_null());
+  CHECK(v["word"] == "hello");
+  CHECK(v["quoted_int"] == "12");
+  CHECK(v["single_quoted_bool"] == "true");
+  CHECK(v["yes_word"] == "yes");
+  CHECK(v["version"] == "1.2.3");
+  CHECK(v["block"] == "12\n");
+  CHECK(v["tagged"] == "42");
+  CHECK(v["tagged_float"].is_number_float());
+  CHECK(v["big"].is_number_float());
+}
+
+TEST_CASE("lines are remembered per JSON pointer, keys and list items alike") {
+  YamlDocument doc = MustParse("a:\n  b: 1\n  list:\n    - x\n    - {c/d: 2}\ne: 3\n");
+  CHECK(doc.LineOf("/a") == 1);
+  CHECK(doc.LineOf("/a/b") == 2);
+  CHECK(doc.LineOf("/a/list/0") == 4);
+  CHECK(doc.LineOf("/a/list/1/c~1d") == 5);
+  CHECK(doc.LineOf("/e") == 6);
+  CHECK(doc.LineOf("/a/b/missing") == 2);  // the nearest known ancestor
+  Status st = doc.Error("/a/list/1", "bad");
+  CHECK(st.message() == "t.yaml:5: /a/list/1: bad");
+  CHECK(st.field() == "/a/list/1");
+}
+
+TEST_CASE("a duplicate key is an error at its second occurrence") {
+  auto doc = ParseYaml("a: 1\nb: 2\na: 3\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK(doc.status().message() == "t.yaml:3: /a: duplicate key 'a'");
+}
+
+TEST_CASE("a syntax error names the file and line") {
+  auto doc = ParseYaml("a: 1\nb: [1,\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK(doc.status().code() == Code::kInvalidArgument);
+  CHECK(doc.status().message().find("t.yaml:") == 0);
+  CHECK(doc.status().message().find("yaml syntax error") != std::string::npos);
+}
+
+TEST_CASE("infinities and NaN are refused because JSON cannot hold them") {
+  auto doc = ParseYaml("a: .inf\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK(doc.status().field() == "/a");
+}
+
+TEST_CASE("nesting deeper than the limit is an error, not a stack overflow") {
+  std::string deep;
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  auto doc = ParseYaml("a: " + deep + "\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK(doc.status().message().find("nested deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("schema errors are reported with their lines") {
+  auto schema = JsonSchema::Create(Json::parse(
+      R"({"type": "object", "additionalProperties": false, "properties": {"a": {"type": "integer"}}})"));
+  REQUIRE(schema.ok());
+  YamlDocument doc = MustParse("a: x\nb: 1\n");
+  Status st = doc.Check(**schema);
+  CHECK(st.message() == "t.yaml:1: /a: must be integer, not string\nt.yaml:2: /b: unknown key");
+  CHECK(st.field() == "/a");
+}
+
+}  // namespace
+}  // namespace idem

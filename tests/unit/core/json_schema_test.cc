@@ -1,0 +1,172 @@
+#include "daemon/core/json_schema.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace idem {
+namespace {
+
+std::unique_ptr<JsonSchema> MustCreate(const Json& schema) {
+  auto created = JsonSchema::Create(schema);
+  REQUIRE_MESSAGE(created.ok(), created.status().ToString());
+  return std::move(created).value();
+}
+
+const Json kTriageSchema = Json::parse(R"({
+  "type": "object",
+  "additionalProperties": false,
+  "required": ["category", "priority", "steps"],
+  "properties": {
+    "category": {"type": "string", "enum": ["refund", "bug", "question"]},
+    "priority": {"type": "integer", "minimum": 0, "maximum": 2},
+    "steps": {
+      "type": "array",
+      "items": {
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["kind"],
+        "properties": {"kind": {"type": "string", "minLength": 1}, "a/b~c": {"type": "string"}}
+      }
+    }
+  }
+})");
+
+TEST_CASE("a document that satisfies the schema validates with no errors") {
+  auto schema = MustCreate(kTriageSchema);
+  Json doc = {{"category", "bug"}, {"priority", 1}, {"steps", Json::array({{{"kind", "x"}}})}};
+  CHECK(schema->Validate(doc).ok());
+  CHECK(schema->Errors(doc).empty());
+}
+
+TEST_CASE("an error inside an array item is reported at its JSON pointer") {
+  auto schema = MustCreate(kTriageSchema);
+  Json doc = {{"category", "bug"}, {"priority", 1}, {"steps", Json::array({{{"kind", 7}}})}};
+  Status st = schema->Validate(doc);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.field() == "/steps/0/kind");
+  CHECK(st.message() == "/steps/0/kind: must be string, not integer");
+}
+
+TEST_CASE("every error is listed once and summary lines are left out") {
+  auto schema = MustCreate(kTriageSchema);
+  Json doc = {{"category", "cake"}, {"priority", 5}, {"steps", Json::array({Json::object()})}};
+  auto errors = schema->Errors(doc);
+  REQUIRE(errors.size() == 3);
+  std::vector<std::string> pointers;
+  for (const auto& e : errors) pointers.push_back(e.pointer);
+  CHECK(std::find(pointers.begin(), pointers.end(), "/category") != pointers.end());
+  CHECK(std::find(pointers.begin(), pointers.end(), "/priority") != pointers.end());
+  CHECK(std::find(pointers.begin(), pointers.end(), "/steps/0") != pointers.end());
+  for (const auto& e : errors) {
+    if (e.pointer == "/category") CHECK(e.message == "must be one of refund, bug or question");
+    if (e.pointer == "/priority") CHECK(e.message == "must be <= 2");
+    if (e.pointer == "/steps/0") CHECK(e.message == "missing required key 'kind'");
+  }
+  Status st = schema->Validate(doc);
+  CHECK(st.message().find("; ") != std::string::npos);
+  CHECK(st.field() == errors.front().pointer);
+}
+
+TEST_CASE("an unknown key is reported at the key's own pointer") {
+  auto schema = MustCreate(kTriageSchema);
+  Json doc = {{"category", "bug"}, {"priority", 1}, {"steps", Json::array()}, {"colour", "red"}};
+  auto errors = schema->Errors(doc);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].pointer == "/colour");
+  CHECK(errors[0].message == "unknown key");
+}
+
+TEST_CASE("pointer tokens escape tilde and slash as RFC 6901 requires") {
+  auto schema = MustCreate(kTriageSchema);
+  Json doc = {{"category", "bug"},
+              {"priority", 1},
+              {"steps", Json::array({{{"kind", "x"}, {"a/b~c", 1}}})}};
+  auto errors = schema->Errors(doc);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].pointer == "/steps/0/a~1b~0c");
+}
+
+TEST_CASE("an error at the document itself has the empty pointer") {
+  auto schema = MustCreate(kTriageSchema);
+  Status st = schema->Validate(Json::array());
+  CHECK(st.field() == "");
+  CHECK(st.message() == "(root): must be object, not array");
+}
+
+TEST_CASE("local $ref definitions resolve, and pattern errors use the description") {
+  auto schema = MustCreate(Json::parse(R"({
+    "definitions": {"duration": {"type": "string", "pattern": "^[0-9]+s$",
+                                 "description": "a duration like 30s"}},
+    "type": "object",
+    "properties": {"timeout": {"$ref": "#/definitions/duration"}}
+  })"));
+  CHECK(schema->Validate({{"timeout", "30s"}}).ok());
+  auto errors = schema->Errors({{"timeout", "soon"}});
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].pointer == "/timeout");
+  CHECK(errors[0].message == "must be a duration like 30s");
+}
+
+TEST_CASE("an anyOf failure reports the branch that fits the value, or the allowed forms") {
+  auto schema = MustCreate(Json::parse(R"({
+    "definitions": {"model": {"type": "string", "minLength": 1}},
+    "type": "array",
+    "items": {"anyOf": [
+      {"type": "string", "enum": ["escalate"]},
+      {"type": "object", "additionalProperties": false, "required": ["model"],
+       "properties": {"model": {"$ref": "#/definitions/model"}}}
+    ]}
+  })"));
+  CHECK(schema->Validate(Json::parse(R"(["escalate", {"model": "m"}])")).ok());
+
+  auto errors = schema->Errors(Json::parse(R"([{"model": 3}, "escalat", 7])"));
+  REQUIRE(errors.size() == 3);
+  CHECK(errors[0].pointer == "/0/model");
+  CHECK(errors[0].message == "must be string, not integer");
+  CHECK(errors[1].pointer == "/1");
+  CHECK(errors[1].message == "must be escalate");
+  CHECK(errors[2].pointer == "/2");
+  CHECK(errors[2].message == "must be escalate, or an object with keys model");
+}
+
+TEST_CASE("integers and numbers are told apart strictly") {
+  auto schema = MustCreate({{"type", "integer"}});
+  CHECK(schema->Validate(3).ok());
+  CHECK_FALSE(schema->Validate(3.5).ok());
+  CHECK_FALSE(schema->Validate("3").ok());
+}
+
+TEST_CASE("a malformed schema is InvalidArgument, not an exception") {
+  for (const char* text : {R"({"type": "strin"})", R"({"type": 5})", R"({"pattern": "(["})",
+                           R"({"$ref": "http://example.com/s.json"})", R"({"minLength": "x"})",
+                           R"("just a string")"}) {
+    CAPTURE(text);
+    auto created = JsonSchema::Create(Json::parse(text));
+    CHECK_FALSE(created.ok());
+    if (!created.ok()) CHECK(created.status().code() == Code::kInvalidArgument);
+  }
+}
+
+TEST_CASE("one schema validates from many threads at once") {
+  auto schema = MustCreate(Json::parse(R"({"type": "object", "properties":
+      {"id": {"type": "string", "pattern": "^t-[0-9]+$"}}, "required": ["id"]})"));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        bool good = (i + t) % 2 == 0;
+        Json doc = {{"id", good ? "t-" + std::to_string(i) : "x" + std::to_string(i)}};
+        if (schema->Validate(doc).ok() != good) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+}
+
+}  // namespace
+}  // namespace idem
