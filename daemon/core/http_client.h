@@ -1,0 +1,75 @@
+// HttpClient: one outgoing HTTP exchange (provider and effector calls).
+//
+// Send performs exactly one request: no retries, no redirects followed (a 3xx
+// comes back as a response). Any HTTP status, 4xx and 5xx included, is a
+// successful exchange and returns an HttpResponse; what a status means is up
+// to the caller (see providers/errors.h).
+//
+// Errors (the exchange did not complete):
+//   DeadlineExceeded, retryable   connect or total timeout elapsed;
+//   Unavailable, retryable        DNS, connect, TLS handshake, reset,
+//                                 connection cut mid-body, empty reply;
+//   Unavailable, not retryable    TLS certificate verification failed;
+//   ResourceExhausted             the response body exceeded
+//                                 max_response_bytes;
+//   InvalidArgument               malformed URL, unsupported scheme or
+//                                 method, a header containing CR or LF.
+// Status messages name the method and the URL without its query string and
+// never contain request headers or bodies (headers carry API keys).
+//
+// Thread-safety: implementations are safe for concurrent Send calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "daemon/core/status.h"
+
+namespace idem {
+
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+struct HttpRequest {
+  std::string method = "POST";  // GET, POST, PUT, PATCH, DELETE or HEAD
+  std::string url;              // http:// or https://
+  HttpHeaders headers;          // sent as given; may contain secrets
+  std::string body;
+  int64_t connect_timeout_ms = 10'000;
+  int64_t timeout_ms = 30'000;  // the whole exchange, connect included
+  size_t max_response_bytes = 16u << 20;
+};
+
+struct HttpResponse {
+  int status = 0;
+  HttpHeaders headers;  // names lower-cased, values trimmed, in arrival order
+  std::string body;
+
+  // The first value of header `lower_name` (which must be lower-case), or
+  // nullptr. The pointer lives as long as this response is not modified.
+  const std::string* FindHeader(std::string_view lower_name) const {
+    for (const auto& [name, value] : headers) {
+      if (name == lower_name) return &value;
+    }
+    return nullptr;
+  }
+};
+
+class HttpClient {
+ public:
+  virtual ~HttpClient() = default;
+  virtual StatusOr<HttpResponse> Send(const HttpRequest& request) = 0;
+};
+
+// The libcurl client. It keeps a pool of easy handles, each holding its
+// live connections for reuse (keep-alive), and shares the DNS cache and TLS
+// sessions between them. TLS peer and host verification are always on; the
+// usual proxy variables (http_proxy, https_proxy, no_proxy) are honoured.
+// Calls curl_global_init once per process on first use.
+std::unique_ptr<HttpClient> MakeCurlHttpClient();
+
+}  // namespace idem
