@@ -21,3 +21,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The JSONLogic differential test (ctest -L e2e) runs json-logic-js under
+# Node; install the pinned version from tests/e2e/package-lock.json.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ ! -d "$root/tests/e2e/node_modules" ]; then
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "idem: installing nodejs npm" >&2
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  echo "idem: npm ci --prefix tests/e2e" >&2
+  npm ci --prefix "$root/tests/e2e" --no-audit --no-fund >/dev/null
+fi

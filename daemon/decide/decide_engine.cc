@@ -11,7 +11,9 @@
 #include "daemon/core/json.h"
 #include "daemon/core/json_schema.h"
 #include "daemon/core/mutex.h"
+#include "daemon/decide/value_checks.h"
 #include "daemon/obs/log.h"
+#include "providers/errors.h"
 
 namespace idem {
 namespace {
@@ -60,46 +62,87 @@ Normalizers NormalizersOf(const StepConfig& step) {
   return n;
 }
 
-// The outcome a single-flight leader hands to the requests that joined it.
-struct Flight {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::optional<StatusOr<Decision>> outcome;
+
+// One link of a step's chain: a provider and a model.
+struct Candidate {
+  std::string provider_name;
+  Provider* provider;
+  std::string model;
 };
 
 struct CompiledStep {
   const StepConfig* config;
   const ProviderConfig* provider_config;
-  Provider* provider;
+  std::vector<Candidate> chain;
+  bool escalate = false;
   std::unique_ptr<JsonSchema> schema;
+  std::unique_ptr<ValueChecks> checks;  // null: none
+};
+
+// What the chain produced: a decision, an escalation, or an error.
+struct ChainOutcome {
+  bool escalated = false;
+  Decision decision;
+  Escalation escalation;
+};
+
+// The outcome a single-flight leader hands to the requests that joined it.
+struct Flight {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::optional<StatusOr<ChainOutcome>> outcome;
 };
 
 class DecideEngineImpl final : public DecideEngine {
  public:
-  DecideEngineImpl(const Config& config, DecisionStore& store,
+  DecideEngineImpl(const Config& config, DecisionStore& decisions, EscalationStore& escalations,
                    std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
                    Metrics& metrics)
       : config_(config),
-        store_(store),
+        store_(decisions),
+        escalations_(escalations),
         providers_(std::move(providers)),
         clock_(clock),
         metrics_(metrics) {}
 
   Status Init() {
     for (const auto& [name, step] : config_.steps) {
-      auto pit = providers_.find(step.provider);
-      auto cit = config_.providers.find(step.provider);
-      if (pit == providers_.end() || cit == config_.providers.end()) {
-        return InvalidArgument("step " + name + " names provider '" + step.provider +
-                                   "' which is not configured",
-                               "/steps/" + JsonPointerToken(name) + "/provider");
+      const std::string at = "/steps/" + JsonPointerToken(name);
+      auto provider_of = [&](const std::string& pname,
+                             const std::string& field) -> StatusOr<Provider*> {
+        auto pit = providers_.find(pname);
+        if (pit == providers_.end() || config_.providers.count(pname) == 0) {
+          return InvalidArgument("step " + name + " names provider '" + pname +
+                                     "' which is not configured",
+                                 field);
+        }
+        return pit->second.get();
+      };
+      CompiledStep c;
+      c.config = &step;
+      c.provider_config = &config_.providers.at(step.provider);
+      ASSIGN_OR_RETURN(Provider * primary, provider_of(step.provider, at + "/provider"));
+      c.chain.push_back({step.provider, primary, step.model});
+      for (size_t i = 0; i < step.fallback.size(); ++i) {
+        const Json& f = step.fallback[i];
+        if (f.is_string() && f.get<std::string>() == "escalate") {
+          c.escalate = true;
+          continue;
+        }
+        std::string pname = f.value("provider", step.provider);
+        ASSIGN_OR_RETURN(Provider * p,
+                         provider_of(pname, at + "/fallback/" + std::to_string(i) + "/provider"));
+        c.chain.push_back({pname, p, f.value("model", step.model)});
       }
       auto schema = JsonSchema::Create(step.output_schema);
-      if (!schema.ok()) {
-        return schema.status().Annotate("step " + name + " output schema");
+      if (!schema.ok()) return schema.status().Annotate("step " + name + " output schema");
+      c.schema = std::move(schema).value();
+      if (!step.checks_path.empty()) {
+        auto checks = ValueChecks::Load(step.checks_path);
+        if (!checks.ok()) return checks.status().Annotate("step " + name + " checks");
+        c.checks = std::move(checks).value();
       }
-      CompiledStep c{&step, &cit->second, pit->second.get(), std::move(schema).value()};
       steps_.emplace(name, std::move(c));
     }
     return Status::Ok();
@@ -120,12 +163,8 @@ class DecideEngineImpl final : public DecideEngine {
     ASSIGN_OR_RETURN(StepKey key, ComputeStepKey(*step.config, *step.provider_config, req.input));
 
     if (req.cache != CacheMode::kRefresh) {
-      auto hit = store_.GetByKey(key.key.key, clock_.NowMillis());
-      if (hit.ok()) {
-        metrics_.decide_cache_hits.Inc();
-        return DecideResult{std::move(hit).value(), true, false};
-      }
-      if (hit.status().code() != Code::kNotFound) return hit.status();
+      ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key));
+      if (cached) return std::move(*cached);
       if (req.cache == CacheMode::kOnly) {
         return NotFound("no cached decision for this step and input (cache: only)");
       }
@@ -143,12 +182,9 @@ class DecideEngineImpl final : public DecideEngine {
       } else {
         if (req.cache != CacheMode::kRefresh) {
           // The leader stores before it leaves the table, so a miss that
-          // arrives after a flight ended finds the decision here.
-          auto hit = store_.GetByKey(key.key.key, clock_.NowMillis());
-          if (hit.ok()) {
-            metrics_.decide_cache_hits.Inc();
-            return DecideResult{std::move(hit).value(), true, false};
-          }
+          // arrives after a flight ended finds the outcome here.
+          ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key));
+          if (cached) return std::move(*cached);
         }
         flight = std::make_shared<Flight>();
         flights_.emplace(key.key.key, flight);
@@ -160,12 +196,12 @@ class DecideEngineImpl final : public DecideEngine {
       metrics_.decide_single_flight_joined.Inc();
       std::unique_lock<std::mutex> lock(flight->mu);
       flight->cv.wait(lock, [&] { return flight->done; });
-      StatusOr<Decision> outcome = *flight->outcome;
+      StatusOr<ChainOutcome> outcome = *flight->outcome;
       if (!outcome.ok()) return outcome.status();
-      return DecideResult{std::move(outcome).value(), false, true};
+      return ToResult(*outcome, false, true);
     }
 
-    StatusOr<Decision> outcome = DecideWithProvider(step, key, req);
+    StatusOr<ChainOutcome> outcome = RunChain(step, key, req);
     {
       MutexLock lock(flights_mu_);
       flights_.erase(key.key.key);
@@ -177,14 +213,106 @@ class DecideEngineImpl final : public DecideEngine {
     }
     flight->cv.notify_all();
     if (!outcome.ok()) return outcome.status();
-    return DecideResult{std::move(outcome).value(), false, false};
+    return ToResult(*outcome, false, false);
+  }
+
+  StatusOr<Decision> ResolveEscalation(const std::string& escalation_id, const Json& output,
+                                       const std::string& actor,
+                                       const std::string& note) override {
+    ASSIGN_OR_RETURN(Escalation esc, escalations_.Get(escalation_id));
+    if (esc.state != "open") {
+      return FailedPrecondition("escalation " + escalation_id + " is " + esc.state +
+                                " already (decision " + esc.decision_id + ")");
+    }
+    auto it = steps_.find(esc.step);
+    if (it == steps_.end()) return FailedPrecondition("step " + esc.step + " is no longer configured");
+    const CompiledStep& step = it->second;
+    Status valid = step.schema->Validate(output);
+    if (!valid.ok()) return valid.WithField("/output" + valid.field());
+    if (step.checks) {
+      auto failures = step.checks->Evaluate(output, esc.input);
+      if (!failures.empty()) {
+        return InvalidArgument("value check failed: " + failures[0].message,
+                               "/output" + failures[0].pointer);
+      }
+    }
+    Decision d;
+    d.decision_id = "dec_" + RandomHex(16);
+    d.decision_key = esc.decision_key;
+    d.step = esc.step;
+    d.decided_by = "human";
+    d.output = output;
+    d.material = esc.material;
+    d.provider = "human";
+    d.model = actor;
+    d.prompt_version = step.config->prompt.version;
+    d.created_at_ms = clock_.NowMillis();
+    d.expires_at_ms =
+        step.config->cache_window_ms == 0 ? 0 : d.created_at_ms + step.config->cache_window_ms;
+    d.trace = {{"escalation_id", esc.escalation_id},
+               {"resolved_by", actor},
+               {"note", note},
+               {"cost_usd", esc.context.value("cost_usd", 0.0)}};
+    // Resolve first: of two humans answering at once, one wins.
+    RETURN_IF_ERROR(
+        escalations_.Resolve(escalation_id, d.decision_id, actor, d.created_at_ms).status());
+    RETURN_IF_ERROR(store_.Replace(d));
+    return d;
   }
 
  private:
-  // Calls the provider until a valid output or the attempts run out, then
-  // stores the decision. Runs with the flight registered.
-  StatusOr<Decision> DecideWithProvider(const CompiledStep& step, const StepKey& key,
-                                        const DecideRequest& req) {
+  // The cached answer for a key: a live decision, or an open escalation.
+  StatusOr<std::optional<DecideResult>> Cached(const std::string& key) {
+    auto hit = store_.GetByKey(key, clock_.NowMillis());
+    if (hit.ok()) {
+      metrics_.decide_cache_hits.Inc();
+      DecideResult r;
+      r.decision = std::move(hit).value();
+      r.cache_hit = true;
+      return std::optional<DecideResult>(std::move(r));
+    }
+    if (hit.status().code() != Code::kNotFound) return hit.status();
+    auto open = escalations_.OpenByKey(key);
+    if (open.ok()) {
+      DecideResult r;
+      r.escalated = true;
+      r.escalation = std::move(open).value();
+      r.cache_hit = true;
+      return std::optional<DecideResult>(std::move(r));
+    }
+    if (open.status().code() != Code::kNotFound) return open.status();
+    return std::optional<DecideResult>();
+  }
+
+  static DecideResult ToResult(const ChainOutcome& o, bool hit, bool joined) {
+    DecideResult r;
+    r.escalated = o.escalated;
+    r.decision = o.decision;
+    r.escalation = o.escalation;
+    r.cache_hit = hit;
+    r.joined = joined;
+    return r;
+  }
+
+  // Schema, then value checks. Returns the errors to repair (empty: valid).
+  std::vector<std::string> Check(const CompiledStep& step, const ProviderResponse& resp,
+                                 const Json& input) {
+    if (resp.output.is_discarded() || (resp.output.is_null() && resp.raw_text != "null")) {
+      return {"the output is not valid JSON"};
+    }
+    std::vector<std::string> errors;
+    for (const auto& e : step.schema->Errors(resp.output)) {
+      errors.push_back((e.pointer.empty() ? "/" : e.pointer) + ": " + e.message);
+    }
+    if (!errors.empty() || !step.checks) return errors;
+    for (const auto& f : step.checks->Evaluate(resp.output, input)) {
+      errors.push_back((f.pointer.empty() ? "/" : f.pointer) + ": " + f.message);
+    }
+    return errors;
+  }
+
+  StatusOr<ChainOutcome> RunChain(const CompiledStep& step, const StepKey& key,
+                                  const DecideRequest& req) {
     const StepConfig& cfg = *step.config;
     Json context = {{"input", key.normalized_input}, {"step", cfg.name}, {"model", cfg.model}};
     ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(cfg.prompt.text, context));
@@ -192,114 +320,176 @@ class DecideEngineImpl final : public DecideEngine {
     const int64_t started_ms = clock_.NowMillis();
     const int64_t deadline_ms = started_ms + cfg.timeout_ms;
     const int attempts = std::max(1, cfg.attempts);
-    Json trace_attempts = Json::array();
-    std::string repair_feedback;
+    Json trace = Json::array();
     Status last_error = Unavailable("no attempt was made");
+    Json best_guess;  // the last output that parsed, even if it failed checks
     int64_t total_in = 0, total_out = 0;
+    double total_cost = 0;
+    bool deadline_hit = false;
 
-    for (int attempt = 1; attempt <= attempts; ++attempt) {
-      int64_t now = clock_.NowMillis();
-      if (now >= deadline_ms) {
-        last_error = DeadlineExceeded("step " + cfg.name + " ran out of its " +
-                                      std::to_string(cfg.timeout_ms) + " ms deadline");
-        break;
-      }
-      ProviderRequest preq;
-      preq.step = cfg.name;
-      preq.model = cfg.model;
-      preq.temperature = cfg.temperature;
-      preq.system_prompt = cfg.system_prompt;
-      preq.prompt = prompt;
-      preq.input = key.normalized_input;
-      preq.output_schema = cfg.output_schema;
-      preq.schema_name = cfg.name;
-      preq.tools = cfg.tools;
-      preq.repair_feedback = repair_feedback;
-      preq.timeout_ms = deadline_ms - now;
+    for (size_t link = 0; link < step.chain.size() && !deadline_hit; ++link) {
+      const Candidate& cand = step.chain[link];
+      std::string repair_feedback;
+      for (int attempt = 1; attempt <= attempts; ++attempt) {
+        int64_t now = clock_.NowMillis();
+        if (now >= deadline_ms) {
+          deadline_hit = true;
+          last_error = DeadlineExceeded("step " + cfg.name + " ran out of its " +
+                                        std::to_string(cfg.timeout_ms) + " ms deadline");
+          break;
+        }
+        ProviderRequest preq;
+        preq.step = cfg.name;
+        preq.model = cand.model;
+        preq.temperature = cfg.temperature;
+        preq.system_prompt = cfg.system_prompt;
+        preq.prompt = prompt;
+        preq.input = key.normalized_input;
+        preq.output_schema = cfg.output_schema;
+        preq.schema_name = cfg.name;
+        preq.tools = cfg.tools;
+        preq.repair_feedback = repair_feedback;
+        preq.timeout_ms = deadline_ms - now;
 
-      metrics_.provider_calls.Inc();
-      const int64_t t0 = clock_.NowMillis();
-      StatusOr<ProviderResponse> resp = step.provider->Complete(preq);
-      Json record = {{"attempt", attempt},
-                     {"provider", cfg.provider},
-                     {"model", cfg.model},
-                     {"latency_ms", clock_.NowMillis() - t0}};
-      if (!resp.ok()) {
-        metrics_.provider_errors.Inc();
-        record["error"] = resp.status().ToString();
-        trace_attempts.push_back(record);
-        last_error = resp.status();
-        if (!resp.status().retryable()) break;
-        BackOff(attempt, deadline_ms);
-        continue;
-      }
-      total_in += resp->input_tokens;
-      total_out += resp->output_tokens;
-      record["input_tokens"] = resp->input_tokens;
-      record["output_tokens"] = resp->output_tokens;
-      record["raw_output"] = resp->raw_text;
-      Status valid = ValidateOutput(step, *resp);
-      if (!valid.ok()) {
-        metrics_.decide_invalid_outputs.Inc();
-        record["error"] = valid.ToString();
-        trace_attempts.push_back(record);
-        last_error = FailedPrecondition("the model's output was invalid on every attempt: " +
-                                        valid.message());
-        repair_feedback = "Your previous output was invalid: " + valid.message() +
-                          ". Answer again with JSON that satisfies the schema.";
-        continue;
-      }
-      trace_attempts.push_back(record);
+        metrics_.provider_calls.Inc();
+        const int64_t t0 = clock_.NowMillis();
+        StatusOr<ProviderResponse> resp = cand.provider->Complete(preq);
+        Json record = {{"attempt", attempt},
+                       {"provider", cand.provider_name},
+                       {"model", cand.model},
+                       {"repair", !repair_feedback.empty()},
+                       {"latency_ms", clock_.NowMillis() - t0}};
+        if (!resp.ok()) {
+          metrics_.provider_errors.Inc();
+          record["error"] = resp.status().ToString();
+          trace.push_back(record);
+          last_error = resp.status();
+          if (!resp.status().retryable()) break;  // next link of the chain
+          if (attempt < attempts) BackOff(cfg, attempt, RetryAfterMillis(resp.status()), deadline_ms);
+          continue;
+        }
+        double cost = CallCostUsd(config_, cand.model, resp->input_tokens, resp->output_tokens,
+                                  resp->cached_input_tokens);
+        total_in += resp->input_tokens;
+        total_out += resp->output_tokens;
+        total_cost += cost;
+        record["input_tokens"] = resp->input_tokens;
+        record["output_tokens"] = resp->output_tokens;
+        record["cached_input_tokens"] = resp->cached_input_tokens;
+        record["cost_usd"] = cost;
+        record["finish_reason"] = resp->finish_reason;
+        record["raw_output"] = resp->raw_text.size() > kMaxRawInTrace
+                                   ? resp->raw_text.substr(0, kMaxRawInTrace) + "...[cut]"
+                                   : resp->raw_text;
+        std::vector<std::string> errors = Check(step, *resp, key.normalized_input);
+        if (!errors.empty()) {
+          metrics_.decide_invalid_outputs.Inc();
+          if (!resp->output.is_null() && !resp->output.is_discarded()) best_guess = resp->output;
+          record["errors"] = errors;
+          trace.push_back(record);
+          std::string joined;
+          for (const auto& e : errors) joined += (joined.empty() ? "" : "; ") + e;
+          last_error = Unavailable("the model's output failed validation: " + joined, false);
+          repair_feedback =
+              "Your previous answer was rejected. Fix exactly these problems and answer again "
+              "with JSON that satisfies the schema:\n- " +
+              [&] {
+                std::string list;
+                for (const auto& e : errors) list += (list.empty() ? "" : "\n- ") + e;
+                return list;
+              }();
+          continue;
+        }
+        trace.push_back(record);
 
-      Decision d;
-      d.decision_id = "dec_" + RandomHex(16);
-      d.decision_key = key.key.key;
-      d.step = cfg.name;
-      d.output = resp->output;
-      d.material = Json::parse(key.key.canonical, nullptr, false);
-      d.provider = cfg.provider;
-      d.model = cfg.model;
-      d.prompt_version = cfg.prompt.version;
-      d.created_at_ms = clock_.NowMillis();
-      d.expires_at_ms = cfg.cache_window_ms == 0 ? 0 : d.created_at_ms + cfg.cache_window_ms;
-      d.trace = {{"attempts", trace_attempts},
-                 {"input_tokens", total_in},
-                 {"output_tokens", total_out},
-                 {"latency_ms", d.created_at_ms - started_ms},
-                 {"request_id", req.request_id}};
-      if (req.cache == CacheMode::kRefresh) {
-        RETURN_IF_ERROR(store_.Replace(d));
-        return d;
+        Decision d;
+        d.decision_id = "dec_" + RandomHex(16);
+        d.decision_key = key.key.key;
+        d.step = cfg.name;
+        d.output = resp->output;
+        d.material = Json::parse(key.key.canonical, nullptr, false);
+        d.provider = cand.provider_name;
+        d.model = cand.model;
+        d.prompt_version = cfg.prompt.version;
+        d.created_at_ms = clock_.NowMillis();
+        d.expires_at_ms = cfg.cache_window_ms == 0 ? 0 : d.created_at_ms + cfg.cache_window_ms;
+        d.trace = {{"attempts", trace},
+                   {"input_tokens", total_in},
+                   {"output_tokens", total_out},
+                   {"cost_usd", total_cost},
+                   {"latency_ms", d.created_at_ms - started_ms},
+                   {"request_id", req.request_id}};
+        ChainOutcome out;
+        if (req.cache == CacheMode::kRefresh) {
+          RETURN_IF_ERROR(store_.Replace(d));
+          out.decision = std::move(d);
+        } else {
+          ASSIGN_OR_RETURN(out.decision, store_.PutIfAbsent(d, d.created_at_ms));
+        }
+        return out;
       }
-      return store_.PutIfAbsent(d, d.created_at_ms);
     }
+
     LogEvent(LogLevel::kWarn, "decide_failed",
              {{"step", cfg.name},
               {"decision_key", key.key.key},
               {"request_id", req.request_id},
-              {"attempts", trace_attempts},
+              {"attempts", trace.size()},
               {"error", last_error.ToString()}});
-    return last_error;
-  }
-
-  Status ValidateOutput(const CompiledStep& step, const ProviderResponse& resp) {
-    if (resp.output.is_discarded() || (resp.output.is_null() && resp.raw_text != "null")) {
-      return InvalidArgument("output is not valid JSON");
+    if (!step.escalate) {
+      return Status(Code::kUnavailable,
+                    "step " + cfg.name + " found no valid decision after " +
+                        std::to_string(trace.size()) + " attempts: " + last_error.message(),
+                    "", last_error.retryable());
     }
-    return step.schema->Validate(resp.output);
+    metrics_.decide_escalations.Inc();
+    Escalation esc;
+    esc.escalation_id = "esc_" + RandomHex(16);
+    esc.decision_key = key.key.key;
+    esc.step = cfg.name;
+    esc.input = key.normalized_input;
+    esc.material = Json::parse(key.key.canonical, nullptr, false);
+    esc.created_at_ms = clock_.NowMillis();
+    Json errors = Json::array();
+    for (const auto& a : trace) {
+      if (a.contains("error")) errors.push_back(a["error"]);
+      if (a.contains("errors")) {
+        for (const auto& e : a["errors"]) errors.push_back(e);
+      }
+    }
+    esc.context = {
+        {"summary", "could not decide step " + cfg.name + " for input " +
+                        key.normalized_input.dump().substr(0, 300) + " after " +
+                        std::to_string(trace.size()) + " attempts; last error: " +
+                        last_error.message()},
+        {"attempts", trace},
+        {"errors", errors},
+        {"best_guess", best_guess},
+        {"cost_usd", total_cost},
+        {"request_id", req.request_id}};
+    RETURN_IF_ERROR(escalations_.Put(esc));
+    ChainOutcome out;
+    out.escalated = true;
+    out.escalation = std::move(esc);
+    return out;
   }
 
-  // Full-jitter exponential backoff, bounded by the step's deadline.
-  void BackOff(int attempt, int64_t deadline_ms) {
-    const int64_t base = 200, cap = 10'000;
-    int64_t ceiling = std::min<int64_t>(cap, base << std::min(attempt - 1, 20));
+  // Full-jitter exponential backoff, at least the upstream's Retry-After,
+  // and never past the step's deadline.
+  void BackOff(const StepConfig& cfg, int attempt, int64_t retry_after_ms, int64_t deadline_ms) {
+    int shift = std::clamp(attempt - 1, 0, 30);
+    int64_t ceiling = std::min<int64_t>(cfg.retry_cap_ms, cfg.retry_base_ms << shift);
     auto sleep_ms = static_cast<int64_t>(clock_.env().RandomUnit() * static_cast<double>(ceiling));
+    sleep_ms = std::max(sleep_ms, retry_after_ms);
     int64_t left = deadline_ms - clock_.NowMillis();
     clock_.env().SleepMillis(std::max<int64_t>(0, std::min(sleep_ms, left)));
   }
 
+  static constexpr size_t kMaxRawInTrace = 16 * 1024;
+
   const Config& config_;
   DecisionStore& store_;
+  EscalationStore& escalations_;
   std::map<std::string, std::unique_ptr<Provider>> providers_;
   StableClock& clock_;
   Metrics& metrics_;
@@ -330,12 +520,25 @@ StatusOr<StepKey> ComputeStepKey(const StepConfig& step, const ProviderConfig& p
   return StepKey{std::move(key), std::move(normalized).value()};
 }
 
+double CallCostUsd(const Config& config, const std::string& model, int64_t input_tokens,
+                   int64_t output_tokens, int64_t cached_input_tokens) {
+  auto it = config.prices.find(model);
+  if (it == config.prices.end() || !it->is_object()) return 0;
+  const double in = it->value("input_per_mtok", 0.0);
+  const double out = it->value("output_per_mtok", 0.0);
+  const double cached = it->value("cached_input_per_mtok", in);
+  const int64_t fresh = std::max<int64_t>(0, input_tokens - cached_input_tokens);
+  return (static_cast<double>(fresh) * in + static_cast<double>(cached_input_tokens) * cached +
+          static_cast<double>(output_tokens) * out) /
+         1e6;
+}
+
 StatusOr<std::unique_ptr<DecideEngine>> DecideEngine::Create(
-    const Config& config, DecisionStore& store,
+    const Config& config, DecisionStore& decisions, EscalationStore& escalations,
     std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
     Metrics& metrics) {
-  auto engine =
-      std::make_unique<DecideEngineImpl>(config, store, std::move(providers), clock, metrics);
+  auto engine = std::make_unique<DecideEngineImpl>(config, decisions, escalations,
+                                                   std::move(providers), clock, metrics);
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<DecideEngine>(std::move(engine));
 }

@@ -2,13 +2,23 @@
 //
 // Decide(step, input) normalizes the input with the step's normalizers,
 // derives the decision key (daemon/core/identity.h), and
-//   - on a cache hit returns the stored decision without calling a provider;
-//   - on a miss calls the step's provider, parses the output, validates it
-//     against the step's output schema and stores it; an invalid output is
-//     never stored: the engine asks the model again with the exact errors
-//     (a repair attempt) until the step's attempts run out.
-// Identical concurrent misses share one provider call (single-flight): one
-// caller leads, the others wait for its outcome.
+//   - on a cache hit returns the stored decision without calling a provider
+//     (and reports the cost it saved);
+//   - on a miss runs the step's chain — the step's provider and model, then
+//     each fallback — calling each candidate up to `attempts` times. Every
+//     output is parsed, checked against the output schema (valijson) and the
+//     step's value checks (JSONLogic, policies/*.yaml); a failure becomes a
+//     repair attempt that tells the model the exact errors. Retryable
+//     provider errors back off with full jitter (Env randomness), honouring
+//     Retry-After; everything is bounded by the step's overall deadline
+//     (`timeout`). Only a valid output is stored, as the cached decision.
+//   - when the chain is exhausted and it ends in `escalate`, an Escalation
+//     is stored with the context a human needs (what was asked, every
+//     attempt's error, the best guess) and returned; it is cached nowhere: a
+//     repeated decide for the same key returns the same open escalation
+//     without calling a provider, until a human resolves it
+//     (ResolveEscalation), whose output then becomes the cached decision.
+// Identical concurrent misses share one run of the chain (single-flight).
 //
 // Cache modes: kDefault (use the cache), kRefresh (decide again and replace
 // the cached decision; the old one stays readable by id), kOnly (never call
@@ -16,9 +26,8 @@
 //
 // Errors: NotFound (unknown step, with field "/step"; or a kOnly miss),
 // InvalidArgument (input that the normalizers reject, with its field),
-// Unavailable / DeadlineExceeded when the provider failed on every attempt
-// (retryable() tells the caller whether a later retry may help),
-// FailedPrecondition when the model kept producing invalid output.
+// Unavailable (the chain failed and the step does not escalate; retryable()
+// says whether a later retry may help).
 //
 // Thread-safety: Decide may be called from many threads at once.
 #pragma once
@@ -47,9 +56,11 @@ struct DecideRequest {
 };
 
 struct DecideResult {
-  Decision decision;
+  bool escalated = false;
+  Decision decision;      // when !escalated
+  Escalation escalation;  // when escalated
   bool cache_hit = false;
-  bool joined = false;  // answered by a concurrent identical request's provider call
+  bool joined = false;  // answered by a concurrent identical request's run
 };
 
 // The key material a step and input would be cached under, for `idem key`.
@@ -62,21 +73,34 @@ class DecideEngine {
  public:
   virtual ~DecideEngine() = default;
 
-  // `providers` maps provider names in `config` to adapters; every step's
-  // provider must be present (InvalidArgument otherwise). `config`, `store`,
-  // `clock` and `metrics` must outlive the engine.
+  // `providers` maps provider names in `config` to adapters; every provider
+  // a step or fallback names must be present (InvalidArgument otherwise).
+  // Value-check files are loaded here (InvalidArgument with file and line).
+  // `config`, the stores, `clock` and `metrics` must outlive the engine.
   static StatusOr<std::unique_ptr<DecideEngine>> Create(
-      const Config& config, DecisionStore& store,
+      const Config& config, DecisionStore& decisions, EscalationStore& escalations,
       std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
       Metrics& metrics);
 
   virtual StatusOr<DecideResult> Decide(const DecideRequest& request) = 0;
   virtual StatusOr<StepKey> KeyFor(const std::string& step, const Json& input) const = 0;
+
+  // A human's answer to an open escalation: validated like a model's output
+  // (schema and value checks; InvalidArgument with the field otherwise),
+  // stored as the cached decision for the escalation's key with
+  // decided_by "human". FailedPrecondition when it is not open.
+  virtual StatusOr<Decision> ResolveEscalation(const std::string& escalation_id,
+                                               const Json& output, const std::string& actor,
+                                               const std::string& note) = 0;
 };
 
 // Pure function shared by the engine and `idem key`: the decision key of
 // `input` for `step` (normalizers applied).
 StatusOr<StepKey> ComputeStepKey(const StepConfig& step, const ProviderConfig& provider,
                                  const Json& input);
+
+// The price of one call in USD from config.prices[model]; 0 when unpriced.
+double CallCostUsd(const Config& config, const std::string& model, int64_t input_tokens,
+                   int64_t output_tokens, int64_t cached_input_tokens);
 
 }  // namespace idem

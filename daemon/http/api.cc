@@ -19,6 +19,19 @@ Json DecisionSummary(const Decision& d) {
           {"prompt_version", d.prompt_version}, {"created_at_ms", d.created_at_ms}};
 }
 
+Json EscalationSummary(const Escalation& e) {
+  Json j = {{"status", "escalated"},
+            {"escalation_id", e.escalation_id},
+            {"decision_key", e.decision_key},
+            {"step", e.step},
+            {"state", e.state},
+            {"context", e.context},
+            {"created_at_ms", e.created_at_ms}};
+  if (!e.decision_id.empty()) j["decision_id"] = e.decision_id;
+  if (!e.resolved_by.empty()) j["resolved_by"] = e.resolved_by;
+  return j;
+}
+
 }  // namespace
 
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max) {
@@ -98,8 +111,19 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                                        : CacheMode::kDefault;
         req.request_id = ctx.request_id;
         ASSIGN_OR_RETURN(DecideResult r, deps.decide.Decide(req));
+        if (r.escalated) {
+          Json body = EscalationSummary(r.escalation);
+          body["cache"] = CacheName(r);
+          return RouteResponse{200, std::move(body), {}};
+        }
         Json body = DecisionSummary(r.decision);
         body["cache"] = CacheName(r);
+        double cost = r.decision.trace.value("cost_usd", 0.0);
+        if (r.cache_hit) {
+          body["saved_cost_usd"] = cost;  // what this answer would have cost again
+        } else {
+          body["cost_usd"] = cost;
+        }
         return RouteResponse{200, std::move(body), {}};
       }});
 
@@ -127,6 +151,60 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         for (const auto& d : page.items) items.push_back(DecisionSummary(d));
         Json body = {{"items", items}};
         if (!page.next_cursor.empty()) body["next_cursor"] = page.next_cursor;
+        return RouteResponse{200, std::move(body), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/escalations",
+      .summary = "Decides that ran out of attempts and fallbacks, waiting for a human "
+                 "(?state=open|resolved).",
+      .responses = {{200, "escalation.list"}, {400, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        ASSIGN_OR_RETURN(std::vector<Escalation> list,
+                         deps.store.escalations().List(QueryParam(ctx, "state"), limit));
+        Json items = Json::array();
+        for (const auto& e : list) {
+          Json j = EscalationSummary(e);
+          j["input"] = e.input;
+          items.push_back(std::move(j));
+        }
+        return RouteResponse{200, {{"items", items}}, {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/escalations/{id}",
+      .summary = "One escalation with its context: what was asked, every attempt, the best guess.",
+      .responses = {{200, "escalation"}, {404, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(Escalation e, deps.store.escalations().Get(ctx.params[0]));
+        Json j = EscalationSummary(e);
+        j["input"] = e.input;
+        return RouteResponse{200, std::move(j), {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/escalations/{id}/resolve",
+      .summary = "A human's answer: validated like a model's output, then the cached decision "
+                 "for the escalated key (decided_by: human).",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "escalation.resolve.request",
+      .responses = {{200, "decide.response"}, {400, "problem"}, {404, "problem"},
+                    {409, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        std::string actor = ctx.caller;
+        if (actor == "anonymous") actor = ctx.body.value("actor", "anonymous");
+        ASSIGN_OR_RETURN(Decision d,
+                         deps.decide.ResolveEscalation(ctx.params[0], ctx.body["output"], actor,
+                                                       ctx.body.value("note", "")));
+        Json body = DecisionSummary(d);
+        body["cache"] = "miss";
         return RouteResponse{200, std::move(body), {}};
       }});
 

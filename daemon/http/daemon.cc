@@ -55,17 +55,18 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   RETURN_IF_ERROR(
       CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
 
+  d->http_client_ = MakeCurlHttpClient();
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
-    auto p = MakeProvider(pc, env);
+    auto p = MakeProvider(pc, *d->http_client_, env);
     if (!p.ok()) return p.status().Annotate("provider " + name);
     providers.emplace(name, std::move(p).value());
   }
-  ASSIGN_OR_RETURN(d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(),
-                                                    std::move(providers), *d->clock_,
-                                                    d->metrics_));
+  ASSIGN_OR_RETURN(d->decide_,
+                   DecideEngine::Create(d->config_, d->store_->decisions(),
+                                        d->store_->escalations(), std::move(providers),
+                                        *d->clock_, d->metrics_));
 
-  d->http_client_ = MakeCurlHttpClient();
   ASSIGN_OR_RETURN(d->apply_, ApplyEngine::Create(d->config_, d->store_->journal(),
                                                   *d->http_client_, *d->clock_, d->metrics_));
   // Work left running by a crashed process, and failed work whose retry time

@@ -56,8 +56,8 @@ class Daemon {
   std::unique_ptr<StableClock> clock_;
   std::unique_ptr<Store> store_;
   Metrics metrics_;
+  std::unique_ptr<HttpClient> http_client_;  // outlives the providers that use it
   std::unique_ptr<DecideEngine> decide_;
-  std::unique_ptr<HttpClient> http_client_;
   std::unique_ptr<ApplyEngine> apply_;
   std::unique_ptr<HttpServer> server_;
   std::string host_;
