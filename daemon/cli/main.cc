@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include <CLI/CLI.hpp>
+#include <httplib.h>
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/json.h"
@@ -101,6 +102,36 @@ int Key(const std::string& config_path, const std::string& step, const std::stri
   return 0;
 }
 
+// A thin client of the daemon's API: the URL from --url, a bearer token
+// from IDEM_TOKEN (never a flag: flags show up in `ps`).
+struct ApiClient {
+  std::string url = "http://127.0.0.1:7411";
+
+  int Call(const std::string& method, const std::string& path, const std::string& body,
+           const std::string& idempotency_key) {
+    httplib::Client client(url);
+    client.set_connection_timeout(5, 0);
+    client.set_read_timeout(60, 0);
+    httplib::Headers headers;
+    if (const char* token = std::getenv("IDEM_TOKEN"); token != nullptr && *token != '\0') {
+      headers.emplace("Authorization", std::string("Bearer ") + token);
+    }
+    if (!idempotency_key.empty()) headers.emplace("Idempotency-Key", idempotency_key);
+    httplib::Result res = method == "GET"
+                              ? client.Get(path.c_str(), headers)
+                              : client.Post(path.c_str(), headers, body, "application/json");
+    if (!res) {
+      std::fprintf(stderr, "idem: cannot reach the daemon at %s (%s)\n", url.c_str(),
+                   httplib::to_string(res.error()).c_str());
+      return 2;
+    }
+    auto parsed = ParseJson(res->body);
+    std::string text = parsed.ok() ? parsed->dump(2) : res->body;
+    std::fprintf(res->status < 300 ? stdout : stderr, "%s\n", text.c_str());
+    return res->status < 300 ? 0 : 1;
+  }
+};
+
 }  // namespace
 }  // namespace idem
 
@@ -138,7 +169,38 @@ int main(int argc, char** argv) {
   contracts->add_option("--config", contracts_config, "Config file")
       ->default_val("config/idem.yaml");
 
+  ApiClient api;
+  app.add_option("--url", api.url, "The daemon's URL, for the client subcommands")
+      ->default_val("http://127.0.0.1:7411");
+
+  auto* dlq = app.add_subcommand("dlq", "Dead letters: work whose attempts ran out");
+  dlq->require_subcommand(1);
+  auto* dlq_ls = dlq->add_subcommand("ls", "List dead letters");
+  std::string dlq_id;
+  auto* dlq_replay = dlq->add_subcommand("replay", "Replay one dead letter (not the batch)");
+  dlq_replay->add_option("work_id", dlq_id, "The work_id")->required();
+
+  std::string work_id;
+  auto* work = app.add_subcommand("work", "Show one journal record");
+  work->add_option("work_id", work_id, "The work_id")->required();
+
+  std::string decision_id;
+  auto* decision = app.add_subcommand("decision", "Show one decision with its trace");
+  decision->add_option("decision_id", decision_id, "The decision_id")->required();
+
+  auto* escalations = app.add_subcommand("escalations", "List open escalations");
+
   CLI11_PARSE(app, argc, argv);
+
+  if (dlq_ls->parsed()) return api.Call("GET", "/v1/dead-letters", "", "");
+  if (dlq_replay->parsed()) {
+    // One key per work item: running the command twice replays once.
+    return api.Call("POST", "/v1/dead-letters/" + dlq_id + "/replay", "{}",
+                    "\"cli-replay-" + dlq_id + "\"");
+  }
+  if (work->parsed()) return api.Call("GET", "/v1/work/" + work_id, "", "");
+  if (decision->parsed()) return api.Call("GET", "/v1/decisions/" + decision_id, "", "");
+  if (escalations->parsed()) return api.Call("GET", "/v1/escalations?state=open", "", "");
 
   if (serve->parsed()) {
     SetLogLevel(log_level);

@@ -65,7 +65,7 @@ RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::
 }
 
 StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def,
-                                int64_t max) {
+                                int64_t max, int64_t min = 1) {
   if (!body.contains(name)) return def;
   const Json& v = body[name];
   int64_t ms = 0;
@@ -78,8 +78,9 @@ StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64
   } else {
     return InvalidArgument(name + " must be a duration (\"30s\") or seconds", "/" + name);
   }
-  if (ms <= 0 || ms > max) {
-    return InvalidArgument(name + " must be between 1ms and " + std::to_string(max / 1000) + "s",
+  if (ms < min || ms > max) {
+    return InvalidArgument(name + " must be between " + std::to_string(min) + "ms and " +
+                               std::to_string(max / 1000) + "s",
                            "/" + name);
   }
   return ms;
@@ -121,8 +122,11 @@ Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string
 Json ReportBody(const ReconcileReport& r) {
   Json findings = Json::array();
   for (const auto& f : r.findings) {
-    findings.push_back({{"work_id", f.work_id}, {"kind", f.kind},
-                        {"external_ref", f.external_ref}, {"problem", f.problem}});
+    findings.push_back({{"work_id", f.work_id},
+                        {"kind", f.kind},
+                        {"external_ref", f.external_ref},
+                        {"problem", f.problem},
+                        {"detail", f.detail}});
   }
   return {{"ran_at_ms", r.ran_at_ms}, {"checked", r.checked}, {"findings", findings},
           {"errors", r.errors}};
@@ -244,7 +248,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         const int64_t now = deps.clock.NowMillis();
         int64_t delay = 0;
         if (ctx.body.contains("retry_after")) {
-          ASSIGN_OR_RETURN(delay, DurationField(ctx.body, "retry_after", 0, kMaxLeaseMs));
+          ASSIGN_OR_RETURN(delay, DurationField(ctx.body, "retry_after", 0, kMaxLeaseMs, 0));
         } else if (kind != nullptr) {
           // Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))].
           int shift = std::clamp(before.attempt - 1, 0, 30);
@@ -475,12 +479,12 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .summary = "Replay one dead letter (not the batch): it becomes due now with a fresh "
                  "attempt budget.",
       .key_policy = KeyPolicy::kRequired,
-      .responses = {{202, "work.item"}, {404, "problem"}, {409, "problem"}},
+      .responses = {{200, "work.item"}, {202, "work.item"}, {404, "problem"}, {409, "problem"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(WorkItem item,
-                         deps.store.journal().Requeue(ctx.params[0], deps.clock.NowMillis()));
-        return RouteResponse{202, WorkBody(item), {}};
+        // Requeue, and run it now when the daemon executes the kind.
+        ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Replay(ctx.params[0]));
+        return RouteResponse{o.item.state == WorkState::kDone ? 200 : 202, WorkBody(o.item), {}};
       }});
 
   routes.push_back(Route{

@@ -388,6 +388,12 @@ StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   }
   if (listen_fd_ >= 0) ::listen(listen_fd_, kListenBacklog);
   thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // httplib's stop() does nothing until the accept loop runs: wait for it,
+  // so that a Stop right after Start cannot leave the thread in accept().
+  for (int i = 0; i < 5000 && !server_->is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!server_->is_running()) return Unavailable("the HTTP server did not start", false);
   return bound;
 }
 

@@ -6,6 +6,9 @@
 #include <thread>
 #include <vector>
 
+#include <fstream>
+#include <sstream>
+
 #include "tests/integration/harness.h"
 
 namespace idem::testing {

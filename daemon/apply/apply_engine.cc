@@ -1,0 +1,532 @@
+#include "daemon/apply/apply_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "daemon/apply/backoff.h"
+#include "daemon/apply/effector.h"
+#include "daemon/apply/work_identity.h"
+#include "daemon/core/failpoints.h"
+#include "daemon/core/mutex.h"
+#include "daemon/obs/log.h"
+
+namespace idem {
+namespace {
+
+// One action kind as the engine runs it.
+struct KindRuntime {
+  const ActionConfig* action = nullptr;
+  std::unique_ptr<Effector> effector;  // null: client-executed work
+  int64_t lease_ms = 0;
+};
+
+WorkItem Scrubbed(WorkItem item) {
+  item.lease_token.clear();
+  return item;
+}
+
+// Whether a worker may start an attempt on `item` at `now_ms`. Due() lists
+// are stale the moment they are read; this re-check on a fresh read keeps a
+// worker from spending an attempt on work another one just rescheduled.
+bool IsDue(const WorkItem& item, int64_t now_ms) {
+  switch (item.state) {
+    case WorkState::kPending:
+    case WorkState::kFailed:
+      return item.next_attempt_at_ms <= now_ms;
+    case WorkState::kRunning:
+      return item.locked_until_ms <= now_ms;
+    case WorkState::kDone:
+    case WorkState::kDead:
+      return false;
+  }
+  return false;
+}
+
+// The lease holder's view of the journal for one attempt.
+class JournalEffectContext final : public EffectContext {
+ public:
+  JournalEffectContext(Journal& journal, StableClock& clock, const WorkItem& item)
+      : journal_(journal), clock_(clock), item_(item) {}
+  Status RecordExternalRef(const std::string& external_ref) override {
+    return journal_.RecordExternalRef(item_.work_id, item_.lease_token, external_ref,
+                                      clock_.NowMillis());
+  }
+
+ private:
+  Journal& journal_;
+  StableClock& clock_;
+  const WorkItem& item_;
+};
+
+class ApplyEngineImpl final : public ApplyEngine {
+ public:
+  ApplyEngineImpl(Journal& journal, StableClock& clock, Metrics& metrics, ApplyOptions options,
+                  std::map<std::string, KindRuntime> kinds)
+      : journal_(journal),
+        clock_(clock),
+        metrics_(metrics),
+        options_(options),
+        kinds_(std::move(kinds)) {}
+  ~ApplyEngineImpl() override { Stop(); }
+
+  StatusOr<ActionOutcome> Submit(const std::string& kind, const Json& args,
+                                 const std::string& run_id, const std::string& request_id) override;
+  StatusOr<ActionOutcome> Replay(const std::string& work_id) override;
+  void StartWorkers(int n) override;
+  StatusOr<size_t> RunDueOnce(size_t max_items) override;
+  void Stop() override;
+  StatusOr<ReconcileReport> Reconcile() override;
+  StatusOr<ReconcileReport> LastReconcile() const override;
+
+ private:
+  const KindRuntime* FindKind(const std::string& kind) const {
+    auto it = kinds_.find(kind);
+    return it == kinds_.end() ? nullptr : &it->second;
+  }
+  // A claim request for `item` (from Due, or a requeued dead letter).
+  ClaimRequest ClaimFor(const KindRuntime& kind, const WorkItem& item) const;
+  // Claims and, when granted, runs one attempt.
+  StatusOr<ActionOutcome> ClaimAndRun(const KindRuntime& kind, const ClaimRequest& request);
+  // One attempt under the lease of `claimed`: the effect, then its record.
+  StatusOr<ActionOutcome> RunAttempt(const KindRuntime& kind, const WorkItem& claimed);
+  // After Complete was refused (a stale lease): what the journal holds now.
+  StatusOr<ActionOutcome> AfterLostLease(const std::string& work_id, Status refused);
+  // Marks dead an item whose kind this daemon cannot run (not configured).
+  void BuryUnknownKind(const WorkItem& item);
+  void ReconcileKind(const std::string& name, const KindRuntime& kind, ReconcileReport& report);
+
+  bool TryMarkInFlight(const std::string& work_id) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return in_flight_.insert(work_id).second;
+  }
+  void ClearInFlight(const std::string& work_id) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    in_flight_.erase(work_id);
+  }
+  size_t in_flight_size() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return in_flight_.size();
+  }
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    return stopping_;
+  }
+  void WorkerLoop();
+
+  Journal& journal_;
+  StableClock& clock_;
+  Metrics& metrics_;
+  const ApplyOptions options_;
+  const std::map<std::string, KindRuntime> kinds_;
+
+  mutable Mutex mu_;
+  // Work this process is running now (workers and Replay), so that two
+  // workers reading the same Due() list do not both try it.
+  std::set<std::string> in_flight_ GUARDED_BY(mu_);
+  std::optional<ReconcileReport> last_report_ GUARDED_BY(mu_);
+
+  // Worker lifecycle; a plain std::mutex because the condition variable needs it.
+  std::mutex workers_mu_;
+  std::condition_variable workers_cv_;
+  bool stopping_ = false;             // guarded by workers_mu_
+  bool started_ = false;              // guarded by workers_mu_
+  std::vector<std::thread> workers_;  // guarded by workers_mu_
+};
+
+ClaimRequest ApplyEngineImpl::ClaimFor(const KindRuntime& kind, const WorkItem& item) const {
+  ClaimRequest req;
+  req.work_id = item.work_id;
+  req.kind = item.kind;
+  req.identity = item.identity;
+  req.args = item.args;
+  req.run_id = item.run_id;
+  req.request_id = item.request_id;
+  req.lease_ms = kind.lease_ms;
+  req.window_ms = kind.action->window_ms;
+  req.max_attempts = std::max(1, kind.action->retry.attempts);
+  req.now_ms = clock_.NowMillis();
+  return req;
+}
+
+StatusOr<ActionOutcome> ApplyEngineImpl::Submit(const std::string& kind_name, const Json& args,
+                                                const std::string& run_id,
+                                                const std::string& request_id) {
+  const KindRuntime* kind = FindKind(kind_name);
+  if (kind == nullptr) {
+    return Status(Code::kNotFound, "unknown action kind '" + kind_name + "'", "/kind");
+  }
+  if (!kind->effector) {
+    return FailedPrecondition("action kind '" + kind_name +
+                              "' has no effector: its work is executed by clients "
+                              "(POST /v1/work/claim)");
+  }
+  ASSIGN_OR_RETURN(KeyMaterial work_id, ActionWorkId(*kind->action, args));
+  ASSIGN_OR_RETURN(Json identity, ExtractIdentity(args, kind->action->identity_fields));
+  RETURN_IF_ERROR(kind->effector->Validate(args));
+
+  ClaimRequest req;
+  req.work_id = work_id.key;
+  req.kind = kind_name;
+  req.identity = std::move(identity);
+  req.args = args;
+  req.run_id = run_id;
+  req.request_id = request_id;
+  req.lease_ms = kind->lease_ms;
+  req.window_ms = kind->action->window_ms;
+  req.max_attempts = std::max(1, kind->action->retry.attempts);
+  req.now_ms = clock_.NowMillis();
+
+  // R20: a caller's retry of work that failed and is waiting out its backoff
+  // does not get an attempt of its own; it learns when the next one is due.
+  StatusOr<WorkItem> existing = journal_.Get(req.work_id);
+  if (existing.ok()) {
+    if (existing->state == WorkState::kFailed && existing->next_attempt_at_ms > req.now_ms) {
+      return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(existing).value()};
+    }
+  } else if (existing.status().code() != Code::kNotFound) {
+    metrics_.store_errors.Inc();
+    return existing.status();
+  }
+  return ClaimAndRun(*kind, req);
+}
+
+StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,
+                                                     const ClaimRequest& request) {
+  StatusOr<ClaimResult> claim = journal_.Claim(request);
+  if (!claim.ok()) {
+    if (claim.status().code() != Code::kInvalidArgument) metrics_.store_errors.Inc();
+    return claim.status();
+  }
+  switch (claim->outcome) {
+    case ClaimOutcome::kClaimed:
+      metrics_.work_claimed.Inc();
+      return RunAttempt(kind, claim->item);
+    case ClaimOutcome::kDone:
+      metrics_.work_duplicates.Inc();
+      return ActionOutcome{ActionOutcomeKind::kDuplicate, Scrubbed(std::move(claim->item))};
+    case ClaimOutcome::kBusy:
+      metrics_.work_busy.Inc();
+      return ActionOutcome{ActionOutcomeKind::kBusy, Scrubbed(std::move(claim->item))};
+    case ClaimOutcome::kDead:
+      // The claim itself buried it when a crashed holder had used the last attempt.
+      if (claim->item.updated_at_ms == request.now_ms) metrics_.work_dead.Inc();
+      return ActionOutcome{ActionOutcomeKind::kDead, Scrubbed(std::move(claim->item))};
+  }
+  return Internal("unknown claim outcome");
+}
+
+StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
+                                                    const WorkItem& claimed) {
+  IDEM_FAILPOINT("apply.after_claim");
+  EffectAttempt attempt;
+  if (!claimed.external_ref.empty()) {
+    // An earlier attempt recorded proof that the effect landed, then died
+    // before completing: finish without calling the target again.
+    attempt.result.external_ref = claimed.external_ref;
+    attempt.result.result = Json{{"external_ref", claimed.external_ref}, {"recovered", true}};
+  } else {
+    metrics_.effector_calls.Inc();
+    JournalEffectContext context(journal_, clock_, claimed);
+    attempt = kind.effector->Execute(claimed, context);
+  }
+  if (attempt.abandoned) {
+    LogEvent(LogLevel::kWarn, "apply.attempt_abandoned",
+             {{"work_id", claimed.work_id},
+              {"kind", claimed.kind},
+              {"attempt", claimed.attempt},
+              {"error", attempt.status.ToString()}});
+    return attempt.status;
+  }
+  IDEM_FAILPOINT("apply.after_effect");
+  const int64_t now = clock_.NowMillis();
+
+  if (attempt.status.ok()) {
+    Status completed = journal_.Complete(claimed.work_id, claimed.lease_token,
+                                         attempt.result.result, attempt.result.external_ref, now);
+    if (completed.code() == Code::kFailedPrecondition) {
+      return AfterLostLease(claimed.work_id, completed);
+    }
+    if (!completed.ok()) {
+      metrics_.store_errors.Inc();
+      return completed.Annotate("recording the completion of " + claimed.work_id);
+    }
+    metrics_.work_completed.Inc();
+    IDEM_FAILPOINT("apply.after_record");
+    StatusOr<WorkItem> done = journal_.Get(claimed.work_id);
+    if (done.ok()) return ActionOutcome{ActionOutcomeKind::kExecuted, std::move(done).value()};
+    WorkItem local = Scrubbed(claimed);  // the completion is durable; answer from memory
+    local.state = WorkState::kDone;
+    local.result = attempt.result.result;
+    if (!attempt.result.external_ref.empty()) local.external_ref = attempt.result.external_ref;
+    local.locked_until_ms = 0;
+    local.updated_at_ms = now;
+    return ActionOutcome{ActionOutcomeKind::kExecuted, std::move(local)};
+  }
+
+  const bool retryable = attempt.status.retryable();
+  const int64_t delay = RetryDelayMs(claimed.attempt, kind.action->retry, clock_.env().RandomUnit(),
+                                     attempt.retry_after_ms);
+  StatusOr<WorkItem> failed = journal_.Fail(claimed.work_id, claimed.lease_token,
+                                            attempt.status.ToString(), retryable, now + delay, now);
+  if (!failed.ok()) {
+    if (failed.status().code() == Code::kFailedPrecondition) {
+      return AfterLostLease(claimed.work_id, failed.status());
+    }
+    metrics_.store_errors.Inc();
+    return failed.status().Annotate("recording the failure of " + claimed.work_id);
+  }
+  if (failed->state == WorkState::kDead) {
+    metrics_.work_dead.Inc();
+    LogEvent(LogLevel::kWarn, "apply.dead_letter",
+             {{"work_id", claimed.work_id},
+              {"kind", claimed.kind},
+              {"attempt", claimed.attempt},
+              {"error", failed->last_error}});
+    return ActionOutcome{ActionOutcomeKind::kDead, std::move(failed).value()};
+  }
+  metrics_.work_failed.Inc();
+  return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(failed).value()};
+}
+
+StatusOr<ActionOutcome> ApplyEngineImpl::AfterLostLease(const std::string& work_id,
+                                                        Status refused) {
+  // Our lease expired and another holder took the work over (it runs the
+  // same effect under the same key). Report what the journal holds now.
+  StatusOr<WorkItem> now = journal_.Get(work_id);
+  if (!now.ok()) return refused;
+  switch (now->state) {
+    case WorkState::kDone:
+      return ActionOutcome{ActionOutcomeKind::kDuplicate, std::move(now).value()};
+    case WorkState::kDead:
+      return ActionOutcome{ActionOutcomeKind::kDead, std::move(now).value()};
+    case WorkState::kFailed:
+    case WorkState::kPending:
+      return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(now).value()};
+    case WorkState::kRunning:
+      return ActionOutcome{ActionOutcomeKind::kBusy, std::move(now).value()};
+  }
+  return refused;
+}
+
+StatusOr<ActionOutcome> ApplyEngineImpl::Replay(const std::string& work_id) {
+  if (!TryMarkInFlight(work_id)) {
+    StatusOr<WorkItem> item = journal_.Get(work_id);
+    if (!item.ok()) return item.status();
+    return ActionOutcome{ActionOutcomeKind::kBusy, std::move(item).value()};
+  }
+  struct Unmark {
+    ApplyEngineImpl* self;
+    const std::string& id;
+    ~Unmark() { self->ClearInFlight(id); }
+  } unmark{this, work_id};
+  ASSIGN_OR_RETURN(WorkItem requeued, journal_.Requeue(work_id, clock_.NowMillis()));
+  LogEvent(LogLevel::kInfo, "apply.dead_letter_replayed",
+           {{"work_id", work_id}, {"kind", requeued.kind}});
+  const KindRuntime* kind = FindKind(requeued.kind);
+  if (kind == nullptr || !kind->effector) {
+    // Pending again; a client (or a later config with the kind) runs it.
+    return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(requeued)};
+  }
+  return ClaimAndRun(*kind, ClaimFor(*kind, requeued));
+}
+
+void ApplyEngineImpl::BuryUnknownKind(const WorkItem& item) {
+  ClaimRequest req;
+  req.work_id = item.work_id;
+  req.kind = item.kind;
+  req.lease_ms = options_.lease_margin_ms > 0 ? options_.lease_margin_ms : 1'000;
+  req.max_attempts = std::max(1, item.max_attempts);
+  req.now_ms = clock_.NowMillis();
+  StatusOr<ClaimResult> claim = journal_.Claim(req);
+  if (!claim.ok() || claim->outcome != ClaimOutcome::kClaimed) return;
+  StatusOr<WorkItem> dead =
+      journal_.Fail(item.work_id, claim->item.lease_token,
+                    "action kind '" + item.kind + "' is not configured in this daemon",
+                    /*retryable=*/false, 0, req.now_ms);
+  if (dead.ok()) metrics_.work_dead.Inc();
+}
+
+StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
+  if (max_items == 0) return size_t{0};
+  // Read past items this process does not run (client-executed kinds,
+  // in-flight work) so that they do not starve the rest.
+  ASSIGN_OR_RETURN(std::vector<WorkItem> due,
+                   journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size()));
+  size_t handled = 0;
+  for (const WorkItem& listed : due) {
+    if (handled >= max_items) break;
+    if (stopping()) break;  // Stop() should not wait for a whole batch
+    const KindRuntime* kind = FindKind(listed.kind);
+    if (kind != nullptr && !kind->effector) continue;  // clients claim their own work
+    if (!TryMarkInFlight(listed.work_id)) continue;
+    StatusOr<WorkItem> fresh = journal_.Get(listed.work_id);
+    if (fresh.ok() && IsDue(*fresh, clock_.NowMillis())) {
+      if (kind == nullptr) {
+        BuryUnknownKind(*fresh);
+      } else {
+        StatusOr<ActionOutcome> outcome = ClaimAndRun(*kind, ClaimFor(*kind, *fresh));
+        if (!outcome.ok()) {
+          LogEvent(LogLevel::kWarn, "apply.worker_attempt_error",
+                   {{"work_id", listed.work_id},
+                    {"kind", listed.kind},
+                    {"error", outcome.status().ToString()}});
+        }
+      }
+      ++handled;
+    }
+    ClearInFlight(listed.work_id);
+  }
+  return handled;
+}
+
+void ApplyEngineImpl::WorkerLoop() {
+  while (true) {
+    if (stopping()) return;
+    StatusOr<size_t> handled = RunDueOnce(options_.batch);
+    if (!handled.ok()) {
+      LogEvent(LogLevel::kWarn, "apply.worker_pass_error",
+               {{"error", handled.status().ToString()}});
+    }
+    if (handled.ok() && *handled > 0) continue;  // more may be due right away
+    std::unique_lock<std::mutex> lock(workers_mu_);
+    workers_cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_interval_ms),
+                         [this] { return stopping_; });
+    if (stopping_) return;
+  }
+}
+
+void ApplyEngineImpl::StartWorkers(int n) {
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  if (started_ || stopping_) return;
+  started_ = true;
+  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+void ApplyEngineImpl::Stop() {
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    stopping_ = true;
+    workers.swap(workers_);
+  }
+  workers_cv_.notify_all();
+  for (std::thread& t : workers) t.join();
+}
+
+void ApplyEngineImpl::ReconcileKind(const std::string& name, const KindRuntime& kind,
+                                    ReconcileReport& report) {
+  Effector& effector = *kind.effector;
+  if (effector.CanLookup()) {
+    StatusOr<std::vector<WorkItem>> done = journal_.DoneWithRef(name, options_.reconcile_limit);
+    if (!done.ok()) {
+      report.errors.push_back(name + ": reading the journal: " + done.status().ToString());
+      return;
+    }
+    for (const WorkItem& item : *done) {
+      StatusOr<LookupResult> found = effector.Lookup(item);
+      if (!found.ok()) {
+        // The target is down or refuses: the rest of this kind would fail alike.
+        report.errors.push_back(name + ": lookup of " + item.work_id +
+                                " failed: " + found.status().ToString());
+        return;
+      }
+      ++report.checked;
+      if (!found->found) {
+        report.findings.push_back({item.work_id, name, item.external_ref, "missing",
+                                   "the target's lookup finds no record with this fingerprint"});
+      } else if (!found->external_ref.empty() && found->external_ref != item.external_ref) {
+        report.findings.push_back({item.work_id, name, item.external_ref, "ref_mismatch",
+                                   "the target's record has id " + found->external_ref});
+      }
+    }
+  }
+  if (effector.CanList()) {
+    StatusOr<std::vector<ListedRecord>> listed = effector.List();
+    if (!listed.ok()) {
+      report.errors.push_back(name + ": listing the target failed: " + listed.status().ToString());
+      return;
+    }
+    for (const ListedRecord& record : *listed) {
+      if (record.fingerprint.empty()) continue;
+      StatusOr<WorkItem> item = journal_.Get(record.fingerprint);
+      if (item.ok()) {
+        if (item->kind == name && item->state == WorkState::kDead) {
+          report.findings.push_back({record.fingerprint, name, record.external_ref, "extra",
+                                     "the journal has this work as dead"});
+        }
+      } else if (item.status().code() == Code::kNotFound) {
+        // Done records are forgotten after their window; only a kind that
+        // remembers forever can call an unknown fingerprint extra.
+        if (kind.action->window_ms == 0) {
+          report.findings.push_back({record.fingerprint, name, record.external_ref, "extra",
+                                     "the journal has no such work"});
+        }
+      } else {
+        report.errors.push_back(name + ": reading the journal: " + item.status().ToString());
+        return;
+      }
+    }
+  }
+}
+
+StatusOr<ReconcileReport> ApplyEngineImpl::Reconcile() {
+  ReconcileReport report;
+  report.ran_at_ms = clock_.NowMillis();
+  for (const auto& [name, kind] : kinds_) {
+    if (!kind.effector || !(kind.effector->CanLookup() || kind.effector->CanList())) continue;
+    ReconcileKind(name, kind, report);
+  }
+  if (!report.findings.empty() || !report.errors.empty()) {
+    LogEvent(LogLevel::kWarn, "apply.reconcile",
+             {{"checked", report.checked},
+              {"findings", report.findings.size()},
+              {"errors", report.errors.size()}});
+  }
+  MutexLock lock(mu_);
+  last_report_ = report;
+  return report;
+}
+
+StatusOr<ReconcileReport> ApplyEngineImpl::LastReconcile() const {
+  MutexLock lock(mu_);
+  if (!last_report_) return NotFound("no reconciliation has run yet");
+  return *last_report_;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ApplyEngine>> ApplyEngine::Create(const Config& config, Journal& journal,
+                                                           HttpClient& http, StableClock& clock,
+                                                           Metrics& metrics) {
+  return Create(config, journal, http, clock, metrics, ApplyOptions{});
+}
+
+StatusOr<std::unique_ptr<ApplyEngine>> ApplyEngine::Create(const Config& config, Journal& journal,
+                                                           HttpClient& http, StableClock& clock,
+                                                           Metrics& metrics,
+                                                           const ApplyOptions& options) {
+  if (options.poll_interval_ms <= 0 || options.batch == 0 || options.lease_margin_ms < 0) {
+    return InvalidArgument("apply options: poll interval and batch must be positive");
+  }
+  std::map<std::string, KindRuntime> kinds;
+  for (const auto& [name, action] : config.actions) {
+    KindRuntime kind;
+    kind.action = &action;
+    ASSIGN_OR_RETURN(kind.effector, MakeEffector(action, http, clock.env()));
+    int64_t budget = kind.effector ? kind.effector->AttemptBudgetMs() : action.retry.timeout_ms;
+    kind.lease_ms = std::max<int64_t>(1, budget + options.lease_margin_ms);
+    kinds.emplace(name, std::move(kind));
+  }
+  return std::unique_ptr<ApplyEngine>(
+      new ApplyEngineImpl(journal, clock, metrics, options, std::move(kinds)));
+}
+
+}  // namespace idem

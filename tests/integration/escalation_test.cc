@@ -1,0 +1,76 @@
+// The escalation flow over HTTP: a step whose model keeps failing its value
+// checks escalates; a human resolves it; the answer becomes the decision.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+
+TEST_CASE("an exhausted step escalates, and the human's answer becomes the cached decision") {
+  TempDir dir;
+  // The model always answers a refund with low priority, which the triage
+  // policy forbids: every attempt fails its value checks.
+  const char* rules = R"(default:
+  output: '{"category":"refund","priority":"low","summary":"wants money back","actions":[]}'
+)";
+  std::string config = WriteTestConfig(dir, rules);
+  {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    text.replace(text.find("    attempts: 3"), 15,
+                 "    attempts: 2\n    fallback: [escalate]\n    checks: " +
+                     std::string(IDEM_SOURCE_DIR) + "/policies/triage_ticket.yaml");
+    dir.File("idem.yaml", text);
+  }
+  std::string err;
+  auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  auto c = d->Client();
+  const std::string body = R"({"step":"triage_ticket","input":{"ticket_id":"42","text":"refund"}})";
+  auto first = c->Post("/v1/decide", body, "application/json");
+  REQUIRE(first->status == 200);
+  Json e = Json::parse(first->body);
+  CHECK(e["status"] == "escalated");
+  CHECK(e["context"]["attempts"].size() == 2);
+  CHECK(e["context"]["best_guess"]["priority"] == "low");
+  CHECK(e["context"]["summary"].get<std::string>().find("42") != std::string::npos);
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
+
+  // Retrying the decide does not burn tokens: the open escalation answers.
+  auto again = c->Post("/v1/decide", body, "application/json");
+  CHECK(Json::parse(again->body)["escalation_id"] == e["escalation_id"]);
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
+
+  Json open = Json::parse(c->Get("/v1/escalations?state=open")->body);
+  REQUIRE(open["items"].size() == 1);
+
+  const std::string id = e["escalation_id"];
+  auto invalid = c->Post(("/v1/escalations/" + id + "/resolve").c_str(),
+                         R"({"output":{"category":"refund","priority":"low","summary":"s","actions":[]}})",
+                         "application/json");
+  CHECK(invalid->status == 400);
+  CHECK(Json::parse(invalid->body)["pointer"] == "/output/priority");
+
+  auto resolved = c->Post(
+      ("/v1/escalations/" + id + "/resolve").c_str(),
+      R"({"output":{"category":"refund","priority":"high","summary":"refund approved by ops","actions":[]},"actor":"alice"})",
+      "application/json");
+  REQUIRE(resolved->status == 200);
+  Json dec = Json::parse(resolved->body);
+  CHECK(dec["decided_by"] == "human");
+
+  auto after = c->Post("/v1/decide", body, "application/json");
+  Json a = Json::parse(after->body);
+  CHECK(a["status"] == "decided");
+  CHECK(a["cache"] == "hit");
+  CHECK(a["decision_id"] == dec["decision_id"]);
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
+  CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].empty());
+}
+
+}  // namespace idem::testing

@@ -1,0 +1,211 @@
+// Client-executed work, named leases, dead letters and the required
+// Idempotency-Key, over HTTP against the real daemon.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+const char* kRules = R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+)";
+
+const char* kActions = R"(actions:
+  send_invoice:
+    identity: {fields: [/invoice_id], version: v1}
+    window: 24h
+    on_duplicate: return_original
+    retry: {attempts: 2, base: 10ms, cap: 20ms, timeout: 5s}
+  notify:
+    identity: {fields: [/chat_id, /text], version: v1}
+    window: forever
+    on_duplicate: conflict
+)";
+
+struct Fixture {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<httplib::Client> client;
+  Fixture() {
+    std::string err;
+    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    client = daemon->Client();
+  }
+  httplib::Result Post(const std::string& path, const Json& body, const std::string& key = "") {
+    httplib::Headers h;
+    if (!key.empty()) h.emplace("Idempotency-Key", key);
+    return client->Post(path.c_str(), h, body.dump(), "application/json");
+  }
+};
+
+Json J(const httplib::Result& r) {
+  REQUIRE(r);
+  return Json::parse(r->body);
+}
+
+}  // namespace
+
+TEST_CASE("claim, complete, and a second claim returns the original result") {
+  Fixture f;
+  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-7"}}}, {"lease", "30s"}};
+  auto first = f.Post("/v1/work/claim", claim);
+  REQUIRE(first->status == 201);
+  Json c = J(first);
+  CHECK(c["state"] == "running");
+  CHECK(c["attempt"] == 1);
+  std::string id = c["work_id"], token = c["lease_token"];
+  CHECK(id.size() == 64);
+
+  // While the lease is live, another caller is told who holds it until when.
+  auto busy = f.Post("/v1/work/claim", claim);
+  REQUIRE(busy->status == 409);
+  CHECK(J(busy)["state"] == "running");
+  CHECK(J(busy)["locked_until_ms"].get<int64_t>() > 0);
+  CHECK_FALSE(J(busy).contains("lease_token"));
+
+  auto done = f.Post("/v1/work/" + id + "/complete",
+                     {{"lease_token", token}, {"result", {{"sent", true}}}, {"external_ref", "in_123"}});
+  REQUIRE(done->status == 200);
+  CHECK(J(done)["state"] == "done");
+
+  auto again = f.Post("/v1/work/claim", claim);
+  REQUIRE(again->status == 200);
+  Json a = J(again);
+  CHECK(a["state"] == "done");
+  CHECK(a["duplicate"] == true);
+  CHECK(a["result"]["sent"] == true);
+  CHECK(a["external_ref"] == "in_123");
+  CHECK(a["work_id"] == id);
+
+  auto item = f.client->Get(("/v1/work/" + id).c_str());
+  CHECK(J(item)["identity"]["/invoice_id"] == "INV-7");
+}
+
+TEST_CASE("a stale lease token is refused") {
+  Fixture f;
+  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-8"}}}, {"lease", "1s"}};
+  Json c = J(f.Post("/v1/work/claim", claim));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto second = f.Post("/v1/work/claim", claim);
+  REQUIRE(second->status == 201);  // the lease expired: the next caller wins
+  CHECK(J(second)["attempt"] == 2);
+  auto stale = f.Post("/v1/work/" + c["work_id"].get<std::string>() + "/complete",
+                      {{"lease_token", c["lease_token"]}, {"result", 1}});
+  REQUIRE(stale->status == 409);
+  CHECK(J(stale)["pointer"] == "/lease_token");
+  auto fresh = f.Post("/v1/work/" + c["work_id"].get<std::string>() + "/complete",
+                      {{"lease_token", J(second)["lease_token"]}, {"result", 2}});
+  CHECK(fresh->status == 200);
+}
+
+TEST_CASE("64 simultaneous HTTP claims of one work item have one winner") {
+  Fixture f;
+  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-64"}}}};
+  std::atomic<int> won{0}, busy{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 64; ++i) {
+    threads.emplace_back([&] {
+      auto c = f.daemon->Client();
+      auto r = c->Post("/v1/work/claim", claim.dump(), "application/json");
+      if (r && r->status == 201) won++;
+      if (r && r->status == 409) busy++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(won == 1);
+  CHECK(busy == 63);
+}
+
+TEST_CASE("failures are retried until attempts run out, then a dead letter that replays") {
+  Fixture f;
+  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-9"}}}};
+  Json c = J(f.Post("/v1/work/claim", claim));
+  std::string id = c["work_id"];
+  auto failed = f.Post("/v1/work/" + id + "/fail",
+                       {{"lease_token", c["lease_token"]}, {"error", "smtp 451"}, {"retry_after", 0}});
+  CHECK(J(failed)["state"] == "failed");
+  Json c2 = J(f.Post("/v1/work/claim", claim));
+  REQUIRE(c2["attempt"] == 2);
+  auto dead = f.Post("/v1/work/" + id + "/fail",
+                     {{"lease_token", c2["lease_token"]}, {"error", "smtp 550"}});
+  CHECK(J(dead)["state"] == "dead");
+  auto refused = f.Post("/v1/work/claim", claim);
+  CHECK(refused->status == 409);
+  CHECK(J(refused)["state"] == "dead");
+
+  Json letters = J(f.client->Get("/v1/dead-letters"));
+  REQUIRE(letters["items"].size() == 1);
+  CHECK(letters["items"][0]["work_id"] == id);
+  CHECK(letters["items"][0]["attempts"] == 2);
+  CHECK(letters["items"][0]["last_error"] == "smtp 550");
+
+  // Replay requires an Idempotency-Key (it changes state).
+  CHECK(f.Post("/v1/dead-letters/" + id + "/replay", Json::object())->status == 400);
+  auto replay = f.Post("/v1/dead-letters/" + id + "/replay", Json::object(), "\"replay-1\"");
+  REQUIRE(replay->status == 202);
+  CHECK(J(f.client->Get("/v1/dead-letters"))["items"].empty());
+  auto revived = f.Post("/v1/work/claim", claim);
+  CHECK(revived->status == 201);
+}
+
+TEST_CASE("the kind's duplicate response is honoured: conflict") {
+  Fixture f;
+  Json claim = {{"kind", "notify"}, {"identity", {{"chat_id", 5}, {"text", " hi "}}}};
+  Json c = J(f.Post("/v1/work/claim", claim));
+  REQUIRE(f.Post("/v1/work/" + c["work_id"].get<std::string>() + "/complete",
+                 {{"lease_token", c["lease_token"]}})
+              ->status == 200);
+  // Trimmed strings are the same identity (R5).
+  Json same = {{"kind", "notify"}, {"identity", {{"chat_id", 5}, {"text", "hi"}}}};
+  auto dup = f.Post("/v1/work/claim", same);
+  CHECK(dup->status == 409);
+  CHECK(J(dup)["state"] == "done");
+}
+
+TEST_CASE("claims name a declared kind and carry every identity field") {
+  Fixture f;
+  auto unknown = f.Post("/v1/work/claim", {{"kind", "nope"}, {"identity", {{"a", 1}}}});
+  CHECK(unknown->status == 404);
+  CHECK(J(unknown)["pointer"] == "/kind");
+  auto missing = f.Post("/v1/work/claim", {{"kind", "send_invoice"}, {"identity", {{"x", 1}}}});
+  CHECK(missing->status == 400);
+  CHECK(J(missing)["pointer"] == "/identity/invoice_id");
+  auto bad_lease = f.Post("/v1/work/claim", {{"kind", "send_invoice"},
+                                             {"identity", {{"invoice_id", "a"}}},
+                                             {"lease", "forever"}});
+  CHECK(bad_lease->status == 400);
+  CHECK(J(bad_lease)["pointer"] == "/lease");
+}
+
+TEST_CASE("a named lease keeps an overlapping cron run out until released or expired") {
+  Fixture f;
+  auto a = f.Post("/v1/leases/nightly-report", {{"holder", "run-1"}, {"ttl", "1s"}});
+  CHECK(a->status == 201);
+  auto b = f.Post("/v1/leases/nightly-report", {{"holder", "run-2"}, {"ttl", "1s"}});
+  CHECK(b->status == 409);
+  CHECK(J(b)["holder"] == "run-1");
+  CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-1"}, {"ttl", "1s"}})->status == 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-2"}, {"ttl", "5s"}})->status == 201);
+  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-1")->status == 409);
+  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2")->status == 200);
+  CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-3"}})->status == 201);
+}
+
+TEST_CASE("actions require an Idempotency-Key") {
+  Fixture f;
+  auto r = f.Post("/v1/actions/send_invoice", {{"args", {{"invoice_id", "1"}}}});
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(J(r)["pointer"] == "header:Idempotency-Key");
+  CHECK(MetricValue(*f.client, "idem_idem_key_missing_total") == 1);
+}
+
+}  // namespace idem::testing

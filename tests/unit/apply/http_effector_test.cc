@@ -1,0 +1,286 @@
+#include "daemon/apply/http_effector.h"
+
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/unit/apply/apply_test_util.h"
+
+namespace idem::testing {
+namespace {
+
+ActionConfig Kind(Json http) {
+  ActionConfig a;
+  a.name = "send_reply";
+  a.identity_fields = {"/ticket_id"};
+  a.effector = Json{{"http", std::move(http)}};
+  return a;
+}
+
+// Records RecordExternalRef calls instead of writing a journal.
+class RecordingContext final : public EffectContext {
+ public:
+  Status RecordExternalRef(const std::string& ref) override {
+    refs.push_back(ref);
+    return Status::Ok();
+  }
+  std::vector<std::string> refs;
+};
+
+WorkItem Item(Json args, std::string work_id = "w1") {
+  WorkItem w;
+  w.work_id = std::move(work_id);
+  w.kind = "send_reply";
+  w.args = std::move(args);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("effector config errors name the offending key") {
+  const std::string at = "/actions/send_reply/effector/http";
+  struct Case {
+    Json http;
+    std::string field;
+  };
+  const Case cases[] = {
+      {{{"url", "http://x/r"}}, at + "/idempotency"},
+      {{{"url", "http://x/r"}, {"idempotency", "maybe"}}, at + "/idempotency"},
+      {{{"idempotency", "header"}}, at + "/url"},
+      {{{"url", "ftp://x/r"}, {"idempotency", "header"}}, at + "/url"},
+      {{{"url", "http://x/r"}, {"idempotency", "header"}, {"retries", 3}}, at + "/retries"},
+      {{{"url", "http://x/r"}, {"idempotency", "upsert"}}, at + "/upsert_key"},
+      {{{"url", "http://x/{key}"}, {"idempotency", "header"}}, at + "/url"},
+      {{{"url", "http://x/{nope}"}, {"idempotency", "header"}}, at + "/url"},
+      {{{"url", "http://x/r"}, {"idempotency", "check_then_act"}}, at + "/lookup"},
+      {{{"url", "http://x/r"}, {"idempotency", "check_then_act"}, {"lookup", {{"method", "GET"}}}},
+       at + "/lookup/url"},
+      {{{"url", "http://x/r"},
+        {"idempotency", "check_then_act"},
+        {"lookup", {{"url", "http://x/r"}, {"method", "PUT"}}}},
+       at + "/lookup/method"},
+      {{{"url", "http://x/r"},
+        {"idempotency", "check_then_act"},
+        {"lookup", {{"url", "http://x/r"}, {"verb", "GET"}}}},
+       at + "/lookup/verb"},
+      {{{"url", "http://x/r"}, {"idempotency", "header"}, {"method", "GET"}}, at + "/method"},
+      {{{"url", "http://x/r"}, {"idempotency", "header"}, {"external_ref", "id"}},
+       at + "/external_ref"},
+      {{{"url", "http://x/r"}, {"idempotency", "header"}, {"headers", {{"X-A", 1}}}},
+       at + "/headers/X-A"},
+      {{{"url", "http://x/r"}, {"idempotency", "header"}, {"list_url", "http://x/{fingerprint}"}},
+       at + "/list_url"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.http.dump());
+    auto parsed = ParseHttpEffectorConfig(Kind(c.http));
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(parsed.status().code() == Code::kInvalidArgument);
+    CHECK(parsed.status().field() == c.field);
+  }
+  ActionConfig other = Kind({});
+  other.effector = Json{{"grpc", Json::object()}};
+  CHECK(ParseHttpEffectorConfig(other).status().field() == "/actions/send_reply/effector");
+}
+
+TEST_CASE("effector config defaults per level") {
+  auto upsert = ParseHttpEffectorConfig(
+      Kind({{"url", "http://x/items/{key}"}, {"idempotency", "upsert"}, {"upsert_key", "/sku"}}));
+  REQUIRE(upsert.ok());
+  CHECK(upsert->method == "PUT");
+  CHECK_FALSE(upsert->embed_fingerprint);
+  CHECK(upsert->external_ref == "/id");
+
+  auto cta =
+      ParseHttpEffectorConfig(Kind({{"url", "http://x/records"},
+                                    {"idempotency", "check_then_act"},
+                                    {"lookup", {{"url", "http://x/records?fp={fingerprint}"}}}}));
+  REQUIRE(cta.ok());
+  CHECK(cta->method == "POST");
+  CHECK(cta->embed_fingerprint);
+  CHECK(cta->fingerprint_field == "idem_fingerprint");
+}
+
+TEST_CASE("header values take ${VAR} from the environment, and an unset one is refused") {
+  ApplyHarness h;
+  setenv("IDEM_TEST_EFFECTOR_TOKEN", "s3cr3t-token", 1);
+  Json http = {{"url", h.Url("/replies")},
+               {"idempotency", "header"},
+               {"idempotency_header", "X-Request-Key"},
+               {"headers", {{"Authorization", "Bearer ${IDEM_TEST_EFFECTOR_TOKEN}"}}}};
+  auto effector = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  RecordingContext context;
+  EffectAttempt attempt = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
+  REQUIRE(attempt.status.ok());
+  CHECK(attempt.result.external_ref == "rep_1");
+  auto calls = h.fake().calls();
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].headers["authorization"] == "Bearer s3cr3t-token");
+  CHECK(calls[0].headers["x-request-key"] == "w1");
+  CHECK(calls[0].headers["content-type"] == "application/json");
+
+  http["headers"]["Authorization"] = "Bearer ${IDEM_TEST_UNSET_VARIABLE}";
+  auto unset = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  CHECK(unset.status().code() == Code::kFailedPrecondition);
+  CHECK(unset.status().message().find("IDEM_TEST_UNSET_VARIABLE") != std::string::npos);
+}
+
+TEST_CASE(
+    "failures are classified once: 5xx and 429 retry, other 4xx do not, secrets are redacted") {
+  ApplyHarness h;
+  setenv("IDEM_TEST_EFFECTOR_TOKEN", "s3cr3t-token", 1);
+  Json http = {{"url", h.Url("/replies")},
+               {"idempotency", "header"},
+               {"headers", {{"Authorization", "Bearer ${IDEM_TEST_EFFECTOR_TOKEN}"}}}};
+  auto effector = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  struct Case {
+    int status;
+    bool retryable;
+  };
+  for (Case c : {Case{503, true}, Case{500, true}, Case{429, true}, Case{408, true},
+                 Case{409, true}, Case{400, false}, Case{401, false}, Case{422, false}}) {
+    CAPTURE(c.status);
+    h.fake().FailNext(1, c.status, 7);
+    RecordingContext context;
+    EffectAttempt attempt = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
+    REQUIRE_FALSE(attempt.status.ok());
+    CHECK(attempt.status.retryable() == c.retryable);
+    CHECK_FALSE(attempt.abandoned);
+    CHECK(attempt.retry_after_ms == (c.retryable ? 7'000 : 0));
+    CHECK(attempt.status.message().find("s3cr3t") == std::string::npos);
+  }
+
+  // A connection refused is a retryable network failure.
+  Json closed = {{"url", "http://127.0.0.1:1/replies"}, {"idempotency", "header"}};
+  auto nowhere = HttpEffector::Create(Kind(closed), *h.http_, h.env_);
+  REQUIRE(nowhere.ok());
+  RecordingContext context;
+  EffectAttempt attempt = (*nowhere)->Execute(Item({{"ticket_id", "T-1"}}), context);
+  CHECK(attempt.status.code() == Code::kUnavailable);
+  CHECK(attempt.status.retryable());
+}
+
+TEST_CASE("a client timeout is retryable, and the slow effect still lands once") {
+  ApplyHarness h;
+  ActionConfig kind = Kind({{"url", h.Url("/replies")}, {"idempotency", "header"}});
+  kind.retry.timeout_ms = 200;
+  auto effector = HttpEffector::Create(kind, *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  h.fake().TimeoutNext(1, 600);
+  RecordingContext context;
+  EffectAttempt slow = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
+  CHECK(slow.status.code() == Code::kDeadlineExceeded);
+  CHECK(slow.status.retryable());
+  // The retry while the first is still being handled: the target says 409.
+  EffectAttempt during = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
+  CHECK(during.status.code() == Code::kAborted);
+  CHECK(during.status.retryable());
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EffectAttempt after = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
+  REQUIRE(after.status.ok());
+  CHECK(after.result.external_ref == "rep_1");
+  CHECK(h.fake().stats().effects == 1);
+}
+
+TEST_CASE("check_then_act creates with the fingerprint, records the ref at once, adopts a match") {
+  ApplyHarness h;
+  Json http = {{"url", h.Url("/records")},
+               {"idempotency", "check_then_act"},
+               {"lookup", {{"url", h.Url("/records?fingerprint={fingerprint}")}}},
+               {"fingerprint_field", "external_key"}};
+  auto effector = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  RecordingContext context;
+  EffectAttempt created = (*effector)->Execute(Item({{"ticket_id", "T-1"}}, "fp-1"), context);
+  REQUIRE(created.status.ok());
+  CHECK(created.result.external_ref == "rec_1");
+  CHECK(context.refs == std::vector<std::string>{"rec_1"});
+  auto records = h.fake().Records("records");
+  REQUIRE(records.size() == 1);
+  CHECK(records[0]["external_key"] == "fp-1");
+
+  // The fake's lookup filters by idem_fingerprint; this kind embeds
+  // external_key, so the lookup lists everything and the effector must pick
+  // the record whose member matches, ignoring near matches.
+  auto found = (*effector)->Lookup(Item({{"ticket_id", "T-1"}}, "fp-1"));
+  REQUIRE(found.ok());
+  CHECK_FALSE(found->found);  // ?fingerprint= filters on idem_fingerprint: nothing
+
+  Json listing = http;
+  listing["lookup"]["url"] = h.Url("/records");
+  auto lister = HttpEffector::Create(Kind(listing), *h.http_, h.env_);
+  REQUIRE(lister.ok());
+  auto match = (*lister)->Lookup(Item({{"ticket_id", "T-1"}}, "fp-1"));
+  REQUIRE(match.ok());
+  CHECK(match->found);
+  CHECK(match->external_ref == "rec_1");
+  auto other = (*lister)->Lookup(Item({{"ticket_id", "T-2"}}, "fp-2"));
+  REQUIRE(other.ok());
+  CHECK_FALSE(other->found);
+
+  RecordingContext second;
+  EffectAttempt adopted = (*lister)->Execute(Item({{"ticket_id", "T-1"}}, "fp-1"), second);
+  REQUIRE(adopted.status.ok());
+  CHECK(adopted.result.result["found_existing"] == true);
+  CHECK(h.fake().stats().effects == 1);
+}
+
+TEST_CASE("a POST lookup sends the fingerprint in the body and reads the matches at lookup.found") {
+  ApplyHarness h;
+  Json http = {
+      {"url", h.Url("/records")},
+      {"idempotency", "check_then_act"},
+      {"lookup", {{"url", h.Url("/records/_search")}, {"method", "POST"}, {"found", "/data"}}}};
+  auto effector = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  RecordingContext context;
+  EffectAttempt created = (*effector)->Execute(Item({{"ticket_id", "T-1"}}, "fp-7"), context);
+  REQUIRE(created.status.ok());
+  CHECK(created.result.external_ref == "rec_1");
+  auto found = (*effector)->Lookup(Item({{"ticket_id", "T-1"}}, "fp-7"));
+  REQUIRE(found.ok());
+  CHECK(found->found);
+  CHECK(found->external_ref == "rec_1");
+  auto calls = h.fake().calls();
+  REQUIRE(calls.size() == 3);  // search, create, search
+  CHECK(calls[0].method == "POST");
+  CHECK(Json::parse(calls[0].body) == Json{{"idem_fingerprint", "fp-7"}});
+  auto missing = (*effector)->Lookup(Item({{"ticket_id", "T-2"}}, "fp-8"));
+  REQUIRE(missing.ok());
+  CHECK_FALSE(missing->found);
+}
+
+TEST_CASE("a lookup answer that is not JSON is a retryable failure; 404 means absent") {
+  ApplyHarness h;
+  Json http = {{"url", h.Url("/records")},
+               {"idempotency", "check_then_act"},
+               {"lookup", {{"url", h.Url("/_stats")}}}};
+  // /_stats answers an object without a fingerprint member: one record found.
+  auto effector = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  auto found = (*effector)->Lookup(Item({{"ticket_id", "T-1"}}));
+  REQUIRE(found.ok());
+  CHECK(found->found);
+
+  http["lookup"]["url"] = h.Url("/records/{fingerprint}");
+  auto by_id = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(by_id.ok());
+  auto absent = (*by_id)->Lookup(Item({{"ticket_id", "T-1"}}));
+  REQUIRE(absent.ok());
+  CHECK_FALSE(absent->found);
+
+  http["lookup"] = {{"url", h.Url("/records")}, {"found", "/data"}};
+  auto wrong_shape = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(wrong_shape.ok());
+  auto malformed = (*wrong_shape)->Lookup(Item({{"ticket_id", "T-1"}}));
+  CHECK(malformed.status().code() == Code::kUnavailable);
+  CHECK(malformed.status().retryable());
+}
+
+}  // namespace idem::testing
