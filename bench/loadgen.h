@@ -1,12 +1,13 @@
-// A small closed-loop HTTP/1.1 load generator for the benchmarks: each
-// connection is one thread with one keep-alive socket, sending the next
-// request as soon as the previous answer is read. Latencies are recorded
-// per request; the figures are requests/s and percentiles.
+// A small closed-loop HTTP/1.1 load generator for the benchmarks: keep-alive
+// connections, each sending its next request as soon as the previous answer
+// is read. Latencies are recorded per request; the figures are requests/s
+// and percentiles.
 #pragma once
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,77 +44,99 @@ inline int Connect(int port) {
   return fd;
 }
 
-// Reads one response; returns its status or -1.
-inline int ReadResponse(int fd, std::string& buf) {
-  buf.clear();
-  char tmp[16384];
-  size_t header_end = std::string::npos;
-  size_t need = 0;
-  for (;;) {
-    ssize_t n = recv(fd, tmp, sizeof(tmp), 0);
-    if (n <= 0) return -1;
-    buf.append(tmp, static_cast<size_t>(n));
-    if (header_end == std::string::npos) {
-      header_end = buf.find("\r\n\r\n");
-      if (header_end == std::string::npos) continue;
-      size_t cl = buf.find("Content-Length: ");
-      if (cl == std::string::npos || cl > header_end) cl = buf.find("content-length: ");
-      size_t len = cl == std::string::npos ? 0 : std::strtoul(buf.c_str() + cl + 16, nullptr, 10);
-      need = header_end + 4 + len;
-    }
-    if (buf.size() >= need) break;
-  }
-  return std::atoi(buf.c_str() + 9);
-}
-
-inline LoadResult RunLoad(int port, const std::string& request, int connections,
-                          double seconds) {
+inline LoadResult RunLoad(int port, const std::string& request, int connections, double seconds,
+                          int threads = 2) {
+  threads = std::max(1, std::min(threads, connections));
   std::atomic<bool> stop{false};
-  std::vector<std::vector<float>> lat(connections);
-  std::vector<long> errors(connections, 0);
-  std::vector<std::thread> threads;
-  for (int c = 0; c < connections; ++c) {
-    threads.emplace_back([&, c] {
-      int fd = Connect(port);
-      std::string buf;
-      lat[c].reserve(1 << 20);
-      while (!stop.load(std::memory_order_relaxed)) {
-        if (fd < 0) {
-          errors[c]++;
-          fd = Connect(port);
-          continue;
+  std::vector<std::vector<float>> lat(threads);
+  std::vector<long> errors(threads, 0);
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    int mine = connections / threads + (t < connections % threads ? 1 : 0);
+    workers.emplace_back([&, t, mine] {
+      struct Conn {
+        int fd = -1;
+        std::string buf;
+        size_t need = 0;
+        std::chrono::steady_clock::time_point sent;
+      };
+      std::vector<Conn> conns(mine);
+      int ep = epoll_create1(0);
+      lat[t].reserve(1 << 20);
+      auto start = [&](Conn& c) {
+        if (c.fd < 0) {
+          c.fd = Connect(port);
+          if (c.fd < 0) return false;
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          ev.data.ptr = &c;
+          epoll_ctl(ep, EPOLL_CTL_ADD, c.fd, &ev);
         }
-        auto t0 = std::chrono::steady_clock::now();
-        if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-            static_cast<ssize_t>(request.size())) {
-          close(fd);
-          fd = -1;
-          continue;
-        }
-        int status = ReadResponse(fd, buf);
-        auto t1 = std::chrono::steady_clock::now();
-        if (status < 200 || status >= 300) {
-          errors[c]++;
-          if (status < 0) {
-            close(fd);
-            fd = -1;
-          }
-          continue;
-        }
-        lat[c].push_back(
-            std::chrono::duration<float, std::micro>(t1 - t0).count());
+        c.buf.clear();
+        c.need = 0;
+        c.sent = std::chrono::steady_clock::now();
+        return send(c.fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+               static_cast<ssize_t>(request.size());
+      };
+      auto reset = [&](Conn& c) {
+        errors[t]++;
+        if (c.fd >= 0) close(c.fd);
+        c.fd = -1;
+      };
+      for (auto& c : conns) {
+        if (!start(c)) reset(c);
       }
-      if (fd >= 0) close(fd);
+      epoll_event events[64];
+      char tmp[16384];
+      while (!stop.load(std::memory_order_relaxed)) {
+        int n = epoll_wait(ep, events, 64, 50);
+        for (int i = 0; i < n; ++i) {
+          Conn& c = *static_cast<Conn*>(events[i].data.ptr);
+          ssize_t got = recv(c.fd, tmp, sizeof(tmp), 0);
+          if (got <= 0) {
+            reset(c);
+            if (!start(c)) reset(c);
+            continue;
+          }
+          c.buf.append(tmp, static_cast<size_t>(got));
+          if (c.need == 0) {
+            size_t header_end = c.buf.find("\r\n\r\n");
+            if (header_end == std::string::npos) continue;
+            size_t cl = c.buf.find("Content-Length: ");
+            if (cl == std::string::npos || cl > header_end) cl = c.buf.find("content-length: ");
+            size_t len =
+                cl == std::string::npos ? 0 : std::strtoul(c.buf.c_str() + cl + 16, nullptr, 10);
+            c.need = header_end + 4 + len;
+          }
+          if (c.buf.size() < c.need) continue;
+          int status = std::atoi(c.buf.c_str() + 9);
+          if (status >= 200 && status < 300) {
+            lat[t].push_back(
+                std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - c.sent)
+                    .count());
+          } else {
+            errors[t]++;
+          }
+          if (!start(c)) reset(c);
+        }
+        for (auto& c : conns) {
+          if (c.fd < 0 && !stop.load(std::memory_order_relaxed) && !start(c)) reset(c);
+        }
+      }
+      for (auto& c : conns) {
+        if (c.fd >= 0) close(c.fd);
+      }
+      close(ep);
     });
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   stop = true;
-  for (auto& t : threads) t.join();
+  for (auto& w : workers) w.join();
   std::vector<float> all;
   LoadResult r;
-  for (int c = 0; c < connections; ++c) {
-    all.insert(all.end(), lat[c].begin(), lat[c].end());
-    r.errors += errors[c];
+  for (int t = 0; t < threads; ++t) {
+    all.insert(all.end(), lat[t].begin(), lat[t].end());
+    r.errors += errors[t];
   }
   if (all.empty()) return r;
   std::sort(all.begin(), all.end());

@@ -3,7 +3,7 @@
 # Does nothing (and needs no network) when they are all present.
 set -euo pipefail
 pkgs=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config clang-format git
   libssl-dev libcurl4-openssl-dev nlohmann-json3-dev libvalijson-dev librocksdb-dev
   libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
   libkainjow-mustache-dev
@@ -25,7 +25,7 @@ fi
 # The JSONLogic differential test (ctest -L e2e) runs json-logic-js under
 # Node; install the pinned version from tests/e2e/package-lock.json.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ ! -d "$root/tests/e2e/node_modules" ]; then
+if [ "${IDEM_DEPS_E2E:-0}" = 1 ] && [ ! -d "$root/tests/e2e/node_modules" ]; then
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     echo "idem: installing nodejs npm" >&2
     sudo=""

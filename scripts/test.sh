@@ -5,7 +5,7 @@
 # IDEM_TEST_QUICK=1 runs the normal build only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+IDEM_DEPS_E2E=1 scripts/deps.sh
 jobs=$(nproc)
 start=$(date +%s)
 
@@ -14,6 +14,9 @@ build() {  # dir, extra cmake args...
   cmake -S . -B "$dir" -G Ninja -DIDEM_BENCH=ON "$@" >/dev/null
   cmake --build "$dir" -j"$jobs"
 }
+
+echo "== clang-format (.clang-format, Google base)"
+git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
 echo "== normal build"
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo

@@ -92,6 +92,8 @@ struct StepConfig {
   std::string output_schema_path;
   Json output_schema;  // the parsed schema
   Json tools = Json::array();
+  std::string output_schema_sha256;  // sha256 hex of JCS(output_schema); "" until loaded
+  std::string tools_sha256;          // sha256 hex of JCS(tools); "" until loaded
   InputConfig input;
   std::string checks_path;  // empty: none
   int attempts = 3;

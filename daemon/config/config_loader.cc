@@ -283,6 +283,15 @@ class Resolver {
     s.output_schema = std::move(schema).value();
 
     s.tools = node.value("tools", Json::array());
+    // Hashed once here rather than on every decide (the key covers both).
+    {
+      auto schema_jcs = CanonicalJson(s.output_schema);
+      if (!schema_jcs.ok()) return doc_.Error(at + "/output_schema", schema_jcs.status().message());
+      s.output_schema_sha256 = Sha256Hex(*schema_jcs);
+      auto tools_jcs = CanonicalJson(s.tools);
+      if (!tools_jcs.ok()) return doc_.Error(at + "/tools", tools_jcs.status().message());
+      s.tools_sha256 = Sha256Hex(*tools_jcs);
+    }
     if (node.contains("input")) {
       const Json& input = node["input"];
       s.input.drop = input.value("drop", std::vector<std::string>{});

@@ -44,10 +44,9 @@ std::string HmacSha256Hex(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
   size_t out_len = 0;
   if (ctx == nullptr ||
-      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(),
-                   params) != 1 ||
-      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(data.data()), data.size()) !=
+      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params) !=
           1 ||
+      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(data.data()), data.size()) != 1 ||
       EVP_MAC_final(ctx, out, &out_len, sizeof(out)) != 1) {
     std::abort();
   }

@@ -271,30 +271,57 @@ StatusOr<std::string> NormalizeUrl(std::string_view url) {
   return out;
 }
 
-StatusOr<KeyMaterial> ComputeDecisionKey(const DecisionKeyParts& parts) {
+StatusOr<DecisionKeyer> DecisionKeyer::Create(const DecisionKeyParts& parts) {
   try {
-    StatusOr<std::string> tools = CanonicalAt(parts.tools, "/tools");
-    if (!tools.ok()) return tools.status();
-    StatusOr<std::string> schema = CanonicalAt(parts.output_schema, "/output_schema");
-    if (!schema.ok()) return schema.status();
-
+    std::string tools_hash = parts.tools_hash;
+    if (tools_hash.empty()) {
+      StatusOr<std::string> tools = CanonicalAt(parts.tools, "/tools");
+      if (!tools.ok()) return tools.status();
+      tools_hash = Sha256Hex(*tools);
+    }
+    std::string schema_hash = parts.schema_hash;
+    if (schema_hash.empty()) {
+      StatusOr<std::string> schema = CanonicalAt(parts.output_schema, "/output_schema");
+      if (!schema.ok()) return schema.status();
+      schema_hash = Sha256Hex(*schema);
+    }
     Json material = {
         {"v", 1},
         {"provider", parts.provider},
         {"model", parts.model},
         {"prompt_version", parts.prompt_version},
         {"temperature", parts.temperature},
-        {"tools_hash", Sha256Hex(*tools)},
-        {"schema_hash", Sha256Hex(*schema)},
-        {"input", parts.input},
+        {"tools_hash", tools_hash},
+        {"schema_hash", schema_hash},
+        {"input", nullptr},
     };
     StatusOr<std::string> canonical = CanonicalAt(material, "");
     if (!canonical.ok()) return canonical.status();
-    std::string key = Sha256Hex(*canonical);
-    return KeyMaterial{std::move(key), std::move(canonical).value()};
+    static constexpr std::string_view kHead = "{\"input\":null";
+    if (!std::string_view(*canonical).starts_with(kHead)) {
+      return Internal("decision key material does not start with its input");
+    }
+    DecisionKeyer keyer;
+    keyer.suffix_ = canonical->substr(kHead.size());
+    return keyer;
   } catch (const std::exception& e) {
     return Internal(std::string("computing decision key: ") + e.what());
   }
+}
+
+StatusOr<KeyMaterial> DecisionKeyer::Key(const Json& normalized_input) const {
+  StatusOr<std::string> input = CanonicalAt(normalized_input, "/input");
+  if (!input.ok()) return input.status();
+  std::string canonical;
+  canonical.reserve(10 + input->size() + suffix_.size());
+  canonical.append("{\"input\":").append(*input).append(suffix_);
+  std::string key = Sha256Hex(canonical);
+  return KeyMaterial{std::move(key), std::move(canonical)};
+}
+
+StatusOr<KeyMaterial> ComputeDecisionKey(const DecisionKeyParts& parts) {
+  ASSIGN_OR_RETURN(DecisionKeyer keyer, DecisionKeyer::Create(parts));
+  return keyer.Key(parts.input);
 }
 
 StatusOr<KeyMaterial> ComputeWorkId(std::string_view kind, std::string_view version,

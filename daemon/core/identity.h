@@ -16,11 +16,10 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/core/status.h"
 
@@ -57,10 +56,29 @@ struct DecisionKeyParts {
   double temperature = 0;
   Json tools = Json::array();
   Json output_schema = Json::object();
+  // Precomputed sha256 hex of JCS(tools) / JCS(output_schema); when empty
+  // they are computed from the fields above.
+  std::string tools_hash;
+  std::string schema_hash;
   Json input;  // already normalized
 };
 
 StatusOr<KeyMaterial> ComputeDecisionKey(const DecisionKeyParts& parts);
+
+// The decision key for many inputs of one step: everything but the input is
+// canonicalized once. Because "input" sorts first among the material's
+// members, the canonical material is `{"input":` + JCS(input) + a suffix
+// that depends on the step only. Key(input) equals ComputeDecisionKey of
+// the same parts with that input (ComputeDecisionKey is built on it).
+class DecisionKeyer {
+ public:
+  // parts.input is ignored.
+  static StatusOr<DecisionKeyer> Create(const DecisionKeyParts& parts);
+  StatusOr<KeyMaterial> Key(const Json& normalized_input) const;
+
+ private:
+  std::string suffix_;  // `,"model":...,"v":1}`
+};
 
 StatusOr<KeyMaterial> ComputeWorkId(std::string_view kind, std::string_view version,
                                     const Json& identity);

@@ -4,18 +4,30 @@ namespace idem {
 
 std::string_view CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kNotFound: return "NotFound";
-    case Code::kAlreadyExists: return "AlreadyExists";
-    case Code::kFailedPrecondition: return "FailedPrecondition";
-    case Code::kAborted: return "Aborted";
-    case Code::kUnavailable: return "Unavailable";
-    case Code::kDeadlineExceeded: return "DeadlineExceeded";
-    case Code::kResourceExhausted: return "ResourceExhausted";
-    case Code::kUnauthenticated: return "Unauthenticated";
-    case Code::kPermissionDenied: return "PermissionDenied";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kAlreadyExists:
+      return "AlreadyExists";
+    case Code::kFailedPrecondition:
+      return "FailedPrecondition";
+    case Code::kAborted:
+      return "Aborted";
+    case Code::kUnavailable:
+      return "Unavailable";
+    case Code::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case Code::kResourceExhausted:
+      return "ResourceExhausted";
+    case Code::kUnauthenticated:
+      return "Unauthenticated";
+    case Code::kPermissionDenied:
+      return "PermissionDenied";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

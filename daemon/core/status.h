@@ -41,7 +41,10 @@ class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
   Status(Code code, std::string message, std::string field = {}, bool retryable = false)
-      : code_(code), message_(std::move(message)), field_(std::move(field)), retryable_(retryable) {}
+      : code_(code),
+        message_(std::move(message)),
+        field_(std::move(field)),
+        retryable_(retryable) {}
 
   static Status Ok() { return Status(); }
 
@@ -83,7 +86,9 @@ inline Status InvalidArgument(std::string msg, std::string field = {}) {
   return Status(Code::kInvalidArgument, std::move(msg), std::move(field));
 }
 inline Status NotFound(std::string msg) { return Status(Code::kNotFound, std::move(msg)); }
-inline Status AlreadyExists(std::string msg) { return Status(Code::kAlreadyExists, std::move(msg)); }
+inline Status AlreadyExists(std::string msg) {
+  return Status(Code::kAlreadyExists, std::move(msg));
+}
 inline Status FailedPrecondition(std::string msg) {
   return Status(Code::kFailedPrecondition, std::move(msg));
 }
@@ -104,7 +109,7 @@ template <typename T>
 class [[nodiscard]] StatusOr {
  public:
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
-    if (status_.ok()) std::abort();                          // OK without a value is a bug
+    if (status_.ok()) std::abort();                       // OK without a value is a bug
   }
   StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
 
@@ -137,10 +142,10 @@ class [[nodiscard]] StatusOr {
 #define IDEM_CONCAT_INNER(a, b) a##b
 #define IDEM_CONCAT(a, b) IDEM_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    ::idem::Status _st = (expr);       \
-    if (!_st.ok()) return _st;         \
+#define RETURN_IF_ERROR(expr)    \
+  do {                           \
+    ::idem::Status _st = (expr); \
+    if (!_st.ok()) return _st;   \
   } while (0)
 
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -1,11 +1,10 @@
 #include "daemon/decide/decide_engine.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cmath>
-#include <mutex>
-
+#include <condition_variable>
 #include <kainjow/mustache.hpp>
+#include <mutex>
 
 #include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
@@ -62,7 +61,6 @@ Normalizers NormalizersOf(const StepConfig& step) {
   return n;
 }
 
-
 // One link of a step's chain: a provider and a model.
 struct Candidate {
   std::string provider_name;
@@ -73,6 +71,7 @@ struct Candidate {
 struct CompiledStep {
   const StepConfig* config;
   const ProviderConfig* provider_config;
+  std::optional<DecisionKeyer> keyer;  // everything of the key but the input, canonicalized once
   std::vector<Candidate> chain;
   bool escalate = false;
   std::unique_ptr<JsonSchema> schema;
@@ -113,9 +112,8 @@ class DecideEngineImpl final : public DecideEngine {
                              const std::string& field) -> StatusOr<Provider*> {
         auto pit = providers_.find(pname);
         if (pit == providers_.end() || config_.providers.count(pname) == 0) {
-          return InvalidArgument("step " + name + " names provider '" + pname +
-                                     "' which is not configured",
-                                 field);
+          return InvalidArgument(
+              "step " + name + " names provider '" + pname + "' which is not configured", field);
         }
         return pit->second.get();
       };
@@ -135,6 +133,8 @@ class DecideEngineImpl final : public DecideEngine {
                          provider_of(pname, at + "/fallback/" + std::to_string(i) + "/provider"));
         c.chain.push_back({pname, p, f.value("model", step.model)});
       }
+      ASSIGN_OR_RETURN(DecisionKeyer keyer, MakeStepKeyer(step, *c.provider_config));
+      c.keyer = std::move(keyer);
       auto schema = JsonSchema::Create(step.output_schema);
       if (!schema.ok()) return schema.status().Annotate("step " + name + " output schema");
       c.schema = std::move(schema).value();
@@ -151,7 +151,7 @@ class DecideEngineImpl final : public DecideEngine {
   StatusOr<StepKey> KeyFor(const std::string& step, const Json& input) const override {
     auto it = steps_.find(step);
     if (it == steps_.end()) return Status(Code::kNotFound, "unknown step '" + step + "'", "/step");
-    return ComputeStepKey(*it->second.config, *it->second.provider_config, input);
+    return StepKeyOf(*it->second.config, *it->second.keyer, input);
   }
 
   StatusOr<DecideResult> Decide(const DecideRequest& req) override {
@@ -160,7 +160,7 @@ class DecideEngineImpl final : public DecideEngine {
       return Status(Code::kNotFound, "unknown step '" + req.step + "'", "/step");
     }
     const CompiledStep& step = it->second;
-    ASSIGN_OR_RETURN(StepKey key, ComputeStepKey(*step.config, *step.provider_config, req.input));
+    ASSIGN_OR_RETURN(StepKey key, StepKeyOf(*step.config, *step.keyer, req.input));
 
     if (req.cache != CacheMode::kRefresh) {
       ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key));
@@ -217,15 +217,15 @@ class DecideEngineImpl final : public DecideEngine {
   }
 
   StatusOr<Decision> ResolveEscalation(const std::string& escalation_id, const Json& output,
-                                       const std::string& actor,
-                                       const std::string& note) override {
+                                       const std::string& actor, const std::string& note) override {
     ASSIGN_OR_RETURN(Escalation esc, escalations_.Get(escalation_id));
     if (esc.state != "open") {
       return FailedPrecondition("escalation " + escalation_id + " is " + esc.state +
                                 " already (decision " + esc.decision_id + ")");
     }
     auto it = steps_.find(esc.step);
-    if (it == steps_.end()) return FailedPrecondition("step " + esc.step + " is no longer configured");
+    if (it == steps_.end())
+      return FailedPrecondition("step " + esc.step + " is no longer configured");
     const CompiledStep& step = it->second;
     Status valid = step.schema->Validate(output);
     if (!valid.ok()) return valid.WithField("/output" + valid.field());
@@ -365,7 +365,8 @@ class DecideEngineImpl final : public DecideEngine {
           trace.push_back(record);
           last_error = resp.status();
           if (!resp.status().retryable()) break;  // next link of the chain
-          if (attempt < attempts) BackOff(cfg, attempt, RetryAfterMillis(resp.status()), deadline_ms);
+          if (attempt < attempts)
+            BackOff(cfg, attempt, RetryAfterMillis(resp.status()), deadline_ms);
           continue;
         }
         double cost = CallCostUsd(config_, cand.model, resp->input_tokens, resp->output_tokens,
@@ -457,16 +458,15 @@ class DecideEngineImpl final : public DecideEngine {
         for (const auto& e : a["errors"]) errors.push_back(e);
       }
     }
-    esc.context = {
-        {"summary", "could not decide step " + cfg.name + " for input " +
-                        key.normalized_input.dump().substr(0, 300) + " after " +
-                        std::to_string(trace.size()) + " attempts; last error: " +
-                        last_error.message()},
-        {"attempts", trace},
-        {"errors", errors},
-        {"best_guess", best_guess},
-        {"cost_usd", total_cost},
-        {"request_id", req.request_id}};
+    esc.context = {{"summary", "could not decide step " + cfg.name + " for input " +
+                                   key.normalized_input.dump().substr(0, 300) + " after " +
+                                   std::to_string(trace.size()) +
+                                   " attempts; last error: " + last_error.message()},
+                   {"attempts", trace},
+                   {"errors", errors},
+                   {"best_guess", best_guess},
+                   {"cost_usd", total_cost},
+                   {"request_id", req.request_id}};
     RETURN_IF_ERROR(escalations_.Put(esc));
     ChainOutcome out;
     out.escalated = true;
@@ -500,24 +500,34 @@ class DecideEngineImpl final : public DecideEngine {
 
 }  // namespace
 
-StatusOr<StepKey> ComputeStepKey(const StepConfig& step, const ProviderConfig& provider,
-                                 const Json& input) {
+StatusOr<DecisionKeyer> MakeStepKeyer(const StepConfig& step, const ProviderConfig& provider) {
+  DecisionKeyParts parts;
+  parts.provider = provider.name.empty() ? step.provider : provider.name;
+  parts.model = step.model;
+  parts.prompt_version = step.prompt.version;
+  parts.temperature = step.temperature;
+  if (step.tools_sha256.empty()) parts.tools = step.tools;
+  if (step.output_schema_sha256.empty()) parts.output_schema = step.output_schema;
+  parts.tools_hash = step.tools_sha256;
+  parts.schema_hash = step.output_schema_sha256;
+  return DecisionKeyer::Create(parts);
+}
+
+StatusOr<StepKey> StepKeyOf(const StepConfig& step, const DecisionKeyer& keyer, const Json& input) {
   if (!input.is_object()) return InvalidArgument("input must be a JSON object", "/input");
   auto normalized = NormalizeInput(input, NormalizersOf(step));
   if (!normalized.ok()) {
     Status s = normalized.status();
     return s.WithField("/input" + s.field());
   }
-  DecisionKeyParts parts;
-  parts.provider = provider.name.empty() ? step.provider : provider.name;
-  parts.model = step.model;
-  parts.prompt_version = step.prompt.version;
-  parts.temperature = step.temperature;
-  parts.tools = step.tools;
-  parts.output_schema = step.output_schema;
-  parts.input = normalized.value();
-  ASSIGN_OR_RETURN(KeyMaterial key, ComputeDecisionKey(parts));
+  ASSIGN_OR_RETURN(KeyMaterial key, keyer.Key(*normalized));
   return StepKey{std::move(key), std::move(normalized).value()};
+}
+
+StatusOr<StepKey> ComputeStepKey(const StepConfig& step, const ProviderConfig& provider,
+                                 const Json& input) {
+  ASSIGN_OR_RETURN(DecisionKeyer keyer, MakeStepKeyer(step, provider));
+  return StepKeyOf(step, keyer, input);
 }
 
 double CallCostUsd(const Config& config, const std::string& model, int64_t input_tokens,

@@ -89,8 +89,8 @@ class DecideEngine {
   // (schema and value checks; InvalidArgument with the field otherwise),
   // stored as the cached decision for the escalation's key with
   // decided_by "human". FailedPrecondition when it is not open.
-  virtual StatusOr<Decision> ResolveEscalation(const std::string& escalation_id,
-                                               const Json& output, const std::string& actor,
+  virtual StatusOr<Decision> ResolveEscalation(const std::string& escalation_id, const Json& output,
+                                               const std::string& actor,
                                                const std::string& note) = 0;
 };
 
@@ -98,6 +98,12 @@ class DecideEngine {
 // `input` for `step` (normalizers applied).
 StatusOr<StepKey> ComputeStepKey(const StepConfig& step, const ProviderConfig& provider,
                                  const Json& input);
+
+// The same in two halves, as the engine does it: the step's part of the key
+// material is canonicalized once (MakeStepKeyer), each input then costs a
+// normalization, a JCS of the input and one SHA-256 (StepKeyOf).
+StatusOr<DecisionKeyer> MakeStepKeyer(const StepConfig& step, const ProviderConfig& provider);
+StatusOr<StepKey> StepKeyOf(const StepConfig& step, const DecisionKeyer& keyer, const Json& input);
 
 // The price of one call in USD from config.prices[model]; 0 when unpriced.
 double CallCostUsd(const Config& config, const std::string& model, int64_t input_tokens,

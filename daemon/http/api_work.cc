@@ -43,9 +43,10 @@ StatusOr<const ActionConfig*> FindKind(const Config& config, const std::string& 
                                        const std::string& field) {
   auto it = config.actions.find(kind);
   if (it == config.actions.end()) {
-    return Status(Code::kNotFound,
-                  "unknown action kind '" + kind + "'; kinds are declared under actions: in the config",
-                  field);
+    return Status(
+        Code::kNotFound,
+        "unknown action kind '" + kind + "'; kinds are declared under actions: in the config",
+        field);
   }
   return &it->second;
 }
@@ -64,8 +65,8 @@ RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::
   return RouteResponse{200, std::move(body), {}};
 }
 
-StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def,
-                                int64_t max, int64_t min = 1) {
+StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def, int64_t max,
+                                int64_t min = 1) {
   if (!body.contains(name)) return def;
   const Json& v = body[name];
   int64_t ms = 0;
@@ -107,10 +108,10 @@ Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string
       return r.body;
     }
     case ActionOutcomeKind::kDead: {
-      RouteResponse r = Conflict(
-          FailedPrecondition("this work is a dead letter: " + o.item.last_error +
-                             "; replay it with POST /v1/dead-letters/{id}/replay"),
-          o.item, rid);
+      RouteResponse r =
+          Conflict(FailedPrecondition("this work is a dead letter: " + o.item.last_error +
+                                      "; replay it with POST /v1/dead-letters/{id}/replay"),
+                   o.item, rid);
       *status = 409;
       return r.body;
     }
@@ -128,7 +129,9 @@ Json ReportBody(const ReconcileReport& r) {
                         {"problem", f.problem},
                         {"detail", f.detail}});
   }
-  return {{"ran_at_ms", r.ran_at_ms}, {"checked", r.checked}, {"findings", findings},
+  return {{"ran_at_ms", r.ran_at_ms},
+          {"checked", r.checked},
+          {"findings", findings},
           {"errors", r.errors}};
 }
 
@@ -142,8 +145,11 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "result), 409 someone else holds it.",
       .key_policy = KeyPolicy::kOptional,
       .request_schema = "work.claim.request",
-      .responses = {{201, "work.claimed"}, {200, "work.item"}, {400, "problem"},
-                    {404, "problem"}, {409, "problem"}},
+      .responses = {{201, "work.claimed"},
+                    {200, "work.item"},
+                    {400, "problem"},
+                    {404, "problem"},
+                    {409, "problem"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(const ActionConfig* kind,
@@ -153,9 +159,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         if (!kind->identity_fields.empty()) {
           auto extracted = ExtractIdentity(identity, kind->identity_fields);
           if (!extracted.ok()) {
-            return extracted.status().WithField(
-                "/identity" + extracted.status().field().substr(std::min<size_t>(
-                                  5, extracted.status().field().size())));
+            return extracted.status().WithField("/identity" +
+                                                extracted.status().field().substr(std::min<size_t>(
+                                                    5, extracted.status().field().size())));
           }
           ident = std::move(extracted).value();
         }
@@ -189,8 +195,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             return Duplicate(*kind, r.item, ctx.request_id);
           case ClaimOutcome::kBusy:
             deps.metrics.work_busy.Inc();
-            return Conflict(Aborted("another caller holds this work under a live lease"),
-                            r.item, ctx.request_id);
+            return Conflict(Aborted("another caller holds this work under a live lease"), r.item,
+                            ctx.request_id);
           case ClaimOutcome::kDead:
             return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
                             r.item, ctx.request_id);
@@ -209,8 +215,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         const std::string& work_id = ctx.params[0];
         const std::string token = ctx.body["lease_token"];
-        Status st = deps.store.journal().Complete(work_id, token,
-                                                  ctx.body.value("result", Json()),
+        Status st = deps.store.journal().Complete(work_id, token, ctx.body.value("result", Json()),
                                                   ctx.body.value("external_ref", ""),
                                                   deps.clock.NowMillis());
         ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(work_id));
@@ -219,9 +224,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           bool repeat = item.state == WorkState::kDone && item.lease_token == token;
           if (!repeat) {
             if (st.code() == Code::kFailedPrecondition) {
-              return Conflict(Status(Code::kFailedPrecondition,
-                                     "stale lease: " + st.message(), "/lease_token"),
-                              item, ctx.request_id);
+              return Conflict(
+                  Status(Code::kFailedPrecondition, "stale lease: " + st.message(), "/lease_token"),
+                  item, ctx.request_id);
             }
             return st;
           }
@@ -253,8 +258,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           // Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))].
           int shift = std::clamp(before.attempt - 1, 0, 30);
           int64_t ceiling = std::min<int64_t>(kind->retry.cap_ms, kind->retry.base_ms << shift);
-          delay = static_cast<int64_t>(deps.clock.env().RandomUnit() *
-                                       static_cast<double>(ceiling));
+          delay =
+              static_cast<int64_t>(deps.clock.env().RandomUnit() * static_cast<double>(ceiling));
         }
         auto r = deps.store.journal().Fail(work_id, ctx.body["lease_token"],
                                            ctx.body.value("error", "failed"),
@@ -272,21 +277,21 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         return RouteResponse{200, WorkBody(*r), {}};
       }});
 
-  routes.push_back(Route{
-      .method = "GET",
-      .pattern = "/v1/work/{id}",
-      .summary = "One journal record: state, attempts, result, external_ref, lease.",
-      .responses = {{200, "work.item"}, {404, "problem"}},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(ctx.params[0]));
-        Json body = WorkBody(item);
-        body["args"] = item.args;
-        body["identity"] = item.identity;
-        body["created_at_ms"] = item.created_at_ms;
-        body["updated_at_ms"] = item.updated_at_ms;
-        if (!item.request_id.empty()) body["request_id"] = item.request_id;
-        return RouteResponse{200, std::move(body), {}};
-      }});
+  routes.push_back(
+      Route{.method = "GET",
+            .pattern = "/v1/work/{id}",
+            .summary = "One journal record: state, attempts, result, external_ref, lease.",
+            .responses = {{200, "work.item"}, {404, "problem"}},
+            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(ctx.params[0]));
+              Json body = WorkBody(item);
+              body["args"] = item.args;
+              body["identity"] = item.identity;
+              body["created_at_ms"] = item.created_at_ms;
+              body["updated_at_ms"] = item.updated_at_ms;
+              if (!item.request_id.empty()) body["request_id"] = item.request_id;
+              return RouteResponse{200, std::move(body), {}};
+            }});
 
   routes.push_back(Route{
       .method = "POST",
@@ -295,8 +300,12 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "the original result of a duplicate, 202 retrying, 409 busy or dead.",
       .key_policy = KeyPolicy::kRequired,
       .request_schema = "action.request",
-      .responses = {{201, "work.item"}, {200, "work.item"}, {202, "work.item"},
-                    {400, "problem"}, {404, "problem"}, {409, "problem"}},
+      .responses = {{201, "work.item"},
+                    {200, "work.item"},
+                    {202, "work.item"},
+                    {400, "problem"},
+                    {404, "problem"},
+                    {409, "problem"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(const ActionConfig* kind,
@@ -345,30 +354,32 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                               : o->kind == ActionOutcomeKind::kBusy      ? "busy"
                                                                          : "dead";
           counts[label]++;
-          items.push_back({{"index", i}, {"outcome", label}, {"work_id", o->item.work_id},
+          items.push_back({{"index", i},
+                           {"outcome", label},
+                           {"work_id", o->item.work_id},
                            {"state", WorkStateName(o->item.state)}});
         }
         return RouteResponse{200, {{"run_id", run_id}, {"counts", counts}, {"items", items}}, {}};
       }});
 
-  routes.push_back(Route{
-      .method = "GET",
-      .pattern = "/v1/runs/{id}",
-      .summary = "The work items of a run and their states.",
-      .responses = {{200, "run.response"}},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 1000, 10000));
-        ASSIGN_OR_RETURN(std::vector<WorkItem> items,
-                         deps.store.journal().ByRun(ctx.params[0], limit));
-        Json list = Json::array();
-        std::map<std::string, int> counts;
-        for (const auto& w : items) {
-          counts[std::string(WorkStateName(w.state))]++;
-          list.push_back(WorkBody(w));
-        }
-        return RouteResponse{200, {{"run_id", ctx.params[0]}, {"counts", counts}, {"items", list}},
-                             {}};
-      }});
+  routes.push_back(
+      Route{.method = "GET",
+            .pattern = "/v1/runs/{id}",
+            .summary = "The work items of a run and their states.",
+            .responses = {{200, "run.response"}},
+            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 1000, 10000));
+              ASSIGN_OR_RETURN(std::vector<WorkItem> items,
+                               deps.store.journal().ByRun(ctx.params[0], limit));
+              Json list = Json::array();
+              std::map<std::string, int> counts;
+              for (const auto& w : items) {
+                counts[std::string(WorkStateName(w.state))]++;
+                list.push_back(WorkBody(w));
+              }
+              return RouteResponse{
+                  200, {{"run_id", ctx.params[0]}, {"counts", counts}, {"items", list}}, {}};
+            }});
 
   routes.push_back(Route{
       .method = "POST",
@@ -412,8 +423,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             all_done = false;
             continue;
           }
-          auto o = deps.apply.Submit(kind, a.value("args", Json::object()), plan_id,
-                                     ctx.request_id);
+          auto o =
+              deps.apply.Submit(kind, a.value("args", Json::object()), plan_id, ctx.request_id);
           if (!o.ok()) {
             results.push_back({{"index", i}, {"kind", kind}, {"error", o.status().ToString()}});
             all_done = false;
@@ -441,37 +452,36 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                              {}};
       }});
 
-  routes.push_back(Route{
-      .method = "GET",
-      .pattern = "/v1/plans/{id}",
-      .summary = "A plan: its actions, state and history.",
-      .responses = {{200, "plan"}, {404, "problem"}},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
-        return RouteResponse{200, p.ToJson(), {}};
-      }});
+  routes.push_back(Route{.method = "GET",
+                         .pattern = "/v1/plans/{id}",
+                         .summary = "A plan: its actions, state and history.",
+                         .responses = {{200, "plan"}, {404, "problem"}},
+                         .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+                           ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
+                           return RouteResponse{200, p.ToJson(), {}};
+                         }});
 
-  routes.push_back(Route{
-      .method = "GET",
-      .pattern = "/v1/dead-letters",
-      .summary = "Work whose attempts ran out: work_id, kind, attempts, last error, args.",
-      .responses = {{200, "dead_letter.list"}},
-      .roles = {"operator"},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
-        ASSIGN_OR_RETURN(std::vector<WorkItem> dead, deps.store.journal().DeadLetters(limit));
-        Json items = Json::array();
-        for (const auto& w : dead) {
-          items.push_back({{"work_id", w.work_id},
-                           {"kind", w.kind},
-                           {"attempts", w.attempt},
-                           {"last_error", w.last_error},
-                           {"args", w.args},
-                           {"updated_at_ms", w.updated_at_ms},
-                           {"run_id", w.run_id}});
-        }
-        return RouteResponse{200, {{"items", items}}, {}};
-      }});
+  routes.push_back(
+      Route{.method = "GET",
+            .pattern = "/v1/dead-letters",
+            .summary = "Work whose attempts ran out: work_id, kind, attempts, last error, args.",
+            .responses = {{200, "dead_letter.list"}},
+            .roles = {"operator"},
+            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+              ASSIGN_OR_RETURN(std::vector<WorkItem> dead, deps.store.journal().DeadLetters(limit));
+              Json items = Json::array();
+              for (const auto& w : dead) {
+                items.push_back({{"work_id", w.work_id},
+                                 {"kind", w.kind},
+                                 {"attempts", w.attempt},
+                                 {"last_error", w.last_error},
+                                 {"args", w.args},
+                                 {"updated_at_ms", w.updated_at_ms},
+                                 {"run_id", w.run_id}});
+              }
+              return RouteResponse{200, {{"items", items}}, {}};
+            }});
 
   routes.push_back(Route{
       .method = "POST",
@@ -506,51 +516,48 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                      {"acquired_at_ms", r.lease.acquired_at_ms},
                      {"expires_at_ms", r.lease.expires_at_ms}};
         if (r.outcome == LeaseOutcome::kHeld) {
-          Json p = ProblemBody(409, Aborted("lease '" + r.lease.name + "' is held by " +
-                                            r.lease.holder),
-                               ctx.request_id);
+          Json p =
+              ProblemBody(409, Aborted("lease '" + r.lease.name + "' is held by " + r.lease.holder),
+                          ctx.request_id);
           for (auto it = body.begin(); it != body.end(); ++it) p[it.key()] = it.value();
           return RouteResponse{409, std::move(p), {}};
         }
-        return RouteResponse{r.outcome == LeaseOutcome::kAcquired ? 201 : 200, std::move(body),
-                             {}};
+        return RouteResponse{r.outcome == LeaseOutcome::kAcquired ? 201 : 200, std::move(body), {}};
       }});
 
-  routes.push_back(Route{
-      .method = "DELETE",
-      .pattern = "/v1/leases/{name}",
-      .summary = "Release a named lease (?holder=).",
-      .responses = {{200, "lease"}, {409, "problem"}},
-      .roles = {"agent"},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        std::string holder = QueryParam(ctx, "holder");
-        if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
-        RETURN_IF_ERROR(deps.store.leases().Release(ctx.params[0], holder));
-        return RouteResponse{200, {{"name", ctx.params[0]}, {"released", true}}, {}};
-      }});
+  routes.push_back(
+      Route{.method = "DELETE",
+            .pattern = "/v1/leases/{name}",
+            .summary = "Release a named lease (?holder=).",
+            .responses = {{200, "lease"}, {409, "problem"}},
+            .roles = {"agent"},
+            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              std::string holder = QueryParam(ctx, "holder");
+              if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
+              RETURN_IF_ERROR(deps.store.leases().Release(ctx.params[0], holder));
+              return RouteResponse{200, {{"name", ctx.params[0]}, {"released", true}}, {}};
+            }});
 
-  routes.push_back(Route{
-      .method = "POST",
-      .pattern = "/v1/reconcile",
-      .summary = "Compare done work with the target systems now.",
-      .key_policy = KeyPolicy::kOptional,
-      .responses = {{200, "reconcile.report"}},
-      .roles = {"operator"},
-      .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(ReconcileReport r, deps.apply.Reconcile());
-        return RouteResponse{200, ReportBody(r), {}};
-      }});
+  routes.push_back(Route{.method = "POST",
+                         .pattern = "/v1/reconcile",
+                         .summary = "Compare done work with the target systems now.",
+                         .key_policy = KeyPolicy::kOptional,
+                         .responses = {{200, "reconcile.report"}},
+                         .roles = {"operator"},
+                         .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
+                           ASSIGN_OR_RETURN(ReconcileReport r, deps.apply.Reconcile());
+                           return RouteResponse{200, ReportBody(r), {}};
+                         }});
 
-  routes.push_back(Route{
-      .method = "GET",
-      .pattern = "/v1/reconcile/report",
-      .summary = "The last reconciliation report (periodic or on demand).",
-      .responses = {{200, "reconcile.report"}, {404, "problem"}},
-      .roles = {"operator"},
-      .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(ReconcileReport r, deps.apply.LastReconcile());
-        return RouteResponse{200, ReportBody(r), {}};
-      }});
+  routes.push_back(Route{.method = "GET",
+                         .pattern = "/v1/reconcile/report",
+                         .summary = "The last reconciliation report (periodic or on demand).",
+                         .responses = {{200, "reconcile.report"}, {404, "problem"}},
+                         .roles = {"operator"},
+                         .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
+                           ASSIGN_OR_RETURN(ReconcileReport r, deps.apply.LastReconcile());
+                           return RouteResponse{200, ReportBody(r), {}};
+                         }});
 }
 
 }  // namespace idem

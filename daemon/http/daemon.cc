@@ -52,8 +52,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();
 
-  RETURN_IF_ERROR(
-      CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
+  RETURN_IF_ERROR(CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
 
   d->http_client_ = MakeCurlHttpClient();
   std::map<std::string, std::unique_ptr<Provider>> providers;
@@ -62,10 +61,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     if (!p.ok()) return p.status().Annotate("provider " + name);
     providers.emplace(name, std::move(p).value());
   }
-  ASSIGN_OR_RETURN(d->decide_,
-                   DecideEngine::Create(d->config_, d->store_->decisions(),
-                                        d->store_->escalations(), std::move(providers),
-                                        *d->clock_, d->metrics_));
+  ASSIGN_OR_RETURN(
+      d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(), d->store_->escalations(),
+                                       std::move(providers), *d->clock_, d->metrics_));
 
   ASSIGN_OR_RETURN(d->apply_, ApplyEngine::Create(d->config_, d->store_->journal(),
                                                   *d->http_client_, *d->clock_, d->metrics_));

@@ -19,8 +19,8 @@
 
 #include "daemon/apply/apply_engine.h"
 #include "daemon/config/config.h"
-#include "daemon/core/http_client.h"
 #include "daemon/core/env.h"
+#include "daemon/core/http_client.h"
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/server.h"
 #include "daemon/obs/metrics.h"

@@ -12,8 +12,23 @@ const char kField[] = "header:Idempotency-Key";
 bool IsTokenChar(char c) {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
   switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+':
-    case '-': case '.': case '^': case '_': case '`': case '|': case '~': case ':': case '/':
+    case '!':
+    case '#':
+    case '$':
+    case '%':
+    case '&':
+    case '\'':
+    case '*':
+    case '+':
+    case '-':
+    case '.':
+    case '^':
+    case '_':
+    case '`':
+    case '|':
+    case '~':
+    case ':':
+    case '/':
       return true;
   }
   return false;
@@ -30,9 +45,9 @@ std::string_view TrimOws(std::string_view v) {
 StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values) {
   if (values.empty()) return std::string();
   if (values.size() > 1) {
-    return InvalidArgument("Idempotency-Key must be sent once; this request has " +
-                               std::to_string(values.size()),
-                           kField);
+    return InvalidArgument(
+        "Idempotency-Key must be sent once; this request has " + std::to_string(values.size()),
+        kField);
   }
   std::string_view v = TrimOws(values[0]);
   std::string key;

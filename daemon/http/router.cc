@@ -60,8 +60,8 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
     Json op = {{"summary", r.summary}, {"responses", Json::object()}};
     Json params = Json::array();
     for (const auto& p : r.param_names) {
-      params.push_back({{"name", p}, {"in", "path"}, {"required", true},
-                        {"schema", {{"type", "string"}}}});
+      params.push_back(
+          {{"name", p}, {"in", "path"}, {"required", true}, {"schema", {{"type", "string"}}}});
     }
     if (r.key_policy != KeyPolicy::kNone) {
       params.push_back({{"name", "Idempotency-Key"},
@@ -76,8 +76,9 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
     }
     if (!params.empty()) op["parameters"] = params;
     if (!r.request_schema.empty()) {
-      op["requestBody"] = {{"required", true},
-                           {"content", {{"application/json", {{"schema", Ref(r.request_schema)}}}}}};
+      op["requestBody"] = {
+          {"required", true},
+          {"content", {{"application/json", {{"schema", Ref(r.request_schema)}}}}}};
     }
     for (const auto& [status, schema] : r.responses) {
       Json resp = {{"description", status < 300 ? "success" : "see the body"}};

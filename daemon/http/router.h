@@ -9,12 +9,11 @@
 
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/core/status.h"
 
@@ -27,9 +26,9 @@ enum class KeyPolicy { kNone, kOptional, kRequired };
 struct RequestContext {
   std::string method;
   std::string path;
-  std::string caller;      // auth token name, or "anonymous"
-  std::string request_id;  // X-Request-Id (accepted or generated)
-  std::vector<std::string> params;            // path parameters, in pattern order
+  std::string caller;                        // auth token name, or "anonymous"
+  std::string request_id;                    // X-Request-Id (accepted or generated)
+  std::vector<std::string> params;           // path parameters, in pattern order
   std::map<std::string, std::string> query;  // query parameters (last wins)
   Json body;                                 // parsed body (null when none)
   std::string idempotency_key;               // "" when absent
@@ -48,11 +47,11 @@ struct Route {
   std::string pattern;  // "/v1/decisions/{id}"
   std::string summary;
   KeyPolicy key_policy = KeyPolicy::kNone;
-  std::string request_schema;           // schemas/api name, "" for none
+  std::string request_schema;            // schemas/api name, "" for none
   std::map<int, std::string> responses;  // status -> schemas/api name ("" for none)
-  std::vector<std::string> roles;       // any of these (or admin); empty: anyone
-  bool raw_text = false;                // response body is text (metrics)
-  bool is_public = false;               // no auth (health probes, the API description)
+  std::vector<std::string> roles;        // any of these (or admin); empty: anyone
+  bool raw_text = false;                 // response body is text (metrics)
+  bool is_public = false;                // no auth (health probes, the API description)
   RouteHandler handler;
 
   std::regex compiled;  // built by CompileRoute

@@ -22,20 +22,28 @@ std::shared_ptr<spdlog::logger> Logger() {
 
 spdlog::level::level_enum ToSpd(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarn: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
   }
   return spdlog::level::info;
 }
 
 const char* Name(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarn: return "warn";
-    case LogLevel::kError: return "error";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kError:
+      return "error";
   }
   return "info";
 }
@@ -64,7 +72,8 @@ void LogEvent(LogLevel level, std::string_view event, const nlohmann::json& fiel
   if (fields.is_object()) {
     for (auto it = fields.begin(); it != fields.end(); ++it) line[it.key()] = it.value();
   }
-  logger->log(ToSpd(level), "{}", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  logger->log(ToSpd(level), "{}",
+              line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 }  // namespace idem

@@ -6,9 +6,8 @@
 // Thread-safety: all functions may be called concurrently.
 #pragma once
 
-#include <string_view>
-
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 namespace idem {
 

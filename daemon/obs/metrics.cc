@@ -27,7 +27,8 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(http_errors_4xx, "HTTP responses with a 4xx status.");
   IDEM_METRIC(http_errors_5xx, "HTTP responses with a 5xx status.");
   IDEM_METRIC(idem_key_new, "Idempotency-Keys seen for the first time.");
-  IDEM_METRIC(idem_key_replayed, "Requests answered with a stored response (same key, same payload).");
+  IDEM_METRIC(idem_key_replayed,
+              "Requests answered with a stored response (same key, same payload).");
   IDEM_METRIC(idem_key_mismatch, "Same Idempotency-Key with another payload (422).");
   IDEM_METRIC(idem_key_in_flight, "Same Idempotency-Key while the first request ran (409).");
   IDEM_METRIC(idem_key_waited, "Duplicates that waited (Prefer: wait) for the first's answer.");

@@ -26,11 +26,11 @@ struct Metrics {
   Counter http_errors_5xx;
   // Idempotency-Key (R37)
   Counter idem_key_new;
-  Counter idem_key_replayed;       // same key, same payload: stored response replayed
-  Counter idem_key_mismatch;       // same key, other payload: 422
-  Counter idem_key_in_flight;      // same key while the first runs: 409
-  Counter idem_key_waited;         // Prefer: wait answered with the first's result
-  Counter idem_key_missing;        // required but absent: 400
+  Counter idem_key_replayed;         // same key, same payload: stored response replayed
+  Counter idem_key_mismatch;         // same key, other payload: 422
+  Counter idem_key_in_flight;        // same key while the first runs: 409
+  Counter idem_key_waited;           // Prefer: wait answered with the first's result
+  Counter idem_key_missing;          // required but absent: 400
   Counter idem_key_optional_absent;  // optional and absent (decide without a key)
   Counter idem_key_store_errors;
   Counter idem_in_progress_ms_sum;  // time between Begin and Finish

@@ -4,10 +4,14 @@
 namespace idem {
 
 Json Escalation::ToJson() const {
-  Json j = {{"escalation_id", escalation_id}, {"decision_key", decision_key},
-            {"step", step},                   {"state", state},
-            {"input", input},                 {"material", material},
-            {"context", context},             {"created_at_ms", created_at_ms}};
+  Json j = {{"escalation_id", escalation_id},
+            {"decision_key", decision_key},
+            {"step", step},
+            {"state", state},
+            {"input", input},
+            {"material", material},
+            {"context", context},
+            {"created_at_ms", created_at_ms}};
   if (!decision_id.empty()) j["decision_id"] = decision_id;
   if (!resolved_by.empty()) j["resolved_by"] = resolved_by;
   if (resolved_at_ms != 0) j["resolved_at_ms"] = resolved_at_ms;

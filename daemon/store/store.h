@@ -337,9 +337,9 @@ struct Escalation {
   std::string escalation_id;  // "esc_" + 32 hex
   std::string decision_key;
   std::string step;
-  std::string state = "open";  // open | resolved
-  Json input = Json::object();  // the normalized input
-  Json material;                // the canonical key material
+  std::string state = "open";     // open | resolved
+  Json input = Json::object();    // the normalized input
+  Json material;                  // the canonical key material
   Json context = Json::object();  // summary, attempts, errors, best_guess, cost_usd
   std::string decision_id;        // resolved: the decision the human's answer became
   std::string resolved_by;

@@ -3,11 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <thread>
-#include <vector>
-
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "tests/integration/harness.h"
 
@@ -70,9 +69,9 @@ TEST_CASE("the same decide with reordered keys and a changed volatile field is a
   CHECK(b["output"] == a["output"]);
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == 1);
 
-  auto other = f.client->Post("/v1/decide",
-                              R"({"step":"triage_ticket","input":{"ticket_id":43,"text":"refund please"}})",
-                              "application/json");
+  auto other = f.client->Post(
+      "/v1/decide", R"({"step":"triage_ticket","input":{"ticket_id":43,"text":"refund please"}})",
+      "application/json");
   REQUIRE(other->status == 200);
   CHECK(Body(other)["decision_id"] != a["decision_id"]);
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == 2);
@@ -145,9 +144,9 @@ TEST_CASE("cache only answers 404 on a miss and refresh decides again") {
   CHECK(miss->status == 404);
   CHECK(miss->get_header_value("Content-Type") == "application/problem+json");
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == 0);
-  auto first = f.client->Post(
-      "/v1/decide", R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"x"}})",
-      "application/json");
+  auto first =
+      f.client->Post("/v1/decide", R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"x"}})",
+                     "application/json");
   auto refreshed = f.client->Post(
       "/v1/decide",
       R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"x"},"cache":"refresh"})",
@@ -160,8 +159,8 @@ TEST_CASE("cache only answers 404 on a miss and refresh decides again") {
       "application/json");
   CHECK(Body(hit)["decision_id"] == Body(refreshed)["decision_id"]);
   // The superseded decision stays readable by id.
-  auto old = f.client->Get(
-      ("/v1/decisions/" + Body(first)["decision_id"].get<std::string>()).c_str());
+  auto old =
+      f.client->Get(("/v1/decisions/" + Body(first)["decision_id"].get<std::string>()).c_str());
   CHECK(old->status == 200);
 }
 
@@ -199,7 +198,8 @@ TEST_CASE("bad requests get problem+json with a pointer and store nothing") {
     CHECK_FALSE(p["request_id"].get<std::string>().empty());
     if (!c.pointer.empty()) CHECK(p["pointer"] == c.pointer);
   }
-  std::string big = R"({"step":"triage_ticket","input":{"t":")" + std::string(2 << 20, 'x') + "\"}}";
+  std::string big =
+      R"({"step":"triage_ticket","input":{"t":")" + std::string(2 << 20, 'x') + "\"}}";
   auto res = f.client->Post("/v1/decide", big, "application/json");
   REQUIRE(res);
   CHECK(res->status == 413);

@@ -50,9 +50,10 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   REQUIRE(open["items"].size() == 1);
 
   const std::string id = e["escalation_id"];
-  auto invalid = c->Post(("/v1/escalations/" + id + "/resolve").c_str(),
-                         R"({"output":{"category":"refund","priority":"low","summary":"s","actions":[]}})",
-                         "application/json");
+  auto invalid =
+      c->Post(("/v1/escalations/" + id + "/resolve").c_str(),
+              R"({"output":{"category":"refund","priority":"low","summary":"s","actions":[]}})",
+              "application/json");
   CHECK(invalid->status == 400);
   CHECK(Json::parse(invalid->body)["pointer"] == "/output/priority");
 

@@ -50,8 +50,8 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const DaemonArgs& args, std:
   std::string port_file = args.data_dir + ".port";
   d->log_path_ = args.data_dir + ".log";
   unlink(port_file.c_str());
-  std::vector<std::string> argv_s = {IDEM_BINARY,  "serve",         "--config", args.config_path,
-                                     "--listen",   "127.0.0.1:0",   "--data",   args.data_dir,
+  std::vector<std::string> argv_s = {IDEM_BINARY,   "serve",       "--config", args.config_path,
+                                     "--listen",    "127.0.0.1:0", "--data",   args.data_dir,
                                      "--port-file", port_file};
   for (const auto& a : args.extra_args) argv_s.push_back(a);
   pid_t pid = fork();
@@ -168,20 +168,28 @@ std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,
       "  threads: 96\n"
       "store:\n"
       "  engine: rocksdb\n"
-      "  path: " + dir.path() + "/data\n"
+      "  path: " +
+      dir.path() +
+      "/data\n"
       "providers:\n"
       "  demo:\n"
       "    type: scripted\n"
-      "    rules: " + rules + "\n"
+      "    rules: " +
+      rules +
+      "\n"
       "steps:\n"
       "  triage_ticket:\n"
       "    provider: demo\n"
       "    model: demo-1\n"
       "    temperature: 0\n"
       "    prompt:\n"
-      "      template: " + src + "/config/prompts/triage_ticket.mustache\n"
+      "      template: " +
+      src +
+      "/config/prompts/triage_ticket.mustache\n"
       "      version: v1\n"
-      "    output_schema: " + src + "/schemas/examples/triage_ticket.v1.json\n"
+      "    output_schema: " +
+      src +
+      "/schemas/examples/triage_ticket.v1.json\n"
       "    input:\n"
       "      drop: [received_at, request_id, trace_id]\n"
       "    attempts: 3\n"

@@ -3,15 +3,14 @@
 // with its own temp store folder and config, and talks to it over HTTP.
 #pragma once
 
+#include <httplib.h>
 #include <sys/types.h>
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 namespace idem::testing {
 

@@ -59,7 +59,8 @@ TEST_CASE("same key and same payload replays the stored response with Idempotent
   REQUIRE(first->status == 200);
   CHECK(first->get_header_value("Idempotent-Replayed") == "");
   // Same payload with reordered members: the fingerprint is over JCS.
-  auto again = f.Decide("\"k-1\"", R"({"input":{"text":"a","ticket_id":1},"step":"triage_ticket"})");
+  auto again =
+      f.Decide("\"k-1\"", R"({"input":{"text":"a","ticket_id":1},"step":"triage_ticket"})");
   REQUIRE(again->status == 200);
   CHECK(again->get_header_value("Idempotent-Replayed") == "true");
   CHECK(again->body == first->body);
@@ -172,8 +173,10 @@ TEST_CASE("keys are scoped per caller and a missing or wrong token is 401") {
   // sha256 of "agent-one-secret" and "agent-two-secret" (printf '%s' X | sha256sum).
   Fixture f(
       "auth:\n  tokens:\n"
-      "    - {name: one, sha256: f084401c27a27fedacb3feafebb7148bcfd273bc76d0fa5aa39f1b1cd6bd616c, roles: [agent]}\n"
-      "    - {name: two, sha256: a5cef620fbd5ac9e81004a511567d414c7382943416dcfe1db9a13a976e4c7a3, roles: [agent]}\n");
+      "    - {name: one, sha256: f084401c27a27fedacb3feafebb7148bcfd273bc76d0fa5aa39f1b1cd6bd616c, "
+      "roles: [agent]}\n"
+      "    - {name: two, sha256: a5cef620fbd5ac9e81004a511567d414c7382943416dcfe1db9a13a976e4c7a3, "
+      "roles: [agent]}\n");
   f.Start();
   httplib::Headers one = {{"Authorization", "Bearer agent-one-secret"}};
   httplib::Headers two = {{"Authorization", "Bearer agent-two-secret"}};

@@ -54,7 +54,8 @@ Json J(const httplib::Result& r) {
 
 TEST_CASE("claim, complete, and a second claim returns the original result") {
   Fixture f;
-  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-7"}}}, {"lease", "30s"}};
+  Json claim = {
+      {"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-7"}}}, {"lease", "30s"}};
   auto first = f.Post("/v1/work/claim", claim);
   REQUIRE(first->status == 201);
   Json c = J(first);
@@ -70,8 +71,9 @@ TEST_CASE("claim, complete, and a second claim returns the original result") {
   CHECK(J(busy)["locked_until_ms"].get<int64_t>() > 0);
   CHECK_FALSE(J(busy).contains("lease_token"));
 
-  auto done = f.Post("/v1/work/" + id + "/complete",
-                     {{"lease_token", token}, {"result", {{"sent", true}}}, {"external_ref", "in_123"}});
+  auto done =
+      f.Post("/v1/work/" + id + "/complete",
+             {{"lease_token", token}, {"result", {{"sent", true}}}, {"external_ref", "in_123"}});
   REQUIRE(done->status == 200);
   CHECK(J(done)["state"] == "done");
 
@@ -128,8 +130,9 @@ TEST_CASE("failures are retried until attempts run out, then a dead letter that 
   Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-9"}}}};
   Json c = J(f.Post("/v1/work/claim", claim));
   std::string id = c["work_id"];
-  auto failed = f.Post("/v1/work/" + id + "/fail",
-                       {{"lease_token", c["lease_token"]}, {"error", "smtp 451"}, {"retry_after", 0}});
+  auto failed =
+      f.Post("/v1/work/" + id + "/fail",
+             {{"lease_token", c["lease_token"]}, {"error", "smtp 451"}, {"retry_after", 0}});
   CHECK(J(failed)["state"] == "failed");
   Json c2 = J(f.Post("/v1/work/claim", claim));
   REQUIRE(c2["attempt"] == 2);
@@ -177,9 +180,9 @@ TEST_CASE("claims name a declared kind and carry every identity field") {
   auto missing = f.Post("/v1/work/claim", {{"kind", "send_invoice"}, {"identity", {{"x", 1}}}});
   CHECK(missing->status == 400);
   CHECK(J(missing)["pointer"] == "/identity/invoice_id");
-  auto bad_lease = f.Post("/v1/work/claim", {{"kind", "send_invoice"},
-                                             {"identity", {{"invoice_id", "a"}}},
-                                             {"lease", "forever"}});
+  auto bad_lease =
+      f.Post("/v1/work/claim",
+             {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "a"}}}, {"lease", "forever"}});
   CHECK(bad_lease->status == 400);
   CHECK(J(bad_lease)["pointer"] == "/lease");
 }

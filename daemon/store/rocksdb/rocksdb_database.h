@@ -34,24 +34,24 @@ namespace idem::rocks {
 // (Family ColumnFamilyName) are the on-disk layout.
 enum class Family : int {
   kMeta = 0,
-  kDecisions,        // decision_id -> Decision JSON
-  kDecisionKeys,     // decision_key -> decision_id of the cached decision
-  kDecisionsByTime,  // BE8(~created_at) | decision_id -> ""
-  kDecisionsByStep,  // LP(step) | BE8(~created_at) | decision_id -> ""
-  kIdemKeys,         // LP(scope) | key -> IdemRecord JSON
-  kIdemExpiry,       // BE8(expires_at) | LP(scope) | key -> ""
-  kJournal,          // work_id -> WorkItem JSON
-  kJournalDue,       // BE8(due_at) | work_id -> ""  (pending/failed, running)
-  kJournalDead,      // BE8(updated_at) | work_id -> ""
-  kJournalRun,       // LP(run_id) | BE8(created_at) | work_id -> ""
-  kJournalDoneRef,   // LP(kind) | BE8(~updated_at) | work_id -> ""
-  kJournalExpiry,    // BE8(expires_at) | work_id -> ""  (done with a window)
-  kPlans,            // plan_id -> Plan JSON
-  kPlansByState,     // LP(state) | BE8(created_at) | plan_id -> ""
-  kAudit,            // BE8(seq) -> AuditEvent JSON
-  kLeases,           // name -> NamedLease JSON
-  kEscalations,      // escalation_id -> Escalation JSON
-  kEscalationsOpen,  // decision_key -> escalation_id of the open escalation
+  kDecisions,          // decision_id -> Decision JSON
+  kDecisionKeys,       // decision_key -> decision_id of the cached decision
+  kDecisionsByTime,    // BE8(~created_at) | decision_id -> ""
+  kDecisionsByStep,    // LP(step) | BE8(~created_at) | decision_id -> ""
+  kIdemKeys,           // LP(scope) | key -> IdemRecord JSON
+  kIdemExpiry,         // BE8(expires_at) | LP(scope) | key -> ""
+  kJournal,            // work_id -> WorkItem JSON
+  kJournalDue,         // BE8(due_at) | work_id -> ""  (pending/failed, running)
+  kJournalDead,        // BE8(updated_at) | work_id -> ""
+  kJournalRun,         // LP(run_id) | BE8(created_at) | work_id -> ""
+  kJournalDoneRef,     // LP(kind) | BE8(~updated_at) | work_id -> ""
+  kJournalExpiry,      // BE8(expires_at) | work_id -> ""  (done with a window)
+  kPlans,              // plan_id -> Plan JSON
+  kPlansByState,       // LP(state) | BE8(created_at) | plan_id -> ""
+  kAudit,              // BE8(seq) -> AuditEvent JSON
+  kLeases,             // name -> NamedLease JSON
+  kEscalations,        // escalation_id -> Escalation JSON
+  kEscalationsOpen,    // decision_key -> escalation_id of the open escalation
   kEscalationsByTime,  // BE8(~created_at) | escalation_id -> ""
   kCount,
 };

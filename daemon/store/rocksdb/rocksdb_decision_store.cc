@@ -52,10 +52,39 @@ StatusOr<std::optional<Decision>> RocksDecisionStore::Load(const std::string& de
   return std::optional<Decision>(std::move(d));
 }
 
+RocksDecisionStore::CacheShard& RocksDecisionStore::ShardFor(const std::string& decision_key) {
+  return cache_[std::hash<std::string>{}(decision_key) % kCacheShards];
+}
+
+void RocksDecisionStore::Remember(const Decision& d) {
+  auto shared = std::make_shared<const Decision>(d);  // shared: readers copy out of it
+  CacheShard& shard = ShardFor(d.decision_key);
+  MutexLock lock(shard.mu);
+  shard.generation++;
+  if (shard.by_key.size() >= kCacheEntriesPerShard) shard.by_key.clear();
+  shard.by_key[d.decision_key] = std::move(shared);
+}
+
 StatusOr<std::optional<Decision>> RocksDecisionStore::Current(const std::string& decision_key) {
+  CacheShard& shard = ShardFor(decision_key);
+  uint64_t generation = 0;
+  {
+    MutexLock lock(shard.mu);
+    auto it = shard.by_key.find(decision_key);
+    if (it != shard.by_key.end()) return std::optional<Decision>(*it->second);
+    generation = shard.generation;
+  }
   ASSIGN_OR_RETURN(std::optional<std::string> id, db_.Get(Family::kDecisionKeys, decision_key));
   if (!id) return std::optional<Decision>();
-  return Load(*id);
+  ASSIGN_OR_RETURN(std::optional<Decision> d, Load(*id));
+  if (d) {
+    auto shared = std::make_shared<const Decision>(*d);
+    MutexLock lock(shard.mu);
+    if (shard.generation == generation && shard.by_key.size() < kCacheEntriesPerShard) {
+      shard.by_key.emplace(decision_key, std::move(shared));
+    }
+  }
+  return d;
 }
 
 StatusOr<Decision> RocksDecisionStore::GetByKey(const std::string& decision_key, int64_t now_ms) {
@@ -83,7 +112,9 @@ Status RocksDecisionStore::Store(const Decision& d) {
   batch.Put(Family::kDecisionKeys, d.decision_key, d.decision_id);
   batch.Put(Family::kDecisionsByTime, Position(d), "");
   batch.Put(Family::kDecisionsByStep, LengthPrefixed(d.step) + Position(d), "");
-  return db_.Commit(batch, /*durable=*/true);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  Remember(d);
+  return Status::Ok();
 }
 
 StatusOr<Decision> RocksDecisionStore::PutIfAbsent(const Decision& d, int64_t now_ms) {

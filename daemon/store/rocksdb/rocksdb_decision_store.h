@@ -10,8 +10,12 @@
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
+#include <array>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/store.h"
@@ -37,7 +41,24 @@ class RocksDecisionStore final : public DecisionStore {
   // Stages `d` as the cached decision for its key. REQUIRES: the key's stripe.
   Status Store(const Decision& d);
 
+  // A write-through memory of the current decision per key: a cache hit
+  // (the daemon's hottest read) then costs no RocksDB read and no JSON
+  // parse. One process owns the store, so every write passes through here.
+  // A shard's generation changes with every write to it; a reader that
+  // loaded from disk inserts only if no write happened meanwhile, so a
+  // stale decision can never be put back. Bounded: a full shard is emptied.
+  struct CacheShard {
+    Mutex mu;
+    std::unordered_map<std::string, std::shared_ptr<const Decision>> by_key GUARDED_BY(mu);
+    uint64_t generation GUARDED_BY(mu) = 0;
+  };
+  static constexpr size_t kCacheShards = 16;
+  static constexpr size_t kCacheEntriesPerShard = 512;
+  CacheShard& ShardFor(const std::string& decision_key);
+  void Remember(const Decision& d);
+
   RocksDatabase& db_;
+  std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace idem::rocks

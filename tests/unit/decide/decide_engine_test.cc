@@ -1,5 +1,7 @@
 // The decide pipeline with a fake clock, a fake provider (the Provider
 // interface, scripted per test) and the real RocksDB store.
+#include "daemon/decide/decide_engine.h"
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "daemon/core/env.h"
-#include "daemon/decide/decide_engine.h"
 #include "providers/errors.h"
 
 namespace idem {
@@ -63,8 +64,8 @@ ProviderResponse NotJson() {
 }
 
 Status RateLimited(int64_t retry_after_ms) {
-  return ToStatus(UpstreamError{Status(Code::kResourceExhausted, "fake: HTTP 429", "", true),
-                                retry_after_ms});
+  return ToStatus(
+      UpstreamError{Status(Code::kResourceExhausted, "fake: HTTP 429", "", true), retry_after_ms});
 }
 
 const Json kValid = {{"category", "refund"}, {"priority", "high"}};

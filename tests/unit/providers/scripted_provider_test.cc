@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "daemon/config/config.h"
-#include "daemon/core/json_schema.h"
 #include "daemon/core/http_client.h"
+#include "daemon/core/json_schema.h"
 #include "providers/registry.h"
 
 namespace idem {
