@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,8 +45,11 @@ inline int Connect(int port) {
   return fd;
 }
 
-inline LoadResult RunLoad(int port, const std::string& request, int connections, double seconds,
-                          int threads = 2) {
+// `make_request(seq)` builds the seq-th request (seq is unique across
+// connections), for loads where each request must differ.
+inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)>& make_request,
+                             int connections, double seconds, int threads = 2) {
+  std::atomic<uint64_t> seq{0};
   threads = std::max(1, std::min(threads, connections));
   std::atomic<bool> stop{false};
   std::vector<std::vector<float>> lat(threads);
@@ -74,6 +78,7 @@ inline LoadResult RunLoad(int port, const std::string& request, int connections,
         }
         c.buf.clear();
         c.need = 0;
+        const std::string request = make_request(seq.fetch_add(1));
         c.sent = std::chrono::steady_clock::now();
         return send(c.fd, request.data(), request.size(), MSG_NOSIGNAL) ==
                static_cast<ssize_t>(request.size());
@@ -146,6 +151,12 @@ inline LoadResult RunLoad(int port, const std::string& request, int connections,
   r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
   r.max_us = all.back();
   return r;
+}
+
+inline LoadResult RunLoad(int port, const std::string& request, int connections, double seconds,
+                          int threads = 2) {
+  return RunLoadGen(
+      port, [&request](uint64_t) { return request; }, connections, seconds, threads);
 }
 
 inline std::string PostRequest(const std::string& path, const std::string& body) {

@@ -4,6 +4,7 @@
 #include "daemon/http/api.h"
 #include "daemon/obs/log.h"
 #include "providers/registry.h"
+#include "providers/schema_lint.h"
 
 namespace idem {
 
@@ -32,6 +33,34 @@ Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_cha
   return Status::Ok();
 }
 
+Status LintOutputSchemas(const Config& config) {
+  std::string report;
+  for (const auto& [name, step] : config.steps) {
+    std::vector<std::string> providers = {step.provider};
+    for (const auto& f : step.fallback) {
+      if (f.is_object()) providers.push_back(f.value("provider", step.provider));
+    }
+    for (const auto& pname : providers) {
+      auto pit = config.providers.find(pname);
+      if (pit == config.providers.end()) continue;
+      std::string type = pit->second.type;
+      // Anthropic's default forced tool use takes any schema; only its
+      // native structured output is strict.
+      if (type == "anthropic" && pit->second.raw.value("structured_output", "tool") != "native") {
+        continue;
+      }
+      for (const LintIssue& issue : LintForStrictMode(type, step.output_schema)) {
+        report += "\n  step " + name + " (provider " + pname + ", " + type +
+                  " strict mode): " + step.output_schema_path + " at " +
+                  (issue.pointer.empty() ? "/" : issue.pointer) + ": " + issue.problem +
+                  "; fix: " + issue.fix;
+      }
+    }
+  }
+  if (report.empty()) return Status::Ok();
+  return FailedPrecondition("output schemas the provider's strict mode would refuse:" + report);
+}
+
 Daemon::~Daemon() { Stop(); }
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
@@ -52,6 +81,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();
 
+  RETURN_IF_ERROR(LintOutputSchemas(d->config_));
   RETURN_IF_ERROR(CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
 
   d->http_client_ = MakeCurlHttpClient();

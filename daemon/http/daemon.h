@@ -68,6 +68,11 @@ class Daemon {
   std::thread sweeper_;
 };
 
+// Every step's output schema against the strict structured-output mode of
+// each provider in its chain (providers/schema_lint.h): FailedPrecondition
+// listing each problem with its pointer and fix.
+Status LintOutputSchemas(const Config& config);
+
 // Checks (and records) the hash of every step's prompt per version.
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change);
 

@@ -37,6 +37,12 @@ struct Fixture {
   }
 };
 
+}  // namespace
+
+std::string kRulesForPrompt() { return kRules; }
+
+namespace {
+
 Json Body(const httplib::Result& res) {
   REQUIRE(res);
   return Json::parse(res->body);
@@ -264,6 +270,69 @@ TEST_CASE("a request id is accepted, echoed and generated when absent") {
   CHECK(gen->get_header_value("X-Request-Id").size() == 16);
   auto bad = f.client->Get("/healthz", {{"X-Request-Id", "has spaces and \"quotes\""}});
   CHECK(bad->get_header_value("X-Request-Id") != "has spaces and \"quotes\"");
+}
+
+}  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("a prompt whose text changed under the same version is refused at start-up") {
+  TempDir dir;
+  std::string tmpl = dir.File("prompt.mustache", "Triage: {{{input.text}}}");
+  std::string config = WriteTestConfig(dir, kRulesForPrompt());
+  {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    size_t at = text.find("template: ");
+    text.replace(at, text.find('\n', at) - at, "template: " + tmpl);
+    dir.File("idem.yaml", text);
+  }
+  std::string err;
+  auto first = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(first != nullptr, err);
+  first->Stop();
+
+  dir.File("prompt.mustache", "Triage politely: {{{input.text}}}");
+  auto refused = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  CHECK(refused == nullptr);
+  CHECK(err.find("changed while its version stayed v1") != std::string::npos);
+
+  auto allowed =
+      DaemonProcess::Start({config, dir.path() + "/data", {"--allow-prompt-change"}, {}}, &err);
+  CHECK_MESSAGE(allowed != nullptr, err);
+}
+
+TEST_CASE("an output schema that OpenAI's strict mode would refuse fails start-up with the fix") {
+  TempDir dir;
+  std::string schema =
+      dir.File("loose.json", R"({"type":"object","properties":{"category":{"type":"string"}}})");
+  std::string config = WriteTestConfig(dir, kRulesForPrompt(),
+                                       "  strict_step:\n"
+                                       "    provider: gpt\n"
+                                       "    model: gpt-4o-mini\n"
+                                       "    prompt: {template: " +
+                                           std::string(IDEM_SOURCE_DIR) +
+                                           "/config/prompts/triage_ticket.mustache, version: v1}\n"
+                                           "    output_schema: " +
+                                           schema + "\n");
+  {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    text.replace(text.find("providers:\n"), 11,
+                 "providers:\n  gpt:\n    type: openai\n    api_key_env: IDEM_TEST_OPENAI_KEY\n");
+    dir.File("idem.yaml", text);
+  }
+  std::string err;
+  auto d = DaemonProcess::Start(
+      {config, dir.path() + "/data", {}, {{"IDEM_TEST_OPENAI_KEY", "sk-test-not-a-key"}}}, &err);
+  CHECK(d == nullptr);
+  CHECK(err.find("strict_step") != std::string::npos);
+  CHECK(err.find("additionalProperties") != std::string::npos);
+  CHECK(err.find("sk-test-not-a-key") == std::string::npos);
 }
 
 }  // namespace idem::testing

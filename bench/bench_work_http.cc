@@ -1,0 +1,112 @@
+// bench_work_http: durable journal claims over HTTP against the real daemon
+// binary (default config, kind send_reply, store sync=true): new-work claims
+// (each one a durable, fsynced write) at 1, 16 and 64 connections, and
+// duplicate claims of done work (a read, no fsync) at 64, beside the bare
+// HTTP reference route.
+//
+//   build/bench/bench_work_http [--seconds 5]
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "bench/loadgen.h"
+
+using namespace idem::bench;
+
+namespace {
+
+void Row(const char* name, int conns, const LoadResult& r) {
+  std::printf("%-40s %5d %12.0f %10.0f %10.0f %8ld\n", name, conns, r.requests_per_s, r.p50_us,
+              r.p99_us, r.errors);
+}
+
+std::string Claim(const std::string& identity) {
+  return PostRequest("/v1/work/claim",
+                     R"({"kind":"send_reply","identity":)" + identity + R"(,"lease":"60s"})");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 5;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
+  }
+  char tmpl[] = "/tmp/idem-bench-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::string port_file = dir + "/port";
+  const std::string config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string log = dir + "/daemon.log";
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    (void)f;
+    dup2(1, 2);
+    execl(IDEM_BINARY, IDEM_BINARY, "serve", "--config", config.c_str(), "--listen", "127.0.0.1:0",
+          "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(), "--log-level",
+          "warn", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 2000 && port == 0; ++i) {
+    std::ifstream pf(port_file);
+    if (!(pf >> port)) port = 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (port == 0) {
+    std::fprintf(stderr, "daemon did not start; see %s/daemon.log\n", dir.c_str());
+    return 1;
+  }
+  std::printf("idem bench_work_http: %.0f s per row, %u cores, store sync=true\n\n", seconds,
+              std::thread::hardware_concurrency());
+  std::printf("%-40s %5s %12s %10s %10s %8s\n", "row", "conns", "req/s", "p50 us", "p99 us",
+              "errors");
+  Row("GET /healthz (bare HTTP reference)", 64, RunLoad(port, GetRequest("/healthz"), 64, seconds));
+  uint64_t base = 0;
+  for (int conns : {1, 16, 64}) {
+    // Every request claims new work: a unique identity, one durable write.
+    const uint64_t offset = base;
+    LoadResult r = RunLoadGen(
+        port,
+        [offset](uint64_t seq) {
+          return Claim(R"({"ticket_id":)" + std::to_string(offset + seq) + R"(,"text":"bench"})");
+        },
+        conns, seconds);
+    base += static_cast<uint64_t>(r.requests + r.errors) + 1'000'000;
+    Row("POST /v1/work/claim (new work, fsync)", conns, r);
+  }
+  // Duplicates of done work: answered 200 with the original result from a
+  // read, without a write or an fsync.
+  {
+    httplib::Client c("127.0.0.1", port);
+    const std::string body = R"({"kind":"send_reply","identity":{"ticket_id":-1,"text":"dup"}})";
+    auto claimed = c.Post("/v1/work/claim", body, "application/json");
+    if (!claimed || claimed->status != 201) {
+      std::fprintf(stderr, "claim for the duplicate row failed\n");
+      return 1;
+    }
+    auto j = nlohmann::json::parse(claimed->body);
+    std::string done =
+        nlohmann::json{{"lease_token", j["lease_token"]}, {"result", {{"ok", true}}}}.dump();
+    c.Post(("/v1/work/" + j["work_id"].get<std::string>() + "/complete").c_str(), done,
+           "application/json");
+  }
+  const std::string dup = Claim(R"({"ticket_id":-1,"text":"dup"})");
+  for (int conns : {1, 64})
+    Row("POST /v1/work/claim (duplicate of done)", conns, RunLoad(port, dup, conns, seconds));
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}
