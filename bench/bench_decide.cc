@@ -47,32 +47,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
   }
-  char tmpl[] = "/tmp/idem-bench-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  std::string port_file = dir + "/port";
+  BenchDaemon daemon;
+  if (!daemon.Start()) return 1;
+  const int port = daemon.port;
+  const pid_t pid = daemon.pid;
+  const std::string dir = daemon.dir;
   const std::string config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
-
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string log = dir + "/daemon.log";
-    FILE* f = std::freopen(log.c_str(), "w", stdout);
-    (void)f;
-    dup2(1, 2);
-    execl(IDEM_BINARY, IDEM_BINARY, "serve", "--config", config.c_str(), "--listen", "127.0.0.1:0",
-          "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(), "--log-level",
-          "warn", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int port = 0;
-  for (int i = 0; i < 2000 && port == 0; ++i) {
-    std::ifstream pf(port_file);
-    if (!(pf >> port)) port = 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (port == 0) {
-    std::fprintf(stderr, "daemon did not start; see %s/daemon.log\n", dir.c_str());
-    return 1;
-  }
   std::this_thread::sleep_for(std::chrono::seconds(1));
   long idle_rss = StatusKb(pid, "VmRSS:");
 
@@ -92,9 +72,7 @@ int main(int argc, char** argv) {
     Row("POST /v1/decide (cache hit)", conns, RunLoad(port, decide, conns, seconds));
   }
   long peak_rss = StatusKb(pid, "VmHWM:");
-  kill(pid, SIGTERM);
-  int st = 0;
-  waitpid(pid, &st, 0);
+  daemon.Stop();
 
   // In-process: key derivation + cache lookup, the work a cache hit does
   // besides HTTP and JSON parsing.
@@ -135,7 +113,5 @@ int main(int argc, char** argv) {
   std::printf("  key derivation alone: %.0f ns/op; cache lookup alone: %.0f ns/op\n", derive,
               lookup);
   std::printf("daemon RSS: idle %.1f MB, peak %.1f MB\n", idle_rss / 1024.0, peak_rss / 1024.0);
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   return 0;
 }

@@ -41,31 +41,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
   }
-  char tmpl[] = "/tmp/idem-bench-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  std::string port_file = dir + "/port";
-  const std::string config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string log = dir + "/daemon.log";
-    FILE* f = std::freopen(log.c_str(), "w", stdout);
-    (void)f;
-    dup2(1, 2);
-    execl(IDEM_BINARY, IDEM_BINARY, "serve", "--config", config.c_str(), "--listen", "127.0.0.1:0",
-          "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(), "--log-level",
-          "warn", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int port = 0;
-  for (int i = 0; i < 2000 && port == 0; ++i) {
-    std::ifstream pf(port_file);
-    if (!(pf >> port)) port = 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (port == 0) {
-    std::fprintf(stderr, "daemon did not start; see %s/daemon.log\n", dir.c_str());
-    return 1;
-  }
+  BenchDaemon daemon;
+  if (!daemon.Start()) return 1;
+  const int port = daemon.port;
   std::printf("idem bench_work_http: %.0f s per row, %u cores, store sync=true\n\n", seconds,
               std::thread::hardware_concurrency());
   std::printf("%-40s %5s %12s %10s %10s %8s\n", "row", "conns", "req/s", "p50 us", "p99 us",
@@ -103,10 +81,5 @@ int main(int argc, char** argv) {
   const std::string dup = Claim(R"({"ticket_id":-1,"text":"dup"})");
   for (int conns : {1, 64})
     Row("POST /v1/work/claim (duplicate of done)", conns, RunLoad(port, dup, conns, seconds));
-  kill(pid, SIGTERM);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
   return 0;
 }

@@ -7,8 +7,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -168,5 +172,53 @@ inline std::string PostRequest(const std::string& path, const std::string& body)
 inline std::string GetRequest(const std::string& path) {
   return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 }
+
+// The real daemon binary in its own process on the default config, with a
+// fresh store in a temp folder, on a free loopback port.
+struct BenchDaemon {
+  std::string dir;
+  pid_t pid = -1;
+  int port = 0;
+
+  // Returns false (and says why on stderr) if it did not come up in 20 s.
+  bool Start() {
+    char tmpl[] = "/tmp/idem-bench-XXXXXX";
+    dir = mkdtemp(tmpl);
+    const std::string port_file = dir + "/port";
+    const std::string config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
+    pid = fork();
+    if (pid == 0) {
+      const std::string log = dir + "/daemon.log";
+      if (std::freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
+      dup2(1, 2);
+      execl(IDEM_BINARY, IDEM_BINARY, "serve", "--config", config.c_str(), "--listen",
+            "127.0.0.1:0", "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(),
+            "--log-level", "warn", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 2000 && port == 0; ++i) {
+      std::ifstream pf(port_file);
+      if (!(pf >> port)) port = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (port == 0) std::fprintf(stderr, "daemon did not start; see %s/daemon.log\n", dir.c_str());
+    return port != 0;
+  }
+
+  void Stop() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int status = 0;
+      waitpid(pid, &status, 0);
+      pid = -1;
+    }
+  }
+
+  ~BenchDaemon() {
+    Stop();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
 
 }  // namespace idem::bench

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/apply/backoff.h"
 #include "daemon/apply/effector.h"
 #include "daemon/apply/work_identity.h"
+#include "daemon/core/backoff.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/mutex.h"
 #include "daemon/obs/log.h"
@@ -272,8 +272,9 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
   }
 
   const bool retryable = attempt.status.retryable();
-  const int64_t delay = RetryDelayMs(claimed.attempt, kind.action->retry, clock_.env().RandomUnit(),
-                                     attempt.retry_after_ms);
+  const RetryConfig& retry = kind.action->retry;
+  const int64_t delay = RetryDelayMs(claimed.attempt, retry.base_ms, retry.cap_ms,
+                                     clock_.env().RandomUnit(), attempt.retry_after_ms);
   StatusOr<WorkItem> failed = journal_.Fail(claimed.work_id, claimed.lease_token,
                                             attempt.status.ToString(), retryable, now + delay, now);
   if (!failed.ok()) {

@@ -6,6 +6,7 @@
 #include <kainjow/mustache.hpp>
 #include <mutex>
 
+#include "daemon/core/backoff.h"
 #include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
 #include "daemon/core/json_schema.h"
@@ -477,10 +478,10 @@ class DecideEngineImpl final : public DecideEngine {
   // Full-jitter exponential backoff, at least the upstream's Retry-After,
   // and never past the step's deadline.
   void BackOff(const StepConfig& cfg, int attempt, int64_t retry_after_ms, int64_t deadline_ms) {
-    int shift = std::clamp(attempt - 1, 0, 30);
-    int64_t ceiling = std::min<int64_t>(cfg.retry_cap_ms, cfg.retry_base_ms << shift);
-    auto sleep_ms = static_cast<int64_t>(clock_.env().RandomUnit() * static_cast<double>(ceiling));
-    sleep_ms = std::max(sleep_ms, retry_after_ms);
+    // Here Retry-After may exceed the step's cap: only the deadline bounds it.
+    int64_t sleep_ms = std::max(FullJitterBackoffMs(attempt, cfg.retry_base_ms, cfg.retry_cap_ms,
+                                                    clock_.env().RandomUnit()),
+                                retry_after_ms);
     int64_t left = deadline_ms - clock_.NowMillis();
     clock_.env().SleepMillis(std::max<int64_t>(0, std::min(sleep_ms, left)));
   }

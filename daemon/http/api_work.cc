@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "daemon/apply/work_identity.h"
+#include "daemon/core/backoff.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
@@ -255,11 +256,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         if (ctx.body.contains("retry_after")) {
           ASSIGN_OR_RETURN(delay, DurationField(ctx.body, "retry_after", 0, kMaxLeaseMs, 0));
         } else if (kind != nullptr) {
-          // Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))].
-          int shift = std::clamp(before.attempt - 1, 0, 30);
-          int64_t ceiling = std::min<int64_t>(kind->retry.cap_ms, kind->retry.base_ms << shift);
-          delay =
-              static_cast<int64_t>(deps.clock.env().RandomUnit() * static_cast<double>(ceiling));
+          delay = FullJitterBackoffMs(before.attempt, kind->retry.base_ms, kind->retry.cap_ms,
+                                      deps.clock.env().RandomUnit());
         }
         auto r = deps.store.journal().Fail(work_id, ctx.body["lease_token"],
                                            ctx.body.value("error", "failed"),

@@ -1,4 +1,4 @@
-#include "daemon/apply/backoff.h"
+#include "daemon/core/backoff.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,10 +18,11 @@ int64_t FullJitterBackoffMs(int attempt, int64_t base_ms, int64_t cap_ms, double
   return std::clamp<int64_t>(delay, 0, cap_ms);
 }
 
-int64_t RetryDelayMs(int attempt, const RetryConfig& retry, double unit, int64_t retry_after_ms) {
-  int64_t delay = FullJitterBackoffMs(attempt, retry.base_ms, retry.cap_ms, unit);
+int64_t RetryDelayMs(int attempt, int64_t base_ms, int64_t cap_ms, double unit,
+                     int64_t retry_after_ms) {
+  int64_t delay = FullJitterBackoffMs(attempt, base_ms, cap_ms, unit);
   if (retry_after_ms > 0) {
-    delay = std::max(delay, std::min(retry_after_ms, std::max<int64_t>(retry.cap_ms, 0)));
+    delay = std::max(delay, std::min(retry_after_ms, std::max<int64_t>(cap_ms, 0)));
   }
   return delay;
 }

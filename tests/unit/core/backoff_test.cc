@@ -1,4 +1,4 @@
-#include "daemon/apply/backoff.h"
+#include "daemon/core/backoff.h"
 
 #include <doctest/doctest.h>
 
@@ -35,13 +35,11 @@ TEST_CASE("full-jitter backoff stays within min(cap, base * 2^(attempt-1))") {
 }
 
 TEST_CASE("Retry-After raises the delay but never beyond the cap") {
-  RetryConfig retry;
-  retry.base_ms = 200;
-  retry.cap_ms = 30'000;
-  CHECK(RetryDelayMs(1, retry, 0.5, 0) == 100);
-  CHECK(RetryDelayMs(1, retry, 0.5, 5'000) == 5'000);
-  CHECK(RetryDelayMs(1, retry, 0.5, 50) == 100);  // the backoff is longer already
-  CHECK(RetryDelayMs(1, retry, 0.5, 3'600'000) == 30'000);
+  const int64_t base = 200, cap = 30'000;
+  CHECK(RetryDelayMs(1, base, cap, 0.5, 0) == 100);
+  CHECK(RetryDelayMs(1, base, cap, 0.5, 5'000) == 5'000);
+  CHECK(RetryDelayMs(1, base, cap, 0.5, 50) == 100);  // the backoff is longer already
+  CHECK(RetryDelayMs(1, base, cap, 0.5, 3'600'000) == 30'000);
 }
 
 }  // namespace idem

@@ -1,12 +1,11 @@
-// Retry timing for the apply engine (private to the apply component): full
-// jitter backoff, as one policy for submissions and workers alike (R20).
+// Retry timing: full-jitter exponential backoff, the one policy for the
+// decide engine's provider retries, the apply engine's effector retries and
+// client-reported failures alike (R20, R32).
 //
 // Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
-
-#include "daemon/config/config.h"
 
 namespace idem {
 
@@ -18,7 +17,8 @@ int64_t FullJitterBackoffMs(int attempt, int64_t base_ms, int64_t cap_ms, double
 
 // The delay before the next attempt: the jittered backoff, raised to the
 // upstream's Retry-After (`retry_after_ms`, 0 when it said nothing) when that
-// is longer, but never beyond retry.cap_ms.
-int64_t RetryDelayMs(int attempt, const RetryConfig& retry, double unit, int64_t retry_after_ms);
+// is longer, but never beyond cap_ms.
+int64_t RetryDelayMs(int attempt, int64_t base_ms, int64_t cap_ms, double unit,
+                     int64_t retry_after_ms);
 
 }  // namespace idem
