@@ -1,0 +1,125 @@
+// Daemon-executed actions, runs and plans over HTTP, against the fake
+// effector in this process.
+#include <doctest/doctest.h>
+
+#include "tests/fakes/fake_effector.h"
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+using fakes::FakeEffectorServer;
+
+struct Fixture {
+  std::unique_ptr<FakeEffectorServer> target = FakeEffectorServer::Start();
+  TempDir dir;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<httplib::Client> client;
+
+  Fixture() {
+    REQUIRE(target != nullptr);
+    target->SetBusinessKeyField("/invoice_id");
+    const std::string rules = R"(default:
+  output: '{"category":"refund","priority":"high","summary":"s","actions":[{"kind":"send_reply","args":{"ticket_id":"{{input.ticket_id}}","text":"on it"}},{"kind":"send_reply","args":{"ticket_id":"{{input.ticket_id}}","text":"done"}}]}'
+)";
+    const std::string actions =
+        "    plan: {pointer: /actions}\n"
+        "actions:\n"
+        "  send_invoice:\n"
+        "    identity: {fields: [/invoice_id], version: v1}\n"
+        "    window: forever\n"
+        "    on_duplicate: return_original\n"
+        "    effector: {http: {method: POST, url: \"" +
+        target->base_url() +
+        "/records\", idempotency: header}}\n"
+        "    retry: {attempts: 3, base: 10ms, cap: 50ms, timeout: 5s}\n"
+        "  send_reply:\n"
+        "    identity: {fields: [/ticket_id, /text], version: v1}\n"
+        "    window: 24h\n"
+        "    on_duplicate: return_original\n"
+        "    effector: {http: {method: POST, url: \"" +
+        target->base_url() + "/replies\", idempotency: header}}\n";
+    std::string config = WriteTestConfig(dir, rules, actions);
+    std::string err;
+    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    client = daemon->Client();
+  }
+  httplib::Result Post(const std::string& path, const Json& body, const std::string& key) {
+    return client->Post(path.c_str(), {{"Idempotency-Key", key}}, body.dump(), "application/json");
+  }
+};
+
+Json J(const httplib::Result& r) {
+  REQUIRE(r);
+  return Json::parse(r->body);
+}
+
+}  // namespace
+
+TEST_CASE("an action runs once: 201 now, then 200 with the original result") {
+  Fixture f;
+  Json args = {{"args", {{"invoice_id", "INV-1"}, {"amount", 10}}}};
+  auto first = f.Post("/v1/actions/send_invoice", args, "\"a-1\"");
+  REQUIRE(first->status == 201);
+  Json a = J(first);
+  CHECK(a["state"] == "done");
+  CHECK_FALSE(a["external_ref"].get<std::string>().empty());
+  // A retry with a new key (a new attempt of the caller) is a duplicate of
+  // the same work: the original result, and no second effect.
+  auto again = f.Post("/v1/actions/send_invoice", args, "\"a-2\"");
+  REQUIRE(again->status == 200);
+  CHECK(J(again)["duplicate"] == true);
+  CHECK(J(again)["external_ref"] == a["external_ref"]);
+  CHECK(f.target->stats().effects == 1);
+  // The effector got the work_id as its Idempotency-Key.
+  auto calls = f.target->calls();
+  REQUIRE_FALSE(calls.empty());
+  CHECK(calls.back().headers["idempotency-key"] == a["work_id"]);
+}
+
+TEST_CASE("a resubmitted run does no work that is already done") {
+  Fixture f;
+  Json items = Json::array();
+  for (int i = 0; i < 5; ++i) items.push_back({{"invoice_id", "R-" + std::to_string(i)}});
+  Json run = {{"run_id", "nightly-1"}, {"kind", "send_invoice"}, {"items", items}};
+  auto first = f.Post("/v1/runs", run, "\"run-1\"");
+  REQUIRE(first->status == 200);
+  CHECK(J(first)["counts"]["executed"] == 5);
+  CHECK(f.target->stats().effects == 5);
+
+  // A new run over the same items (say, after a crash and a restart of the
+  // batch): nothing is done again.
+  items.push_back({{"invoice_id", "R-5"}});
+  Json resumed = {{"run_id", "nightly-1"}, {"kind", "send_invoice"}, {"items", items}};
+  auto second = f.Post("/v1/runs", resumed, "\"run-2\"");
+  REQUIRE(second->status == 200);
+  CHECK(J(second)["counts"]["already_done"] == 5);
+  CHECK(J(second)["counts"]["executed"] == 1);
+  CHECK(f.target->stats().effects == 6);
+  auto listed = f.client->Get("/v1/runs/nightly-1");
+  CHECK(J(listed)["counts"]["done"] == 6);
+}
+
+TEST_CASE("applying a decision's plan executes each action once, however often it is applied") {
+  Fixture f;
+  auto d = f.client->Post("/v1/decide",
+                          R"({"step":"triage_ticket","input":{"ticket_id":"T-9","text":"x"}})",
+                          "application/json");
+  REQUIRE(d->status == 200);
+  std::string id = J(d)["decision_id"];
+  auto no_key = f.client->Post(("/v1/plans/" + id + "/apply").c_str(), "{}", "application/json");
+  CHECK(no_key->status == 400);
+  auto applied = f.Post("/v1/plans/" + id + "/apply", Json::object(), "\"p-1\"");
+  REQUIRE(applied->status == 200);
+  Json p = J(applied);
+  CHECK(p["state"] == "applied");
+  CHECK(p["actions"].size() == 2);
+  CHECK(f.target->stats().effects == 2);
+  auto again = f.Post("/v1/plans/" + id + "/apply", Json::object(), "\"p-2\"");
+  CHECK(J(again)["state"] == "applied");
+  CHECK(f.target->stats().effects == 2);
+  CHECK(J(f.client->Get(("/v1/plans/plan_" + id.substr(4)).c_str()))["state"] == "applied");
+}
+
+}  // namespace idem::testing
