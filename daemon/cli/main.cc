@@ -38,7 +38,7 @@ int Fail(const Status& s) {
 // (README, "Benchmarks"). Tunables are read only at process start, so
 // `serve` re-executes itself once with them, unless the operator set
 // GLIBC_TUNABLES already.
-void ReexecWithMallocTunables(char** argv) {
+[[maybe_unused]] void ReexecWithMallocTunables(char** argv) {
   if (std::getenv("GLIBC_TUNABLES") != nullptr) return;
   setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=1000", 1);
   execv("/proc/self/exe", argv);
