@@ -4,6 +4,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 
+#include <filesystem>
 #include <functional>
 #include <utility>
 
@@ -123,6 +124,13 @@ Status RocksDatabase::Translate(const rocksdb::Status& s, std::string_view what)
 
 StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions& options) {
   if (options.path.empty()) return InvalidArgument("store path is empty", "/store/path");
+  // RocksDB creates the folder but not its parents (./var on a fresh clone).
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  if (ec) {
+    return Unavailable("cannot create the store folder " + options.path + ": " + ec.message(),
+                       false);
+  }
   std::unique_ptr<RocksDatabase> self(new RocksDatabase(options));
 
   rocksdb::Options db_options;

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "daemon/store/store.h"
@@ -87,3 +89,15 @@ TEST_CASE("a store folder already open is refused as Unavailable") {
 
 }  // namespace
 }  // namespace idem
+
+TEST_CASE("opening a store creates its folder and missing parents") {
+  char tmpl[] = "/tmp/idem-store-parents-XXXXXX";
+  std::string root = mkdtemp(tmpl);
+  idem::StoreOptions so;
+  so.path = root + "/var/idem";
+  auto store = idem::OpenRocksStore(so);
+  CHECK_MESSAGE(store.ok(), store.status().ToString());
+  store = idem::StatusOr<std::unique_ptr<idem::Store>>(idem::Internal("closed"));
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+}
