@@ -5,35 +5,19 @@
 #include <string>
 
 #include "providers/errors.h"
+#include "providers/wire.h"
 
 namespace idem {
 namespace {
 
+using wire::Find;
+using wire::IntAt;
+using wire::StringAt;
+using wire::StripTrailingSlash;
+
 constexpr char kDefaultBaseUrl[] = "https://api.anthropic.com";
 constexpr char kApiVersion[] = "2023-06-01";
 constexpr int64_t kConnectTimeoutMs = 10'000;
-
-const Json* Find(const Json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
-}
-
-std::string StringAt(const Json& j, const char* key) {
-  const Json* v = Find(j, key);
-  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
-}
-
-int64_t IntAt(const Json& j, const char* key) {
-  const Json* v = Find(j, key);
-  if (v == nullptr || !v->is_number()) return 0;
-  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
-}
-
-std::string StripTrailingSlash(std::string url) {
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  return url;
-}
 
 // A tool from the step config in Anthropic form.
 Json ToAnthropicTool(const Json& tool) {

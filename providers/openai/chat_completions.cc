@@ -1,9 +1,13 @@
 #include "providers/openai/chat_completions.h"
 
 #include "providers/errors.h"
+#include "providers/wire.h"
 
 namespace idem::chat_completions {
 namespace {
+
+using wire::Find;
+using wire::StringAt;
 
 int64_t IntAt(const Json& j, std::initializer_list<const char*> path) {
   const Json* cur = &j;
@@ -16,18 +20,6 @@ int64_t IntAt(const Json& j, std::initializer_list<const char*> path) {
   if (cur->is_number_integer()) return cur->get<int64_t>();
   if (cur->is_number()) return static_cast<int64_t>(cur->get<double>());
   return 0;
-}
-
-const Json* Find(const Json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
-}
-
-// j[key] when it is a string, else "" (Json::value throws on a non-string).
-std::string StringAt(const Json& j, const char* key) {
-  const Json* v = Find(j, key);
-  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
 }
 
 }  // namespace

@@ -6,17 +6,15 @@
 
 #include "providers/errors.h"
 #include "providers/openai/chat_completions.h"
+#include "providers/wire.h"
 
 namespace idem {
 namespace {
 
+using wire::StripTrailingSlash;
+
 constexpr char kDefaultBaseUrl[] = "https://api.openai.com/v1";
 constexpr int64_t kConnectTimeoutMs = 10'000;
-
-std::string StripTrailingSlash(std::string url) {
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  return url;
-}
 
 class OpenAiProvider final : public Provider {
  public:

@@ -7,34 +7,18 @@
 
 #include "providers/errors.h"
 #include "providers/openai/chat_completions.h"
+#include "providers/wire.h"
 
 namespace idem {
 namespace {
 
+using wire::Find;
+using wire::IntAt;
+using wire::StringAt;
+using wire::StripTrailingSlash;
+
 constexpr char kDefaultOllamaUrl[] = "http://127.0.0.1:11434";
 constexpr int64_t kConnectTimeoutMs = 10'000;
-
-const Json* Find(const Json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
-}
-
-std::string StringAt(const Json& j, const char* key) {
-  const Json* v = Find(j, key);
-  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
-}
-
-int64_t IntAt(const Json& j, const char* key) {
-  const Json* v = Find(j, key);
-  if (v == nullptr || !v->is_number()) return 0;
-  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
-}
-
-std::string StripTrailingSlash(std::string url) {
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  return url;
-}
 
 // True when the URL's last path segment is a version: "/v1", "/v1beta".
 bool EndsWithVersionSegment(const std::string& url) {

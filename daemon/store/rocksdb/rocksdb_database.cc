@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include "daemon/core/failpoints.h"
@@ -232,6 +233,23 @@ std::unique_ptr<rocksdb::Iterator> RocksDatabase::NewIterator(Family f,
 
 Status RocksDatabase::IteratorStatus(const rocksdb::Iterator& it, std::string_view what) {
   return Translate(it.status(), what);
+}
+
+StatusOr<std::vector<std::string>> RocksDatabase::ExpiredIndexKeys(Family index, int64_t now_ms,
+                                                                   size_t limit,
+                                                                   std::string_view what) {
+  std::vector<std::string> keys;
+  int64_t bound = now_ms == std::numeric_limits<int64_t>::max() ? now_ms : now_ms + 1;
+  std::string upper = BigEndian8(bound);
+  rocksdb::Slice upper_slice(upper);
+  rocksdb::ReadOptions ro;
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it = NewIterator(index, ro);
+  for (it->SeekToFirst(); it->Valid() && keys.size() < limit; it->Next()) {
+    keys.emplace_back(it->key().data(), it->key().size());
+  }
+  RETURN_IF_ERROR(IteratorStatus(*it, "scanning " + std::string(what)));
+  return keys;
 }
 
 Mutex& RocksDatabase::LockFor(Family f, std::string_view key) {

@@ -120,6 +120,11 @@ class RocksDatabase {
   // Iterator errors surface only through status(); call after the loop.
   static Status IteratorStatus(const rocksdb::Iterator& it, std::string_view what);
 
+  // Up to `limit` keys of an expiry index (BE8(expires_at) | record key)
+  // whose time is <= now_ms, oldest first. `what` names it in errors.
+  StatusOr<std::vector<std::string>> ExpiredIndexKeys(Family index, int64_t now_ms, size_t limit,
+                                                      std::string_view what);
+
   // The lock stripe for `key` of family `f` (1024 stripes). Hold at most one.
   Mutex& LockFor(Family f, std::string_view key);
 

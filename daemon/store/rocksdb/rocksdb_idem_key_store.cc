@@ -138,19 +138,9 @@ StatusOr<IdemRecord> RocksIdemKeyStore::Get(const std::string& scope, const std:
 
 StatusOr<size_t> RocksIdemKeyStore::SweepExpired(int64_t now_ms, size_t limit) {
   if (limit == 0 || now_ms < 0) return size_t{0};
-  std::vector<std::string> candidates;
-  {
-    int64_t bound = now_ms == std::numeric_limits<int64_t>::max() ? now_ms : now_ms + 1;
-    std::string upper = BigEndian8(bound);
-    rocksdb::Slice upper_slice(upper);
-    rocksdb::ReadOptions ro;
-    ro.iterate_upper_bound = &upper_slice;
-    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemExpiry, ro);
-    for (it->SeekToFirst(); it->Valid() && candidates.size() < limit; it->Next()) {
-      candidates.emplace_back(it->key().data(), it->key().size());
-    }
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning expired idempotency keys"));
-  }
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> candidates,
+      db_.ExpiredIndexKeys(Family::kIdemExpiry, now_ms, limit, "expired idempotency keys"));
   size_t swept = 0;
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
