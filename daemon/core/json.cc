@@ -198,41 +198,8 @@ class BoundedJsonBuilder {
 };
 
 void AppendEscapedString(std::string_view s, std::string& out) {
-  static constexpr char kHex[] = "0123456789abcdef";
   out += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += "\\u00";
-          out += kHex[(c >> 4) & 0xF];
-          out += kHex[c & 0xF];
-        } else {
-          out += c;
-        }
-    }
-  }
+  AppendJsonStringContent(s, out);
   out += '"';
 }
 
@@ -395,6 +362,43 @@ StatusOr<std::string> CanonicalJson(const Json& value) {
     return Internal(std::string("canonicalizing JSON: ") + e.what());
   }
   return out;
+}
+
+void AppendJsonStringContent(std::string_view s, std::string& out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += "\\u00";
+          out += kHex[(c >> 4) & 0xF];
+          out += kHex[c & 0xF];
+        } else {
+          out += c;
+        }
+    }
+  }
 }
 
 std::string FormatJcsNumber(double value) {

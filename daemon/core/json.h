@@ -38,6 +38,10 @@ StatusOr<Json> ParseJson(std::string_view text, const JsonLimits& limits = {});
 
 StatusOr<std::string> CanonicalJson(const Json& value);
 
+// Appends `s` escaped for the inside of a JSON string literal (no quotes),
+// with RFC 8785's escaping: \" \\ \b \f \n \r \t, other controls as \u00xx.
+void AppendJsonStringContent(std::string_view s, std::string& out);
+
 // ECMAScript Number::toString for a finite double (RFC 8785 3.2.2.3).
 std::string FormatJcsNumber(double value);
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "daemon/config/yaml_document.h"
+#include "daemon/core/json.h"
 #include "daemon/core/json_schema.h"
 
 namespace idem {
@@ -118,34 +119,7 @@ std::string EscapeToken(std::string_view token) {
 std::string EscapeForJsonString(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          static const char* kHex = "0123456789abcdef";
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 0xf];
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
+  AppendJsonStringContent(s, out);
   return out;
 }
 
