@@ -6,6 +6,7 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -61,9 +62,27 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 }
 
 std::string RandomHex(size_t bytes) {
-  std::vector<unsigned char> buf(bytes);
-  if (RAND_bytes(buf.data(), static_cast<int>(bytes)) != 1) std::abort();
-  return HexEncode(std::string_view(reinterpret_cast<char*>(buf.data()), bytes));
+  // RAND_bytes takes a lock in OpenSSL's shared DRBG on every call; lease
+  // tokens and request ids are drawn on every claim. Each thread draws 4 KiB
+  // at a time and hands out slices, each byte used once.
+  constexpr size_t kPool = 4096;
+  thread_local unsigned char pool[kPool];
+  thread_local size_t used = kPool;
+  std::string raw;
+  raw.reserve(bytes);
+  while (raw.size() < bytes) {
+    if (used == kPool) {
+      if (RAND_bytes(pool, static_cast<int>(kPool)) != 1) std::abort();
+      used = 0;
+    }
+    size_t take = std::min(bytes - raw.size(), kPool - used);
+    raw.append(reinterpret_cast<const char*>(pool + used), take);
+    OPENSSL_cleanse(pool + used, take);
+    used += take;
+  }
+  std::string hex = HexEncode(raw);
+  OPENSSL_cleanse(raw.data(), raw.size());
+  return hex;
 }
 
 }  // namespace idem

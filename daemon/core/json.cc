@@ -57,6 +57,11 @@ std::optional<char32_t> DecodeUtf8(std::string_view s, size_t& pos) {
 size_t FindInvalidUtf8(std::string_view s) {
   size_t pos = 0;
   while (pos < s.size()) {
+    // ASCII (the common case: ids, keys, most text) needs no decoding.
+    if (static_cast<unsigned char>(s[pos]) < 0x80) {
+      ++pos;
+      continue;
+    }
     if (!DecodeUtf8(s, pos)) return pos;
   }
   return std::string_view::npos;
@@ -363,6 +368,8 @@ StatusOr<std::string> CanonicalJson(const Json& value) {
   }
   return out;
 }
+
+bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_view::npos; }
 
 void AppendJsonStringContent(std::string_view s, std::string& out) {
   static constexpr char kHex[] = "0123456789abcdef";

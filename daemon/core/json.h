@@ -42,6 +42,9 @@ StatusOr<std::string> CanonicalJson(const Json& value);
 // with RFC 8785's escaping: \" \\ \b \f \n \r \t, other controls as \u00xx.
 void AppendJsonStringContent(std::string_view s, std::string& out);
 
+// True if `s` is well-formed UTF-8 (no overlong forms, no surrogates).
+bool IsValidUtf8(std::string_view s);
+
 // ECMAScript Number::toString for a finite double (RFC 8785 3.2.2.3).
 std::string FormatJcsNumber(double value);
 

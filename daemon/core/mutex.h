@@ -26,6 +26,7 @@ namespace idem {
 class CAPABILITY("mutex") Mutex {
  public:
   void Lock() ACQUIRE() { mu_.lock(); }
+  bool TryLock() IDEM_TSA(try_acquire_capability(true)) { return mu_.try_lock(); }
   void Unlock() RELEASE() { mu_.unlock(); }
   std::mutex& native() { return mu_; }
 

@@ -24,6 +24,10 @@ StatusOr<Json> DecodeJson(std::string_view text, std::string_view what);
 // journal's read path (every duplicate claim) decodes straight from the
 // stored text. Same acceptance rules as WorkItem::FromJson.
 StatusOr<WorkItem> DecodeWorkItem(std::string_view text);
+// The stored text of a WorkItem, written directly rather than through a Json
+// tree (every claim writes one): the members of WorkItem::ToJson, which
+// DecodeWorkItem reads back. InvalidArgument if a string is not UTF-8.
+StatusOr<std::string> EncodeWorkItem(const WorkItem& w);
 
 Json IdemRecordToJson(const IdemRecord& r);
 StatusOr<IdemRecord> IdemRecordFromJson(const Json& j);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/json.h"
 #include "daemon/store/record_codec.h"
 #include "daemon/store/store.h"
 
@@ -217,6 +218,33 @@ StatusOr<Plan> Plan::FromJson(const Json& j) {
   return p;
 }
 
+namespace {
+
+// Journal::BeginClaims without a write to wait for: the outcomes are known.
+class DecidedClaims final : public Journal::PendingClaims {
+ public:
+  explicit DecidedClaims(std::vector<StatusOr<ClaimResult>> results)
+      : results(std::move(results)) {}
+  bool Ready() const override { return true; }
+  std::vector<StatusOr<ClaimResult>> results;
+};
+
+}  // namespace
+
+std::unique_ptr<Journal::PendingClaims> Journal::BeginClaims(std::span<const ClaimRequest> reqs,
+                                                             std::function<void()> on_durable,
+                                                             LockWait /*wait*/) {
+  std::vector<StatusOr<ClaimResult>> out;
+  out.reserve(reqs.size());
+  for (const ClaimRequest& r : reqs) out.push_back(Claim(r));
+  if (on_durable) on_durable();
+  return std::make_unique<DecidedClaims>(std::move(out));
+}
+
+std::vector<StatusOr<ClaimResult>> Journal::FinishClaims(std::unique_ptr<PendingClaims> pending) {
+  return std::move(static_cast<DecidedClaims&>(*pending).results);
+}
+
 namespace store_internal {
 namespace {
 
@@ -414,6 +442,59 @@ StatusOr<WorkItem> DecodeWorkItem(std::string_view text) {
   if (!s.ok()) return s;
   if (!parsed) return Internal("stored journal record is not valid JSON");
   return w;
+}
+
+StatusOr<std::string> EncodeWorkItem(const WorkItem& w) {
+  std::string out;
+  out.reserve(512);
+  std::string_view bad;
+  auto name = [&](std::string_view n) {
+    out += '"';
+    out += n;
+    out += "\":";
+  };
+  auto str = [&](std::string_view n, std::string_view v) {
+    if (bad.empty() && !IsValidUtf8(v)) bad = n;
+    name(n);
+    out += '"';
+    AppendJsonStringContent(v, out);
+    out += "\",";
+  };
+  auto num = [&](std::string_view n, int64_t v) {
+    name(n);
+    out += std::to_string(v);
+    out += ',';
+  };
+  out += '{';
+  str("work_id", w.work_id);
+  str("kind", w.kind);
+  str("state", WorkStateName(w.state));
+  num("attempt", w.attempt);
+  num("max_attempts", w.max_attempts);
+  str("lease_token", w.lease_token);
+  num("locked_until_ms", w.locked_until_ms);
+  for (const auto& [n, v] : {std::pair<std::string_view, const Json*>{"args", &w.args},
+                             {"identity", &w.identity},
+                             {"result", &w.result}}) {
+    ASSIGN_OR_RETURN(std::string text, EncodeJson(*v));
+    name(n);
+    out += text;
+    out += ',';
+  }
+  str("external_ref", w.external_ref);
+  str("last_error", w.last_error);
+  num("next_attempt_at_ms", w.next_attempt_at_ms);
+  num("created_at_ms", w.created_at_ms);
+  num("updated_at_ms", w.updated_at_ms);
+  num("expires_at_ms", w.expires_at_ms);
+  str("run_id", w.run_id);
+  str("request_id", w.request_id);
+  num("window_ms", w.window_ms);
+  out.back() = '}';
+  if (!bad.empty()) {
+    return InvalidArgument("record cannot be stored: " + std::string(bad) + " is not valid UTF-8");
+  }
+  return out;
 }
 
 StatusOr<WorkState> ParseWorkState(std::string_view name) {

@@ -20,9 +20,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -209,6 +211,42 @@ class Journal {
   // InvalidArgument if work_id is empty, lease_ms <= 0, window_ms < 0 or
   // max_attempts < 1.
   virtual StatusOr<ClaimResult> Claim(const ClaimRequest& req) = 0;
+  // Claims several items as one durable write (one fsync), with the outcome
+  // each would get from Claim in this order: a repeated work_id sees the
+  // claim before it in the same call. A failed write fails every claim in
+  // it that had to write (nothing of them is stored); the others keep their
+  // outcome.
+  std::vector<StatusOr<ClaimResult>> ClaimMany(std::span<const ClaimRequest> reqs) {
+    return FinishClaims(BeginClaims(reqs, nullptr));
+  }
+
+  // ClaimMany in two halves, for a caller that must not block on the fsync
+  // (an event loop). BeginClaims decides every outcome and queues the write;
+  // `on_durable` (may be empty) runs on another thread once the write is
+  // over, after which Ready() is true. FinishClaims, on the thread that
+  // called BeginClaims, returns the outcomes, waiting for the write if it is
+  // still in flight. Until then the pending claims hold the lock stripes of
+  // the work they write, so a caller with claims pending must begin more
+  // with kSkipBusy: a claim whose stripe is taken (by anyone) is then not
+  // decided but listed in Skipped(), to be begun again later. Waiting for a
+  // stripe while holding others could deadlock two such callers.
+  enum class LockWait { kBlock, kSkipBusy };
+  class PendingClaims {
+   public:
+    virtual ~PendingClaims() = default;
+    virtual bool Ready() const = 0;
+    // Positions (in the request span) of the claims left undecided.
+    virtual const std::vector<size_t>& Skipped() const { return none_; }
+
+   private:
+    std::vector<size_t> none_;
+  };
+  // The default decides and writes with Claim, one by one, before returning.
+  virtual std::unique_ptr<PendingClaims> BeginClaims(std::span<const ClaimRequest> reqs,
+                                                     std::function<void()> on_durable,
+                                                     LockWait wait = LockWait::kBlock);
+  virtual std::vector<StatusOr<ClaimResult>> FinishClaims(std::unique_ptr<PendingClaims> pending);
+
   // Creates a pending record due at req.now_ms unless one exists; returns
   // the stored record either way (daemon-executed work goes through Due).
   virtual StatusOr<WorkItem> Enqueue(const ClaimRequest& req) = 0;

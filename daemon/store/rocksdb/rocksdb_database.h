@@ -26,6 +26,7 @@
 
 #include "daemon/core/mutex.h"
 #include "daemon/core/status.h"
+#include "daemon/store/rocksdb/group_commit.h"
 #include "daemon/store/store.h"
 
 namespace idem::rocks {
@@ -77,6 +78,10 @@ class RecordBatch {
   // Encodes `j`; an encoding error is kept and returned by Commit.
   void PutJson(Family f, std::string_view key, const Json& j);
   void Delete(Family f, std::string_view key);
+  // Makes Commit fail with `error` (a record that could not be encoded).
+  void Fail(Status error) {
+    if (status_.ok()) status_ = std::move(error);
+  }
   bool empty() const { return batch_.Count() == 0; }
 
  private:
@@ -112,10 +117,17 @@ class RocksDatabase {
   // The value under `key`, nullopt if absent.
   StatusOr<std::optional<std::string>> Get(Family f, std::string_view key,
                                            const rocksdb::Snapshot* snapshot = nullptr);
-  // Writes the batch atomically. `durable`: synced to disk before returning
-  // when the store was opened with sync=true. Failpoint "store.write" (error)
+  // Writes the batch atomically, sharing one WAL write and fsync with
+  // concurrent committers (group_commit.h). `durable`: synced to disk before
+  // returning when the store was opened with sync=true. Failpoint "store.write" (error)
   // makes it fail as a disk error would.
   Status Commit(RecordBatch& batch, bool durable);
+  // Commit without blocking: queues the batch and returns its ticket
+  // (nullptr when there was nothing to write). `on_done` runs on the writing
+  // thread once the write is over. The batch must outlive the ticket's
+  // completion. A staging error is returned at once, with nothing queued.
+  StatusOr<std::shared_ptr<GroupCommit::Ticket>> CommitAsync(RecordBatch& batch, bool durable,
+                                                             std::function<void()> on_done);
   std::unique_ptr<rocksdb::Iterator> NewIterator(Family f, const rocksdb::ReadOptions& ro);
   // Iterator errors surface only through status(); call after the loop.
   static Status IteratorStatus(const rocksdb::Iterator& it, std::string_view what);
@@ -142,6 +154,7 @@ class RocksDatabase {
   std::array<rocksdb::ColumnFamilyHandle*, static_cast<size_t>(Family::kCount)> handles_{};
   std::vector<rocksdb::ColumnFamilyHandle*> other_handles_;  // default + unknown families
   std::array<Mutex, kStripes> stripes_;
+  std::unique_ptr<GroupCommit> group_commit_;  // every Commit goes through it
 };
 
 }  // namespace idem::rocks

@@ -1,6 +1,8 @@
 #include "daemon/store/rocksdb/rocksdb_journal.h"
 
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "daemon/core/crypto.h"
@@ -106,6 +108,31 @@ std::optional<ClaimOutcome> ReadOnlyOutcome(const std::optional<WorkItem>& curre
   return std::nullopt;
 }
 
+// The record a writing claim stores, and its outcome: a new lease for new,
+// pending, failed or expired work; dead for a crash on the last attempt.
+// `current` is absent, expired, or not answerable read-only.
+ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimRequest& req) {
+  if (!current || Expired(*current, req.now_ms)) {
+    WorkItem next = NewItem(req);  // first delivery, or the window of the done record is over
+    GrantLease(next, req);
+    return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
+  }
+  WorkItem next = *current;
+  if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
+    // The holder crashed on its last attempt: no attempts left.
+    next.state = WorkState::kDead;
+    next.last_error = "lease expired on attempt " + std::to_string(next.attempt) + " of " +
+                      std::to_string(next.max_attempts) + " (the worker crashed or hung)";
+    next.lease_token.clear();
+    next.locked_until_ms = 0;
+    next.expires_at_ms = 0;
+    next.updated_at_ms = req.now_ms;
+    return ClaimResult{ClaimOutcome::kDead, std::move(next)};
+  }
+  GrantLease(next, req);  // pending, failed, or running under an expired lease
+  return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
+}
+
 std::string WorkLabel(const std::string& work_id) { return "work " + work_id; }
 
 }  // namespace
@@ -135,7 +162,12 @@ void RocksJournal::Stage(RecordBatch& batch, const std::optional<WorkItem>& befo
     if (!existed) batch.Put(e.first, e.second, "");
   }
   if (after != nullptr) {
-    batch.PutJson(Family::kJournal, after->work_id, after->ToJson());
+    StatusOr<std::string> text = store_internal::EncodeWorkItem(*after);
+    if (text.ok()) {
+      batch.Put(Family::kJournal, after->work_id, *text);
+    } else {
+      batch.Fail(text.status());
+    }
   } else if (before) {
     batch.Delete(Family::kJournal, before->work_id);
   }
@@ -155,33 +187,151 @@ StatusOr<ClaimResult> RocksJournal::Claim(const ClaimRequest& req) {
   if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, req.now_ms)) {
     return ClaimResult{*o, Scrubbed(std::move(*current))};
   }
+  ClaimResult r = Transition(current, req);
+  RecordBatch batch(db_);
+  Stage(batch, current, &r.item);
+  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  if (r.outcome != ClaimOutcome::kClaimed) r.item = Scrubbed(std::move(r.item));
+  return r;
+}
 
-  WorkItem next;
-  ClaimOutcome outcome = ClaimOutcome::kClaimed;
-  if (!current || Expired(*current, req.now_ms)) {
-    next = NewItem(req);  // first delivery, or the window of the done record is over
-    GrantLease(next, req);
-  } else {
-    next = *current;
-    if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
-      // The holder crashed on its last attempt: no attempts left.
-      next.state = WorkState::kDead;
-      next.last_error = "lease expired on attempt " + std::to_string(next.attempt) + " of " +
-                        std::to_string(next.max_attempts) + " (the worker crashed or hung)";
-      next.lease_token.clear();
-      next.locked_until_ms = 0;
-      next.expires_at_ms = 0;
-      next.updated_at_ms = req.now_ms;
-      outcome = ClaimOutcome::kDead;
-    } else {
-      GrantLease(next, req);  // pending, failed, or running under an expired lease
+namespace {
+
+// A batch of claims between BeginClaims and FinishClaims: the outcomes, the
+// stripes held for the writing ones, and their write in flight.
+class RocksPendingClaims final : public Journal::PendingClaims {
+ public:
+  explicit RocksPendingClaims(RocksDatabase& db, size_t n)
+      : batch(db), results(n, StatusOr<ClaimResult>(Internal("claim not decided"))) {}
+  ~RocksPendingClaims() override { Settle(); }
+
+  bool Ready() const override { return ticket == nullptr || ticket->done(); }
+  const std::vector<size_t>& Skipped() const override { return skipped; }
+
+  // Waits for the write, releases the stripes, applies the write's status.
+  void Settle() {
+    if (settled) return;
+    settled = true;
+    Status written = staged;
+    if (written.ok() && ticket != nullptr) {
+      written = RocksDatabase::Translate(ticket->Wait(), "writing");
+    }
+    for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) (*it)->Unlock();
+    for (size_t i : writers) {
+      if (!written.ok()) {
+        results[i] = written;
+      } else if (results[i]->outcome != ClaimOutcome::kClaimed) {
+        results[i]->item = Scrubbed(std::move(results[i]->item));
+      }
     }
   }
-  RecordBatch batch(db_);
-  Stage(batch, current, &next);
-  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
-  if (outcome != ClaimOutcome::kClaimed) next = Scrubbed(std::move(next));
-  return ClaimResult{outcome, std::move(next)};
+
+  RecordBatch batch;
+  std::vector<StatusOr<ClaimResult>> results;
+  std::vector<Mutex*> stripes;  // held, in address order
+  std::vector<size_t> writers;  // results whose outcome is written
+  std::vector<size_t> skipped;  // claims whose stripe was busy (kSkipBusy)
+  Status staged;                // a staging or queueing error
+  std::shared_ptr<GroupCommit::Ticket> ticket;
+  bool settled = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Journal::PendingClaims> RocksJournal::BeginClaims(
+    std::span<const ClaimRequest> reqs, std::function<void()> on_durable, LockWait wait) {
+  auto p = std::make_unique<RocksPendingClaims>(db_, reqs.size());
+  // Lock-free first pass: invalid requests and outcomes that write nothing.
+  std::vector<size_t> candidates;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (Status v = ValidateRequest(reqs[i]); !v.ok()) {
+      p->results[i] = v;
+      continue;
+    }
+    StatusOr<std::optional<WorkItem>> seen = Load(reqs[i].work_id);
+    if (!seen.ok()) {
+      p->results[i] = seen.status();
+      continue;
+    }
+    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(*seen, reqs[i].now_ms)) {
+      p->results[i] = ClaimResult{*o, Scrubbed(std::move(**seen))};
+      continue;
+    }
+    candidates.push_back(i);
+  }
+  if (candidates.empty()) {
+    if (on_durable) on_durable();
+    return p;
+  }
+
+  std::vector<Mutex*> wanted;
+  for (size_t i : candidates) wanted.push_back(&db_.LockFor(Family::kJournal, reqs[i].work_id));
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  for (Mutex* m : wanted) {
+    if (wait == LockWait::kBlock) {
+      m->Lock();
+    } else if (!m->TryLock()) {
+      continue;
+    }
+    p->stripes.push_back(m);
+  }
+  if (p->stripes.size() < wanted.size()) {
+    std::vector<size_t> kept;
+    for (size_t i : candidates) {
+      Mutex* m = &db_.LockFor(Family::kJournal, reqs[i].work_id);
+      if (std::binary_search(p->stripes.begin(), p->stripes.end(), m)) {
+        kept.push_back(i);
+      } else {
+        p->results[i] = Unavailable("claim skipped: its lock stripe is busy", true);
+        p->skipped.push_back(i);
+      }
+    }
+    candidates.swap(kept);
+  }
+
+  // Under the locks: re-read, decide, stage. A work_id seen earlier in this
+  // batch reads the record staged for it, not the stored one.
+  std::map<std::string_view, WorkItem> staged;
+  for (size_t i : candidates) {
+    const ClaimRequest& req = reqs[i];
+    std::optional<WorkItem> current;
+    if (auto it = staged.find(req.work_id); it != staged.end()) {
+      current = it->second;
+    } else {
+      StatusOr<std::optional<WorkItem>> loaded = Load(req.work_id);
+      if (!loaded.ok()) {
+        p->results[i] = loaded.status();
+        continue;
+      }
+      current = std::move(*loaded);
+    }
+    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, req.now_ms)) {
+      p->results[i] = ClaimResult{*o, Scrubbed(std::move(*current))};
+      continue;
+    }
+    ClaimResult r = Transition(current, req);
+    Stage(p->batch, current, &r.item);
+    staged.insert_or_assign(req.work_id, r.item);
+    p->results[i] = std::move(r);
+    p->writers.push_back(i);
+  }
+  StatusOr<std::shared_ptr<GroupCommit::Ticket>> queued =
+      db_.CommitAsync(p->batch, /*durable=*/true, on_durable);
+  if (!queued.ok()) {
+    p->staged = queued.status();
+  } else {
+    p->ticket = std::move(*queued);
+  }
+  if (p->ticket == nullptr && on_durable) on_durable();
+  return p;
+}
+
+std::vector<StatusOr<ClaimResult>> RocksJournal::FinishClaims(
+    std::unique_ptr<PendingClaims> pending) {
+  auto& p = static_cast<RocksPendingClaims&>(*pending);
+  p.Settle();
+  return std::move(p.results);
 }
 
 StatusOr<WorkItem> RocksJournal::Enqueue(const ClaimRequest& req) {

@@ -18,17 +18,10 @@ namespace {
 using testing::OpenStore;
 using testing::TempDir;
 
-constexpr int64_t kT0 = 1'700'000'000'000;
+using testing::kT0;
 
 ClaimRequest Req(const std::string& work_id, int64_t now_ms, int64_t lease_ms = 1'000) {
-  ClaimRequest r;
-  r.work_id = work_id;
-  r.kind = "send_email";
-  r.identity = Json{{"to", "a@example.com"}};
-  r.args = Json{{"subject", "hi"}};
-  r.lease_ms = lease_ms;
-  r.now_ms = now_ms;
-  return r;
+  return testing::ClaimReq(work_id, now_ms, lease_ms);
 }
 
 ClaimResult MustClaim(Journal& j, const ClaimRequest& r) {

@@ -93,6 +93,21 @@ TEST_CASE("the journal's streaming decoder agrees with WorkItem::FromJson") {
   REQUIRE_MESSAGE(streamed.ok(), streamed.status().ToString());
   CHECK(streamed->ToJson() == w.ToJson());
 
+  // The direct encoder writes the same members; the decoder reads them back.
+  StatusOr<std::string> encoded = store_internal::EncodeWorkItem(w);
+  REQUIRE(encoded.ok());
+  CHECK(Json::parse(*encoded) == w.ToJson());
+  StatusOr<WorkItem> decoded = store_internal::DecodeWorkItem(*encoded);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->ToJson() == w.ToJson());
+  WorkItem odd = w;
+  odd.last_error = "quote \" backslash \\ newline \n tab \t ctrl \x01 caf\xc3\xa9";
+  StatusOr<std::string> odd_text = store_internal::EncodeWorkItem(odd);
+  REQUIRE(odd_text.ok());
+  CHECK(store_internal::DecodeWorkItem(*odd_text)->last_error == odd.last_error);
+  odd.external_ref = "bad \xff byte";
+  CHECK(store_internal::EncodeWorkItem(odd).status().code() == Code::kInvalidArgument);
+
   Json scalar_result = w.ToJson();
   scalar_result["result"] = 7;
   CHECK(store_internal::DecodeWorkItem(scalar_result.dump())->result == 7);

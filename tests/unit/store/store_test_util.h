@@ -44,6 +44,20 @@ inline std::unique_ptr<Store> OpenStore(const std::string& path, bool sync = fal
   return std::move(store).value();
 }
 
+constexpr int64_t kT0 = 1'700'000'000'000;  // a fixed "now" for journal tests
+
+// A claim of `work_id` at `now_ms` for a kind with default retry settings.
+inline ClaimRequest ClaimReq(const std::string& work_id, int64_t now_ms, int64_t lease_ms = 1'000) {
+  ClaimRequest r;
+  r.work_id = work_id;
+  r.kind = "send_email";
+  r.identity = Json{{"to", "a@example.com"}};
+  r.args = Json{{"subject", "hi"}};
+  r.lease_ms = lease_ms;
+  r.now_ms = now_ms;
+  return r;
+}
+
 // A closed store's database opened directly, with every column family by name.
 inline void WithRawDb(
     const std::string& path,

@@ -1,0 +1,212 @@
+// Journal::ClaimMany / BeginClaims / FinishClaims: a batch of claims is one
+// durable write with the outcomes single claims would get.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/core/failpoints.h"
+#include "daemon/store/store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::kT0;
+using testing::OpenStore;
+using testing::TempDir;
+
+// Leases outlive every test here: a second claim of held work is busy.
+ClaimRequest Req(const std::string& work_id, int64_t now_ms) {
+  return testing::ClaimReq(work_id, now_ms, /*lease_ms=*/60'000);
+}
+
+TEST_CASE("a batch of claims gives each claim the outcome a single claim would get") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  StatusOr<ClaimResult> done = j.Claim(Req("done", kT0));
+  REQUIRE(done.ok());
+  REQUIRE(j.Complete("done", done->item.lease_token, Json{{"n", 1}}, "ref-1", kT0).ok());
+  REQUIRE(j.Claim(Req("held", kT0)).ok());
+  ClaimRequest invalid = Req("bad", kT0);
+  invalid.lease_ms = 0;
+
+  std::vector<ClaimRequest> batch = {Req("new-1", kT0),
+                                     Req("done", kT0 + 1),
+                                     Req("held", kT0 + 1),
+                                     Req("new-2", kT0),
+                                     Req("new-1", kT0),  // the same work again in the batch
+                                     invalid};
+  std::vector<StatusOr<ClaimResult>> out = j.ClaimMany(batch);
+  REQUIRE(out.size() == batch.size());
+  REQUIRE(out[0].ok());
+  CHECK(out[0]->outcome == ClaimOutcome::kClaimed);
+  CHECK(out[0]->item.lease_token.size() == 32);
+  REQUIRE(out[1].ok());
+  CHECK(out[1]->outcome == ClaimOutcome::kDone);
+  CHECK(out[1]->item.result == Json{{"n", 1}});
+  CHECK(out[1]->item.external_ref == "ref-1");
+  CHECK(out[1]->item.lease_token.empty());
+  REQUIRE(out[2].ok());
+  CHECK(out[2]->outcome == ClaimOutcome::kBusy);
+  CHECK(out[2]->item.lease_token.empty());
+  REQUIRE(out[3].ok());
+  CHECK(out[3]->outcome == ClaimOutcome::kClaimed);
+  REQUIRE(out[4].ok());
+  CHECK(out[4]->outcome == ClaimOutcome::kBusy);  // sees the claim before it
+  CHECK(out[4]->item.lease_token.empty());
+  CHECK(out[5].status().code() == Code::kInvalidArgument);
+
+  // The winners' leases are real: their tokens complete the work.
+  CHECK(j.Complete("new-1", out[0]->item.lease_token, 1, "", kT0 + 2).ok());
+  CHECK(j.Complete("new-2", out[3]->item.lease_token, 2, "", kT0 + 2).ok());
+  CHECK(j.Get("bad").status().code() == Code::kNotFound);
+}
+
+TEST_CASE("claims of a batch survive a reopen of the store") {
+  TempDir dir;
+  std::string token;
+  {
+    auto store = OpenStore(dir.path(), /*sync=*/true);
+    std::vector<ClaimRequest> batch = {Req("a", kT0), Req("b", kT0), Req("c", kT0)};
+    std::vector<StatusOr<ClaimResult>> out = store->journal().ClaimMany(batch);
+    for (const auto& r : out) REQUIRE((r.ok() && r->outcome == ClaimOutcome::kClaimed));
+    token = out[1]->item.lease_token;
+  }
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  for (const char* id : {"a", "b", "c"}) {
+    StatusOr<WorkItem> w = store->journal().Get(id);
+    REQUIRE(w.ok());
+    CHECK(w->state == WorkState::kRunning);
+  }
+  CHECK(store->journal().Complete("b", token, 1, "", kT0 + 1).ok());
+}
+
+TEST_CASE("a failed batch write fails every writing claim and stores none of them") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  StatusOr<ClaimResult> done = j.Claim(Req("done", kT0));
+  REQUIRE(done.ok());
+  REQUIRE(j.Complete("done", done->item.lease_token, 1, "", kT0).ok());
+
+  REQUIRE(Failpoints::Set("store.write=error").ok());
+  std::vector<ClaimRequest> batch = {Req("x", kT0), Req("done", kT0), Req("y", kT0)};
+  std::vector<StatusOr<ClaimResult>> out = j.ClaimMany(batch);
+  Failpoints::Clear();
+  CHECK(out[0].status().code() == Code::kUnavailable);
+  CHECK(out[0].status().retryable());
+  REQUIRE(out[1].ok());  // answered from a read: no write needed
+  CHECK(out[1]->outcome == ClaimOutcome::kDone);
+  CHECK(out[2].status().code() == Code::kUnavailable);
+  CHECK(j.Get("x").status().code() == Code::kNotFound);
+  CHECK(j.Get("y").status().code() == Code::kNotFound);
+  // Nothing is left locked: the same claims go through afterwards.
+  std::vector<StatusOr<ClaimResult>> again = j.ClaimMany(batch);
+  CHECK((again[0].ok() && again[0]->outcome == ClaimOutcome::kClaimed));
+  CHECK((again[2].ok() && again[2]->outcome == ClaimOutcome::kClaimed));
+}
+
+TEST_CASE("a batch begun without waiting becomes ready and durable once on_durable has run") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool durable = false;
+  std::vector<ClaimRequest> batch = {Req("p", kT0), Req("q", kT0)};
+  std::unique_ptr<Journal::PendingClaims> pending = j.BeginClaims(batch, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    durable = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return durable; }));
+  }
+  CHECK(pending->Ready());
+  CHECK(pending->Skipped().empty());
+  std::vector<StatusOr<ClaimResult>> out = j.FinishClaims(std::move(pending));
+  CHECK((out[0].ok() && out[0]->outcome == ClaimOutcome::kClaimed));
+  CHECK((out[1].ok() && out[1]->outcome == ClaimOutcome::kClaimed));
+  CHECK(j.Get("p")->state == WorkState::kRunning);
+}
+
+TEST_CASE("a batch begun with kSkipBusy leaves work whose lock is held by pending claims") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  std::vector<ClaimRequest> first = {Req("x", kT0)};
+  std::unique_ptr<Journal::PendingClaims> held = j.BeginClaims(first, nullptr);
+  // The same thread still holds x's stripe: waiting for it would deadlock.
+  std::vector<ClaimRequest> second = {Req("x", kT0)};
+  std::unique_ptr<Journal::PendingClaims> skipping =
+      j.BeginClaims(second, nullptr, Journal::LockWait::kSkipBusy);
+  REQUIRE(skipping->Skipped() == std::vector<size_t>{0});
+  std::vector<StatusOr<ClaimResult>> skipped = j.FinishClaims(std::move(skipping));
+  CHECK(skipped[0].status().code() == Code::kUnavailable);
+  std::vector<StatusOr<ClaimResult>> won = j.FinishClaims(std::move(held));
+  CHECK((won[0].ok() && won[0]->outcome == ClaimOutcome::kClaimed));
+  // Begun again once the first batch is finished: busy under x's lease.
+  std::vector<StatusOr<ClaimResult>> retried = j.ClaimMany(second);
+  CHECK((retried[0].ok() && retried[0]->outcome == ClaimOutcome::kBusy));
+}
+
+TEST_CASE("concurrent batches and single claims over the same work give one winner per work") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  constexpr int kWork = 24;
+  constexpr int kBatchThreads = 6;
+  constexpr int kSingleThreads = 6;
+  std::latch start(kBatchThreads + kSingleThreads);
+  std::mutex mu;
+  std::map<std::string, int> winners;
+  std::atomic<int> errors{0};
+  auto record = [&](const StatusOr<ClaimResult>& r, const std::string& id) {
+    if (!r.ok()) {
+      ++errors;
+    } else if (r->outcome == ClaimOutcome::kClaimed) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++winners[id];
+    } else if (r->outcome != ClaimOutcome::kBusy) {
+      ++errors;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kBatchThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<ClaimRequest> batch;
+      for (int w = 0; w < kWork; ++w) batch.push_back(Req("w" + std::to_string(w), kT0));
+      std::shuffle(batch.begin(), batch.end(), std::mt19937(static_cast<unsigned>(t)));
+      start.arrive_and_wait();
+      std::vector<StatusOr<ClaimResult>> out = j.ClaimMany(batch);
+      for (size_t i = 0; i < out.size(); ++i) record(out[i], batch[i].work_id);
+    });
+  }
+  for (int t = 0; t < kSingleThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int k = 0; k < kWork; ++k) {
+        std::string id = "w" + std::to_string((k + t * 5) % kWork);
+        record(j.Claim(Req(id, kT0)), id);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  REQUIRE(winners.size() == kWork);
+  for (const auto& [id, n] : winners) CHECK_MESSAGE(n == 1, id);
+}
+
+}  // namespace
+}  // namespace idem
