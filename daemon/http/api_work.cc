@@ -136,74 +136,100 @@ Json ReportBody(const ReconcileReport& r) {
           {"errors", r.errors}};
 }
 
+// POST /v1/work/claim in two halves, so that the ordinary handler and the
+// batch lane (router.h, ClaimLane) share them: the request as a
+// ClaimRequest, and the answer for the journal's outcome.
+struct ClaimRoute {
+  const Config& config;
+  Journal& journal;
+  StableClock& clock;
+  Metrics& metrics;
+
+  StatusOr<ClaimRequest> prepare(RequestContext& ctx) const {
+    ASSIGN_OR_RETURN(const ActionConfig* kind,
+                     FindKind(config, ctx.body["kind"].get<std::string>(), "/kind"));
+    const Json& identity = ctx.body["identity"];
+    Json ident = identity;
+    if (!kind->identity_fields.empty()) {
+      auto extracted = ExtractIdentity(identity, kind->identity_fields);
+      if (!extracted.ok()) {
+        return extracted.status().WithField("/identity" +
+                                            extracted.status().field().substr(std::min<size_t>(
+                                                5, extracted.status().field().size())));
+      }
+      ident = std::move(extracted).value();
+    }
+    Normalizers trim;
+    ASSIGN_OR_RETURN(Json normalized, NormalizeInput(ident, trim));
+    ASSIGN_OR_RETURN(KeyMaterial id, ComputeWorkId(kind->name, kind->identity_version, normalized));
+    ASSIGN_OR_RETURN(int64_t lease_ms,
+                     DurationField(ctx.body, "lease", kind->retry.timeout_ms, kMaxLeaseMs));
+    ClaimRequest req;
+    req.work_id = id.key;
+    req.kind = kind->name;
+    req.identity = std::move(normalized);
+    req.args = ctx.body.value("args", Json::object());
+    req.run_id = ctx.body.value("run_id", "");
+    req.request_id = ctx.request_id;
+    req.lease_ms = lease_ms;
+    req.window_ms = kind->window_ms;
+    req.max_attempts = kind->retry.attempts;
+    req.now_ms = clock.NowMillis();
+    return req;
+  }
+
+  StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<ClaimResult> claimed) const {
+    ASSIGN_OR_RETURN(ClaimResult r, std::move(claimed));
+    ASSIGN_OR_RETURN(const ActionConfig* kind, FindKind(config, r.item.kind, "/kind"));
+    switch (r.outcome) {
+      case ClaimOutcome::kClaimed: {
+        metrics.work_claimed.Inc();
+        Json body = WorkBody(r.item);
+        body["lease_token"] = r.item.lease_token;
+        return RouteResponse{201, std::move(body), {}};
+      }
+      case ClaimOutcome::kDone:
+        metrics.work_duplicates.Inc();
+        return Duplicate(*kind, r.item, ctx.request_id);
+      case ClaimOutcome::kBusy:
+        metrics.work_busy.Inc();
+        return Conflict(Aborted("another caller holds this work under a live lease"), r.item,
+                        ctx.request_id);
+      case ClaimOutcome::kDead:
+        return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
+                        r.item, ctx.request_id);
+    }
+    return Internal("unreachable claim outcome");
+  }
+};
+
 }  // namespace
 
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
-  routes.push_back(Route{
-      .method = "POST",
-      .pattern = "/v1/work/claim",
-      .summary = "Claim client-executed work: 201 you own it, 200 already done (the original "
-                 "result), 409 someone else holds it.",
-      .key_policy = KeyPolicy::kOptional,
-      .request_schema = "work.claim.request",
-      .responses = {{201, "work.claimed"},
-                    {200, "work.item"},
-                    {400, "problem"},
-                    {404, "problem"},
-                    {409, "problem"}},
-      .roles = {"agent"},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(const ActionConfig* kind,
-                         FindKind(deps.config, ctx.body["kind"].get<std::string>(), "/kind"));
-        const Json& identity = ctx.body["identity"];
-        Json ident = identity;
-        if (!kind->identity_fields.empty()) {
-          auto extracted = ExtractIdentity(identity, kind->identity_fields);
-          if (!extracted.ok()) {
-            return extracted.status().WithField("/identity" +
-                                                extracted.status().field().substr(std::min<size_t>(
-                                                    5, extracted.status().field().size())));
-          }
-          ident = std::move(extracted).value();
-        }
-        Normalizers trim;
-        ASSIGN_OR_RETURN(Json normalized, NormalizeInput(ident, trim));
-        ASSIGN_OR_RETURN(KeyMaterial id,
-                         ComputeWorkId(kind->name, kind->identity_version, normalized));
-        ASSIGN_OR_RETURN(int64_t lease_ms,
-                         DurationField(ctx.body, "lease", kind->retry.timeout_ms, kMaxLeaseMs));
-        ClaimRequest req;
-        req.work_id = id.key;
-        req.kind = kind->name;
-        req.identity = normalized;
-        req.args = ctx.body.value("args", Json::object());
-        req.run_id = ctx.body.value("run_id", "");
-        req.request_id = ctx.request_id;
-        req.lease_ms = lease_ms;
-        req.window_ms = kind->window_ms;
-        req.max_attempts = kind->retry.attempts;
-        req.now_ms = deps.clock.NowMillis();
-        ASSIGN_OR_RETURN(ClaimResult r, deps.store.journal().Claim(req));
-        switch (r.outcome) {
-          case ClaimOutcome::kClaimed: {
-            deps.metrics.work_claimed.Inc();
-            Json body = WorkBody(r.item);
-            body["lease_token"] = r.item.lease_token;
-            return RouteResponse{201, std::move(body), {}};
-          }
-          case ClaimOutcome::kDone:
-            deps.metrics.work_duplicates.Inc();
-            return Duplicate(*kind, r.item, ctx.request_id);
-          case ClaimOutcome::kBusy:
-            deps.metrics.work_busy.Inc();
-            return Conflict(Aborted("another caller holds this work under a live lease"), r.item,
-                            ctx.request_id);
-          case ClaimOutcome::kDead:
-            return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
-                            r.item, ctx.request_id);
-        }
-        return Internal("unreachable claim outcome");
-      }});
+  const ClaimRoute claim{deps.config, deps.store.journal(), deps.clock, deps.metrics};
+  routes.push_back(
+      Route{.method = "POST",
+            .pattern = "/v1/work/claim",
+            .summary = "Claim client-executed work: 201 you own it, 200 already done (the original "
+                       "result), 409 someone else holds it.",
+            .key_policy = KeyPolicy::kOptional,
+            .request_schema = "work.claim.request",
+            .responses = {{201, "work.claimed"},
+                          {200, "work.item"},
+                          {400, "problem"},
+                          {404, "problem"},
+                          {409, "problem"}},
+            .roles = {"agent"},
+            .handler = [claim](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              ASSIGN_OR_RETURN(ClaimRequest req, claim.prepare(ctx));
+              return claim.respond(ctx, claim.journal.Claim(req));
+            },
+            .claim_lane =
+                ClaimLane{.prepare = [claim](RequestContext& ctx) { return claim.prepare(ctx); },
+                          .respond =
+                              [claim](RequestContext& ctx, StatusOr<ClaimResult> r) {
+                                return claim.respond(ctx, std::move(r));
+                              }}});
 
   routes.push_back(Route{
       .method = "POST",

@@ -102,7 +102,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   d->apply_->StartWorkers(kApplyWorkers);
 
   ApiDeps api{d->config_, *d->store_, *d->decide_, *d->apply_, d->metrics_, *d->clock_};
-  ServerDeps sd{d->config_, d->store_->idem_keys(), *d->clock_, d->metrics_};
+  ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
   d->host_ = listen.first;

@@ -1,6 +1,7 @@
 #include "daemon/http/idempotency_key.h"
 
 #include "daemon/core/crypto.h"
+#include "daemon/http/http1.h"
 
 namespace idem {
 namespace {
@@ -9,36 +10,7 @@ constexpr size_t kMaxKeyLength = 255;
 const char kField[] = "header:Idempotency-Key";
 
 // RFC 9110 tchar, plus the characters a token of RFC 8941 may contain (':' '/').
-bool IsTokenChar(char c) {
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
-  switch (c) {
-    case '!':
-    case '#':
-    case '$':
-    case '%':
-    case '&':
-    case '\'':
-    case '*':
-    case '+':
-    case '-':
-    case '.':
-    case '^':
-    case '_':
-    case '`':
-    case '|':
-    case '~':
-    case ':':
-    case '/':
-      return true;
-  }
-  return false;
-}
-
-std::string_view TrimOws(std::string_view v) {
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  return v;
-}
+bool IsKeyChar(char c) { return http1::IsTokenChar(c) || c == ':' || c == '/'; }
 
 }  // namespace
 
@@ -49,7 +21,7 @@ StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values
         "Idempotency-Key must be sent once; this request has " + std::to_string(values.size()),
         kField);
   }
-  std::string_view v = TrimOws(values[0]);
+  std::string_view v = http1::TrimOws(values[0]);
   std::string key;
   if (!v.empty() && v.front() == '"') {
     if (v.size() < 2 || v.back() != '"') {
@@ -73,7 +45,7 @@ StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values
     }
   } else {
     for (char c : v) {
-      if (!IsTokenChar(c)) {
+      if (!IsKeyChar(c)) {
         return InvalidArgument(
             "Idempotency-Key must be an sf-string (\"...\") or a token; it has '" +
                 std::string(1, c) + "'",

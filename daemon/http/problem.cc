@@ -1,5 +1,7 @@
 #include "daemon/http/problem.h"
 
+#include "daemon/http/http1.h"
+
 namespace idem {
 
 int HttpStatusFor(Code code) {
@@ -32,48 +34,10 @@ int HttpStatusFor(Code code) {
   return 500;
 }
 
-namespace {
-
-const char* TitleFor(int http_status) {
-  switch (http_status) {
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 409:
-      return "Conflict";
-    case 413:
-      return "Content Too Large";
-    case 415:
-      return "Unsupported Media Type";
-    case 422:
-      return "Unprocessable Content";
-    case 429:
-      return "Too Many Requests";
-    case 500:
-      return "Internal Server Error";
-    case 502:
-      return "Bad Gateway";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-  }
-  return "Error";
-}
-
-}  // namespace
-
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id) {
   nlohmann::json body = {
       {"type", "urn:idem:problem:" + std::string(CodeName(status.code()))},
-      {"title", TitleFor(http_status)},
+      {"title", std::string(http1::ReasonPhrase(http_status))},
       {"status", http_status},
       {"detail", status.message()},
   };

@@ -5,24 +5,43 @@
 namespace idem {
 
 void CompileRoute(Route& route) {
-  std::string re = "^";
+  route.segments.clear();
   route.param_names.clear();
-  for (size_t i = 0; i < route.pattern.size(); ++i) {
-    char c = route.pattern[i];
-    if (c == '{') {
-      size_t end = route.pattern.find('}', i);
-      route.param_names.push_back(route.pattern.substr(i + 1, end - i - 1));
-      re += "([^/]+)";
-      i = end;
-    } else if (c == '.' || c == '+' || c == '*' || c == '?' || c == '(' || c == ')') {
-      re += '\\';
-      re += c;
-    } else {
-      re += c;
+  std::string_view rest(route.pattern);
+  if (rest.starts_with('/')) rest.remove_prefix(1);
+  for (;;) {
+    size_t slash = rest.find('/');
+    std::string seg(rest.substr(0, slash));
+    if (seg.size() >= 2 && seg.front() == '{' && seg.back() == '}') {
+      route.param_names.push_back(seg.substr(1, seg.size() - 2));
     }
+    route.segments.push_back(std::move(seg));
+    if (slash == std::string_view::npos) break;
+    rest.remove_prefix(slash + 1);
   }
-  re += "$";
-  route.compiled = std::regex(re);
+}
+
+bool MatchPath(const Route& route, std::string_view path, std::vector<std::string>* params) {
+  if (!path.starts_with('/')) return false;
+  path.remove_prefix(1);
+  size_t first_param = params->size();
+  for (size_t i = 0; i < route.segments.size(); ++i) {
+    size_t slash = path.find('/');
+    bool last = i + 1 == route.segments.size();
+    if (last != (slash == std::string_view::npos)) break;
+    std::string_view seg = path.substr(0, slash);
+    const std::string& want = route.segments[i];
+    if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
+      if (seg.empty()) break;
+      params->emplace_back(seg);
+    } else if (seg != want) {
+      break;
+    }
+    if (last) return true;
+    path.remove_prefix(slash + 1);
+  }
+  params->resize(first_param);
+  return false;
 }
 
 namespace {

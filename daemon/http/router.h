@@ -10,12 +10,14 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "daemon/core/status.h"
+#include "daemon/store/store.h"
 
 namespace idem {
 
@@ -42,6 +44,17 @@ struct RouteResponse {
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;
 
+// The batch lane (event_server.h) for a route whose whole work is one
+// journal claim: `prepare` turns the request into a ClaimRequest, the server
+// claims every such request of one event-loop round with Journal::ClaimMany
+// (one write, one fsync), and `respond` builds each answer. The route's
+// handler must be prepare -> Journal::Claim -> respond, so both paths answer
+// alike; requests with an Idempotency-Key take the handler.
+struct ClaimLane {
+  std::function<StatusOr<ClaimRequest>(RequestContext&)> prepare;
+  std::function<StatusOr<RouteResponse>(RequestContext&, StatusOr<ClaimResult>)> respond;
+};
+
 struct Route {
   std::string method;   // GET, POST, DELETE
   std::string pattern;  // "/v1/decisions/{id}"
@@ -53,13 +66,18 @@ struct Route {
   bool raw_text = false;                 // response body is text (metrics)
   bool is_public = false;                // no auth (health probes, the API description)
   RouteHandler handler;
+  std::optional<ClaimLane> claim_lane;
 
-  std::regex compiled;  // built by CompileRoute
+  std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;
 };
 
-// Fills route.compiled and route.param_names from route.pattern.
+// Fills route.segments and route.param_names from route.pattern.
 void CompileRoute(Route& route);
+
+// Does `path` match the route's pattern? Parameters (non-empty, no '/') are
+// appended to *params in pattern order.
+bool MatchPath(const Route& route, std::string_view path, std::vector<std::string>* params);
 
 // The OpenAPI 3.1 document of `routes`, with every schemas/api file as a
 // component schema.

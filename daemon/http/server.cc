@@ -1,10 +1,6 @@
 #include "daemon/http/server.h"
 
-#include <httplib.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -21,7 +17,6 @@ namespace idem {
 namespace {
 
 constexpr int64_t kMaxPreferWaitMs = 60'000;
-constexpr int kListenBacklog = 4096;
 
 bool SaneRequestId(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
@@ -40,31 +35,25 @@ bool IsValidationFailure(int status) {
 }
 
 // RFC 7240 "Prefer: wait=N" (seconds). 0 when absent.
-int64_t PreferWaitMs(const httplib::Request& req) {
-  if (!req.has_header("Prefer")) return 0;
-  std::string v = req.get_header_value("Prefer");
+int64_t PreferWaitMs(const http1::Request& req) {
+  if (!req.HasHeader("Prefer")) return 0;
+  std::string v = req.HeaderValue("Prefer");
   size_t pos = v.find("wait=");
   if (pos == std::string::npos) return 0;
   int64_t secs = std::atoll(v.c_str() + pos + 5);
   return std::clamp<int64_t>(secs * 1000, 0, kMaxPreferWaitMs);
 }
 
-void WriteJson(httplib::Response& res, int status, const Json& body, const char* type) {
+void WriteJson(http1::Response& res, int status, const Json& body, const char* type) {
   res.status = status;
-  res.set_content(body.dump(-1, ' ', false, Json::error_handler_t::replace), type);
+  res.SetContent(body.dump(-1, ' ', false, Json::error_handler_t::replace), type);
 }
-
-void WriteProblem(httplib::Response& res, const Status& st, const std::string& request_id,
-                  int status_override = 0) {
-  int status = status_override != 0 ? status_override : HttpStatusFor(st.code());
-  WriteJson(res, status, ProblemBody(status, st, request_id), kProblemContentType);
-}
-
-struct CompiledSchemas {
-  std::map<std::string, std::unique_ptr<JsonSchema>> by_name;
-};
 
 }  // namespace
+
+struct HttpServer::CompiledSchemas {
+  std::map<std::string, std::unique_ptr<JsonSchema>> by_name;
+};
 
 StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
   size_t colon = listen.rfind(':');
@@ -85,7 +74,30 @@ StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
 }
 
 HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes)
-    : deps_(deps), routes_(std::move(routes)), server_(std::make_unique<httplib::Server>()) {}
+    : deps_(deps), routes_(std::move(routes)), schemas_(std::make_unique<CompiledSchemas>()) {
+  for (const auto& [name, text] : ApiSchemaTexts()) {
+    Json j = Json::parse(text, nullptr, false);
+    if (j.is_discarded()) continue;
+    auto compiled = JsonSchema::Create(j);
+    if (compiled.ok()) schemas_->by_name[name] = std::move(compiled).value();
+  }
+  const ServerConfig& sc = deps_.config.server;
+  EventServerOptions options;
+  options.workers = std::max(2, sc.threads);
+  // Two loops keep both cores busy while one of them waits for a batch's fsync.
+  options.loops = 2;
+  options.limits.max_body_bytes = sc.max_body_bytes;
+  options.idle_timeout_s = 30;
+  EventServer::Callbacks callbacks;
+  callbacks.handler = [this](const http1::Request& req, http1::Response& res) { Handle(req, res); };
+  callbacks.batch_lane = this;
+  callbacks.error_handler = [this](int status, const std::string& message, http1::Response& res) {
+    Status st =
+        status == 413 || status == 431 ? ResourceExhausted(message) : InvalidArgument(message);
+    Fail(res, st, RandomHex(8), status);
+  };
+  server_ = std::make_unique<EventServer>(options, std::move(callbacks));
+}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -98,313 +110,368 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(ServerDeps deps,
                       " which is not in schemas/api");
     }
   }
-  std::unique_ptr<HttpServer> server(new HttpServer(deps, std::move(routes)));
-  server->Install();
-  return server;
-}
-
-void HttpServer::Install() {
-  httplib::Server& srv = *server_;
-  const ServerConfig& sc = deps_.config.server;
-  const size_t threads = static_cast<size_t>(std::max(2, sc.threads));
-  srv.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  srv.set_keep_alive_max_count(100000);
-  srv.set_keep_alive_timeout(30);
-  srv.set_payload_max_length(sc.max_body_bytes);
-  // httplib listens with a backlog of 5 (compiled into Debian's library):
-  // a burst of connections then overflows the accept queue and clients see
-  // resets. We keep the socket to listen() again with a real backlog, and
-  // use SO_REUSEADDR only (not SO_REUSEPORT, so a second daemon on the same
-  // port fails to bind instead of silently sharing it).
-  srv.set_socket_options([this](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    // Accepted sockets inherit it: httplib writes headers and body
-    // separately, and Nagle plus delayed ACKs would add 40 ms to each answer.
-    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
-    listen_fd_ = sock;
-  });
-  srv.set_read_timeout(30, 0);
-  srv.set_write_timeout(30, 0);
-
-  // Errors produced by httplib itself (unknown path, 413) get problem bodies too.
-  srv.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string rid = res.get_header_value("X-Request-Id");
-    if (rid.empty()) {
-      rid = SaneRequestId(req.get_header_value("X-Request-Id"))
-                ? req.get_header_value("X-Request-Id")
-                : RandomHex(8);
-      res.set_header("X-Request-Id", rid);
-    }
-    Status st =
-        res.status == 404 ? NotFound("no route for " + req.method + " " + req.path)
-        : res.status == 413
-            ? ResourceExhausted("the body is larger than " +
-                                std::to_string(deps_.config.server.max_body_bytes) + " bytes")
-            : InvalidArgument("the request could not be handled");
-    deps_.metrics.http_errors_4xx.Inc();
-    WriteProblem(res, st, rid, res.status);
-  });
-
-  auto schemas = std::make_shared<CompiledSchemas>();  // shared: captured by every handler
-  for (const auto& [name, text] : ApiSchemaTexts()) {
-    Json j = Json::parse(text, nullptr, false);
-    if (j.is_discarded()) continue;
-    auto s = JsonSchema::Create(j);
-    if (s.ok()) schemas->by_name[name] = std::move(s).value();
-  }
-
-  for (size_t index = 0; index < routes_.size(); ++index) {
-    const Route* route = &routes_[index];
-    std::string re = route->pattern;
-    // httplib matches with std::regex on the path; turn {x} into a group.
-    std::string pattern;
-    for (size_t i = 0; i < re.size(); ++i) {
-      if (re[i] == '{') {
-        i = re.find('}', i);
-        pattern += "([^/]+)";
-      } else {
-        pattern += re[i];
-      }
-    }
-    auto handler = [this, route, schemas](const httplib::Request& req, httplib::Response& res) {
-      Metrics& m = deps_.metrics;
-      m.http_requests.Inc();
-      RequestContext ctx;
-      ctx.method = req.method;
-      ctx.path = req.path;
-      std::string rid = req.get_header_value("X-Request-Id");
-      ctx.request_id = SaneRequestId(rid) ? rid : RandomHex(8);
-      res.set_header("X-Request-Id", ctx.request_id);
-      auto fail = [&](const Status& st, int status_override = 0) {
-        int status = status_override != 0 ? status_override : HttpStatusFor(st.code());
-        if (status >= 500) {
-          m.http_errors_5xx.Inc();
-        } else {
-          m.http_errors_4xx.Inc();
-        }
-        WriteProblem(res, st, ctx.request_id, status);
-      };
-
-      // Auth: a Bearer token whose sha256 is configured; the token's name is the caller.
-      ctx.caller = "anonymous";
-      const auto& tokens = deps_.config.auth.tokens;
-      if (!tokens.empty() && !route->is_public) {
-        std::string auth = req.get_header_value("Authorization");
-        const AuthToken* who = nullptr;
-        if (auth.rfind("Bearer ", 0) == 0) {
-          std::string digest = Sha256Hex(auth.substr(7));
-          for (const auto& t : tokens) {
-            if (ConstantTimeEquals(digest, t.sha256)) who = &t;
-          }
-        }
-        if (who == nullptr) {
-          return fail(Status(Code::kUnauthenticated, "a valid Bearer token is required"));
-        }
-        if (!route->roles.empty()) {
-          bool allowed = false;
-          for (const auto& have : who->roles) {
-            if (have == "admin") allowed = true;
-            for (const auto& need : route->roles) allowed = allowed || have == need;
-          }
-          if (!allowed) {
-            return fail(Status(Code::kPermissionDenied,
-                               "token '" + who->name + "' lacks the role for this route"));
-          }
-        }
-        ctx.caller = who->name;
-      }
-
-      // Idempotency-Key syntax first: a malformed or missing key is refused
-      // before the body is even read.
-      if (route->key_policy != KeyPolicy::kNone) {
-        std::vector<std::string> values;
-        size_t n = req.get_header_value_count("Idempotency-Key");
-        for (size_t i = 0; i < n; ++i) values.push_back(req.get_header_value("Idempotency-Key", i));
-        auto key = ParseIdempotencyKey(values);
-        if (!key.ok()) return fail(key.status());
-        ctx.idempotency_key = std::move(key).value();
-        if (ctx.idempotency_key.empty()) {
-          if (route->key_policy == KeyPolicy::kRequired) {
-            m.idem_key_missing.Inc();
-            return fail(InvalidArgument("this route requires an Idempotency-Key header",
-                                        "header:Idempotency-Key"));
-          }
-          m.idem_key_optional_absent.Inc();
-        }
-      }
-
-      for (size_t i = 1; i < req.matches.size(); ++i) ctx.params.push_back(req.matches[i]);
-      for (const auto& [k, v] : req.params) ctx.query[k] = v;
-
-      std::string canonical_body;
-      if (!route->request_schema.empty()) {
-        JsonLimits limits;
-        limits.max_bytes = deps_.config.server.max_body_bytes;
-        limits.max_depth = deps_.config.server.max_json_depth;
-        if (req.body.empty()) return fail(InvalidArgument("a JSON body is required", ""));
-        auto body = ParseJson(req.body, limits);
-        if (!body.ok()) return fail(body.status());
-        ctx.body = std::move(body).value();
-        auto sit = schemas->by_name.find(route->request_schema);
-        if (sit != schemas->by_name.end()) {
-          Status valid = sit->second->Validate(ctx.body);
-          if (!valid.ok()) return fail(valid);
-        }
-        if (!ctx.idempotency_key.empty()) {
-          auto canon = CanonicalJson(ctx.body);
-          if (!canon.ok()) return fail(canon.status());
-          canonical_body = std::move(canon).value();
-        }
-      }
-
-      auto respond = [&](const RouteResponse& r) {
-        for (const auto& [k, v] : r.headers) res.set_header(k, v);
-        if (r.status >= 500) m.http_errors_5xx.Inc();
-        if (r.status >= 400 && r.status < 500) m.http_errors_4xx.Inc();
-        if (route->raw_text && r.body.is_string()) {
-          res.status = r.status;
-          res.set_content(r.body.get<std::string>(), "text/plain; version=0.0.4");
-        } else {
-          WriteJson(res, r.status, r.body,
-                    r.status >= 400 ? kProblemContentType : "application/json");
-        }
-      };
-      auto run = [&]() -> RouteResponse {
-        auto out = route->handler(ctx);
-        if (out.ok()) return std::move(out).value();
-        int status = HttpStatusFor(out.status().code());
-        RouteResponse r;
-        r.status = status;
-        r.body = ProblemBody(status, out.status(), ctx.request_id);
-        if (status >= 500) {
-          LogEvent(LogLevel::kWarn, "request_failed",
-                   {{"request_id", ctx.request_id},
-                    {"route", route->method + " " + route->pattern},
-                    {"error", out.status().ToString()}});
-        }
-        return r;
-      };
-
-      if (ctx.idempotency_key.empty()) {
-        respond(run());
-        return;
-      }
-
-      // The key record: created atomically before any side effect.
-      const auto& cfg = deps_.config.idempotency;
-      int64_t ttl = cfg.window_ms;
-      auto wit = cfg.route_windows_ms.find(route->method + " " + route->pattern);
-      if (wit != cfg.route_windows_ms.end()) ttl = wit->second;
-      const std::string fingerprint = RequestFingerprint(req.method, req.path, canonical_body);
-      const std::string& scope = ctx.caller;
-      const int64_t begun_ms = deps_.clock.NowMillis();
-      auto begun = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
-                                         begun_ms, ttl, cfg.lease_ms);
-      if (!begun.ok()) {
-        m.idem_key_store_errors.Inc();
-        return fail(begun.status());
-      }
-      auto replay = [&](const IdemRecord& rec) {
-        res.status = rec.response_status;
-        res.set_header("Idempotent-Replayed", "true");
-        res.set_content(rec.response_body, rec.response_content_type.c_str());
-      };
-      if (begun->outcome == BeginOutcome::kInFlight) {
-        int64_t wait_ms = PreferWaitMs(req);
-        int64_t until = deps_.clock.NowMillis() + wait_ms;
-        while (wait_ms > 0 && deps_.clock.NowMillis() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          auto again =
-              deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
-                                    deps_.clock.NowMillis(), ttl, cfg.lease_ms);
-          if (!again.ok()) break;
-          begun = std::move(again);
-          if (begun->outcome != BeginOutcome::kInFlight) break;
-        }
-        if (begun->outcome == BeginOutcome::kReplay) m.idem_key_waited.Inc();
-      }
-      switch (begun->outcome) {
-        case BeginOutcome::kReplay:
-          m.idem_key_replayed.Inc();
-          return replay(begun->record);
-        case BeginOutcome::kMismatch:
-          m.idem_key_mismatch.Inc();
-          return fail(Status(Code::kAborted,
-                             "this Idempotency-Key was used with a different request payload",
-                             "header:Idempotency-Key"),
-                      422);
-        case BeginOutcome::kInFlight:
-          m.idem_key_in_flight.Inc();
-          res.set_header("Retry-After", "1");
-          return fail(Status(Code::kAborted,
-                             "a request with this Idempotency-Key is still in progress; retry "
-                             "later or send Prefer: wait=N",
-                             "header:Idempotency-Key"),
-                      409);
-        case BeginOutcome::kNew:
-          break;
-      }
-      m.idem_key_new.Inc();
-      if (Status fp = Failpoints::Hit("http.after_key_begin"); !fp.ok()) return fail(fp);
-
-      RouteResponse out = run();
-      if (IsValidationFailure(out.status)) {
-        (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);
-      } else {
-        const char* type = out.status >= 400 ? kProblemContentType : "application/json";
-        Status fin =
-            deps_.idem_keys.Finish(scope, ctx.idempotency_key, fingerprint, out.status,
-                                   out.body.dump(-1, ' ', false, Json::error_handler_t::replace),
-                                   type, deps_.clock.NowMillis());
-        if (!fin.ok()) {
-          m.idem_key_store_errors.Inc();
-          LogEvent(LogLevel::kError, "idempotency_finish_failed",
-                   {{"request_id", ctx.request_id}, {"error", fin.ToString()}});
-        }
-        m.idem_in_progress_ms_sum.Inc(
-            static_cast<uint64_t>(std::max<int64_t>(0, deps_.clock.NowMillis() - begun_ms)));
-        m.idem_in_progress_count.Inc();
-      }
-      respond(out);
-    };
-    if (route->method == "GET") {
-      srv.Get(pattern, handler);
-    } else if (route->method == "POST") {
-      srv.Post(pattern, handler);
-    } else if (route->method == "DELETE") {
-      srv.Delete(pattern, handler);
-    } else if (route->method == "PUT") {
-      srv.Put(pattern, handler);
-    }
-  }
+  return std::unique_ptr<HttpServer>(new HttpServer(deps, std::move(routes)));
 }
 
 StatusOr<int> HttpServer::Start(const std::string& host, int port) {
-  int bound = port;
-  if (port == 0) {
-    bound = server_->bind_to_any_port(host);
-    if (bound <= 0) return Unavailable("cannot bind " + host + ":0", false);
-  } else if (!server_->bind_to_port(host, port)) {
-    return Unavailable(
-        "cannot bind " + host + ":" + std::to_string(port) + " (in use, or not a local address)",
-        false);
-  }
-  if (listen_fd_ >= 0) ::listen(listen_fd_, kListenBacklog);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  // httplib's stop() does nothing until the accept loop runs: wait for it,
-  // so that a Stop right after Start cannot leave the thread in accept().
-  for (int i = 0; i < 5000 && !server_->is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!server_->is_running()) return Unavailable("the HTTP server did not start", false);
-  return bound;
+  return server_->Start(host, port);
 }
 
 void HttpServer::Stop() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_) server_->Stop();
+}
+
+void HttpServer::Fail(http1::Response& res, const Status& st, const std::string& request_id,
+                      int status_override) const {
+  int status = status_override != 0 ? status_override : HttpStatusFor(st.code());
+  if (status >= 500) {
+    deps_.metrics.http_errors_5xx.Inc();
+  } else {
+    deps_.metrics.http_errors_4xx.Inc();
+  }
+  if (res.HeaderValue("X-Request-Id").empty()) res.SetHeader("X-Request-Id", request_id);
+  WriteJson(res, status, ProblemBody(status, st, request_id), kProblemContentType);
+}
+
+const Route* HttpServer::Find(const http1::Request& req, std::vector<std::string>& params,
+                              http1::Response& res) const {
+  std::string allow;
+  for (const Route& r : routes_) {
+    if (!MatchPath(r, req.path, &params)) continue;
+    if (r.method == req.method) return &r;
+    params.clear();
+    if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
+  }
+  std::string rid = req.HeaderValue("X-Request-Id");
+  if (!SaneRequestId(rid)) rid = RandomHex(8);
+  if (allow.empty()) {
+    Fail(res, NotFound("no route for " + req.method + " " + req.path), rid, 404);
+  } else {
+    res.SetHeader("Allow", allow);
+    Fail(res, InvalidArgument(req.path + " does not take " + req.method + "; it takes " + allow),
+         rid, 405);
+  }
+  return nullptr;
+}
+
+bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Response& res,
+                       RequestContext& ctx, std::string& canonical_body) const {
+  deps_.metrics.http_requests.Inc();
+  ctx.method = req.method;
+  ctx.path = req.path;
+  std::string rid = req.HeaderValue("X-Request-Id");
+  ctx.request_id = SaneRequestId(rid) ? rid : RandomHex(8);
+  res.SetHeader("X-Request-Id", ctx.request_id);
+
+  // Auth: a Bearer token whose sha256 is configured; the token's name is the caller.
+  ctx.caller = "anonymous";
+  const auto& tokens = deps_.config.auth.tokens;
+  if (!tokens.empty() && !route.is_public) {
+    std::string auth = req.HeaderValue("Authorization");
+    const AuthToken* who = nullptr;
+    if (auth.rfind("Bearer ", 0) == 0) {
+      std::string digest = Sha256Hex(auth.substr(7));
+      for (const auto& t : tokens) {
+        if (ConstantTimeEquals(digest, t.sha256)) who = &t;
+      }
+    }
+    if (who == nullptr) {
+      Fail(res, Status(Code::kUnauthenticated, "a valid Bearer token is required"), ctx.request_id);
+      return false;
+    }
+    if (!route.roles.empty()) {
+      bool allowed = false;
+      for (const auto& have : who->roles) {
+        if (have == "admin") allowed = true;
+        for (const auto& need : route.roles) allowed = allowed || have == need;
+      }
+      if (!allowed) {
+        Fail(res,
+             Status(Code::kPermissionDenied,
+                    "token '" + who->name + "' lacks the role for this route"),
+             ctx.request_id);
+        return false;
+      }
+    }
+    ctx.caller = who->name;
+  }
+
+  // Idempotency-Key syntax first: a malformed or missing key is refused
+  // before the body is even looked at.
+  if (route.key_policy != KeyPolicy::kNone) {
+    std::vector<std::string> values;
+    size_t n = req.HeaderCount("Idempotency-Key");
+    for (size_t i = 0; i < n; ++i) values.push_back(req.HeaderValue("Idempotency-Key", i));
+    auto key = ParseIdempotencyKey(values);
+    if (!key.ok()) {
+      Fail(res, key.status(), ctx.request_id);
+      return false;
+    }
+    ctx.idempotency_key = std::move(key).value();
+    if (ctx.idempotency_key.empty()) {
+      if (route.key_policy == KeyPolicy::kRequired) {
+        deps_.metrics.idem_key_missing.Inc();
+        Fail(res,
+             InvalidArgument("this route requires an Idempotency-Key header",
+                             "header:Idempotency-Key"),
+             ctx.request_id);
+        return false;
+      }
+      deps_.metrics.idem_key_optional_absent.Inc();
+    }
+  }
+
+  for (const auto& [k, v] : req.query) ctx.query[k] = v;
+
+  if (!route.request_schema.empty()) {
+    JsonLimits limits;
+    limits.max_bytes = deps_.config.server.max_body_bytes;
+    limits.max_depth = deps_.config.server.max_json_depth;
+    if (req.body.empty()) {
+      Fail(res, InvalidArgument("a JSON body is required", ""), ctx.request_id);
+      return false;
+    }
+    auto body = ParseJson(req.body, limits);
+    if (!body.ok()) {
+      Fail(res, body.status(), ctx.request_id);
+      return false;
+    }
+    ctx.body = std::move(body).value();
+    auto sit = schemas_->by_name.find(route.request_schema);
+    if (sit != schemas_->by_name.end()) {
+      Status valid = sit->second->Validate(ctx.body);
+      if (!valid.ok()) {
+        Fail(res, valid, ctx.request_id);
+        return false;
+      }
+    }
+    if (!ctx.idempotency_key.empty()) {
+      auto canon = CanonicalJson(ctx.body);
+      if (!canon.ok()) {
+        Fail(res, canon.status(), ctx.request_id);
+        return false;
+      }
+      canonical_body = std::move(canon).value();
+    }
+  }
+  return true;
+}
+
+RouteResponse HttpServer::Finish(const Route& route, const RequestContext& ctx,
+                                 StatusOr<RouteResponse> out) const {
+  if (out.ok()) return std::move(out).value();
+  int status = HttpStatusFor(out.status().code());
+  RouteResponse r;
+  r.status = status;
+  r.body = ProblemBody(status, out.status(), ctx.request_id);
+  if (status >= 500) {
+    LogEvent(LogLevel::kWarn, "request_failed",
+             {{"request_id", ctx.request_id},
+              {"route", route.method + " " + route.pattern},
+              {"error", out.status().ToString()}});
+  }
+  return r;
+}
+
+void HttpServer::Respond(const Route& route, const RouteResponse& r, http1::Response& res) const {
+  for (const auto& [k, v] : r.headers) res.SetHeader(k, v);
+  if (r.status >= 500) deps_.metrics.http_errors_5xx.Inc();
+  if (r.status >= 400 && r.status < 500) deps_.metrics.http_errors_4xx.Inc();
+  if (route.raw_text && r.body.is_string()) {
+    res.status = r.status;
+    res.SetContent(r.body.get<std::string>(), "text/plain; version=0.0.4");
+  } else {
+    WriteJson(res, r.status, r.body, r.status >= 400 ? kProblemContentType : "application/json");
+  }
+}
+
+bool HttpServer::Wants(const http1::Request& req) const {
+  if (req.method != "POST" || req.HasHeader("Idempotency-Key")) return false;
+  std::vector<std::string> params;
+  for (const Route& r : routes_) {
+    if (r.method == "POST" && MatchPath(r, req.path, &params)) return r.claim_lane.has_value();
+  }
+  return false;
+}
+
+namespace {
+
+// A batch-lane request between Prepare and Finish.
+struct LaneState {
+  const Route* route = nullptr;
+  RequestContext ctx;
+  ClaimRequest claim;
+};
+
+class LaneTicket final : public BatchLane::Ticket {
+ public:
+  bool Ready() const override { return pending == nullptr || pending->Ready(); }
+  std::unique_ptr<Journal::PendingClaims> pending;
+  std::vector<size_t> index;  // batch position of each claim
+};
+
+}  // namespace
+
+void HttpServer::Prepare(Exchange& ex) {
+  std::vector<std::string> params;
+  const Route* route = Find(ex.request, params, ex.response);
+  ex.answered = true;
+  if (route == nullptr) return;
+  auto st = std::make_shared<LaneState>();
+  st->route = route;
+  st->ctx.params = std::move(params);
+  std::string canonical_body;
+  if (!Admit(*route, ex.request, ex.response, st->ctx, canonical_body)) return;
+  if (!st->ctx.idempotency_key.empty()) {
+    // Wants() saw no key, so this cannot happen; the ordinary path if it does.
+    Respond(*route, Finish(*route, st->ctx, route->handler(st->ctx)), ex.response);
+    return;
+  }
+  StatusOr<ClaimRequest> claim = route->claim_lane->prepare(st->ctx);
+  if (!claim.ok()) {
+    Respond(*route, Finish(*route, st->ctx, claim.status()), ex.response);
+    return;
+  }
+  st->claim = std::move(claim).value();
+  ex.state = std::move(st);
+  ex.answered = false;
+}
+
+std::unique_ptr<BatchLane::Ticket> HttpServer::Begin(std::span<Exchange*> batch,
+                                                     std::function<void()> wake,
+                                                     bool others_pending) {
+  auto ticket = std::make_unique<LaneTicket>();
+  std::vector<ClaimRequest> claims;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i]->answered) continue;
+    claims.push_back(std::static_pointer_cast<LaneState>(batch[i]->state)->claim);
+    ticket->index.push_back(i);
+  }
+  if (!claims.empty()) {
+    ticket->pending = deps_.journal.BeginClaims(
+        claims, std::move(wake),
+        others_pending ? Journal::LockWait::kSkipBusy : Journal::LockWait::kBlock);
+  }
+  return ticket;
+}
+
+void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exchange*> batch) {
+  auto& t = static_cast<LaneTicket&>(*ticket);
+  if (t.pending == nullptr) return;
+  std::vector<size_t> skipped = t.pending->Skipped();
+  std::vector<StatusOr<ClaimResult>> results = deps_.journal.FinishClaims(std::move(t.pending));
+  size_t next_skipped = 0;  // Skipped() is in ascending order
+  for (size_t k = 0; k < t.index.size(); ++k) {
+    Exchange& ex = *batch[t.index[k]];
+    if (next_skipped < skipped.size() && skipped[next_skipped] == k) {
+      ++next_skipped;  // left unanswered: the event loop begins it again
+      continue;
+    }
+    ex.answered = true;
+    auto st = std::static_pointer_cast<LaneState>(ex.state);
+    const Route& route = *st->route;
+    Respond(route,
+            Finish(route, st->ctx, route.claim_lane->respond(st->ctx, std::move(results[k]))),
+            ex.response);
+  }
+}
+
+void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
+  Metrics& m = deps_.metrics;
+  std::vector<std::string> params;
+  const Route* found = Find(req, params, res);
+  if (found == nullptr) return;
+  const Route& route = *found;
+  RequestContext ctx;
+  ctx.params = std::move(params);
+  std::string canonical_body;
+  if (!Admit(route, req, res, ctx, canonical_body)) return;
+
+  auto run = [&]() -> RouteResponse { return Finish(route, ctx, route.handler(ctx)); };
+  if (ctx.idempotency_key.empty()) {
+    Respond(route, run(), res);
+    return;
+  }
+
+  // The key record: created atomically before any side effect.
+  const auto& cfg = deps_.config.idempotency;
+  int64_t ttl = cfg.window_ms;
+  auto wit = cfg.route_windows_ms.find(route.method + " " + route.pattern);
+  if (wit != cfg.route_windows_ms.end()) ttl = wit->second;
+  const std::string fingerprint = RequestFingerprint(req.method, req.path, canonical_body);
+  const std::string& scope = ctx.caller;
+  const int64_t begun_ms = deps_.clock.NowMillis();
+  auto begun = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
+                                     begun_ms, ttl, cfg.lease_ms);
+  if (!begun.ok()) {
+    m.idem_key_store_errors.Inc();
+    return Fail(res, begun.status(), ctx.request_id);
+  }
+  if (begun->outcome == BeginOutcome::kInFlight) {
+    int64_t wait_ms = PreferWaitMs(req);
+    int64_t until = deps_.clock.NowMillis() + wait_ms;
+    while (wait_ms > 0 && deps_.clock.NowMillis() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      auto again = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
+                                         deps_.clock.NowMillis(), ttl, cfg.lease_ms);
+      if (!again.ok()) break;
+      begun = std::move(again);
+      if (begun->outcome != BeginOutcome::kInFlight) break;
+    }
+    if (begun->outcome == BeginOutcome::kReplay) m.idem_key_waited.Inc();
+  }
+  switch (begun->outcome) {
+    case BeginOutcome::kReplay: {
+      m.idem_key_replayed.Inc();
+      const IdemRecord& rec = begun->record;
+      res.status = rec.response_status;
+      res.SetHeader("Idempotent-Replayed", "true");
+      res.SetContent(rec.response_body, rec.response_content_type);
+      return;
+    }
+    case BeginOutcome::kMismatch:
+      m.idem_key_mismatch.Inc();
+      return Fail(
+          res,
+          Status(Code::kAborted, "this Idempotency-Key was used with a different request payload",
+                 "header:Idempotency-Key"),
+          ctx.request_id, 422);
+    case BeginOutcome::kInFlight:
+      m.idem_key_in_flight.Inc();
+      res.SetHeader("Retry-After", "1");
+      return Fail(res,
+                  Status(Code::kAborted,
+                         "a request with this Idempotency-Key is still in progress; retry "
+                         "later or send Prefer: wait=N",
+                         "header:Idempotency-Key"),
+                  ctx.request_id, 409);
+    case BeginOutcome::kNew:
+      break;
+  }
+  m.idem_key_new.Inc();
+  if (Status fp = Failpoints::Hit("http.after_key_begin"); !fp.ok()) {
+    return Fail(res, fp, ctx.request_id);
+  }
+
+  RouteResponse out = run();
+  if (IsValidationFailure(out.status)) {
+    (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);
+  } else {
+    const char* type = out.status >= 400 ? kProblemContentType : "application/json";
+    Status fin =
+        deps_.idem_keys.Finish(scope, ctx.idempotency_key, fingerprint, out.status,
+                               out.body.dump(-1, ' ', false, Json::error_handler_t::replace), type,
+                               deps_.clock.NowMillis());
+    if (!fin.ok()) {
+      m.idem_key_store_errors.Inc();
+      LogEvent(LogLevel::kError, "idempotency_finish_failed",
+               {{"request_id", ctx.request_id}, {"error", fin.ToString()}});
+    }
+    m.idem_in_progress_ms_sum.Inc(
+        static_cast<uint64_t>(std::max<int64_t>(0, deps_.clock.NowMillis() - begun_ms)));
+    m.idem_in_progress_count.Inc();
+  }
+  Respond(route, out, res);
 }
 
 }  // namespace idem

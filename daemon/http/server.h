@@ -1,4 +1,4 @@
-// HttpServer: the daemon's HTTP front (cpp-httplib), dispatching the route
+// HttpServer: the daemon's HTTP front (event_server.h), dispatching the route
 // table (router.h) through one pipeline:
 //
 //   request id (X-Request-Id accepted when sane, else generated; echoed)
@@ -10,57 +10,82 @@
 //      a validation failure (400, 404, 413, 415, 422), which forgets the key
 //      so a corrected retry can reuse it.
 //
-// Every error is problem+json (problem.h).
+// Every error is problem+json (problem.h): unknown paths 404, a known path
+// with another method 405 (with Allow), framing errors as http1.h says.
+//
+// Journal claims without an Idempotency-Key take the batch lane: the same
+// pipeline up to the handler, then one Journal::ClaimMany per event-loop
+// round (router.h, ClaimLane).
 //
 // Thread-safety: Start/Stop from one thread; handlers run on the server's
-// pool (ServerConfig.threads).
+// pool (ServerConfig.threads), claim batches on its event loops.
 #pragma once
 
-#include <atomic>
 #include <memory>
+#include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "daemon/config/config.h"
 #include "daemon/core/env.h"
+#include "daemon/http/event_server.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
 #include "daemon/store/store.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace idem {
 
 struct ServerDeps {
   const Config& config;
   IdemKeyStore& idem_keys;
+  Journal& journal;  // the batch lane's ClaimMany
   StableClock& clock;
   Metrics& metrics;
 };
 
-class HttpServer {
+class HttpServer : private BatchLane {
  public:
   ~HttpServer();
   static StatusOr<std::unique_ptr<HttpServer>> Create(ServerDeps deps, std::vector<Route> routes);
 
-  // Binds `host:port` (port 0: any free port) and serves on a background
-  // thread. Returns the bound port. Unavailable if the address is taken.
+  // Binds `host:port` (port 0: any free port) and serves on background
+  // threads. Returns the bound port. Unavailable if the address is taken.
   StatusOr<int> Start(const std::string& host, int port);
   void Stop();
   const std::vector<Route>& routes() const { return routes_; }
 
  private:
+  struct CompiledSchemas;
+
   HttpServer(ServerDeps deps, std::vector<Route> routes);
-  void Install();
+  // The route for the request's method and path (params filled), or null
+  // with `res` holding the 404/405 answer.
+  const Route* Find(const http1::Request& req, std::vector<std::string>& params,
+                    http1::Response& res) const;
+  // The pipeline up to the handler: request id, auth, Idempotency-Key
+  // syntax, body and schema. False with `res` holding the error answer.
+  bool Admit(const Route& route, const http1::Request& req, http1::Response& res,
+             RequestContext& ctx, std::string& canonical_body) const;
+  // The handler's result as a RouteResponse (errors as problem bodies).
+  RouteResponse Finish(const Route& route, const RequestContext& ctx,
+                       StatusOr<RouteResponse> out) const;
+  void Respond(const Route& route, const RouteResponse& r, http1::Response& res) const;
+  void Fail(http1::Response& res, const Status& st, const std::string& request_id,
+            int status_override = 0) const;
+
+  void Handle(const http1::Request& req, http1::Response& res);  // a worker
+
+  // BatchLane: claims without an Idempotency-Key, on the event loops.
+  bool Wants(const http1::Request& req) const override;
+  void Prepare(Exchange& ex) override;
+  std::unique_ptr<BatchLane::Ticket> Begin(std::span<Exchange*> batch, std::function<void()> wake,
+                                           bool others_pending) override;
+  void Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exchange*> batch) override;
 
   ServerDeps deps_;
   std::vector<Route> routes_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
-  int listen_fd_ = -1;
+  std::unique_ptr<CompiledSchemas> schemas_;
+  std::unique_ptr<EventServer> server_;
 };
 
 // "host:port" -> parts. InvalidArgument when malformed.

@@ -1,0 +1,657 @@
+#include "daemon/http/event_server.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+namespace idem {
+namespace {
+
+constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kWakeTag = 1;
+constexpr size_t kReadChunk = 64 << 10;
+constexpr int kMaxEvents = 256;
+constexpr int64_t kDrainSeconds = 2;  // how long a refused peer may go on sending
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A handler that throws must not take the daemon down: the request gets a
+// bare 500 (handlers turn their own errors into problem bodies).
+template <typename F>
+void RunGuarded(http1::Response& res, F&& f) {
+  try {
+    f();
+  } catch (const std::exception&) {
+    res = http1::Response();
+    res.status = 500;
+    res.SetContent(R"({"type":"about:blank","title":"Internal Server Error","status":500})",
+                   "application/problem+json");
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ workers
+
+// Idle workers form a stack: a task goes to the one that went idle last, so
+// under light load a few warm threads (caches, malloc's per-thread cache)
+// do the work instead of every thread in turn.
+class EventServer::WorkerPool {
+ public:
+  struct Task {
+    Loop* loop;
+    uint64_t conn_id;
+    http1::Request request;
+  };
+
+  WorkerPool(int threads, const Handler& handler) : handler_(handler) {
+    for (int i = 0; i < threads; ++i) {
+      workers_.push_back(std::make_unique<Worker>());
+      threads_.emplace_back([this, w = workers_.back().get()] { Run(*w); });
+    }
+  }
+  ~WorkerPool() { Stop(); }
+
+  void Submit(Task task) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (idle_.empty()) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
+    Worker* w = idle_.back();
+    idle_.pop_back();
+    w->task = std::move(task);
+    w->has_task = true;
+    lock.unlock();
+    w->cv.notify_one();
+  }
+
+  // Runs the tasks already queued, then joins.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    for (auto& w : workers_) w->cv.notify_all();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    threads_.clear();
+  }
+
+ private:
+  struct Worker {
+    std::condition_variable cv;
+    bool has_task = false;
+    Task task;
+  };
+
+  void Run(Worker& w);
+
+  const Handler& handler_;
+  std::mutex mu_;
+  std::deque<Task> tasks_;     // waiting for a worker
+  std::vector<Worker*> idle_;  // most recently idle last
+  bool stopping_ = false;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::thread> threads_;
+};
+
+// -------------------------------------------------------------------- loops
+
+class EventServer::Loop {
+ public:
+  Loop(EventServer& server, int listen_fd) : server_(server), listen_fd_(listen_fd) {
+    max_buffered_ = server_.options_.limits.max_head_bytes + server_.options_.limits.max_body_bytes;
+    ep_ = epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeTag;
+    epoll_ctl(ep_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    // Every loop waits on the listening socket; EPOLLEXCLUSIVE wakes one of
+    // them per new connection instead of all.
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    ev.data.u64 = kListenTag;
+    epoll_ctl(ep_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  }
+
+  ~Loop() {
+    for (auto& [id, conn] : conns_) ::close(conn->fd);
+    ::close(wake_fd_);
+    ::close(ep_);
+  }
+
+  bool ok() const { return ep_ >= 0 && wake_fd_ >= 0; }
+
+  void Run() {
+    epoll_event events[kMaxEvents];
+    int64_t last_sweep = NowSeconds();
+    while (server_.running_.load(std::memory_order_acquire)) {
+      int n = epoll_wait(ep_, events, kMaxEvents, 1000);
+      for (int i = 0; i < n; ++i) {
+        uint64_t tag = events[i].data.u64;
+        if (tag == kListenTag) {
+          Accept();
+        } else if (tag == kWakeTag) {
+          Drain();
+        } else {
+          OnEvent(tag, events[i].events);
+        }
+      }
+      RunBatches();
+      int64_t now = NowSeconds();
+      if (now != last_sweep) {
+        last_sweep = now;
+        SweepIdle(now);
+      }
+    }
+    // The batch in flight holds store locks taken on this thread: settle it
+    // here, not in the destructor.
+    for (Inflight& b : inflight_) FinishBatch(b);
+    inflight_.clear();
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t w = ::write(wake_fd_, &one, sizeof(one));
+    (void)w;  // a full counter already means "wake up"
+  }
+
+  // From a worker: the answer for connection `id`.
+  void Complete(uint64_t id, http1::Response response, bool keep_alive, int minor_version) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.push_back(Done{id, std::move(response), keep_alive, minor_version});
+    }
+    Wake();
+  }
+
+ private:
+  // kClosing: the last answer is being written. kDraining: it is written
+  // and our side is shut; what the peer still sends (e.g. the rest of a body
+  // refused with 413) is read and dropped until it closes, so that closing
+  // with unread input does not reset the connection before the peer has
+  // read the answer.
+  enum class State { kReading, kBusy, kClosing, kDraining };
+
+  struct Conn {
+    int fd = -1;
+    uint64_t id = 0;
+    std::string in;
+    std::string out;
+    size_t out_sent = 0;
+    State state = State::kReading;
+    bool continue_sent = false;
+    bool want_write = false;  // EPOLLOUT registered
+    bool reading = true;      // EPOLLIN registered
+    bool peer_gone = false;   // closed or failed while busy
+    bool read_eof = false;    // the peer sends nothing more
+    int64_t last_active = 0;
+  };
+
+  struct Done {
+    uint64_t id;
+    http1::Response response;
+    bool keep_alive;
+    int minor_version;
+  };
+
+  struct Pending {
+    uint64_t id;
+    bool keep_alive;
+    int minor_version;
+    std::unique_ptr<Exchange> exchange;
+  };
+
+  void Accept() {
+    for (;;) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN (another loop took it), or a transient error
+      int one = 1;
+      // Small answers must leave at once, not wait for Nagle and delayed ACKs.
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto conn = std::make_unique<Conn>();
+      conn->fd = fd;
+      conn->id = next_id_++;
+      conn->last_active = NowSeconds();
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = conn->id;
+      if (epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        ::close(fd);
+        continue;
+      }
+      conns_.emplace(conn->id, std::move(conn));
+    }
+  }
+
+  Conn* Find(uint64_t id) {
+    auto it = conns_.find(id);
+    return it == conns_.end() ? nullptr : it->second.get();
+  }
+
+  void Close(Conn* c) {
+    if (!c->peer_gone) epoll_ctl(ep_, EPOLL_CTL_DEL, c->fd, nullptr);
+    ::close(c->fd);
+    conns_.erase(c->id);
+  }
+
+  // The peer is gone while a handler still works for it: stop watching the
+  // socket (a hang-up would be reported again and again) and close it when
+  // the answer comes back.
+  void Abandon(Conn* c) {
+    c->peer_gone = true;
+    epoll_ctl(ep_, EPOLL_CTL_DEL, c->fd, nullptr);
+  }
+
+  void SetInterest(Conn* c, bool read, bool write) {
+    if (c->reading == read && c->want_write == write) return;
+    c->reading = read;
+    c->want_write = write;
+    epoll_event ev{};
+    ev.events = (read ? EPOLLIN : 0u) | (write ? EPOLLOUT : 0u);
+    ev.data.u64 = c->id;
+    epoll_ctl(ep_, EPOLL_CTL_MOD, c->fd, &ev);
+  }
+
+  void OnEvent(uint64_t id, uint32_t events) {
+    Conn* c = Find(id);
+    if (c == nullptr) return;
+    if ((events & (EPOLLHUP | EPOLLERR)) && c->state == State::kBusy) {
+      // Gone for good (not a half-close): a hang-up is reported again and
+      // again, so stop watching now; the answer will be dropped.
+      Abandon(c);
+      return;
+    }
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+      if (!ReadAvailable(c)) return;  // closed
+    }
+    if (events & EPOLLOUT) {
+      if (!Flush(c)) return;
+    }
+    if (c->state == State::kReading && c->out.empty()) Process(c);
+  }
+
+  // Reads what the socket has. False if the connection was closed here.
+  bool ReadAvailable(Conn* c) {
+    char buf[kReadChunk];
+    for (;;) {
+      ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
+      if (n > 0 && c->state == State::kDraining) continue;  // dropped
+      if (n > 0) {
+        c->in.append(buf, static_cast<size_t>(n));
+        c->last_active = NowSeconds();
+        if (c->state == State::kBusy && c->in.size() > max_buffered_) {
+          // A peer pipelining far ahead of its answers: stop reading until
+          // the answer is out (Flush turns reading back on).
+          SetInterest(c, false, c->want_write);
+          return true;
+        }
+        if (static_cast<size_t>(n) < sizeof(buf)) return true;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 && c->state != State::kDraining) {
+        // End of input. The peer may only have shut its sending side (a
+        // half-close): the requests it sent are still answered, then the
+        // connection is closed (Process).
+        c->read_eof = true;
+        SetInterest(c, false, c->want_write);
+        return true;
+      }
+      // An error, or the end of a drain.
+      if (c->state == State::kBusy) {
+        Abandon(c);
+        return false;
+      }
+      Close(c);
+      return false;
+    }
+  }
+
+  // Parses and dispatches requests while the connection is idle; closes it
+  // once the peer has ended its input and every answer is out.
+  void Process(Conn* c) {
+    const EventServerOptions& o = server_.options_;
+    if (c->read_eof && c->state == State::kReading && c->out.empty()) {
+      http1::Request probe;
+      if (c->in.empty() ||
+          http1::ParseRequest(c->in, o.limits, &probe).status == http1::ParseStatus::kNeedMore) {
+        Close(c);  // nothing (complete) left to answer
+        return;
+      }
+    }
+    while (c->state == State::kReading && c->out.empty() && !c->in.empty()) {
+      auto exchange = std::make_unique<Exchange>();
+      http1::ParseResult r = http1::ParseRequest(c->in, o.limits, &exchange->request);
+      if (r.status == http1::ParseStatus::kNeedMore) {
+        if (r.wants_continue && !c->continue_sent) {
+          c->continue_sent = true;
+          c->out = "HTTP/1.1 100 Continue\r\n\r\n";
+          Flush(c);
+        }
+        return;
+      }
+      if (r.status == http1::ParseStatus::kError) {
+        http1::Response res;
+        res.status = r.error_status;
+        server_.callbacks_.error_handler(r.error_status, r.error, res);
+        c->in.clear();
+        c->state = State::kClosing;
+        Queue(c, res, /*keep_alive=*/false, 1);
+        return;
+      }
+      c->in.erase(0, r.consumed);
+      c->continue_sent = false;
+      const http1::Request& req = exchange->request;
+      bool keep_alive = req.keep_alive;
+      int minor = req.minor_version;
+      c->state = State::kBusy;
+      BatchLane* lane = server_.callbacks_.batch_lane;
+      if (lane != nullptr && lane->Wants(req)) {
+        RunGuarded(exchange->response, [&] { lane->Prepare(*exchange); });
+        if (!exchange->answered && exchange->state == nullptr) exchange->answered = true;  // threw
+        if (exchange->answered) {
+          const uint64_t id = c->id;
+          c->state = State::kReading;
+          Queue(c, exchange->response, keep_alive, minor);
+          c = Find(id);
+          if (c == nullptr) return;
+          continue;
+        }
+        batch_.push_back(Pending{c->id, keep_alive, minor, std::move(exchange)});
+        return;
+      }
+      server_.workers_->Submit(WorkerPool::Task{this, c->id, std::move(exchange->request)});
+      return;
+    }
+  }
+
+  // Serializes an answer into the connection's output and writes it.
+  void Queue(Conn* c, const http1::Response& res, bool keep_alive, int minor) {
+    http1::SerializeResponse(res, keep_alive, minor, c->out);
+    if (!keep_alive) c->state = State::kClosing;
+    Flush(c);
+  }
+
+  // Writes pending output. False if the connection was closed here.
+  bool Flush(Conn* c) {
+    while (c->out_sent < c->out.size()) {
+      ssize_t n =
+          ::send(c->fd, c->out.data() + c->out_sent, c->out.size() - c->out_sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        c->out_sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        SetInterest(c, c->state != State::kBusy, true);
+        return true;
+      }
+      if (c->state == State::kBusy) {
+        Abandon(c);
+        return false;
+      }
+      Close(c);
+      return false;
+    }
+    c->out.clear();
+    c->out_sent = 0;
+    c->last_active = NowSeconds();
+    if (c->state == State::kClosing) {
+      ::shutdown(c->fd, SHUT_WR);
+      c->state = State::kDraining;
+      c->in.clear();
+      SetInterest(c, true, false);
+      return false;
+    }
+    SetInterest(c, c->state == State::kReading && !c->read_eof, false);
+    return true;
+  }
+
+  // Answers from workers.
+  void Drain() {
+    uint64_t count;
+    ssize_t r = ::read(wake_fd_, &count, sizeof(count));
+    (void)r;
+    std::vector<Done> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done.swap(done_);
+    }
+    for (Done& d : done) Finish(d.id, d.response, d.keep_alive, d.minor_version);
+  }
+
+  void Finish(uint64_t id, const http1::Response& res, bool keep_alive, int minor) {
+    Conn* c = Find(id);
+    if (c == nullptr) return;
+    if (c->peer_gone) {
+      Close(c);
+      return;
+    }
+    c->state = State::kReading;
+    Queue(c, res, keep_alive, minor);
+    c = Find(id);
+    if (c != nullptr && c->state == State::kReading && c->out.empty()) Process(c);
+  }
+
+  // Answers the batches whose write is over, and begins one for the
+  // prepared batch-lane requests (one durable write for all of them) while
+  // fewer than kMaxInflight are in flight. Never blocks on a write.
+  void RunBatches() {
+    BatchLane* lane = server_.callbacks_.batch_lane;
+    for (;;) {
+      bool progress = false;
+      for (size_t i = 0; i < inflight_.size();) {
+        if (!inflight_[i].ticket->Ready()) {
+          ++i;
+          continue;
+        }
+        Inflight done = std::move(inflight_[i]);
+        inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+        FinishBatch(done);
+        progress = true;
+      }
+      if (!batch_.empty() && inflight_.size() < kMaxInflight) {
+        Inflight next;
+        next.round.swap(batch_);
+        std::vector<Exchange*> exchanges = Exchanges(next.round);
+        try {
+          next.ticket = lane->Begin(
+              exchanges, [this] { Wake(); }, !inflight_.empty());
+          inflight_.push_back(std::move(next));
+        } catch (const std::exception&) {
+          for (Exchange* ex : exchanges) {
+            RunGuarded(ex->response, [] { throw std::runtime_error("batch lane failed"); });
+            ex->answered = true;
+          }
+          Answer(next.round);
+        }
+        progress = true;
+      }
+      if (!progress) return;
+    }
+  }
+
+  struct Inflight {
+    std::unique_ptr<BatchLane::Ticket> ticket;
+    std::vector<Pending> round;
+  };
+
+  static std::vector<Exchange*> Exchanges(std::vector<Pending>& round) {
+    std::vector<Exchange*> out;
+    out.reserve(round.size());
+    for (Pending& p : round) out.push_back(p.exchange.get());
+    return out;
+  }
+
+  // Blocks if the write is still in flight.
+  void FinishBatch(Inflight& b) {
+    std::vector<Exchange*> exchanges = Exchanges(b.round);
+    try {
+      server_.callbacks_.batch_lane->Finish(std::move(b.ticket), exchanges);
+    } catch (const std::exception&) {
+      for (Exchange* ex : exchanges) {
+        if (ex->answered) continue;
+        RunGuarded(ex->response, [] { throw std::runtime_error("batch lane failed"); });
+        ex->answered = true;
+      }
+    }
+    Answer(b.round);
+  }
+
+  // Writes the answers of a finished batch; unanswered requests wait for
+  // the next one.
+  void Answer(std::vector<Pending>& round) {
+    for (Pending& p : round) {
+      if (p.exchange->answered) {
+        Finish(p.id, p.exchange->response, p.keep_alive, p.minor_version);
+      } else {
+        batch_.push_back(std::move(p));
+      }
+    }
+  }
+
+  void SweepIdle(int64_t now) {
+    std::vector<Conn*> idle;
+    for (auto& [id, c] : conns_) {
+      const int64_t limit =
+          c->state == State::kDraining ? kDrainSeconds : server_.options_.idle_timeout_s;
+      if (c->state != State::kBusy && now - c->last_active > limit) idle.push_back(c.get());
+    }
+    for (Conn* c : idle) Close(c);
+  }
+
+  EventServer& server_;
+  int listen_fd_;
+  int ep_ = -1;
+  int wake_fd_ = -1;
+  uint64_t next_id_ = 2;  // 0 and 1 are the listen and wake tags
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
+  static constexpr size_t kMaxInflight = 4;
+  std::vector<Pending> batch_;      // prepared, waiting for the next batch
+  std::vector<Inflight> inflight_;  // begun, oldest first
+  size_t max_buffered_ = 0;
+  std::mutex mu_;
+  std::vector<Done> done_;  // answers from workers, under mu_
+};
+
+void EventServer::WorkerPool::Run(Worker& w) {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else {
+        if (stopping_) return;
+        idle_.push_back(&w);
+        w.cv.wait(lock, [&] { return w.has_task || stopping_; });
+        if (!w.has_task) {
+          idle_.erase(std::find(idle_.begin(), idle_.end(), &w));
+          continue;  // stopping: drain what is queued, then return
+        }
+        task = std::move(w.task);
+        w.has_task = false;
+      }
+    }
+    http1::Response res;
+    RunGuarded(res, [&] { handler_(task.request, res); });
+    task.loop->Complete(task.conn_id, std::move(res), task.request.keep_alive,
+                        task.request.minor_version);
+  }
+}
+
+// ------------------------------------------------------------------- server
+
+EventServer::EventServer(EventServerOptions options, Callbacks callbacks)
+    : options_(std::move(options)), callbacks_(std::move(callbacks)) {}
+
+EventServer::~EventServer() { Stop(); }
+
+StatusOr<int> EventServer::Start(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string service = std::to_string(port);
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0) {
+    return Unavailable("cannot resolve listen host " + host, false);
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;
+    // SO_REUSEADDR only, not SO_REUSEPORT: a second daemon on the same port
+    // must fail to bind instead of silently sharing it.
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, options_.listen_backlog) == 0) {
+      listen_fd_ = fd;
+    } else {
+      why = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  freeaddrinfo(found);
+  if (listen_fd_ < 0) {
+    return Unavailable("cannot bind " + host + ":" + std::to_string(port) + ": " + why, false);
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  int bound = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+
+  running_.store(true, std::memory_order_release);
+  workers_ = std::make_unique<WorkerPool>(std::max(1, options_.workers), callbacks_.handler);
+  for (int i = 0; i < std::max(1, options_.loops); ++i) {
+    auto loop = std::make_unique<Loop>(*this, listen_fd_);
+    if (!loop->ok()) {
+      Stop();
+      return Unavailable("cannot create the event loops (epoll/eventfd)", true);
+    }
+    loops_.push_back(std::move(loop));
+  }
+  for (auto& loop : loops_) threads_.emplace_back([l = loop.get()] { l->Run(); });
+  return bound;
+}
+
+void EventServer::Stop() {
+  running_.store(false, std::memory_order_release);
+  for (auto& loop : loops_) loop->Wake();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+  if (workers_) workers_->Stop();  // running handlers finish; their answers are dropped
+  workers_.reset();
+  loops_.clear();  // closes the connections
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+}  // namespace idem

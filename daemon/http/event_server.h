@@ -1,0 +1,123 @@
+// EventServer: the daemon's HTTP/1.1 listener. A few epoll loops own the
+// connections (read, parse with http1.h, write); a pool of worker threads
+// runs the handlers, which may block (a provider call takes seconds).
+//
+// A "batch lane" lets requests that only need a durable store write skip the
+// worker hand-off. Each is prepared (parsed, validated) by the loop as it
+// arrives; every prepared request of a round is then handed to the lane's
+// Begin at once (one group commit, one fsync), and the loop goes on serving
+// other connections while that write is in flight. When it is durable the
+// lane's Finish fills the answers. Requests arriving meanwhile are prepared
+// and begun as the next batch, which may join the same group commit; a few
+// batches per loop may be in flight at once.
+//
+// Promises:
+//   - one request at a time per connection: a pipelined request is read
+//     only after the answer to the previous one is queued, so answers keep
+//     the order of requests (RFC 9112 9.3.2);
+//   - framing errors (http1.h) are answered with their status and a problem
+//     body, then the connection is closed;
+//   - `Expect: 100-continue` gets its interim answer unless the head is
+//     already refused (then the final error is sent instead);
+//   - a connection idle (or stuck mid-request) for longer than
+//     idle_timeout_s is closed;
+//   - Stop() stops accepting, closes every connection, and returns after
+//     handlers already running have finished.
+//
+// Thread-safety: Start/Stop from one thread. Handler and batch handler run
+// concurrently on many threads and must be thread-safe.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/core/status.h"
+#include "daemon/http/http1.h"
+
+namespace idem {
+
+struct EventServerOptions {
+  int loops = 2;     // epoll threads
+  int workers = 64;  // handler threads
+  http1::Limits limits;
+  int idle_timeout_s = 30;
+  int listen_backlog = 4096;
+};
+
+struct Exchange {
+  http1::Request request;
+  http1::Response response;
+  bool answered = false;        // the response is final (e.g. Prepare refused it)
+  std::shared_ptr<void> state;  // the batch lane's own data for this request
+};
+
+// The batch lane's contract. Every method runs on an event-loop thread.
+class BatchLane {
+ public:
+  // A batch between Begin and Finish.
+  class Ticket {
+   public:
+    virtual ~Ticket() = default;
+    virtual bool Ready() const = 0;  // Finish will not block
+  };
+
+  virtual ~BatchLane() = default;
+  // Does this request take the lane?
+  virtual bool Wants(const http1::Request& req) const = 0;
+  // On arrival: validate and keep what Begin needs in `ex.state`, or answer
+  // (ex.answered) at once.
+  virtual void Prepare(Exchange& ex) = 0;
+  // Starts the durable step for the unanswered exchanges; `wake` may be
+  // called from any thread when the ticket becomes Ready. `others_pending`:
+  // this loop has other batches in flight, so Begin must not wait for
+  // anything they might hold (it may leave such requests for later).
+  virtual std::unique_ptr<Ticket> Begin(std::span<Exchange*> batch, std::function<void()> wake,
+                                        bool others_pending) = 0;
+  // Fills the answers of the batch Begin was given (answered = true). An
+  // exchange left unanswered is begun again in a later batch.
+  virtual void Finish(std::unique_ptr<Ticket> ticket, std::span<Exchange*> batch) = 0;
+};
+
+class EventServer {
+ public:
+  // Runs on a worker thread; fills the response.
+  using Handler = std::function<void(const http1::Request&, http1::Response&)>;
+  // Builds the answer to a framing error (status from http1.h).
+  using ErrorHandler =
+      std::function<void(int status, const std::string& message, http1::Response&)>;
+
+  struct Callbacks {
+    Handler handler;
+    BatchLane* batch_lane = nullptr;  // optional; must outlive the server
+    ErrorHandler error_handler;
+  };
+
+  EventServer(EventServerOptions options, Callbacks callbacks);
+  ~EventServer();
+  EventServer(const EventServer&) = delete;
+  EventServer& operator=(const EventServer&) = delete;
+
+  // Binds host:port (0: any free port), starts the loops and workers, and
+  // returns the bound port. Unavailable when the address cannot be bound.
+  StatusOr<int> Start(const std::string& host, int port);
+  void Stop();
+
+ private:
+  class Loop;
+  class WorkerPool;
+
+  EventServerOptions options_;
+  Callbacks callbacks_;
+  int listen_fd_ = -1;
+  std::unique_ptr<WorkerPool> workers_;
+  std::vector<std::unique_ptr<Loop>> loops_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> running_{false};
+};
+
+}  // namespace idem

@@ -1,0 +1,106 @@
+// HTTP/1.1 on the wire (RFC 9112), as much as the daemon serves: request
+// parsing with limits, and response serialization. No I/O here; the event
+// server (event_server.h) feeds bytes in and writes bytes out.
+//
+// Accepted: request line `METHOD SP origin-form SP HTTP/1.0|1.1`, header
+// fields, a body framed by Content-Length or by chunked Transfer-Encoding
+// (chunk extensions and trailers are skipped), `Expect: 100-continue`.
+// Refused, with the status to answer and then close the connection:
+//   400 malformed request line, header, length or chunk framing; both
+//       Content-Length and Transfer-Encoding; conflicting Content-Lengths;
+//   413 body larger than Limits.max_body_bytes (checked before it is read),
+//       or chunk framing larger than twice that;
+//   431 request line plus headers larger than Limits.max_head_bytes, more
+//       than Limits.max_headers fields, or chunked trailers larger than
+//       max_head_bytes;
+//   501 a transfer coding other than chunked;
+//   505 an HTTP version other than 1.0 and 1.1.
+//
+// Thread-safety: pure functions over caller-owned values.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idem::http1 {
+
+struct Field {
+  std::string name;
+  std::string value;
+};
+
+// ASCII case-insensitive equality (header names).
+bool NameEquals(std::string_view a, std::string_view b);
+// RFC 9110 tchar (methods, header names, tokens).
+bool IsTokenChar(char c);
+// Without leading and trailing spaces and tabs (RFC 9110 OWS).
+std::string_view TrimOws(std::string_view s);
+
+struct Request {
+  std::string method;
+  std::string target;                             // as sent: path plus "?query"
+  std::string path;                               // percent-decoded
+  std::multimap<std::string, std::string> query;  // percent-decoded, '+' is a space
+  std::vector<Field> headers;
+  std::string body;
+  int minor_version = 1;
+  bool keep_alive = true;  // after this exchange, per version and Connection
+
+  // Header lookups are case-insensitive; "" when absent.
+  bool HasHeader(std::string_view name) const;
+  std::string HeaderValue(std::string_view name, size_t index = 0) const;
+  size_t HeaderCount(std::string_view name) const;
+};
+
+struct Response {
+  int status = 200;
+  std::vector<Field> headers;  // without Content-Length and Connection
+  std::string body;
+
+  // Replaces any field of that name.
+  void SetHeader(std::string_view name, std::string value);
+  std::string HeaderValue(std::string_view name) const;
+  void SetContent(std::string body, std::string_view content_type);
+};
+
+struct Limits {
+  size_t max_head_bytes = 64 << 10;
+  size_t max_headers = 100;
+  size_t max_body_bytes = 1 << 20;
+};
+
+enum class ParseStatus {
+  kNeedMore,  // not a whole request yet
+  kComplete,  // *out is a request; `consumed` bytes of input belong to it
+  kError,     // answer error_status and close
+};
+
+struct ParseResult {
+  ParseStatus status = ParseStatus::kNeedMore;
+  size_t consumed = 0;
+  // kNeedMore after a complete head whose body is still to come and which
+  // asked for it with Expect: 100-continue.
+  bool wants_continue = false;
+  int error_status = 0;
+  std::string error;  // what was wrong, for the problem body
+};
+
+// Parses one request from the start of `in`. Call again with more input
+// after kNeedMore (the whole buffer, from the same start).
+ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out);
+
+// "HTTP/1.1 <status> <reason>" head, the fields, Content-Length, and
+// `Connection: close` when !keep_alive (or keep-alive for an HTTP/1.0 peer
+// that asked for it), then the body.
+void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out);
+
+std::string_view ReasonPhrase(int status);
+
+// Percent-decoding of a path or query component; '+' means space when
+// `plus_is_space`. Malformed escapes are kept as they are.
+std::string PercentDecode(std::string_view s, bool plus_is_space);
+
+}  // namespace idem::http1

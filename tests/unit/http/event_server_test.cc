@@ -1,0 +1,935 @@
+#include "daemon/http/event_server.h"
+
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <latch>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "daemon/http/http1.h"
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+
+// ------------------------------------------------------------------ client
+
+struct Reply {
+  int status = 0;
+  std::vector<http1::Field> headers;
+  std::string body;
+
+  std::string Header(std::string_view name) const {
+    for (const http1::Field& f : headers) {
+      if (http1::NameEquals(f.name, name)) return f.value;
+    }
+    return "";
+  }
+  bool HasHeader(std::string_view name) const {
+    return std::any_of(headers.begin(), headers.end(),
+                       [&](const http1::Field& f) { return http1::NameEquals(f.name, name); });
+  }
+};
+
+// A blocking HTTP/1.1 client on 127.0.0.1; every receive times out after 5 s
+// so that a failing test cannot hang. No doctest assertions inside: it is
+// used from many threads.
+class Client {
+ public:
+  explicit Client(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return;
+    timeval tv{};
+    tv.tv_sec = 5;
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~Client() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  bool ok() const { return connected_; }
+  // A half-close: the client sends nothing more but still reads.
+  void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
+
+  bool Send(std::string_view data) {
+    while (!data.empty()) {
+      ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+  // Reads one response, framed by Content-Length (a 1xx has no body).
+  // nullopt on EOF, error or timeout before a whole response.
+  std::optional<Reply> Read() {
+    for (;;) {
+      size_t head_end = buf_.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        std::optional<Reply> r = TryParse(head_end);
+        if (r) return r;
+      }
+      if (!Fill()) return std::nullopt;
+    }
+  }
+
+  // True when the server has closed the connection: recv reports EOF (or,
+  // when `reset_ok`, a reset) with no further bytes. False on a timeout or
+  // when more data arrives.
+  bool Closed(bool reset_ok = false) {
+    if (!buf_.empty()) return false;
+    char c;
+    for (;;) {
+      ssize_t n = ::recv(fd_, &c, 1, 0);
+      if (n == 0) return true;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == ECONNRESET) return reset_ok;
+      return false;
+    }
+  }
+
+  // True when nothing arrives within `wait` (the connection stays open).
+  bool Quiet(std::chrono::milliseconds wait) {
+    timeval tv{};
+    tv.tv_usec = static_cast<suseconds_t>(wait.count() * 1000);
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char c;
+    ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK);
+    bool quiet = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    tv.tv_sec = 5;
+    tv.tv_usec = 0;
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return quiet;
+  }
+
+ private:
+  bool Fill() {
+    char chunk[16384];
+    for (;;) {
+      ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
+      if (n > 0) {
+        buf_.append(chunk, static_cast<size_t>(n));
+        return true;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return false;
+    }
+  }
+
+  std::optional<Reply> TryParse(size_t head_end) {
+    std::string_view head(buf_.data(), head_end);
+    size_t eol = head.find("\r\n");
+    std::string_view status_line = head.substr(0, eol);
+    if (!status_line.starts_with("HTTP/1.1 ") || status_line.size() < 12) {
+      return Reply{-1, {}, std::string(status_line)};
+    }
+    Reply r;
+    r.status = std::atoi(std::string(status_line.substr(9, 3)).c_str());
+    size_t pos = eol == std::string_view::npos ? head.size() : eol + 2;
+    while (pos < head.size()) {
+      size_t end = head.find("\r\n", pos);
+      if (end == std::string_view::npos) end = head.size();
+      std::string_view line = head.substr(pos, end - pos);
+      pos = end + 2;
+      size_t colon = line.find(':');
+      if (colon == std::string_view::npos) continue;
+      std::string_view value = line.substr(colon + 1);
+      while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+      r.headers.push_back(http1::Field{std::string(line.substr(0, colon)), std::string(value)});
+    }
+    size_t length = 0;
+    if (r.status >= 200)
+      length = static_cast<size_t>(std::atol(r.Header("Content-Length").c_str()));
+    if (buf_.size() < head_end + 4 + length) return std::nullopt;
+    r.body = buf_.substr(head_end + 4, length);
+    buf_.erase(0, head_end + 4 + length);
+    return r;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buf_;
+};
+
+// ------------------------------------------------------------------ server
+
+EventServerOptions TestOptions() {
+  EventServerOptions o;
+  o.loops = 2;
+  o.workers = 4;
+  o.limits.max_head_bytes = 4096;
+  o.limits.max_headers = 32;
+  o.limits.max_body_bytes = 1024;
+  o.idle_timeout_s = 30;
+  o.listen_backlog = 128;
+  return o;
+}
+
+// Answers "<method> <path> <body>".
+void EchoHandler(const http1::Request& req, http1::Response& res) {
+  if (req.path == "/slow") std::this_thread::sleep_for(30ms);
+  if (req.path == "/throw") throw std::runtime_error("handler failed");
+  res.status = 200;
+  res.SetHeader("X-Path", req.path);
+  res.SetContent(req.method + " " + req.path + " " + req.body, "text/plain");
+}
+
+void ErrorBody(int status, const std::string& message, http1::Response& res) {
+  res.SetContent("error " + std::to_string(status) + ": " + message, "text/plain");
+}
+
+EventServer::Callbacks EchoCallbacks(BatchLane* lane = nullptr) {
+  EventServer::Callbacks cb;
+  cb.handler = EchoHandler;
+  cb.batch_lane = lane;
+  cb.error_handler = ErrorBody;
+  return cb;
+}
+
+// An EventServer started on 127.0.0.1 and an any free port.
+class Running {
+ public:
+  explicit Running(EventServer::Callbacks cb, EventServerOptions o = TestOptions())
+      : server_(std::move(o), std::move(cb)) {
+    StatusOr<int> port = server_.Start("127.0.0.1", 0);
+    REQUIRE_MESSAGE(port.ok(), port.status().ToString());
+    port_ = *port;
+    REQUIRE(port_ > 0);
+  }
+
+  EventServer& server() { return server_; }
+  int port() const { return port_; }
+
+ private:
+  EventServer server_;
+  int port_ = 0;
+};
+
+std::string Get(std::string_view path, std::string_view extra_headers = "") {
+  return "GET " + std::string(path) + " HTTP/1.1\r\nHost: test\r\n" + std::string(extra_headers) +
+         "\r\n";
+}
+
+std::string Post(std::string_view path, std::string_view body) {
+  return "POST " + std::string(path) +
+         " HTTP/1.1\r\nHost: test\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         std::string(body);
+}
+
+// -------------------------------------------------------------- batch lane
+
+struct LaneState {
+  std::string body;
+  int begun = 0;  // batches this exchange was part of
+};
+
+// Wants POST /lane. Prepare refuses the body "refuse" at once and throws on
+// "prepare-throws"; Begin throws on "begin-throws"; Finish leaves an exchange
+// whose body is "defer" unanswered the first time.
+class TestLane : public BatchLane {
+ public:
+  // Ready a few milliseconds after Begin, on its own thread.
+  class DelayedTicket : public Ticket {
+   public:
+    explicit DelayedTicket(std::function<void()> wake)
+        : thread_([this, wake = std::move(wake)] {
+            std::this_thread::sleep_for(3ms);
+            ready_.store(true, std::memory_order_release);
+            wake();
+          }) {}
+    ~DelayedTicket() override { Wait(); }
+    bool Ready() const override { return ready_.load(std::memory_order_acquire); }
+    void Wait() {
+      if (thread_.joinable()) thread_.join();
+    }
+
+   private:
+    std::atomic<bool> ready_{false};
+    std::thread thread_;
+  };
+
+  bool Wants(const http1::Request& req) const override { return req.path == "/lane"; }
+
+  void Prepare(Exchange& ex) override {
+    prepared_.fetch_add(1);
+    const std::string& body = ex.request.body;
+    if (body == "refuse") {
+      ex.response.status = 409;
+      ex.response.SetContent("refused by prepare", "text/plain");
+      ex.answered = true;
+      return;
+    }
+    if (body == "prepare-throws") throw std::runtime_error("prepare failed");
+    auto state = std::make_shared<LaneState>();
+    state->body = body;
+    ex.state = std::move(state);
+  }
+
+  std::unique_ptr<Ticket> Begin(std::span<Exchange*> batch, std::function<void()> wake,
+                                bool /*others_pending*/) override {
+    begins_.fetch_add(1);
+    begun_exchanges_.fetch_add(batch.size());
+    size_t seen = max_batch_.load();
+    while (seen < batch.size() && !max_batch_.compare_exchange_weak(seen, batch.size())) {
+    }
+    bool fail = false;
+    for (Exchange* ex : batch) {
+      if (ex->answered || ex->state == nullptr) {
+        violations_.fetch_add(1);
+        continue;
+      }
+      auto* state = static_cast<LaneState*>(ex->state.get());
+      ++state->begun;
+      fail = fail || state->body == "begin-throws";
+    }
+    if (fail) throw std::runtime_error("begin failed");
+    return std::make_unique<DelayedTicket>(std::move(wake));
+  }
+
+  void Finish(std::unique_ptr<Ticket> ticket, std::span<Exchange*> batch) override {
+    finishes_.fetch_add(1);
+    static_cast<DelayedTicket&>(*ticket).Wait();  // Finish may block on the write
+    for (Exchange* ex : batch) {
+      if (ex->answered || ex->state == nullptr) {
+        violations_.fetch_add(1);
+        continue;
+      }
+      auto* state = static_cast<LaneState*>(ex->state.get());
+      if (state->body == "defer" && state->begun == 1) {
+        deferred_.fetch_add(1);
+        continue;  // begun again in a later batch
+      }
+      ex->response.status = 200;
+      ex->response.SetContent("lane batch=" + std::to_string(batch.size()) +
+                                  " begun=" + std::to_string(state->begun) + " body=" + state->body,
+                              "text/plain");
+      ex->answered = true;
+    }
+  }
+
+  int prepared() const { return prepared_.load(); }
+  int begins() const { return begins_.load(); }
+  int finishes() const { return finishes_.load(); }
+  size_t begun_exchanges() const { return begun_exchanges_.load(); }
+  size_t max_batch() const { return max_batch_.load(); }
+  int deferred() const { return deferred_.load(); }
+  int violations() const { return violations_.load(); }
+
+ private:
+  std::atomic<int> prepared_{0};
+  std::atomic<int> begins_{0};
+  std::atomic<int> finishes_{0};
+  std::atomic<size_t> begun_exchanges_{0};
+  std::atomic<size_t> max_batch_{0};
+  std::atomic<int> deferred_{0};
+  std::atomic<int> violations_{0};
+};
+
+// The lane answer's body for `body` begun `begun` times, without the batch size.
+bool IsLaneAnswer(const std::string& answer, const std::string& body, int begun = 1) {
+  return answer.starts_with("lane batch=") &&
+         answer.ends_with(" begun=" + std::to_string(begun) + " body=" + body);
+}
+
+// ------------------------------------------------------------------- basics
+
+TEST_CASE("a GET is answered by the handler") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/hello?x=1")));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "GET /hello ");
+  CHECK(r->Header("X-Path") == "/hello");
+  CHECK(r->Header("Content-Type") == "text/plain");
+  CHECK(r->Header("Content-Length") == "11");
+  CHECK_FALSE(r->HasHeader("Connection"));
+}
+
+TEST_CASE("Start reports Unavailable when the port is already bound") {
+  Running first(EchoCallbacks());
+  EventServer second(TestOptions(), EchoCallbacks());
+  StatusOr<int> port = second.Start("127.0.0.1", first.port());
+  CHECK_FALSE(port.ok());
+}
+
+TEST_CASE("a kept-alive connection serves several requests one after another") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  for (int i = 0; i < 5; ++i) {
+    const std::string body = "n" + std::to_string(i);
+    REQUIRE(c.Send(Post("/echo", body)));
+    std::optional<Reply> r = c.Read();
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(r->body == "POST /echo " + body);
+  }
+  CHECK(c.Quiet(20ms));  // and the connection stays open
+}
+
+TEST_CASE("two pipelined requests in one write are answered in order") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  // The first one is slower: its answer must still come first.
+  REQUIRE(c.Send(Get("/slow") + Post("/fast", "quick") + Get("/third")));
+  std::optional<Reply> a = c.Read();
+  std::optional<Reply> b = c.Read();
+  std::optional<Reply> d = c.Read();
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(d);
+  CHECK(a->body == "GET /slow ");
+  CHECK(b->body == "POST /fast quick");
+  CHECK(d->body == "GET /third ");
+}
+
+TEST_CASE("a request arriving in pieces is answered once it is complete") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  const std::string req = Post("/pieces", "abcdef");
+  for (size_t i = 0; i < req.size(); i += 7) {
+    REQUIRE(c.Send(std::string_view(req).substr(i, 7)));
+    if (i == 14) std::this_thread::sleep_for(5ms);
+  }
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->body == "POST /pieces abcdef");
+}
+
+TEST_CASE("a handler that throws gets a 500 and the connection goes on") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/throw")));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 500);
+  CHECK(r->Header("Content-Type") == "application/problem+json");
+  REQUIRE(c.Send(Get("/after")));
+  std::optional<Reply> next = c.Read();
+  REQUIRE(next);
+  CHECK(next->body == "GET /after ");
+}
+
+TEST_CASE("32 concurrent connections on the worker path are all answered") {
+  Running s(EchoCallbacks());
+  constexpr int kClients = 32;
+  constexpr int kPerClient = 3;
+  std::latch start(kClients);
+  std::vector<int> good(kClients, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      Client c(s.port());
+      start.arrive_and_wait();
+      if (!c.ok()) return;
+      for (int k = 0; k < kPerClient; ++k) {
+        const std::string body = std::to_string(i) + "-" + std::to_string(k);
+        if (!c.Send(Post("/w", body))) return;
+        std::optional<Reply> r = c.Read();
+        if (r && r->status == 200 && r->body == "POST /w " + body) ++good[i];
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) CHECK_MESSAGE(good[i] == kPerClient, "client ", i);
+}
+
+// ------------------------------------------------------- Expect: continue
+
+TEST_CASE("Expect: 100-continue gets the interim answer before the body is sent") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  for (int round = 0; round < 2; ++round) {  // again on the same connection
+    CAPTURE(round);
+    REQUIRE(c.Send(
+        "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
+    std::optional<Reply> interim = c.Read();
+    REQUIRE(interim);
+    CHECK(interim->status == 100);
+    CHECK(interim->body.empty());
+    REQUIRE(c.Send("hello"));
+    std::optional<Reply> r = c.Read();
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(r->body == "POST /upload hello");
+  }
+}
+
+TEST_CASE("Expect: 100-continue with a body over the limit gets the 413 instead") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(
+      "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 413);
+  CHECK(r->body.starts_with("error 413: "));
+  CHECK(r->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+TEST_CASE("an HTTP/1.0 request's Expect: 100-continue gets no interim answer") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("POST /old HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"));
+  CHECK(c.Quiet(30ms));
+  REQUIRE(c.Send("hi"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "POST /old hi");
+  CHECK(c.Closed());
+}
+
+// ----------------------------------------------------------- framing errors
+
+TEST_CASE("a malformed request gets 400 from the error handler and the connection closes") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("THIS IS NOT HTTP\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.starts_with("error 400: "));
+  CHECK(r->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+TEST_CASE("a good request pipelined before a malformed one is answered before the 400") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/slow") + "GET / HTTP/9.9\r\n\r\n" + Get("/never")));
+  std::optional<Reply> first = c.Read();
+  REQUIRE(first);
+  CHECK(first->status == 200);
+  CHECK(first->body == "GET /slow ");
+  std::optional<Reply> second = c.Read();
+  REQUIRE(second);
+  CHECK(second->status == 505);
+  CHECK(c.Closed());
+}
+
+TEST_CASE("a body over max_body_bytes sent in full still lets the client read the 413") {
+  Running s(EchoCallbacks());  // max_body_bytes = 1024
+  Client c(s.port());
+  REQUIRE(c.ok());
+  const std::string body(256 << 10, 'x');
+  // Head and body in one go: the server refuses after the head, with most
+  // of the body unread; closing at once would reset the connection and
+  // the client would lose the answer.
+  REQUIRE(c.Send("POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(body.size()) +
+                 "\r\n\r\n" + body));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 413);
+  CHECK(r->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+TEST_CASE("the rest of a refused body sent after the 413 is drained, not reset") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: 300000\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 413);
+  // The peer goes on sending the body it announced.
+  const std::string piece(100000, 'y');
+  for (int i = 0; i < 3; ++i) CHECK(c.Send(piece));
+  CHECK(c.Closed());
+}
+
+TEST_CASE("a head over max_head_bytes gets 431 and the connection closes") {
+  Running s(EchoCallbacks());  // max_head_bytes = 4096
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("GET / HTTP/1.1\r\nX-Big: " + std::string(5000, 'h')));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 431);
+  CHECK(c.Closed());
+}
+
+TEST_CASE("an endless chunked trailer section gets 431 instead of being buffered") {
+  Running s(EchoCallbacks());  // max_head_bytes = 4096
+  Client c(s.port());
+  REQUIRE(c.ok());
+  std::string trailers;
+  for (int i = 0; i < 1000; ++i) trailers += "X-Trailer: value\r\n";
+  REQUIRE(
+      c.Send("POST /t HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + trailers));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 431);
+  CHECK(c.Closed());
+}
+
+// ------------------------------------------------------------------ bodies
+
+TEST_CASE("a chunked request body reaches the handler decoded") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(
+      c.Send("POST /chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "POST /chunked hello world");
+}
+
+TEST_CASE("a chunked request body sent in pieces reaches the handler decoded") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("POST /chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  std::this_thread::sleep_for(5ms);
+  REQUIRE(c.Send("3\r\nab"));
+  std::this_thread::sleep_for(5ms);
+  REQUIRE(c.Send("c\r\n2\r\nde\r\n0\r\n"));
+  std::this_thread::sleep_for(5ms);
+  REQUIRE(c.Send("\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->body == "POST /chunked abcde");
+}
+
+// -------------------------------------------------------------- keep-alive
+
+TEST_CASE("an HTTP/1.0 request without keep-alive is answered, then the connection closes") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("GET /old HTTP/1.0\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "GET /old ");
+  CHECK(r->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+TEST_CASE("an HTTP/1.0 request with Connection: keep-alive keeps the connection") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("GET /old HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->Header("Connection") == "keep-alive");
+  REQUIRE(c.Send("GET /again HTTP/1.0\r\n\r\n"));
+  std::optional<Reply> again = c.Read();
+  REQUIRE(again);
+  CHECK(again->body == "GET /again ");
+  CHECK(again->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+TEST_CASE("an HTTP/1.1 request with Connection: close is answered, then the connection closes") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/bye", "Connection: close\r\n") + Get("/ignored")));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->body == "GET /bye ");
+  CHECK(r->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+// -------------------------------------------------------------- batch lane
+
+TEST_CASE("requests sent before the client half-closes are still answered, then it closes") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/first") + Post("/lane", "two")));
+  c.ShutdownWrite();
+  std::optional<Reply> first = c.Read();
+  REQUIRE(first);
+  CHECK(first->body == "GET /first ");
+  std::optional<Reply> second = c.Read();
+  REQUIRE(second);
+  CHECK(second->body == "lane batch=1 begun=1 body=two");
+  CHECK(c.Closed());
+}
+
+TEST_CASE("an incomplete request followed by a half-close is closed without an answer") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("GET /never HTTP/1.1\r\nHost: x\r\n"));
+  c.ShutdownWrite();
+  CHECK(c.Closed());
+}
+
+TEST_CASE("a lane request is prepared, begun and finished by the batch lane") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Post("/lane", "one")));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "lane batch=1 begun=1 body=one");
+  // Other paths still go to the handler.
+  REQUIRE(c.Send(Post("/other", "two")));
+  std::optional<Reply> other = c.Read();
+  REQUIRE(other);
+  CHECK(other->body == "POST /other two");
+  CHECK(lane.prepared() == 1);
+  CHECK(lane.begins() == 1);
+  CHECK(lane.violations() == 0);
+}
+
+TEST_CASE("32 concurrent connections posting to the batch lane all get their answers") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  constexpr int kClients = 32;
+  constexpr int kPerClient = 3;
+  std::latch start(kClients);
+  std::vector<int> good(kClients, 0);
+  std::vector<std::string> bad(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      Client c(s.port());
+      start.arrive_and_wait();
+      if (!c.ok()) return;
+      for (int k = 0; k < kPerClient; ++k) {
+        const std::string body = "c" + std::to_string(i) + "-" + std::to_string(k);
+        if (!c.Send(Post("/lane", body))) return;
+        std::optional<Reply> r = c.Read();
+        if (r && r->status == 200 && IsLaneAnswer(r->body, body)) {
+          ++good[i];
+        } else if (r) {
+          bad[i] = r->body;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    CHECK_MESSAGE(good[i] == kPerClient, "client ", i, " ", bad[i]);
+  }
+  CHECK(lane.prepared() == kClients * kPerClient);
+  CHECK(lane.begun_exchanges() == static_cast<size_t>(kClients * kPerClient));
+  CHECK(lane.violations() == 0);
+  MESSAGE("lane batches: ", lane.begins(), ", largest: ", lane.max_batch());
+}
+
+TEST_CASE("an exchange Finish leaves unanswered is answered by a later batch") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Post("/lane", "defer")));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "lane batch=1 begun=2 body=defer");
+  CHECK(lane.deferred() == 1);
+  CHECK(lane.begins() == 2);
+  CHECK(lane.finishes() == 2);
+  CHECK(lane.violations() == 0);
+}
+
+TEST_CASE("a deferred exchange does not hold up other connections' lane requests") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client deferred(s.port());
+  Client other(s.port());
+  REQUIRE(deferred.ok());
+  REQUIRE(other.ok());
+  REQUIRE(deferred.Send(Post("/lane", "defer")));
+  REQUIRE(other.Send(Post("/lane", "plain")));
+  std::optional<Reply> a = deferred.Read();
+  std::optional<Reply> b = other.Read();
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(IsLaneAnswer(a->body, "defer", 2));
+  CHECK(IsLaneAnswer(b->body, "plain", 1));
+  CHECK(lane.violations() == 0);
+}
+
+TEST_CASE("a Prepare that answers at once is answered without Begin") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Post("/lane", "refuse")));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 409);
+  CHECK(r->body == "refused by prepare");
+  CHECK(lane.prepared() == 1);
+  CHECK(lane.begins() == 0);
+  CHECK(lane.finishes() == 0);
+}
+
+TEST_CASE("a request pipelined after one Prepare answered at once goes on to the lane") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Post("/lane", "refuse") + Post("/lane", "next") + Get("/tail")));
+  std::optional<Reply> a = c.Read();
+  std::optional<Reply> b = c.Read();
+  std::optional<Reply> d = c.Read();
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(d);
+  CHECK(a->status == 409);
+  CHECK(b->body == "lane batch=1 begun=1 body=next");
+  CHECK(d->body == "GET /tail ");
+  CHECK(lane.begins() == 1);
+  CHECK(lane.violations() == 0);
+}
+
+TEST_CASE("a Prepare that throws answers 500 and a Begin that throws answers 500") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Post("/lane", "prepare-throws")));
+  std::optional<Reply> a = c.Read();
+  REQUIRE(a);
+  CHECK(a->status == 500);
+  CHECK(lane.begins() == 0);
+  REQUIRE(c.Send(Post("/lane", "begin-throws")));
+  std::optional<Reply> b = c.Read();
+  REQUIRE(b);
+  CHECK(b->status == 500);
+  CHECK(lane.begins() == 1);
+  CHECK(lane.finishes() == 0);
+  // The connection still serves the lane.
+  REQUIRE(c.Send(Post("/lane", "fine")));
+  std::optional<Reply> d = c.Read();
+  REQUIRE(d);
+  CHECK(d->body == "lane batch=1 begun=1 body=fine");
+}
+
+TEST_CASE("a lane request with Connection: close is answered, then the connection closes") {
+  TestLane lane;
+  Running s(EchoCallbacks(&lane));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(
+      "POST /lane HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 3\r\n\r\nend"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->body == "lane batch=1 begun=1 body=end");
+  CHECK(r->Header("Connection") == "close");
+  CHECK(c.Closed());
+}
+
+// -------------------------------------------------------------------- Stop
+
+TEST_CASE("Stop returns promptly while connections are open and closes them") {
+  auto s = std::make_unique<Running>(EchoCallbacks());
+  Client idle(s->port());
+  Client partial(s->port());
+  REQUIRE(idle.ok());
+  REQUIRE(partial.ok());
+  // A first exchange on each makes sure both are accepted.
+  for (Client* c : {&idle, &partial}) {
+    REQUIRE(c->Send(Get("/warm")));
+    REQUIRE(c->Read());
+  }
+  REQUIRE(partial.Send("GET /half HTTP/1.1\r\nHo"));
+  std::this_thread::sleep_for(10ms);
+
+  auto t0 = std::chrono::steady_clock::now();
+  s->server().Stop();
+  auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took < 1s);
+  CHECK(idle.Closed());
+  CHECK(partial.Closed(/*reset_ok=*/true));
+  s.reset();  // a second Stop from the destructor is harmless
+}
+
+TEST_CASE("Stop waits for a handler already running") {
+  std::atomic<bool> started{false}, finished{false};
+  EventServer::Callbacks cb = EchoCallbacks();
+  cb.handler = [&](const http1::Request&, http1::Response& res) {
+    started.store(true);
+    std::this_thread::sleep_for(50ms);
+    finished.store(true);
+    res.SetContent("late", "text/plain");
+  };
+  Running s(std::move(cb));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/block")));
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (!started.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(started.load());
+  s.server().Stop();
+  CHECK(finished.load());
+  CHECK_FALSE(c.Read());  // the answer is dropped; the connection is closed
+}
+
+TEST_CASE("Stop settles a lane batch in flight") {
+  TestLane lane;
+  auto s = std::make_unique<Running>(EchoCallbacks(&lane));
+  Client c(s->port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Post("/lane", "x")));
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (lane.begins() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  REQUIRE(lane.begins() == 1);
+  s->server().Stop();
+  CHECK(lane.finishes() == 1);
+  CHECK(lane.violations() == 0);
+  s.reset();
+}
+
+}  // namespace
+}  // namespace idem
