@@ -1,8 +1,9 @@
 // bench_work_http: durable journal claims over HTTP against the real daemon
 // binary (default config, kind send_reply, store sync=true): new-work claims
-// (each one a durable, fsynced write) at 1, 16 and 64 connections, and
-// duplicate claims of done work (a read, no fsync) at 64, beside the bare
-// HTTP reference route.
+// (each one a durable, fsynced write) at 1, 16 and 64 connections, claim +
+// complete operations (two requests, two durable writes) at 1, 16 and 64,
+// and duplicate claims of done work (a read, no fsync) at 1 and 64, beside
+// the bare HTTP reference route.
 //
 //   build/bench/bench_work_http [--seconds 5]
 #include <httplib.h>
@@ -49,19 +50,33 @@ int main(int argc, char** argv) {
   std::printf("%-40s %5s %12s %10s %10s %8s\n", "row", "conns", "req/s", "p50 us", "p99 us",
               "errors");
   Row("GET /healthz (bare HTTP reference)", 64, RunLoad(port, GetRequest("/healthz"), 64, seconds));
+  // New work at 1, 16 and 64 connections: every operation claims a unique
+  // identity (one durable write), then, with `follow_up`, completes it.
   uint64_t base = 0;
-  for (int conns : {1, 16, 64}) {
-    // Every request claims new work: a unique identity, one durable write.
-    const uint64_t offset = base;
-    LoadResult r = RunLoadGen(
-        port,
-        [offset](uint64_t seq) {
-          return Claim(R"({"ticket_id":)" + std::to_string(offset + seq) + R"(,"text":"bench"})");
-        },
-        conns, seconds);
-    base += static_cast<uint64_t>(r.requests + r.errors) + 1'000'000;
-    Row("POST /v1/work/claim (new work, fsync)", conns, r);
-  }
+  auto new_work_rows = [&](const char* name, const char* text, const FollowUp& follow_up) {
+    for (int conns : {1, 16, 64}) {
+      const uint64_t offset = base;
+      LoadResult r = RunLoadGen(
+          port,
+          [offset, text](uint64_t seq) {
+            return Claim(R"({"ticket_id":)" + std::to_string(offset + seq) + R"(,"text":")" + text +
+                         R"("})");
+          },
+          conns, seconds, 2, follow_up);
+      base += static_cast<uint64_t>(r.requests + r.errors) + 1'000'000;
+      Row(name, conns, r);
+    }
+  };
+  new_work_rows("POST /v1/work/claim (new work, fsync)", "bench", nullptr);
+  // Claim + complete: the whole client-executed unit of work, two durable
+  // writes (the complete goes through a worker and the shared group commit).
+  new_work_rows("claim + complete (2 fsynced writes), ops", "cc", [](std::string_view claimed) {
+    auto j = nlohmann::json::parse(claimed, nullptr, false);
+    if (j.is_discarded() || !j.contains("work_id")) return std::string("BAD");
+    std::string body =
+        nlohmann::json{{"lease_token", j["lease_token"]}, {"result", {{"sent", true}}}}.dump();
+    return PostRequest("/v1/work/" + j["work_id"].get<std::string>() + "/complete", body);
+  });
   // Duplicates of done work: answered 200 with the original result from a
   // read, without a write or an fsync.
   {

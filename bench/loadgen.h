@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -50,9 +51,15 @@ inline int Connect(int port) {
 }
 
 // `make_request(seq)` builds the seq-th request (seq is unique across
-// connections), for loads where each request must differ.
+// connections), for loads where each request must differ. With `follow_up`,
+// one operation is two requests: after a 2xx answer to the first, the
+// connection sends follow_up(that answer's body), and the operation's
+// latency runs from the first send to the second answer.
+using FollowUp = std::function<std::string(std::string_view first_body)>;
+
 inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)>& make_request,
-                             int connections, double seconds, int threads = 2) {
+                             int connections, double seconds, int threads = 2,
+                             const FollowUp& follow_up = nullptr) {
   std::atomic<uint64_t> seq{0};
   threads = std::max(1, std::min(threads, connections));
   std::atomic<bool> stop{false};
@@ -66,6 +73,8 @@ inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)
         int fd = -1;
         std::string buf;
         size_t need = 0;
+        size_t body_at = 0;
+        bool second = false;  // waiting for the follow-up's answer
         std::chrono::steady_clock::time_point sent;
       };
       std::vector<Conn> conns(mine);
@@ -82,8 +91,17 @@ inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)
         }
         c.buf.clear();
         c.need = 0;
+        c.second = false;
         const std::string request = make_request(seq.fetch_add(1));
         c.sent = std::chrono::steady_clock::now();
+        return send(c.fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+               static_cast<ssize_t>(request.size());
+      };
+      auto send_follow_up = [&](Conn& c) {
+        const std::string request = follow_up(std::string_view(c.buf).substr(c.body_at));
+        c.buf.clear();
+        c.need = 0;
+        c.second = true;
         return send(c.fd, request.data(), request.size(), MSG_NOSIGNAL) ==
                static_cast<ssize_t>(request.size());
       };
@@ -116,9 +134,14 @@ inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)
             size_t len =
                 cl == std::string::npos ? 0 : std::strtoul(c.buf.c_str() + cl + 16, nullptr, 10);
             c.need = header_end + 4 + len;
+            c.body_at = header_end + 4;
           }
           if (c.buf.size() < c.need) continue;
           int status = std::atoi(c.buf.c_str() + 9);
+          if (status >= 200 && status < 300 && follow_up && !c.second) {
+            if (!send_follow_up(c)) reset(c);
+            continue;
+          }
           if (status >= 200 && status < 300) {
             lat[t].push_back(
                 std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - c.sent)

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -123,6 +125,62 @@ TEST_CASE("64 simultaneous HTTP claims of one work item have one winner") {
   for (auto& t : threads) t.join();
   CHECK(won == 1);
   CHECK(busy == 63);
+}
+
+TEST_CASE("every claim answered 201 survives a kill -9 that lands while claims are in flight") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  // Claims of new work from 16 connections (the batch lane) until the kill.
+  struct Won {
+    std::string work_id, token;
+  };
+  std::mutex mu;
+  std::vector<Won> won;
+  std::atomic<int> answered{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 16; ++t) {
+    clients.emplace_back([&, t] {
+      auto c = daemon->Client();
+      for (int n = 0;; ++n) {
+        Json claim = {
+            {"kind", "send_invoice"},
+            {"identity", {{"invoice_id", "K-" + std::to_string(t) + "-" + std::to_string(n)}}},
+            {"lease", "10m"}};
+        auto r = c->Post("/v1/work/claim", claim.dump(), "application/json");
+        if (!r) return;  // the daemon is gone
+        if (r->status != 201) continue;
+        Json j = Json::parse(r->body);
+        std::lock_guard<std::mutex> lock(mu);
+        won.push_back({j["work_id"], j["lease_token"]});
+        ++answered;
+      }
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (answered.load() < 300 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  daemon->Kill9();
+  for (auto& t : clients) t.join();
+  REQUIRE(answered.load() >= 300);
+
+  daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto c = daemon->Client();
+  int completed = 0;
+  for (const Won& w : won) {
+    Json done = {{"lease_token", w.token}, {"result", {{"ok", true}}}};
+    auto r =
+        c->Post(("/v1/work/" + w.work_id + "/complete").c_str(), done.dump(), "application/json");
+    REQUIRE(r);
+    CHECK_MESSAGE(r->status == 200, std::string(w.work_id + ": " + r->body));
+    completed += r->status == 200 ? 1 : 0;
+  }
+  MESSAGE("claims answered 201 before the kill: ", won.size(), ", completed after it: ", completed);
+  CHECK(completed == static_cast<int>(won.size()));
 }
 
 TEST_CASE("failures are retried until attempts run out, then a dead letter that replays") {

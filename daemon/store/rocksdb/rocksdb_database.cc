@@ -218,6 +218,7 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
 }
 
 RocksDatabase::~RocksDatabase() {
+  group_commit_.reset();  // its committer thread writes through db_
   if (db_ == nullptr) return;
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
     if (h != nullptr) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
