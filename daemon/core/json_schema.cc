@@ -12,6 +12,8 @@
 #include <string_view>
 #include <utility>
 
+#include "daemon/core/json.h"
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -32,21 +34,6 @@ namespace {
 
 constexpr int kMaxRefHops = 32;
 
-std::string EscapeToken(std::string_view token) {
-  std::string out;
-  out.reserve(token.size());
-  for (char c : token) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 // valijson names each step of its path "[name]" (or "[3]" for an array
 // index) after a first "<root>" element. Property names may themselves hold
 // brackets, so only the outermost pair is stripped.
@@ -65,7 +52,7 @@ std::vector<std::string> ContextTokens(const std::vector<std::string>& context) 
 
 std::string PointerOf(const std::vector<std::string>& tokens) {
   std::string pointer;
-  for (const std::string& t : tokens) pointer += "/" + EscapeToken(t);
+  for (const std::string& t : tokens) pointer += "/" + JsonPointerToken(t);
   return pointer;
 }
 
@@ -429,7 +416,7 @@ bool Within(const std::string& pointer, const std::string& base) {
 Status CheckPatterns(const Json& node, const std::string& where) {
   if (node.is_object()) {
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const std::string here = where + "/" + EscapeToken(it.key());
+      const std::string here = where + "/" + JsonPointerToken(it.key());
       if (it.key() == "pattern" && it->is_string()) {
         try {
           std::regex re(it->get<std::string>(), std::regex::ECMAScript);
