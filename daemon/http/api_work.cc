@@ -136,16 +136,15 @@ Json ReportBody(const ReconcileReport& r) {
           {"errors", r.errors}};
 }
 
-// POST /v1/work/claim in two halves, so that the ordinary handler and the
-// batch lane (router.h, ClaimLane) share them: the request as a
-// ClaimRequest, and the answer for the journal's outcome.
+// POST /v1/work/claim, /complete and /fail in two halves each, so that the
+// ordinary handler and the batch lane (router.h, JournalLane) share them:
+// the request as a JournalOp, and the answer for the journal's outcome.
 struct ClaimRoute {
   const Config& config;
-  Journal& journal;
   StableClock& clock;
   Metrics& metrics;
 
-  StatusOr<ClaimRequest> prepare(RequestContext& ctx) const {
+  StatusOr<JournalOp> prepare(RequestContext& ctx) const {
     ASSIGN_OR_RETURN(const ActionConfig* kind,
                      FindKind(config, ctx.body["kind"].get<std::string>(), "/kind"));
     const Json& identity = ctx.body["identity"];
@@ -175,11 +174,11 @@ struct ClaimRoute {
     req.window_ms = kind->window_ms;
     req.max_attempts = kind->retry.attempts;
     req.now_ms = clock.NowMillis();
-    return req;
+    return JournalOp::Claim(std::move(req));
   }
 
-  StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<ClaimResult> claimed) const {
-    ASSIGN_OR_RETURN(ClaimResult r, std::move(claimed));
+  StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> claimed) const {
+    ASSIGN_OR_RETURN(JournalOpResult r, std::move(claimed));
     ASSIGN_OR_RETURN(const ActionConfig* kind, FindKind(config, r.item.kind, "/kind"));
     switch (r.outcome) {
       case ClaimOutcome::kClaimed: {
@@ -203,10 +202,97 @@ struct ClaimRoute {
   }
 };
 
+// The answer to a complete or fail whose lease token no longer holds the work.
+RouteResponse StaleLease(const WorkItem& w, const std::string& request_id) {
+  return Conflict(Status(Code::kFailedPrecondition,
+                         "stale lease: the lease token does not hold work " + w.work_id +
+                             " (it is " + std::string(WorkStateName(w.state)) + ", attempt " +
+                             std::to_string(w.attempt) + ")",
+                         "/lease_token"),
+                  w, request_id);
+}
+
+struct CompleteRoute {
+  StableClock& clock;
+  Metrics& metrics;
+
+  StatusOr<JournalOp> prepare(RequestContext& ctx) const {
+    JournalOp op;
+    op.type = JournalOp::Type::kComplete;
+    op.work_id = ctx.params[0];
+    op.lease_token = ctx.body["lease_token"];
+    op.result = ctx.body.value("result", Json());
+    op.external_ref = ctx.body.value("external_ref", "");
+    op.now_ms = clock.NowMillis();
+    return op;
+  }
+
+  StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> done) const {
+    ASSIGN_OR_RETURN(JournalOpResult r, std::move(done));
+    if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
+    // A repeated complete by the holder that finished it is not an error.
+    if (!r.repeated) metrics.work_completed.Inc();
+    return RouteResponse{200, WorkBody(r.item), {}};
+  }
+};
+
+struct FailRoute {
+  const Config& config;
+  StableClock& clock;
+  Metrics& metrics;
+
+  StatusOr<JournalOp> prepare(RequestContext& ctx) const {
+    JournalOp op;
+    op.type = JournalOp::Type::kFail;
+    op.work_id = ctx.params[0];
+    op.lease_token = ctx.body["lease_token"];
+    op.error = ctx.body.value("error", "failed");
+    op.retryable = ctx.body.value("retryable", true);
+    op.now_ms = clock.NowMillis();
+    if (ctx.body.contains("retry_after")) {
+      ASSIGN_OR_RETURN(int64_t delay, DurationField(ctx.body, "retry_after", 0, kMaxLeaseMs, 0));
+      op.retry_delay_ms = [delay](const WorkItem&) { return delay; };
+    } else {
+      // The kind's backoff, from the attempt of the record being failed.
+      const Config* cfg = &config;
+      StableClock* clk = &clock;
+      op.retry_delay_ms = [cfg, clk](const WorkItem& w) -> int64_t {
+        auto kit = cfg->actions.find(w.kind);
+        if (kit == cfg->actions.end()) return 0;
+        return FullJitterBackoffMs(w.attempt, kit->second.retry.base_ms, kit->second.retry.cap_ms,
+                                   clk->env().RandomUnit());
+      };
+    }
+    return op;
+  }
+
+  StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> failed) const {
+    ASSIGN_OR_RETURN(JournalOpResult r, std::move(failed));
+    if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
+    metrics.work_failed.Inc();
+    if (r.item.state == WorkState::kDead) metrics.work_dead.Inc();
+    return RouteResponse{200, WorkBody(r.item), {}};
+  }
+};
+
+// The handler and the batch lane of a route made of one journal op.
+template <typename R>
+JournalLane LaneOf(const R& route) {
+  return JournalLane{
+      .prepare = [route](RequestContext& ctx) { return route.prepare(ctx); },
+      .respond = [route](RequestContext& ctx,
+                         StatusOr<JournalOpResult> r) { return route.respond(ctx, std::move(r)); }};
+}
+
+RouteHandler HandlerOf(const JournalLane& lane, Journal& journal) {
+  return [lane, &journal](RequestContext& ctx) { return lane.RunAlone(ctx, journal); };
+}
+
 }  // namespace
 
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
-  const ClaimRoute claim{deps.config, deps.store.journal(), deps.clock, deps.metrics};
+  Journal& journal = deps.store.journal();
+  const JournalLane claim = LaneOf(ClaimRoute{deps.config, deps.clock, deps.metrics});
   routes.push_back(
       Route{.method = "POST",
             .pattern = "/v1/work/claim",
@@ -220,86 +306,32 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                           {404, "problem"},
                           {409, "problem"}},
             .roles = {"agent"},
-            .handler = [claim](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              ASSIGN_OR_RETURN(ClaimRequest req, claim.prepare(ctx));
-              return claim.respond(ctx, claim.journal.Claim(req));
-            },
-            .claim_lane =
-                ClaimLane{.prepare = [claim](RequestContext& ctx) { return claim.prepare(ctx); },
-                          .respond =
-                              [claim](RequestContext& ctx, StatusOr<ClaimResult> r) {
-                                return claim.respond(ctx, std::move(r));
-                              }}});
+            .handler = HandlerOf(claim, journal),
+            .journal_lane = claim});
 
-  routes.push_back(Route{
-      .method = "POST",
-      .pattern = "/v1/work/{id}/complete",
-      .summary = "Record that claimed work is done, with its result and external_ref.",
-      .key_policy = KeyPolicy::kOptional,
-      .request_schema = "work.complete.request",
-      .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
-      .roles = {"agent"},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        const std::string& work_id = ctx.params[0];
-        const std::string token = ctx.body["lease_token"];
-        Status st = deps.store.journal().Complete(work_id, token, ctx.body.value("result", Json()),
-                                                  ctx.body.value("external_ref", ""),
-                                                  deps.clock.NowMillis());
-        ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(work_id));
-        if (!st.ok()) {
-          // A repeated complete by the holder that finished it is not an error.
-          bool repeat = item.state == WorkState::kDone && item.lease_token == token;
-          if (!repeat) {
-            if (st.code() == Code::kFailedPrecondition) {
-              return Conflict(
-                  Status(Code::kFailedPrecondition, "stale lease: " + st.message(), "/lease_token"),
-                  item, ctx.request_id);
-            }
-            return st;
-          }
-        } else {
-          deps.metrics.work_completed.Inc();
-        }
-        return RouteResponse{200, WorkBody(item), {}};
-      }});
+  const JournalLane complete = LaneOf(CompleteRoute{deps.clock, deps.metrics});
+  routes.push_back(
+      Route{.method = "POST",
+            .pattern = "/v1/work/{id}/complete",
+            .summary = "Record that claimed work is done, with its result and external_ref.",
+            .key_policy = KeyPolicy::kOptional,
+            .request_schema = "work.complete.request",
+            .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
+            .roles = {"agent"},
+            .handler = HandlerOf(complete, journal),
+            .journal_lane = complete});
 
-  routes.push_back(Route{
-      .method = "POST",
-      .pattern = "/v1/work/{id}/fail",
-      .summary = "Record that claimed work failed: retried later (retryable) or dead.",
-      .key_policy = KeyPolicy::kOptional,
-      .request_schema = "work.fail.request",
-      .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
-      .roles = {"agent"},
-      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        const std::string& work_id = ctx.params[0];
-        ASSIGN_OR_RETURN(WorkItem before, deps.store.journal().Get(work_id));
-        const ActionConfig* kind = nullptr;
-        auto kit = deps.config.actions.find(before.kind);
-        if (kit != deps.config.actions.end()) kind = &kit->second;
-        const int64_t now = deps.clock.NowMillis();
-        int64_t delay = 0;
-        if (ctx.body.contains("retry_after")) {
-          ASSIGN_OR_RETURN(delay, DurationField(ctx.body, "retry_after", 0, kMaxLeaseMs, 0));
-        } else if (kind != nullptr) {
-          delay = FullJitterBackoffMs(before.attempt, kind->retry.base_ms, kind->retry.cap_ms,
-                                      deps.clock.env().RandomUnit());
-        }
-        auto r = deps.store.journal().Fail(work_id, ctx.body["lease_token"],
-                                           ctx.body.value("error", "failed"),
-                                           ctx.body.value("retryable", true), now + delay, now);
-        if (!r.ok()) {
-          if (r.status().code() == Code::kFailedPrecondition) {
-            return Conflict(Status(Code::kFailedPrecondition,
-                                   "stale lease: " + r.status().message(), "/lease_token"),
-                            before, ctx.request_id);
-          }
-          return r.status();
-        }
-        deps.metrics.work_failed.Inc();
-        if (r->state == WorkState::kDead) deps.metrics.work_dead.Inc();
-        return RouteResponse{200, WorkBody(*r), {}};
-      }});
+  const JournalLane fail = LaneOf(FailRoute{deps.config, deps.clock, deps.metrics});
+  routes.push_back(
+      Route{.method = "POST",
+            .pattern = "/v1/work/{id}/fail",
+            .summary = "Record that claimed work failed: retried later (retryable) or dead.",
+            .key_policy = KeyPolicy::kOptional,
+            .request_schema = "work.fail.request",
+            .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
+            .roles = {"agent"},
+            .handler = HandlerOf(fail, journal),
+            .journal_lane = fail});
 
   routes.push_back(
       Route{.method = "GET",

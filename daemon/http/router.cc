@@ -112,4 +112,11 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
   return doc;
 }
 
+StatusOr<RouteResponse> JournalLane::RunAlone(RequestContext& ctx, Journal& journal) const {
+  ASSIGN_OR_RETURN(JournalOp op, prepare(ctx));
+  std::vector<StatusOr<JournalOpResult>> out =
+      journal.FinishOps(journal.BeginOps(std::span<const JournalOp>(&op, 1), nullptr));
+  return respond(ctx, std::move(out[0]));
+}
+
 }  // namespace idem

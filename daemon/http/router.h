@@ -45,14 +45,18 @@ struct RouteResponse {
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;
 
 // The batch lane (event_server.h) for a route whose whole work is one
-// journal claim: `prepare` turns the request into a ClaimRequest, the server
-// claims every such request of one event-loop round with Journal::ClaimMany
-// (one write, one fsync), and `respond` builds each answer. The route's
-// handler must be prepare -> Journal::Claim -> respond, so both paths answer
-// alike; requests with an Idempotency-Key take the handler.
-struct ClaimLane {
-  std::function<StatusOr<ClaimRequest>(RequestContext&)> prepare;
-  std::function<StatusOr<RouteResponse>(RequestContext&, StatusOr<ClaimResult>)> respond;
+// journal write (a claim, a complete, a fail): `prepare` turns the request
+// into a JournalOp, the server begins every such op of one event-loop round
+// with Journal::BeginOps (one write, one fsync, answered once durable), and
+// `respond` builds each answer. The route's handler must be prepare ->
+// the same op alone -> respond, so both paths answer alike; requests with
+// an Idempotency-Key take the handler.
+struct JournalLane {
+  std::function<StatusOr<JournalOp>(RequestContext&)> prepare;
+  std::function<StatusOr<RouteResponse>(RequestContext&, StatusOr<JournalOpResult>)> respond;
+
+  // The handler equivalent of the lane: one op, alone.
+  StatusOr<RouteResponse> RunAlone(RequestContext& ctx, Journal& journal) const;
 };
 
 struct Route {
@@ -66,7 +70,7 @@ struct Route {
   bool raw_text = false;                 // response body is text (metrics)
   bool is_public = false;                // no auth (health probes, the API description)
   RouteHandler handler;
-  std::optional<ClaimLane> claim_lane;
+  std::optional<JournalLane> journal_lane;
 
   std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;

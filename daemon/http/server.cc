@@ -289,7 +289,7 @@ bool HttpServer::Wants(const http1::Request& req) const {
   if (req.method != "POST" || req.HasHeader("Idempotency-Key")) return false;
   std::vector<std::string> params;
   for (const Route& r : routes_) {
-    if (r.method == "POST" && MatchPath(r, req.path, &params)) return r.claim_lane.has_value();
+    if (r.method == "POST" && MatchPath(r, req.path, &params)) return r.journal_lane.has_value();
   }
   return false;
 }
@@ -300,14 +300,14 @@ namespace {
 struct LaneState {
   const Route* route = nullptr;
   RequestContext ctx;
-  ClaimRequest claim;
+  JournalOp op;
 };
 
 class LaneTicket final : public BatchLane::Ticket {
  public:
   bool Ready() const override { return pending == nullptr || pending->Ready(); }
-  std::unique_ptr<Journal::PendingClaims> pending;
-  std::vector<size_t> index;  // batch position of each claim
+  std::unique_ptr<Journal::PendingOps> pending;
+  std::vector<size_t> index;  // batch position of each op
 };
 
 }  // namespace
@@ -327,12 +327,12 @@ void HttpServer::Prepare(Exchange& ex) {
     Respond(*route, Finish(*route, st->ctx, route->handler(st->ctx)), ex.response);
     return;
   }
-  StatusOr<ClaimRequest> claim = route->claim_lane->prepare(st->ctx);
-  if (!claim.ok()) {
-    Respond(*route, Finish(*route, st->ctx, claim.status()), ex.response);
+  StatusOr<JournalOp> op = route->journal_lane->prepare(st->ctx);
+  if (!op.ok()) {
+    Respond(*route, Finish(*route, st->ctx, op.status()), ex.response);
     return;
   }
-  st->claim = std::move(claim).value();
+  st->op = std::move(op).value();
   ex.state = std::move(st);
   ex.answered = false;
 }
@@ -341,15 +341,15 @@ std::unique_ptr<BatchLane::Ticket> HttpServer::Begin(std::span<Exchange*> batch,
                                                      std::function<void()> wake,
                                                      bool others_pending) {
   auto ticket = std::make_unique<LaneTicket>();
-  std::vector<ClaimRequest> claims;
+  std::vector<JournalOp> ops;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i]->answered) continue;
-    claims.push_back(std::static_pointer_cast<LaneState>(batch[i]->state)->claim);
+    ops.push_back(std::static_pointer_cast<LaneState>(batch[i]->state)->op);
     ticket->index.push_back(i);
   }
-  if (!claims.empty()) {
-    ticket->pending = deps_.journal.BeginClaims(
-        claims, std::move(wake),
+  if (!ops.empty()) {
+    ticket->pending = deps_.journal.BeginOps(
+        ops, std::move(wake),
         others_pending ? Journal::LockWait::kSkipBusy : Journal::LockWait::kBlock);
   }
   return ticket;
@@ -359,7 +359,7 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
   auto& t = static_cast<LaneTicket&>(*ticket);
   if (t.pending == nullptr) return;
   std::vector<size_t> skipped = t.pending->Skipped();
-  std::vector<StatusOr<ClaimResult>> results = deps_.journal.FinishClaims(std::move(t.pending));
+  std::vector<StatusOr<JournalOpResult>> results = deps_.journal.FinishOps(std::move(t.pending));
   size_t next_skipped = 0;  // Skipped() is in ascending order
   for (size_t k = 0; k < t.index.size(); ++k) {
     Exchange& ex = *batch[t.index[k]];
@@ -371,7 +371,7 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
     auto st = std::static_pointer_cast<LaneState>(ex.state);
     const Route& route = *st->route;
     Respond(route,
-            Finish(route, st->ctx, route.claim_lane->respond(st->ctx, std::move(results[k]))),
+            Finish(route, st->ctx, route.journal_lane->respond(st->ctx, std::move(results[k]))),
             ex.response);
   }
 }

@@ -13,12 +13,13 @@
 // Every error is problem+json (problem.h): unknown paths 404, a known path
 // with another method 405 (with Allow), framing errors as http1.h says.
 //
-// Journal claims without an Idempotency-Key take the batch lane: the same
-// pipeline up to the handler, then one Journal::ClaimMany per event-loop
-// round (router.h, ClaimLane).
+// Journal claims, completes and fails without an Idempotency-Key take the
+// batch lane: the same pipeline up to the handler, then one
+// Journal::BeginOps per event-loop round (router.h, JournalLane), answered
+// once the merged write is durable.
 //
 // Thread-safety: Start/Stop from one thread; handlers run on the server's
-// pool (ServerConfig.threads), claim batches on its event loops.
+// pool (ServerConfig.threads), journal batches on its event loops.
 #pragma once
 
 #include <memory>
@@ -38,7 +39,7 @@ namespace idem {
 struct ServerDeps {
   const Config& config;
   IdemKeyStore& idem_keys;
-  Journal& journal;  // the batch lane's ClaimMany
+  Journal& journal;  // the batch lane's BeginOps
   StableClock& clock;
   Metrics& metrics;
 };
@@ -75,7 +76,7 @@ class HttpServer : private BatchLane {
 
   void Handle(const http1::Request& req, http1::Response& res);  // a worker
 
-  // BatchLane: claims without an Idempotency-Key, on the event loops.
+  // BatchLane: journal ops without an Idempotency-Key, on the event loops.
   bool Wants(const http1::Request& req) const override;
   void Prepare(Exchange& ex) override;
   std::unique_ptr<BatchLane::Ticket> Begin(std::span<Exchange*> batch, std::function<void()> wake,

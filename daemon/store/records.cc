@@ -220,29 +220,81 @@ StatusOr<Plan> Plan::FromJson(const Json& j) {
 
 namespace {
 
-// Journal::BeginClaims without a write to wait for: the outcomes are known.
-class DecidedClaims final : public Journal::PendingClaims {
+// Journal::BeginOps without a write to wait for: the outcomes are known.
+class DecidedOps final : public Journal::PendingOps {
  public:
-  explicit DecidedClaims(std::vector<StatusOr<ClaimResult>> results)
+  explicit DecidedOps(std::vector<StatusOr<JournalOpResult>> results)
       : results(std::move(results)) {}
   bool Ready() const override { return true; }
-  std::vector<StatusOr<ClaimResult>> results;
+  std::vector<StatusOr<JournalOpResult>> results;
 };
+
+// A refused Complete/Fail: the record as found, marked stale.
+StatusOr<JournalOpResult> StaleOr(Journal& j, const Status& st, const std::string& work_id) {
+  if (st.code() != Code::kFailedPrecondition) return st;
+  ASSIGN_OR_RETURN(WorkItem found, j.Get(work_id));
+  JournalOpResult r;
+  r.item = std::move(found);
+  r.stale_lease = true;
+  return r;
+}
+
+StatusOr<JournalOpResult> ApplyOne(Journal& j, const JournalOp& op) {
+  switch (op.type) {
+    case JournalOp::Type::kClaim: {
+      ASSIGN_OR_RETURN(ClaimResult c, j.Claim(op.claim));
+      return JournalOpResult{.outcome = c.outcome, .item = std::move(c.item)};
+    }
+    case JournalOp::Type::kComplete: {
+      Status st = j.Complete(op.work_id, op.lease_token, op.result, op.external_ref, op.now_ms);
+      if (!st.ok()) return StaleOr(j, st, op.work_id);
+      ASSIGN_OR_RETURN(WorkItem done, j.Get(op.work_id));
+      return JournalOpResult{.outcome = ClaimOutcome::kDone, .item = std::move(done)};
+    }
+    case JournalOp::Type::kFail: {
+      ASSIGN_OR_RETURN(WorkItem before, j.Get(op.work_id));
+      int64_t delay = op.retry_delay_ms ? op.retry_delay_ms(before) : 0;
+      StatusOr<WorkItem> after =
+          j.Fail(op.work_id, op.lease_token, op.error, op.retryable, op.now_ms + delay, op.now_ms);
+      if (!after.ok()) return StaleOr(j, after.status(), op.work_id);
+      ClaimOutcome o = after->state == WorkState::kDead ? ClaimOutcome::kDead : ClaimOutcome::kDone;
+      return JournalOpResult{.outcome = o, .item = std::move(after).value()};
+    }
+  }
+  return Internal("unknown journal op");
+}
 
 }  // namespace
 
-std::unique_ptr<Journal::PendingClaims> Journal::BeginClaims(std::span<const ClaimRequest> reqs,
-                                                             std::function<void()> on_durable,
-                                                             LockWait /*wait*/) {
+std::vector<StatusOr<ClaimResult>> Journal::ClaimMany(std::span<const ClaimRequest> reqs) {
+  std::vector<JournalOp> ops;
+  ops.reserve(reqs.size());
+  for (const ClaimRequest& r : reqs) ops.push_back(JournalOp::Claim(r));
+  std::vector<StatusOr<JournalOpResult>> done = FinishOps(BeginOps(ops, nullptr));
   std::vector<StatusOr<ClaimResult>> out;
-  out.reserve(reqs.size());
-  for (const ClaimRequest& r : reqs) out.push_back(Claim(r));
-  if (on_durable) on_durable();
-  return std::make_unique<DecidedClaims>(std::move(out));
+  out.reserve(done.size());
+  for (StatusOr<JournalOpResult>& r : done) {
+    if (!r.ok()) {
+      out.push_back(r.status());
+    } else {
+      out.push_back(ClaimResult{r->outcome, std::move(r->item)});
+    }
+  }
+  return out;
 }
 
-std::vector<StatusOr<ClaimResult>> Journal::FinishClaims(std::unique_ptr<PendingClaims> pending) {
-  return std::move(static_cast<DecidedClaims&>(*pending).results);
+std::unique_ptr<Journal::PendingOps> Journal::BeginOps(std::span<const JournalOp> ops,
+                                                       std::function<void()> on_durable,
+                                                       LockWait /*wait*/) {
+  std::vector<StatusOr<JournalOpResult>> out;
+  out.reserve(ops.size());
+  for (const JournalOp& op : ops) out.push_back(ApplyOne(*this, op));
+  if (on_durable) on_durable();
+  return std::make_unique<DecidedOps>(std::move(out));
+}
+
+std::vector<StatusOr<JournalOpResult>> Journal::FinishOps(std::unique_ptr<PendingOps> pending) {
+  return std::move(static_cast<DecidedOps&>(*pending).results);
 }
 
 namespace store_internal {

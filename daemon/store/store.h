@@ -193,6 +193,44 @@ struct ClaimResult {
   WorkItem item;  // the record after the claim
 };
 
+// One write of a batch (Journal::BeginOps): a claim, a complete or a fail,
+// with the arguments of Claim, Complete and Fail.
+struct JournalOp {
+  enum class Type { kClaim, kComplete, kFail };
+  Type type = Type::kClaim;
+  ClaimRequest claim;  // kClaim
+  // kComplete and kFail:
+  std::string work_id;
+  std::string lease_token;
+  int64_t now_ms = 0;
+  Json result;               // kComplete
+  std::string external_ref;  // kComplete
+  std::string error;         // kFail
+  bool retryable = true;     // kFail
+  // kFail, when retryable: the retry's delay, from the record being failed
+  // (a backoff needs its attempt). Absent: retry at now_ms.
+  std::function<int64_t(const WorkItem&)> retry_delay_ms;
+
+  static JournalOp Claim(ClaimRequest req) {
+    JournalOp op;
+    op.claim = std::move(req);
+    return op;
+  }
+};
+
+struct JournalOpResult {
+  // kClaim: the claim's outcome. kComplete: kDone. kFail: kClaimed is never
+  // set; the item's state says failed (retried later) or dead.
+  ClaimOutcome outcome = ClaimOutcome::kDone;
+  WorkItem item;  // the record after the op (or as found, when refused)
+  // kComplete/kFail: the lease token does not hold the work (stale lease:
+  // someone else took it over, or it is done or dead); item is the record
+  // as found, and nothing was written.
+  bool stale_lease = false;
+  // kComplete: retried by the holder that completed it; nothing written.
+  bool repeated = false;
+};
+
 // Every WorkItem returned carries an empty lease_token, except the one in a
 // kClaimed ClaimResult: only the holder of a lease learns its token.
 // identity, args, run_id, request_id, window_ms and max_attempts are taken
@@ -216,36 +254,39 @@ class Journal {
   // claim before it in the same call. A failed write fails every claim in
   // it that had to write (nothing of them is stored); the others keep their
   // outcome.
-  std::vector<StatusOr<ClaimResult>> ClaimMany(std::span<const ClaimRequest> reqs) {
-    return FinishClaims(BeginClaims(reqs, nullptr));
-  }
+  std::vector<StatusOr<ClaimResult>> ClaimMany(std::span<const ClaimRequest> reqs);
 
-  // ClaimMany in two halves, for a caller that must not block on the fsync
-  // (an event loop). BeginClaims decides every outcome and queues the write;
-  // `on_durable` (may be empty) runs on another thread once the write is
-  // over, after which Ready() is true. FinishClaims, on the thread that
-  // called BeginClaims, returns the outcomes, waiting for the write if it is
-  // still in flight. Until then the pending claims hold the lock stripes of
-  // the work they write, so a caller with claims pending must begin more
-  // with kSkipBusy: a claim whose stripe is taken (by anyone) is then not
-  // decided but listed in Skipped(), to be begun again later. Waiting for a
-  // stripe while holding others could deadlock two such callers.
+  // Claims, completes and fails in one durable write, in two halves, for a
+  // caller that must not block on the fsync (an event loop). BeginOps
+  // decides every outcome and queues the write; `on_durable` (may be empty)
+  // runs on another thread once the write is over, after which Ready() is
+  // true. FinishOps, on the thread that called BeginOps, returns the
+  // outcomes in request order, waiting for the write if it is still in
+  // flight. Each op gets the outcome it would get alone (Claim, Complete,
+  // Fail), applied in order: an op sees the ops before it on the same work.
+  // A failed write fails every op that had to write (nothing of them is
+  // stored). Until FinishOps the pending ops hold the lock stripes of the
+  // work they write, so a caller with ops pending must begin more with
+  // kSkipBusy: an op whose stripe is taken (by anyone) is then not decided
+  // but listed in Skipped(), to be begun again later. Waiting for a stripe
+  // while holding others could deadlock two such callers.
   enum class LockWait { kBlock, kSkipBusy };
-  class PendingClaims {
+  class PendingOps {
    public:
-    virtual ~PendingClaims() = default;
+    virtual ~PendingOps() = default;
     virtual bool Ready() const = 0;
-    // Positions (in the request span) of the claims left undecided.
+    // Positions (in the request span) of the ops left undecided.
     virtual const std::vector<size_t>& Skipped() const { return none_; }
 
    private:
     std::vector<size_t> none_;
   };
-  // The default decides and writes with Claim, one by one, before returning.
-  virtual std::unique_ptr<PendingClaims> BeginClaims(std::span<const ClaimRequest> reqs,
-                                                     std::function<void()> on_durable,
-                                                     LockWait wait = LockWait::kBlock);
-  virtual std::vector<StatusOr<ClaimResult>> FinishClaims(std::unique_ptr<PendingClaims> pending);
+  // The default decides and writes with Claim, Complete and Fail, one by
+  // one, before returning.
+  virtual std::unique_ptr<PendingOps> BeginOps(std::span<const JournalOp> ops,
+                                               std::function<void()> on_durable,
+                                               LockWait wait = LockWait::kBlock);
+  virtual std::vector<StatusOr<JournalOpResult>> FinishOps(std::unique_ptr<PendingOps> pending);
 
   // Creates a pending record due at req.now_ms unless one exists; returns
   // the stored record either way (daemon-executed work goes through Due).

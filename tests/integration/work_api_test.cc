@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -127,6 +129,24 @@ TEST_CASE("64 simultaneous HTTP claims of one work item have one winner") {
   CHECK(busy == 63);
 }
 
+// Once `progress()` reaches `target` (within 20 s), kills the daemon with
+// SIGKILL, waits for the clients (they stop when it is gone) and starts it
+// again on the same store, in `daemon` (which the clients may still read).
+void KillMidLoadAndRestart(std::unique_ptr<DaemonProcess>& daemon, const std::string& config,
+                           const TempDir& dir, const std::function<size_t()>& progress,
+                           size_t target, std::vector<std::thread>& clients) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (progress() < target && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  daemon->Kill9();
+  for (auto& t : clients) t.join();
+  REQUIRE(progress() >= target);
+  std::string err;
+  daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+}
+
 TEST_CASE("every claim answered 201 survives a kill -9 that lands while claims are in flight") {
   TempDir dir;
   std::string config = WriteTestConfig(dir, kRules, kActions);
@@ -159,16 +179,8 @@ TEST_CASE("every claim answered 201 survives a kill -9 that lands while claims a
       }
     });
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (answered.load() < 300 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  daemon->Kill9();
-  for (auto& t : clients) t.join();
-  REQUIRE(answered.load() >= 300);
-
-  daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(daemon != nullptr, err);
+  KillMidLoadAndRestart(
+      daemon, config, dir, [&] { return static_cast<size_t>(answered.load()); }, 300, clients);
   auto c = daemon->Client();
   int completed = 0;
   for (const Won& w : won) {
@@ -181,6 +193,57 @@ TEST_CASE("every claim answered 201 survives a kill -9 that lands while claims a
   }
   MESSAGE("claims answered 201 before the kill: ", won.size(), ", completed after it: ", completed);
   CHECK(completed == static_cast<int>(won.size()));
+}
+
+TEST_CASE(
+    "every complete answered 200 survives a kill -9 that lands while completes are in flight") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  // Claim + complete from 16 connections (both on the batch lane) until the kill.
+  std::mutex mu;
+  std::vector<std::string> done;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 16; ++t) {
+    clients.emplace_back([&, t] {
+      auto c = daemon->Client();
+      for (int n = 0;; ++n) {
+        Json claim = {
+            {"kind", "send_invoice"},
+            {"identity", {{"invoice_id", "C-" + std::to_string(t) + "-" + std::to_string(n)}}}};
+        auto r = c->Post("/v1/work/claim", claim.dump(), "application/json");
+        if (!r) return;  // the daemon is gone
+        if (r->status != 201) continue;
+        Json j = Json::parse(r->body);
+        std::string id = j["work_id"];
+        Json body = {{"lease_token", j["lease_token"]}, {"result", {{"n", n}}}};
+        auto fin =
+            c->Post(("/v1/work/" + id + "/complete").c_str(), body.dump(), "application/json");
+        if (!fin) return;
+        if (fin->status != 200) continue;
+        std::lock_guard<std::mutex> lock(mu);
+        done.push_back(id);
+      }
+    });
+  }
+  auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return done.size();
+  };
+  KillMidLoadAndRestart(daemon, config, dir, count, 300, clients);
+  auto c = daemon->Client();
+  size_t still_done = 0;
+  for (const std::string& id : done) {
+    auto r = c->Get(("/v1/work/" + id).c_str());
+    REQUIRE(r);
+    bool ok = r->status == 200 && Json::parse(r->body)["state"] == "done";
+    CHECK_MESSAGE(ok, std::string(id + ": " + r->body));
+    still_done += ok ? 1 : 0;
+  }
+  MESSAGE("completes answered 200 before the kill: ", done.size(), ", done after it: ", still_done);
+  CHECK(still_done == done.size());
 }
 
 TEST_CASE("failures are retried until attempts run out, then a dead letter that replays") {

@@ -135,6 +135,12 @@ ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimReques
 
 std::string WorkLabel(const std::string& work_id) { return "work " + work_id; }
 
+Status StaleLeaseStatus(const WorkItem& w) {
+  return FailedPrecondition("the lease token does not hold " + WorkLabel(w.work_id) + " (it is " +
+                            std::string(WorkStateName(w.state)) + ", attempt " +
+                            std::to_string(w.attempt) + ")");
+}
+
 }  // namespace
 
 StatusOr<std::optional<WorkItem>> RocksJournal::Load(const std::string& work_id,
@@ -197,13 +203,13 @@ StatusOr<ClaimResult> RocksJournal::Claim(const ClaimRequest& req) {
 
 namespace {
 
-// A batch of claims between BeginClaims and FinishClaims: the outcomes, the
-// stripes held for the writing ones, and their write in flight.
-class RocksPendingClaims final : public Journal::PendingClaims {
+// A batch of ops between BeginOps and FinishOps: the outcomes, the stripes
+// held for the writing ones, and their write in flight.
+class RocksPendingOps final : public Journal::PendingOps {
  public:
-  explicit RocksPendingClaims(RocksDatabase& db, size_t n)
-      : batch(db), results(n, StatusOr<ClaimResult>(Internal("claim not decided"))) {}
-  ~RocksPendingClaims() override { Settle(); }
+  explicit RocksPendingOps(RocksDatabase& db, size_t n)
+      : batch(db), results(n, StatusOr<JournalOpResult>(Internal("op not decided"))) {}
+  ~RocksPendingOps() override { Settle(); }
 
   bool Ready() const override { return ticket == nullptr || ticket->done(); }
   const std::vector<size_t>& Skipped() const override { return skipped; }
@@ -227,35 +233,108 @@ class RocksPendingClaims final : public Journal::PendingClaims {
   }
 
   RecordBatch batch;
-  std::vector<StatusOr<ClaimResult>> results;
+  std::vector<StatusOr<JournalOpResult>> results;
   std::vector<Mutex*> stripes;  // held, in address order
   std::vector<size_t> writers;  // results whose outcome is written
-  std::vector<size_t> skipped;  // claims whose stripe was busy (kSkipBusy)
+  std::vector<size_t> skipped;  // ops whose stripe was busy (kSkipBusy)
   Status staged;                // a staging or queueing error
   std::shared_ptr<GroupCommit::Ticket> ticket;
   bool settled = false;
 };
 
+const std::string& OpWorkId(const JournalOp& op) {
+  return op.type == JournalOp::Type::kClaim ? op.claim.work_id : op.work_id;
+}
+
+Status ValidateOp(const JournalOp& op) {
+  if (op.type == JournalOp::Type::kClaim) return ValidateRequest(op.claim);
+  if (op.work_id.empty()) return InvalidArgument("work_id is empty", "/work_id");
+  if (op.lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
+  return Status::Ok();
+}
+
+// Does `token` hold `w` (running under that token)?
+bool Holds(const WorkItem& w, const std::string& token) {
+  return w.state == WorkState::kRunning && ConstantTimeEquals(w.lease_token, token);
+}
+
+JournalOpResult StaleLease(const WorkItem& found) {
+  JournalOpResult r;
+  r.item = Scrubbed(found);
+  r.stale_lease = true;
+  return r;
+}
+
+// The record a Complete or Fail stores, or why nothing is written
+// (repeated, stale). `current` is what the work's stripe protects.
+StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& current,
+                                         const JournalOp& op, bool* writes) {
+  *writes = false;
+  if (!current) return NotFound("no such work: " + op.work_id);
+  if (op.type == JournalOp::Type::kComplete) {
+    if (current->state == WorkState::kDone &&
+        ConstantTimeEquals(current->lease_token, op.lease_token)) {
+      JournalOpResult r{.outcome = ClaimOutcome::kDone, .item = Scrubbed(*current)};
+      r.repeated = true;  // a retried Complete by the holder that completed it
+      return r;
+    }
+    if (!Holds(*current, op.lease_token)) return StaleLease(*current);
+    WorkItem next = *current;
+    next.state = WorkState::kDone;
+    next.result = op.result;
+    if (!op.external_ref.empty()) next.external_ref = op.external_ref;
+    next.locked_until_ms = 0;
+    next.updated_at_ms = op.now_ms;
+    next.expires_at_ms = next.window_ms == 0 ? 0 : op.now_ms + next.window_ms;
+    // lease_token stays (never returned) so that a retried Complete is a no-op.
+    *writes = true;
+    return JournalOpResult{.outcome = ClaimOutcome::kDone, .item = std::move(next)};
+  }
+  if (!Holds(*current, op.lease_token)) return StaleLease(*current);
+  WorkItem next = *current;
+  next.last_error = op.error;
+  next.lease_token.clear();
+  next.locked_until_ms = 0;
+  next.updated_at_ms = op.now_ms;
+  ClaimOutcome outcome = ClaimOutcome::kDone;
+  if (op.retryable && next.attempt < next.max_attempts) {
+    next.state = WorkState::kFailed;
+    int64_t delay = op.retry_delay_ms ? std::max<int64_t>(0, op.retry_delay_ms(*current)) : 0;
+    next.next_attempt_at_ms = op.now_ms + delay;
+  } else {
+    next.state = WorkState::kDead;
+    next.next_attempt_at_ms = 0;
+    next.expires_at_ms = 0;
+    outcome = ClaimOutcome::kDead;
+  }
+  *writes = true;
+  return JournalOpResult{.outcome = outcome, .item = std::move(next)};
+}
+
 }  // namespace
 
-std::unique_ptr<Journal::PendingClaims> RocksJournal::BeginClaims(
-    std::span<const ClaimRequest> reqs, std::function<void()> on_durable, LockWait wait) {
-  auto p = std::make_unique<RocksPendingClaims>(db_, reqs.size());
-  // Lock-free first pass: invalid requests and outcomes that write nothing.
+std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(std::span<const JournalOp> ops,
+                                                            std::function<void()> on_durable,
+                                                            LockWait wait) {
+  auto p = std::make_unique<RocksPendingOps>(db_, ops.size());
+  // Lock-free first pass: invalid requests and claims that write nothing.
   std::vector<size_t> candidates;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    if (Status v = ValidateRequest(reqs[i]); !v.ok()) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (Status v = ValidateOp(ops[i]); !v.ok()) {
       p->results[i] = v;
       continue;
     }
-    StatusOr<std::optional<WorkItem>> seen = Load(reqs[i].work_id);
-    if (!seen.ok()) {
-      p->results[i] = seen.status();
-      continue;
-    }
-    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(*seen, reqs[i].now_ms)) {
-      p->results[i] = ClaimResult{*o, Scrubbed(std::move(**seen))};
-      continue;
+    if (ops[i].type == JournalOp::Type::kClaim) {
+      const ClaimRequest& req = ops[i].claim;
+      StatusOr<std::optional<WorkItem>> seen = Load(req.work_id);
+      if (!seen.ok()) {
+        p->results[i] = seen.status();
+        continue;
+      }
+      if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(*seen, req.now_ms)) {
+        p->results[i] = JournalOpResult{.outcome = *o, .item = Scrubbed(std::move(**seen))};
+        continue;
+      }
     }
     candidates.push_back(i);
   }
@@ -265,7 +344,7 @@ std::unique_ptr<Journal::PendingClaims> RocksJournal::BeginClaims(
   }
 
   std::vector<Mutex*> wanted;
-  for (size_t i : candidates) wanted.push_back(&db_.LockFor(Family::kJournal, reqs[i].work_id));
+  for (size_t i : candidates) wanted.push_back(&db_.LockFor(Family::kJournal, OpWorkId(ops[i])));
   std::sort(wanted.begin(), wanted.end());
   wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
   for (Mutex* m : wanted) {
@@ -279,11 +358,11 @@ std::unique_ptr<Journal::PendingClaims> RocksJournal::BeginClaims(
   if (p->stripes.size() < wanted.size()) {
     std::vector<size_t> kept;
     for (size_t i : candidates) {
-      Mutex* m = &db_.LockFor(Family::kJournal, reqs[i].work_id);
+      Mutex* m = &db_.LockFor(Family::kJournal, OpWorkId(ops[i]));
       if (std::binary_search(p->stripes.begin(), p->stripes.end(), m)) {
         kept.push_back(i);
       } else {
-        p->results[i] = Unavailable("claim skipped: its lock stripe is busy", true);
+        p->results[i] = Unavailable("op skipped: its lock stripe is busy", true);
         p->skipped.push_back(i);
       }
     }
@@ -294,27 +373,44 @@ std::unique_ptr<Journal::PendingClaims> RocksJournal::BeginClaims(
   // batch reads the record staged for it, not the stored one.
   std::map<std::string_view, WorkItem> staged;
   for (size_t i : candidates) {
-    const ClaimRequest& req = reqs[i];
+    const JournalOp& op = ops[i];
+    const std::string& work_id = OpWorkId(op);
     std::optional<WorkItem> current;
-    if (auto it = staged.find(req.work_id); it != staged.end()) {
+    if (auto it = staged.find(work_id); it != staged.end()) {
       current = it->second;
     } else {
-      StatusOr<std::optional<WorkItem>> loaded = Load(req.work_id);
+      StatusOr<std::optional<WorkItem>> loaded = Load(work_id);
       if (!loaded.ok()) {
         p->results[i] = loaded.status();
         continue;
       }
       current = std::move(*loaded);
     }
-    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, req.now_ms)) {
-      p->results[i] = ClaimResult{*o, Scrubbed(std::move(*current))};
-      continue;
+    JournalOpResult r;
+    if (op.type == JournalOp::Type::kClaim) {
+      if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, op.claim.now_ms)) {
+        p->results[i] = JournalOpResult{.outcome = *o, .item = Scrubbed(std::move(*current))};
+        continue;
+      }
+      ClaimResult c = Transition(current, op.claim);
+      r = JournalOpResult{.outcome = c.outcome, .item = std::move(c.item)};
+    } else {
+      bool writes = false;
+      StatusOr<JournalOpResult> settled = CompleteOrFail(current, op, &writes);
+      if (!settled.ok() || !writes) {
+        p->results[i] = std::move(settled);
+        continue;
+      }
+      r = std::move(settled).value();
     }
-    ClaimResult r = Transition(current, req);
     Stage(p->batch, current, &r.item);
-    staged.insert_or_assign(req.work_id, r.item);
+    staged.insert_or_assign(work_id, r.item);
     p->results[i] = std::move(r);
     p->writers.push_back(i);
+  }
+  if (p->writers.empty()) {
+    if (on_durable) on_durable();
+    return p;
   }
   StatusOr<std::shared_ptr<GroupCommit::Ticket>> queued =
       db_.CommitAsync(p->batch, /*durable=*/true, on_durable);
@@ -327,9 +423,9 @@ std::unique_ptr<Journal::PendingClaims> RocksJournal::BeginClaims(
   return p;
 }
 
-std::vector<StatusOr<ClaimResult>> RocksJournal::FinishClaims(
-    std::unique_ptr<PendingClaims> pending) {
-  auto& p = static_cast<RocksPendingClaims&>(*pending);
+std::vector<StatusOr<JournalOpResult>> RocksJournal::FinishOps(
+    std::unique_ptr<PendingOps> pending) {
+  auto& p = static_cast<RocksPendingOps&>(*pending);
   p.Settle();
   return std::move(p.results);
 }
@@ -356,35 +452,8 @@ StatusOr<WorkItem> RocksJournal::LoadHeld(const std::string& work_id,
                                           const std::string& lease_token) {
   ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
   if (!current) return NotFound("no such work: " + work_id);
-  if (current->state != WorkState::kRunning ||
-      !ConstantTimeEquals(current->lease_token, lease_token)) {
-    return FailedPrecondition("the lease token does not hold " + WorkLabel(work_id) + " (it is " +
-                              std::string(WorkStateName(current->state)) + ", attempt " +
-                              std::to_string(current->attempt) + ")");
-  }
+  if (!Holds(*current, lease_token)) return StaleLeaseStatus(*current);
   return std::move(*current);
-}
-
-Status RocksJournal::Complete(const std::string& work_id, const std::string& lease_token,
-                              const Json& result, const std::string& external_ref, int64_t now_ms) {
-  if (lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
-  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
-  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
-  if (current && current->state == WorkState::kDone &&
-      ConstantTimeEquals(current->lease_token, lease_token)) {
-    return Status::Ok();  // a retried Complete by the holder that completed it
-  }
-  ASSIGN_OR_RETURN(WorkItem next, LoadHeld(work_id, lease_token));
-  next.state = WorkState::kDone;
-  next.result = result;
-  if (!external_ref.empty()) next.external_ref = external_ref;
-  next.locked_until_ms = 0;
-  next.updated_at_ms = now_ms;
-  next.expires_at_ms = next.window_ms == 0 ? 0 : now_ms + next.window_ms;
-  // lease_token stays (never returned) so that a retried Complete is a no-op.
-  RecordBatch batch(db_);
-  Stage(batch, current, &next);
-  return db_.Commit(batch, /*durable=*/true);
 }
 
 Status RocksJournal::RecordExternalRef(const std::string& work_id, const std::string& lease_token,
@@ -401,29 +470,42 @@ Status RocksJournal::RecordExternalRef(const std::string& work_id, const std::st
   return db_.Commit(batch, /*durable=*/true);
 }
 
+// Complete and Fail are one-op batches, so the lane and the single calls
+// share one transition (CompleteOrFail).
+StatusOr<JournalOpResult> RocksJournal::RunOne(JournalOp op) {
+  std::vector<StatusOr<JournalOpResult>> out =
+      FinishOps(BeginOps(std::span<const JournalOp>(&op, 1), nullptr, LockWait::kBlock));
+  return std::move(out[0]);
+}
+
+Status RocksJournal::Complete(const std::string& work_id, const std::string& lease_token,
+                              const Json& result, const std::string& external_ref, int64_t now_ms) {
+  JournalOp op;
+  op.type = JournalOp::Type::kComplete;
+  op.work_id = work_id;
+  op.lease_token = lease_token;
+  op.result = result;
+  op.external_ref = external_ref;
+  op.now_ms = now_ms;
+  ASSIGN_OR_RETURN(JournalOpResult r, RunOne(std::move(op)));
+  if (r.stale_lease) return StaleLeaseStatus(r.item);
+  return Status::Ok();
+}
+
 StatusOr<WorkItem> RocksJournal::Fail(const std::string& work_id, const std::string& lease_token,
                                       const std::string& error, bool retryable, int64_t retry_at_ms,
                                       int64_t now_ms) {
-  if (lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
-  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
-  ASSIGN_OR_RETURN(WorkItem next, LoadHeld(work_id, lease_token));
-  std::optional<WorkItem> before = next;
-  next.last_error = error;
-  next.lease_token.clear();
-  next.locked_until_ms = 0;
-  next.updated_at_ms = now_ms;
-  if (retryable && next.attempt < next.max_attempts) {
-    next.state = WorkState::kFailed;
-    next.next_attempt_at_ms = retry_at_ms;
-  } else {
-    next.state = WorkState::kDead;
-    next.next_attempt_at_ms = 0;
-    next.expires_at_ms = 0;
-  }
-  RecordBatch batch(db_);
-  Stage(batch, before, &next);
-  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
-  return next;
+  JournalOp op;
+  op.type = JournalOp::Type::kFail;
+  op.work_id = work_id;
+  op.lease_token = lease_token;
+  op.error = error;
+  op.retryable = retryable;
+  op.now_ms = now_ms;
+  op.retry_delay_ms = [retry_at_ms, now_ms](const WorkItem&) { return retry_at_ms - now_ms; };
+  ASSIGN_OR_RETURN(JournalOpResult r, RunOne(std::move(op)));
+  if (r.stale_lease) return StaleLeaseStatus(r.item);
+  return std::move(r.item);
 }
 
 StatusOr<WorkItem> RocksJournal::Get(const std::string& work_id) {

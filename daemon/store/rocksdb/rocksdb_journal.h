@@ -13,8 +13,8 @@
 // Claim reads without a lock first: an outcome that writes nothing (done,
 // dead, busy) is answered from that read, costing no lock and no fsync.
 // Only a claim that writes takes the work_id's lock stripe and re-reads.
-// BeginClaims/FinishClaims do the same for a whole batch with one write and
-// one fsync.
+// BeginOps/FinishOps do the same for a whole batch of claims, completes and
+// fails with one write and one fsync; Complete and Fail are one-op batches.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -34,17 +34,16 @@ class RocksJournal final : public Journal {
   explicit RocksJournal(RocksDatabase& db) : db_(db) {}
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override;
-  // Takes the lock stripes of every writing claim in address order (with
+  // Takes the lock stripes of every writing op in address order (with
   // kSkipBusy: those free at once), stages all records in one RecordBatch
-  // and queues it (group_commit.h); FinishClaims releases the stripes, on
-  // the same thread, once the write is over. No deadlock: a caller blocks
-  // for a stripe only while it holds no pending stripes (kBlock), taking
-  // them in address order, and every other holder of a stripe holds just
-  // that one and waits for nothing but the write.
-  std::unique_ptr<PendingClaims> BeginClaims(std::span<const ClaimRequest> reqs,
-                                             std::function<void()> on_durable,
-                                             LockWait wait) override;
-  std::vector<StatusOr<ClaimResult>> FinishClaims(std::unique_ptr<PendingClaims> pending) override;
+  // and queues it (group_commit.h); FinishOps releases the stripes, on the
+  // same thread, once the write is over. No deadlock: a caller blocks for a
+  // stripe only while it holds no pending stripes (kBlock), taking them in
+  // address order, and every other holder of a stripe holds just that one
+  // and waits for nothing but the write.
+  std::unique_ptr<PendingOps> BeginOps(std::span<const JournalOp> ops,
+                                       std::function<void()> on_durable, LockWait wait) override;
+  std::vector<StatusOr<JournalOpResult>> FinishOps(std::unique_ptr<PendingOps> pending) override;
   StatusOr<WorkItem> Enqueue(const ClaimRequest& req) override;
   Status Complete(const std::string& work_id, const std::string& lease_token, const Json& result,
                   const std::string& external_ref, int64_t now_ms) override;
@@ -69,6 +68,7 @@ class RocksJournal final : public Journal {
   void Stage(RecordBatch& batch, const std::optional<WorkItem>& before, const WorkItem* after);
   // The holder's running record, or FailedPrecondition / NotFound.
   StatusOr<WorkItem> LoadHeld(const std::string& work_id, const std::string& lease_token);
+  StatusOr<JournalOpResult> RunOne(JournalOp op);
   // Up to `limit` items named by the index keys `prefix | BE8 | work_id`.
   StatusOr<std::vector<WorkItem>> ScanIndex(Family f, const std::string& prefix, size_t limit);
 

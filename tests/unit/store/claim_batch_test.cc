@@ -1,5 +1,5 @@
-// Journal::ClaimMany / BeginClaims / FinishClaims: a batch of claims is one
-// durable write with the outcomes single claims would get.
+// Journal::ClaimMany / BeginOps / FinishOps: a batch of claims, completes
+// and fails is one durable write with the outcomes single calls would get.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -27,6 +27,36 @@ using testing::TempDir;
 // Leases outlive every test here: a second claim of held work is busy.
 ClaimRequest Req(const std::string& work_id, int64_t now_ms) {
   return testing::ClaimReq(work_id, now_ms, /*lease_ms=*/60'000);
+}
+
+std::vector<JournalOp> Claims(const std::vector<ClaimRequest>& reqs) {
+  std::vector<JournalOp> ops;
+  for (const ClaimRequest& r : reqs) ops.push_back(JournalOp::Claim(r));
+  return ops;
+}
+
+JournalOp CompleteOp(const std::string& work_id, const std::string& token, int64_t now_ms,
+                     Json result = Json{{"ok", true}}) {
+  JournalOp op;
+  op.type = JournalOp::Type::kComplete;
+  op.work_id = work_id;
+  op.lease_token = token;
+  op.result = std::move(result);
+  op.now_ms = now_ms;
+  return op;
+}
+
+JournalOp FailOp(const std::string& work_id, const std::string& token, int64_t now_ms,
+                 bool retryable, int64_t delay_ms = 0) {
+  JournalOp op;
+  op.type = JournalOp::Type::kFail;
+  op.work_id = work_id;
+  op.lease_token = token;
+  op.error = "boom";
+  op.retryable = retryable;
+  op.now_ms = now_ms;
+  op.retry_delay_ms = [delay_ms](const WorkItem&) { return delay_ms; };
+  return op;
 }
 
 TEST_CASE("a batch of claims gives each claim the outcome a single claim would get") {
@@ -123,8 +153,8 @@ TEST_CASE("a batch begun without waiting becomes ready and durable once on_durab
   std::mutex mu;
   std::condition_variable cv;
   bool durable = false;
-  std::vector<ClaimRequest> batch = {Req("p", kT0), Req("q", kT0)};
-  std::unique_ptr<Journal::PendingClaims> pending = j.BeginClaims(batch, [&] {
+  std::vector<JournalOp> batch = Claims({Req("p", kT0), Req("q", kT0)});
+  std::unique_ptr<Journal::PendingOps> pending = j.BeginOps(batch, [&] {
     std::lock_guard<std::mutex> lock(mu);
     durable = true;
     cv.notify_all();
@@ -135,7 +165,7 @@ TEST_CASE("a batch begun without waiting becomes ready and durable once on_durab
   }
   CHECK(pending->Ready());
   CHECK(pending->Skipped().empty());
-  std::vector<StatusOr<ClaimResult>> out = j.FinishClaims(std::move(pending));
+  std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(std::move(pending));
   CHECK((out[0].ok() && out[0]->outcome == ClaimOutcome::kClaimed));
   CHECK((out[1].ok() && out[1]->outcome == ClaimOutcome::kClaimed));
   CHECK(j.Get("p")->state == WorkState::kRunning);
@@ -145,20 +175,109 @@ TEST_CASE("a batch begun with kSkipBusy leaves work whose lock is held by pendin
   TempDir dir;
   auto store = OpenStore(dir.path());
   Journal& j = store->journal();
-  std::vector<ClaimRequest> first = {Req("x", kT0)};
-  std::unique_ptr<Journal::PendingClaims> held = j.BeginClaims(first, nullptr);
+  std::vector<JournalOp> first = Claims({Req("x", kT0)});
+  std::unique_ptr<Journal::PendingOps> held = j.BeginOps(first, nullptr);
   // The same thread still holds x's stripe: waiting for it would deadlock.
   std::vector<ClaimRequest> second = {Req("x", kT0)};
-  std::unique_ptr<Journal::PendingClaims> skipping =
-      j.BeginClaims(second, nullptr, Journal::LockWait::kSkipBusy);
+  std::unique_ptr<Journal::PendingOps> skipping =
+      j.BeginOps(Claims(second), nullptr, Journal::LockWait::kSkipBusy);
   REQUIRE(skipping->Skipped() == std::vector<size_t>{0});
-  std::vector<StatusOr<ClaimResult>> skipped = j.FinishClaims(std::move(skipping));
+  std::vector<StatusOr<JournalOpResult>> skipped = j.FinishOps(std::move(skipping));
   CHECK(skipped[0].status().code() == Code::kUnavailable);
-  std::vector<StatusOr<ClaimResult>> won = j.FinishClaims(std::move(held));
+  std::vector<StatusOr<JournalOpResult>> won = j.FinishOps(std::move(held));
   CHECK((won[0].ok() && won[0]->outcome == ClaimOutcome::kClaimed));
   // Begun again once the first batch is finished: busy under x's lease.
   std::vector<StatusOr<ClaimResult>> retried = j.ClaimMany(second);
   CHECK((retried[0].ok() && retried[0]->outcome == ClaimOutcome::kBusy));
+}
+
+TEST_CASE("a batch mixes claims, completes and fails, each with the outcome a single call gets") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  StatusOr<ClaimResult> a = j.Claim(Req("a", kT0));
+  StatusOr<ClaimResult> b = j.Claim(Req("b", kT0));
+  StatusOr<ClaimResult> c = j.Claim(Req("c", kT0));
+  REQUIRE((a.ok() && b.ok() && c.ok()));
+  ClaimRequest last = Req("d", kT0);
+  last.max_attempts = 1;
+  StatusOr<ClaimResult> d = j.Claim(last);
+  REQUIRE(d.ok());
+
+  std::vector<JournalOp> batch = {
+      CompleteOp("a", a->item.lease_token, kT0 + 5, Json{{"n", 1}}),
+      CompleteOp("a", a->item.lease_token, kT0 + 6),  // retried by its holder: a no-op
+      CompleteOp("b", "not-the-token", kT0 + 5),      // stale
+      FailOp("c", c->item.lease_token, kT0 + 5, /*retryable=*/true, /*delay_ms=*/700),
+      FailOp("d", d->item.lease_token, kT0 + 5, /*retryable=*/true),  // no attempts left
+      CompleteOp("nope", "t", kT0 + 5),
+      JournalOp::Claim(Req("new", kT0 + 5)),
+  };
+  std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(j.BeginOps(batch, nullptr));
+  REQUIRE(out.size() == batch.size());
+  REQUIRE(out[0].ok());
+  CHECK(out[0]->item.state == WorkState::kDone);
+  CHECK_FALSE(out[0]->repeated);
+  CHECK(out[0]->item.lease_token.empty());
+  REQUIRE(out[1].ok());
+  CHECK(out[1]->repeated);
+  CHECK(out[1]->item.result == Json{{"n", 1}});
+  REQUIRE(out[2].ok());
+  CHECK(out[2]->stale_lease);
+  CHECK(out[2]->item.state == WorkState::kRunning);
+  CHECK(out[2]->item.lease_token.empty());
+  REQUIRE(out[3].ok());
+  CHECK(out[3]->item.state == WorkState::kFailed);
+  CHECK(out[3]->item.next_attempt_at_ms == kT0 + 5 + 700);
+  REQUIRE(out[4].ok());
+  CHECK(out[4]->outcome == ClaimOutcome::kDead);
+  CHECK(out[4]->item.state == WorkState::kDead);
+  CHECK(out[5].status().code() == Code::kNotFound);
+  REQUIRE(out[6].ok());
+  CHECK(out[6]->outcome == ClaimOutcome::kClaimed);
+
+  // What was written is what a reader sees, and the unwritten stays as it was.
+  CHECK(j.Get("a")->result == Json{{"n", 1}});
+  CHECK(j.Get("b")->state == WorkState::kRunning);
+  CHECK(j.Get("c")->state == WorkState::kFailed);
+  CHECK(j.Get("d")->state == WorkState::kDead);
+  CHECK(j.Get("new")->state == WorkState::kRunning);
+  // The single call agrees with the batch about a retried complete.
+  CHECK(j.Complete("a", a->item.lease_token, Json{{"n", 2}}, "", kT0 + 9).ok());
+  CHECK(j.Get("a")->result == Json{{"n", 1}});
+}
+
+TEST_CASE("a claim and the complete of the same work in one batch: the complete sees the claim") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  StatusOr<ClaimResult> first = j.Claim(Req("w", kT0));
+  REQUIRE(first.ok());
+  // The lease expired; a new claim takes it over, and the old holder's
+  // complete in the same batch must then be stale.
+  std::vector<JournalOp> batch = {JournalOp::Claim(Req("w", kT0 + 120'000)),
+                                  CompleteOp("w", first->item.lease_token, kT0 + 120'001)};
+  std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(j.BeginOps(batch, nullptr));
+  REQUIRE((out[0].ok() && out[1].ok()));
+  CHECK(out[0]->outcome == ClaimOutcome::kClaimed);
+  CHECK(out[0]->item.attempt == 2);
+  CHECK(out[1]->stale_lease);
+  CHECK(j.Get("w")->state == WorkState::kRunning);
+}
+
+TEST_CASE("a failed write fails every complete in the batch and stores none") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  StatusOr<ClaimResult> a = j.Claim(Req("a", kT0));
+  REQUIRE(a.ok());
+  REQUIRE(Failpoints::Set("store.write=error").ok());
+  std::vector<JournalOp> batch = {CompleteOp("a", a->item.lease_token, kT0 + 1)};
+  std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(j.BeginOps(batch, nullptr));
+  Failpoints::Clear();
+  CHECK_FALSE(out[0].ok());
+  CHECK(j.Get("a")->state == WorkState::kRunning);
+  CHECK(j.Complete("a", a->item.lease_token, Json{}, "", kT0 + 2).ok());
 }
 
 TEST_CASE("concurrent batches and single claims over the same work give one winner per work") {
