@@ -4,6 +4,7 @@
 // directly: canon, key, contracts. The rest talk to the daemon's HTTP API.
 #include <httplib.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -45,14 +46,30 @@ int Fail(const Status& s) {
   unsetenv("GLIBC_TUNABLES");  // exec failed: carry on with the defaults
 }
 
+// Connections and store files are descriptors: take the hard limit the
+// operator allows instead of the common soft default of 1024.
+void RaiseDescriptorLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  lim.rlim_cur = lim.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    LogEvent(LogLevel::kWarn, "rlimit_nofile", {{"detail", "could not raise RLIMIT_NOFILE"}});
+  }
+}
+
 int Serve(const DaemonOptions& options, const std::string& port_file) {
   // Block the stop signals before any thread starts, then wait for them here.
+  // SIGHUP (a closed terminal, or an operator expecting a reload) does not
+  // stop the daemon: the config is read at start-up only, so it is logged
+  // and ignored.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  RaiseDescriptorLimit();
 
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) return Fail(daemon.status());
@@ -72,7 +89,12 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
       url.c_str(), (*daemon)->config().store.path.c_str(), url.c_str(), url.c_str());
   std::fflush(stdout);
   int sig = 0;
-  sigwait(&set, &sig);
+  for (;;) {
+    sigwait(&set, &sig);
+    if (sig != SIGHUP) break;
+    LogEvent(LogLevel::kInfo, "sighup_ignored",
+             {{"detail", "the config is read at start-up; restart the daemon to apply changes"}});
+  }
   LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig}});
   (*daemon)->Stop();
   return 0;

@@ -36,6 +36,9 @@ struct ServerConfig {
   int threads = 64;
   size_t max_body_bytes = 1 << 20;
   int max_json_depth = 64;
+  int max_connections = 1024;         // past it: 503 and close
+  int max_queue = 256;                // requests waiting for a handler thread; past it: 503
+  int64_t drain_timeout_ms = 10'000;  // SIGTERM: how long running handlers may finish
 };
 
 struct StoreConfig {

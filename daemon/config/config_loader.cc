@@ -156,6 +156,12 @@ class Resolver {
     s.threads = node.value("threads", s.threads);
     s.max_body_bytes = node.value("max_body_bytes", s.max_body_bytes);
     s.max_json_depth = node.value("max_json_depth", s.max_json_depth);
+    s.max_connections = node.value("max_connections", s.max_connections);
+    s.max_queue = node.value("max_queue", s.max_queue);
+    if (node.contains("drain_timeout")) {
+      ASSIGN_OR_RETURN(s.drain_timeout_ms,
+                       Duration("/server/drain_timeout", node["drain_timeout"], false));
+    }
     return Status::Ok();
   }
 

@@ -145,7 +145,15 @@ void Daemon::Stop() {
   }
   sweep_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
-  if (server_) server_->Stop();
+  if (server_) {
+    if (!server_->Drain(config().server.drain_timeout_ms)) {
+      LogEvent(LogLevel::kWarn, "drain_timeout",
+               {{"detail",
+                 "handlers still running after server.drain_timeout; their answers "
+                 "are dropped"}});
+    }
+    server_->Stop();
+  }
   if (apply_) apply_->Stop();
 }
 

@@ -28,8 +28,16 @@ constexpr size_t kReadChunk = 64 << 10;
 constexpr int kMaxEvents = 256;
 constexpr int64_t kDrainSeconds = 2;  // how long a refused peer may go on sending
 
+constexpr int64_t kAcceptPauseMs = 100;  // after EMFILE/ENFILE
+
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
@@ -61,9 +69,13 @@ class EventServer::WorkerPool {
     Loop* loop;
     uint64_t conn_id;
     http1::Request request;
+    // Set by the loop when the client hangs up while the task waits or
+    // runs: a task whose client has gone is not started.
+    std::shared_ptr<std::atomic<bool>> gone;
   };
 
-  WorkerPool(int threads, const Handler& handler) : handler_(handler) {
+  WorkerPool(int threads, size_t max_queue, const Handler& handler)
+      : handler_(handler), max_queue_(max_queue) {
     for (int i = 0; i < threads; ++i) {
       workers_.push_back(std::make_unique<Worker>());
       threads_.emplace_back([this, w = workers_.back().get()] { Run(*w); });
@@ -71,18 +83,46 @@ class EventServer::WorkerPool {
   }
   ~WorkerPool() { Stop(); }
 
-  void Submit(Task task) {
+  // False (the task is not taken) when every worker is busy and max_queue
+  // tasks already wait, or when the pool is stopping.
+  bool Submit(Task& task) {
     std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_ || rejecting_) return false;
     if (idle_.empty()) {
+      if (tasks_.size() >= max_queue_) return false;
       tasks_.push_back(std::move(task));
-      return;
+      return true;
     }
     Worker* w = idle_.back();
     idle_.pop_back();
     w->task = std::move(task);
     w->has_task = true;
+    ++running_;
     lock.unlock();
     w->cv.notify_one();
+    return true;
+  }
+
+  // From now on Submit refuses; the tasks waiting are taken out and
+  // returned (their connections are answered 503 by the caller).
+  std::deque<Task> RejectQueued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    rejecting_ = true;
+    std::deque<Task> out;
+    out.swap(tasks_);
+    return out;
+  }
+
+  // Waits until no handler runs, or until `deadline_ms` (steady clock).
+  // True if none runs.
+  bool WaitIdle(int64_t deadline_ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (running_ > 0 || !tasks_.empty()) {
+      int64_t left = deadline_ms - NowMillis();
+      if (left <= 0) return false;
+      idle_cv_.wait_for(lock, std::chrono::milliseconds(left));
+    }
+    return true;
   }
 
   // Runs the tasks already queued, then joins.
@@ -108,10 +148,14 @@ class EventServer::WorkerPool {
   void Run(Worker& w);
 
   const Handler& handler_;
+  const size_t max_queue_;
   std::mutex mu_;
+  std::condition_variable idle_cv_;
   std::deque<Task> tasks_;     // waiting for a worker
   std::vector<Worker*> idle_;  // most recently idle last
+  int running_ = 0;            // tasks handed to a worker and not yet answered
   bool stopping_ = false;
+  bool rejecting_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::thread> threads_;
 };
@@ -132,11 +176,14 @@ class EventServer::Loop {
     // them per new connection instead of all.
     ev.events = EPOLLIN | EPOLLEXCLUSIVE;
     ev.data.u64 = kListenTag;
-    epoll_ctl(ep_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    listening_ = epoll_ctl(ep_, EPOLL_CTL_ADD, listen_fd_, &ev) == 0;
   }
 
   ~Loop() {
-    for (auto& [id, conn] : conns_) ::close(conn->fd);
+    for (auto& [id, conn] : conns_) {
+      ::close(conn->fd);
+      server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
+    }
     ::close(wake_fd_);
     ::close(ep_);
   }
@@ -147,7 +194,13 @@ class EventServer::Loop {
     epoll_event events[kMaxEvents];
     int64_t last_sweep = NowSeconds();
     while (server_.running_.load(std::memory_order_acquire)) {
-      int n = epoll_wait(ep_, events, kMaxEvents, 1000);
+      UpdateListening();
+      int timeout_ms = 1000;
+      if (accept_paused_until_ms_ != 0) {
+        timeout_ms = static_cast<int>(
+            std::clamp<int64_t>(accept_paused_until_ms_ - NowMillis(), 1, timeout_ms));
+      }
+      int n = epoll_wait(ep_, events, kMaxEvents, timeout_ms);
       for (int i = 0; i < n; ++i) {
         uint64_t tag = events[i].data.u64;
         if (tag == kListenTag) {
@@ -165,6 +218,8 @@ class EventServer::Loop {
         SweepIdle(now);
       }
     }
+    // Answers that came back while stopping still go out (best effort).
+    Drain();
     // The batch in flight holds store locks taken on this thread: settle it
     // here, not in the destructor.
     for (Inflight& b : inflight_) FinishBatch(b);
@@ -175,6 +230,15 @@ class EventServer::Loop {
     uint64_t one = 1;
     ssize_t w = ::write(wake_fd_, &one, sizeof(one));
     (void)w;  // a full counter already means "wake up"
+  }
+
+  // A task refused when the server began to drain: 503, then close.
+  void Reject(uint64_t id, int minor_version) {
+    http1::Response res;
+    res.status = 503;
+    server_.callbacks_.error_handler(503, "the server is shutting down", res);
+    res.SetHeader("Retry-After", "1");
+    Complete(id, std::move(res), /*keep_alive=*/false, minor_version);
   }
 
   // From a worker: the answer for connection `id`.
@@ -207,6 +271,7 @@ class EventServer::Loop {
     bool peer_gone = false;   // closed or failed while busy
     bool read_eof = false;    // the peer sends nothing more
     int64_t last_active = 0;
+    std::shared_ptr<std::atomic<bool>> gone;  // shared with its worker task
   };
 
   struct Done {
@@ -223,10 +288,49 @@ class EventServer::Loop {
     std::unique_ptr<Exchange> exchange;
   };
 
+  // Watches the listening socket unless accepting is paused (descriptors
+  // ran out) or the server drains.
+  void UpdateListening() {
+    bool want = !server_.draining_.load(std::memory_order_acquire);
+    if (accept_paused_until_ms_ != 0) {
+      if (NowMillis() < accept_paused_until_ms_) {
+        want = false;
+      } else {
+        accept_paused_until_ms_ = 0;
+      }
+    }
+    if (want == listening_) return;
+    if (want) {
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+      ev.data.u64 = kListenTag;
+      epoll_ctl(ep_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    } else {
+      epoll_ctl(ep_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+    }
+    listening_ = want;
+  }
+
   void Accept() {
     for (;;) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN (another loop took it), or a transient error
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // The pending connection keeps the socket readable: watching it
+          // now would spin. Stop watching for a while; the connection waits
+          // in the backlog until a descriptor frees.
+          accept_paused_until_ms_ = NowMillis() + kAcceptPauseMs;
+          UpdateListening();
+          server_.accept_pauses_.fetch_add(1, std::memory_order_relaxed);
+        }
+        return;  // EAGAIN (another loop took it), or a transient error
+      }
+      if (server_.open_conns_.fetch_add(1, std::memory_order_acq_rel) >=
+          server_.options_.max_connections) {
+        server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
+        Shed(fd);
+        continue;
+      }
       int one = 1;
       // Small answers must leave at once, not wait for Nagle and delayed ACKs.
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -239,10 +343,26 @@ class EventServer::Loop {
       ev.data.u64 = conn->id;
       if (epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) != 0) {
         ::close(fd);
+        server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
         continue;
       }
       conns_.emplace(conn->id, std::move(conn));
     }
+  }
+
+  // Over max_connections: a short 503 and close, so the client learns why
+  // instead of waiting in the backlog.
+  void Shed(int fd) {
+    http1::Response res;
+    res.status = 503;
+    server_.callbacks_.error_handler(503, "too many open connections", res);
+    res.SetHeader("Retry-After", "1");
+    std::string out;
+    http1::SerializeResponse(res, /*keep_alive=*/false, 1, out);
+    ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;  // best effort: the socket buffer of a new connection has room
+    ::close(fd);
+    server_.shed_connections_.fetch_add(1, std::memory_order_relaxed);
   }
 
   Conn* Find(uint64_t id) {
@@ -254,6 +374,7 @@ class EventServer::Loop {
     if (!c->peer_gone) epoll_ctl(ep_, EPOLL_CTL_DEL, c->fd, nullptr);
     ::close(c->fd);
     conns_.erase(c->id);
+    server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
   }
 
   // The peer is gone while a handler still works for it: stop watching the
@@ -261,6 +382,7 @@ class EventServer::Loop {
   // the answer comes back.
   void Abandon(Conn* c) {
     c->peer_gone = true;
+    if (c->gone) c->gone->store(true, std::memory_order_release);
     epoll_ctl(ep_, EPOLL_CTL_DEL, c->fd, nullptr);
   }
 
@@ -368,6 +490,10 @@ class EventServer::Loop {
       bool keep_alive = req.keep_alive;
       int minor = req.minor_version;
       c->state = State::kBusy;
+      if (server_.draining_.load(std::memory_order_acquire)) {
+        Refuse(c, 503, "the server is shutting down", minor);
+        return;
+      }
       BatchLane* lane = server_.callbacks_.batch_lane;
       if (lane != nullptr && lane->Wants(req)) {
         RunGuarded(exchange->response, [&] { lane->Prepare(*exchange); });
@@ -383,9 +509,27 @@ class EventServer::Loop {
         batch_.push_back(Pending{c->id, keep_alive, minor, std::move(exchange)});
         return;
       }
-      server_.workers_->Submit(WorkerPool::Task{this, c->id, std::move(exchange->request)});
-      return;
+      if (c->gone == nullptr) c->gone = std::make_shared<std::atomic<bool>>(false);
+      WorkerPool::Task task{this, c->id, std::move(exchange->request), c->gone};
+      if (server_.workers_->Submit(task)) return;
+      server_.queue_full_.fetch_add(1, std::memory_order_relaxed);
+      const uint64_t id = c->id;
+      Refuse(c, 503, "every handler is busy and the queue is full", minor);
+      c = Find(id);
+      if (c == nullptr) return;
     }
+  }
+
+  // A 503 with Retry-After instead of running the request; the connection
+  // stays open (unless draining) since the request was read in full.
+  void Refuse(Conn* c, int status, const std::string& why, int minor) {
+    http1::Response res;
+    res.status = status;
+    server_.callbacks_.error_handler(status, why, res);
+    res.SetHeader("Retry-After", "1");
+    const bool keep = !server_.draining_.load(std::memory_order_acquire);
+    c->state = State::kReading;
+    Queue(c, res, keep, minor);
   }
 
   // Serializes an answer into the connection's output and writes it.
@@ -553,6 +697,8 @@ class EventServer::Loop {
   std::vector<Pending> batch_;      // prepared, waiting for the next batch
   std::vector<Inflight> inflight_;  // begun, oldest first
   size_t max_buffered_ = 0;
+  bool listening_ = false;              // the listening socket is in ep_
+  int64_t accept_paused_until_ms_ = 0;  // EMFILE: not watching it until then
   std::mutex mu_;
   std::vector<Done> done_;  // answers from workers, under mu_
 };
@@ -565,6 +711,7 @@ void EventServer::WorkerPool::Run(Worker& w) {
       if (!tasks_.empty()) {
         task = std::move(tasks_.front());
         tasks_.pop_front();
+        ++running_;
       } else {
         if (stopping_) return;
         idle_.push_back(&w);
@@ -573,14 +720,21 @@ void EventServer::WorkerPool::Run(Worker& w) {
           idle_.erase(std::find(idle_.begin(), idle_.end(), &w));
           continue;  // stopping: drain what is queued, then return
         }
-        task = std::move(w.task);
+        task = std::move(w.task);  // Submit counted it as running
         w.has_task = false;
       }
     }
     http1::Response res;
-    RunGuarded(res, [&] { handler_(task.request, res); });
+    if (task.gone == nullptr || !task.gone->load(std::memory_order_acquire)) {
+      RunGuarded(res, [&] { handler_(task.request, res); });
+    }  // else: nobody would read the answer; the loop closes the connection
     task.loop->Complete(task.conn_id, std::move(res), task.request.keep_alive,
                         task.request.minor_version);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --running_;
+    }
+    idle_cv_.notify_all();
   }
 }
 
@@ -627,7 +781,10 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
                                                : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
 
   running_.store(true, std::memory_order_release);
-  workers_ = std::make_unique<WorkerPool>(std::max(1, options_.workers), callbacks_.handler);
+  draining_.store(false, std::memory_order_release);
+  workers_ = std::make_unique<WorkerPool>(std::max(1, options_.workers),
+                                          static_cast<size_t>(std::max(0, options_.max_queue)),
+                                          callbacks_.handler);
   for (int i = 0; i < std::max(1, options_.loops); ++i) {
     auto loop = std::make_unique<Loop>(*this, listen_fd_);
     if (!loop->ok()) {
@@ -638,6 +795,20 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
   }
   for (auto& loop : loops_) threads_.emplace_back([l = loop.get()] { l->Run(); });
   return bound;
+}
+
+bool EventServer::Drain(int64_t timeout_ms) {
+  if (!running_.load(std::memory_order_acquire) || workers_ == nullptr) return true;
+  draining_.store(true, std::memory_order_release);
+  for (auto& loop : loops_) loop->Wake();  // stop watching the listening socket
+  for (WorkerPool::Task& t : workers_->RejectQueued()) {
+    t.loop->Reject(t.conn_id, t.request.minor_version);
+  }
+  bool idle = workers_->WaitIdle(NowMillis() + timeout_ms);
+  // The loops write the last answers on their next round; give them one.
+  for (auto& loop : loops_) loop->Wake();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return idle;
 }
 
 void EventServer::Stop() {

@@ -44,9 +44,23 @@ namespace idem {
 struct EventServerOptions {
   int loops = 2;     // epoll threads
   int workers = 64;  // handler threads
+  // Requests waiting for a worker; past it a request is answered 503 with
+  // Retry-After at once instead of queueing without bound.
+  int max_queue = 1024;
+  // Open connections; past it a new connection gets a 503 with Retry-After
+  // and is closed.
+  int max_connections = 4096;
   http1::Limits limits;
   int idle_timeout_s = 30;
   int listen_backlog = 4096;
+};
+
+// Counters of what the server refused (for metrics).
+struct EventServerStats {
+  uint64_t shed_connections = 0;  // over max_connections
+  uint64_t queue_full = 0;        // requests refused: the handler queue was full
+  uint64_t accept_pauses = 0;     // times accepting paused: no file descriptors left
+  int open_connections = 0;
 };
 
 struct Exchange {
@@ -105,7 +119,13 @@ class EventServer {
   // Binds host:port (0: any free port), starts the loops and workers, and
   // returns the bound port. Unavailable when the address cannot be bound.
   StatusOr<int> Start(const std::string& host, int port);
+  // See the promises above. True if no handler was running at the end.
+  bool Drain(int64_t timeout_ms);
   void Stop();
+  EventServerStats stats() const {
+    return EventServerStats{shed_connections_.load(), queue_full_.load(), accept_pauses_.load(),
+                            open_conns_.load()};
+  }
 
  private:
   class Loop;
@@ -118,6 +138,11 @@ class EventServer {
   std::vector<std::unique_ptr<Loop>> loops_;
   std::vector<std::thread> threads_;
   std::atomic<bool> running_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<int> open_conns_{0};
+  std::atomic<uint64_t> shed_connections_{0};
+  std::atomic<uint64_t> queue_full_{0};
+  std::atomic<uint64_t> accept_pauses_{0};
 };
 
 }  // namespace idem

@@ -87,6 +87,8 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes)
   // Two loops keep both cores busy while one of them waits for a batch's fsync.
   options.loops = 2;
   options.limits.max_body_bytes = sc.max_body_bytes;
+  options.max_connections = sc.max_connections;
+  options.max_queue = sc.max_queue;
   options.idle_timeout_s = 30;
   EventServer::Callbacks callbacks;
   callbacks.handler = [this](const http1::Request& req, http1::Response& res) { Handle(req, res); };
@@ -115,6 +117,10 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(ServerDeps deps,
 
 StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   return server_->Start(host, port);
+}
+
+bool HttpServer::Drain(int64_t timeout_ms) {
+  return server_ == nullptr || server_->Drain(timeout_ms);
 }
 
 void HttpServer::Stop() {

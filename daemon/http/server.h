@@ -52,6 +52,9 @@ class HttpServer : private BatchLane {
   // Binds `host:port` (port 0: any free port) and serves on background
   // threads. Returns the bound port. Unavailable if the address is taken.
   StatusOr<int> Start(const std::string& host, int port);
+  // Stops accepting, answers queued requests 503 and waits up to
+  // `timeout_ms` for running ones (EventServer::Drain). True if none runs.
+  bool Drain(int64_t timeout_ms);
   void Stop();
   const std::vector<Route>& routes() const { return routes_; }
 

@@ -139,6 +139,10 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   db_options.IncreaseParallelism(2);
   db_options.max_background_jobs = 2;
   db_options.keep_log_file_num = 5;
+  // Table files held open: bounded, so the daemon's descriptors stay within
+  // the limit it raises at start-up whatever the store's size (RocksDB's
+  // default, -1, keeps every file open).
+  db_options.max_open_files = 256;
   // Twenty-odd families with a default 64 MiB memtable each could hold a lot
   // of memory; cap the total and let RocksDB flush the largest.
   db_options.db_write_buffer_size = 256 << 20;

@@ -11,10 +11,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <latch>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -77,6 +79,13 @@ class Client {
   bool ok() const { return connected_; }
   // A half-close: the client sends nothing more but still reads.
   void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
+  // Closes with a reset (SO_LINGER 0), as a client that gave up does.
+  void Reset() {
+    linger l{1, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    ::close(fd_);
+    fd_ = -1;
+  }
 
   bool Send(std::string_view data) {
     while (!data.empty()) {
@@ -889,6 +898,168 @@ TEST_CASE("Stop returns promptly while connections are open and closes them") {
   CHECK(idle.Closed());
   CHECK(partial.Closed(/*reset_ok=*/true));
   s.reset();  // a second Stop from the destructor is harmless
+}
+
+// ------------------------------------------------------------------ limits
+
+// A handler that holds every request until released, counting them.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::atomic<int> started{0};
+
+  EventServer::Callbacks Callbacks() {
+    EventServer::Callbacks cb = EchoCallbacks();
+    cb.handler = [this](const http1::Request& req, http1::Response& res) {
+      started.fetch_add(1);
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return open; });
+      res.SetContent("passed " + req.path, "text/plain");
+    };
+    return cb;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+  bool WaitStarted(int n) {
+    auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (started.load() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return started.load() >= n;
+  }
+};
+
+EventServerOptions OneWorker(int max_queue) {
+  EventServerOptions o = TestOptions();
+  o.workers = 1;
+  o.max_queue = max_queue;
+  return o;
+}
+
+TEST_CASE("a request past a full handler queue gets 503 with Retry-After at once") {
+  Gate gate;
+  Running s(gate.Callbacks(), OneWorker(/*max_queue=*/1));
+  Client running(s.port()), queued(s.port()), refused(s.port());
+  REQUIRE((running.ok() && queued.ok() && refused.ok()));
+  REQUIRE(running.Send(Get("/a")));
+  REQUIRE(gate.WaitStarted(1));
+  REQUIRE(queued.Send(Get("/b")));
+  std::this_thread::sleep_for(20ms);  // /b is queued now
+  REQUIRE(refused.Send(Get("/c")));
+  std::optional<Reply> r = refused.Read();
+  REQUIRE(r);
+  CHECK(r->status == 503);
+  CHECK(r->Header("Retry-After") == "1");
+  CHECK(s.server().stats().queue_full == 1);
+  gate.Open();
+  std::optional<Reply> a = running.Read();
+  std::optional<Reply> b = queued.Read();
+  REQUIRE((a && b));
+  CHECK(a->body == "passed /a");
+  CHECK(b->body == "passed /b");
+  // The refused connection stays usable once there is room.
+  REQUIRE(refused.Send(Get("/c")));
+  std::optional<Reply> again = refused.Read();
+  REQUIRE(again);
+  CHECK(again->status == 200);
+}
+
+TEST_CASE("a queued request whose client reset the connection is never started") {
+  Gate gate;
+  Running s(gate.Callbacks(), OneWorker(/*max_queue=*/8));
+  Client running(s.port());
+  REQUIRE(running.ok());
+  REQUIRE(running.Send(Get("/a")));
+  REQUIRE(gate.WaitStarted(1));
+  {
+    Client gone(s.port());
+    REQUIRE(gone.ok());
+    REQUIRE(gone.Send(Get("/gone")));
+    std::this_thread::sleep_for(20ms);  // queued behind /a
+    gone.Reset();
+  }
+  std::this_thread::sleep_for(50ms);  // the loop sees the reset
+  gate.Open();
+  REQUIRE(running.Read());
+  // A later request proves the worker is past the queued one.
+  Client later(s.port());
+  REQUIRE(later.ok());
+  REQUIRE(later.Send(Get("/later")));
+  std::optional<Reply> r = later.Read();
+  REQUIRE(r);
+  CHECK(r->body == "passed /later");
+  CHECK(gate.started.load() == 2);  // /a and /later: /gone never ran
+}
+
+TEST_CASE("a connection past max_connections gets 503 and is closed") {
+  EventServerOptions o = TestOptions();
+  o.max_connections = 2;
+  Running s(EchoCallbacks(), o);
+  Client a(s.port()), b(s.port());
+  REQUIRE((a.ok() && b.ok()));
+  for (Client* c : {&a, &b}) {  // both accepted and served
+    REQUIRE(c->Send(Get("/x")));
+    REQUIRE(c->Read());
+  }
+  Client c(s.port());
+  REQUIRE(c.ok());
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 503);
+  CHECK(r->Header("Retry-After") == "1");
+  CHECK(c.Closed(/*reset_ok=*/true));
+  CHECK(s.server().stats().shed_connections == 1);
+  // Once one closes there is room again.
+  a.Reset();
+  std::this_thread::sleep_for(50ms);
+  Client d(s.port());
+  REQUIRE(d.ok());
+  REQUIRE(d.Send(Get("/y")));
+  std::optional<Reply> ok = d.Read();
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+}
+
+TEST_CASE("Drain answers queued requests 503, lets the running one finish, and refuses new ones") {
+  Gate gate;
+  Running s(gate.Callbacks(), OneWorker(/*max_queue=*/8));
+  Client running(s.port()), queued(s.port()), idle(s.port());
+  REQUIRE((running.ok() && queued.ok() && idle.ok()));
+  REQUIRE(idle.Send(Get("/warm")));  // accepted before the drain begins
+  REQUIRE(gate.WaitStarted(1));
+  gate.Open();
+  REQUIRE(idle.Read());
+  {
+    std::lock_guard<std::mutex> lock(gate.mu);
+    gate.open = false;
+  }
+  REQUIRE(running.Send(Get("/a")));
+  REQUIRE(gate.WaitStarted(2));
+  REQUIRE(queued.Send(Get("/b")));
+  std::this_thread::sleep_for(20ms);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(100ms);
+    gate.Open();
+  });
+  bool idle_at_end = s.server().Drain(/*timeout_ms=*/2000);
+  opener.join();
+  CHECK(idle_at_end);
+  std::optional<Reply> b = queued.Read();
+  REQUIRE(b);
+  CHECK(b->status == 503);
+  std::optional<Reply> a = running.Read();
+  REQUIRE(a);
+  CHECK(a->body == "passed /a");  // the running handler's answer still goes out
+  REQUIRE(idle.Send(Get("/late")));
+  std::optional<Reply> late = idle.Read();
+  REQUIRE(late);
+  CHECK(late->status == 503);
+  CHECK(gate.started.load() == 2);
+  s.server().Stop();
 }
 
 TEST_CASE("Stop waits for a handler already running") {
