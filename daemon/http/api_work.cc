@@ -161,19 +161,11 @@ struct ClaimRoute {
     }
     Normalizers trim;
     ASSIGN_OR_RETURN(Json normalized, NormalizeInput(ident, trim));
-    auto id = ComputeWorkId(kind->name, kind->identity_version, normalized);
-    if (!id.ok()) {
-      // Without identity fields the whole identity is hashed: its pointers
-      // start inside it.
-      if (id.status().code() != Code::kInvalidArgument || !kind->identity_fields.empty()) {
-        return id.status();
-      }
-      return id.status().WithField("/identity" + id.status().field());
-    }
+    ASSIGN_OR_RETURN(KeyMaterial id, ComputeWorkId(kind->name, kind->identity_version, normalized));
     ASSIGN_OR_RETURN(int64_t lease_ms,
                      DurationField(ctx.body, "lease", kind->retry.timeout_ms, kMaxLeaseMs));
     ClaimRequest req;
-    req.work_id = id->key;
+    req.work_id = id.key;
     req.kind = kind->name;
     req.identity = std::move(normalized);
     req.args = ctx.body.value("args", Json::object());
