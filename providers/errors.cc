@@ -8,6 +8,8 @@
 #include <ctime>
 #include <vector>
 
+#include "daemon/core/json.h"
+
 namespace idem {
 namespace {
 
@@ -84,16 +86,6 @@ std::string TypeOrCode(const Json& error) {
     }
   }
   return "";
-}
-
-std::string CutUtf8(std::string text, size_t max) {
-  if (text.size() <= max) return text;
-  size_t cut = max;
-  // Do not split a UTF-8 sequence: back up over continuation bytes.
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  text.resize(cut);
-  text += "...";
-  return text;
 }
 
 bool MessageHas(const Status& status, std::string_view marker) {
@@ -247,7 +239,7 @@ UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse&
   std::string msg(upstream);
   msg += ": HTTP " + std::to_string(s);
   if (out_of_quota) msg += " (quota exhausted)";
-  if (!text.empty()) msg += ": " + CutUtf8(std::move(text), kMaxProviderTextBytes);
+  if (!text.empty()) msg += ": " + CutUtf8(text, kMaxProviderTextBytes, "...");
   // The marker is ours alone: a provider cannot forge a retry hint.
   for (size_t p; (p = msg.find(kRetryMarker)) != std::string::npos;) msg.erase(p, 1);
   msg = Redact(std::move(msg), secret);
@@ -285,7 +277,7 @@ Status RefusalError(std::string_view upstream, std::string_view refusal_text) {
   std::string msg(upstream);
   msg += ": ";
   msg += kRefusal;
-  msg += CutUtf8(std::string(refusal_text), kMaxProviderTextBytes);
+  msg += CutUtf8(refusal_text, kMaxProviderTextBytes, "...");
   return Status(Code::kFailedPrecondition, std::move(msg));
 }
 

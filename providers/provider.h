@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "daemon/core/status.h"
@@ -26,7 +27,10 @@ using Json = nlohmann::json;
 struct ProviderRequest {
   std::string step;
   std::string model;
-  double temperature = 0;
+  // Sampling parameters are sent only when set: some models refuse them
+  // (newer Claude models answer 400 to any temperature but 1.0), and an
+  // unset one leaves the provider's own default in force.
+  std::optional<double> temperature;
   std::string system_prompt;  // may be empty
   std::string prompt;         // the rendered user prompt
   Json input;                 // the canonical input (the scripted provider matches on it)

@@ -15,6 +15,9 @@ StatusOr<Json> ExtractIdentity(const Json& args, const std::vector<std::string>&
     if (!args.contains(ptr)) {
       return InvalidArgument("the identity field " + field + " is missing", "/args" + field);
     }
+    // Checked here, where the pointer into args is known: JCS would turn
+    // two such integers into one double, and so two effects into one.
+    RETURN_IF_ERROR(CheckExactIntegers(args.at(ptr), "/args" + field));
     identity[field] = args.at(ptr);
   }
   return identity;

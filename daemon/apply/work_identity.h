@@ -15,7 +15,8 @@
 
 namespace idem {
 
-// InvalidArgument (field "/args<pointer>") when an identity field is absent.
+// InvalidArgument (field "/args<pointer>") when an identity field is absent,
+// or holds an integer with |n| >= 2^53 (see CheckExactIntegers).
 StatusOr<Json> ExtractIdentity(const Json& args, const std::vector<std::string>& fields);
 
 // The work_id of `args` for action kind `action`.

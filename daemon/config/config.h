@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "daemon/core/status.h"
@@ -68,7 +69,11 @@ struct ProviderConfig {
   std::string type;  // scripted | openai | anthropic | openai_compatible
   std::string api_key_env;
   std::string base_url;
-  std::string rules_path;     // scripted: the rules file (absolute after loading)
+  std::string rules_path;  // scripted: the rules file (absolute after loading)
+  // Sampling parameters a model refuses: (model pattern, parameter names).
+  // A pattern is a model name, or a prefix ending in '*'. A step that sets a
+  // refused parameter for a matching model fails at start-up.
+  std::vector<std::pair<std::string, std::vector<std::string>>> unsupported_params;
   Json raw = Json::object();  // the provider's whole config node (for adapters)
 };
 
@@ -77,6 +82,9 @@ struct PromptConfig {
   std::string version;
   std::string text;    // the template's text
   std::string sha256;  // hex sha256 of text
+  // ComputePromptHash(text, system, tools): everything that shapes the
+  // prompt; in the decision key and guarded per version at start-up.
+  std::string hash;
 };
 
 struct InputConfig {
@@ -89,8 +97,8 @@ struct StepConfig {
   std::string name;
   std::string provider;
   std::string model;
-  double temperature = 0;
-  std::string system_prompt;  // the step's `system` text; may be empty
+  std::optional<double> temperature;  // unset: not sent, the provider's default applies
+  std::string system_prompt;          // the step's `system` text; may be empty
   PromptConfig prompt;
   std::string output_schema_path;
   Json output_schema;  // the parsed schema

@@ -2,6 +2,7 @@
 // structs. The schema catches shapes and ranges; this file catches what a
 // schema cannot: references between sections, files on disk, durations
 // that overflow, templates and output schemas that do not compile.
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "daemon/config/config.h"
 #include "daemon/config/yaml_document.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/identity.h"
 #include "daemon/core/json.h"
 #include "daemon/core/json_schema.h"
 
@@ -225,6 +227,15 @@ class Resolver {
       if (node.contains("rules")) {
         return doc_.Error(at + "/rules", "only scripted providers take a rules file");
       }
+      const Json unsupported = node.value("unsupported_params", Json::object());
+      for (const auto& [pattern, params] : unsupported.items()) {
+        const size_t star = pattern.find('*');
+        if (star != std::string::npos && star + 1 != pattern.size()) {
+          return doc_.Error(at + "/unsupported_params" + Token(pattern),
+                            "a model pattern is a model name or a prefix ending in one '*'");
+        }
+        p.unsupported_params.emplace_back(pattern, params.get<std::vector<std::string>>());
+      }
     }
     config_.providers[name] = std::move(p);
     return Status::Ok();
@@ -238,6 +249,43 @@ class Resolver {
                                    (declared.empty() ? "none" : JoinWords(declared)) + ")");
   }
 
+  // A step that sets a sampling parameter which the model of its provider
+  // (or of a fallback) refuses would fail on every call: refuse the config
+  // instead of dropping the parameter silently, which would change answers.
+  Status CheckSampling(const std::string& at, const StepConfig& s) {
+    if (!s.temperature) return Status::Ok();
+    struct Use {
+      std::string provider, model;
+    };
+    std::vector<Use> uses = {{s.provider, s.model}};
+    for (const Json& f : s.fallback) {
+      if (f.is_object()) {
+        uses.push_back({f.value("provider", s.provider), f.value("model", s.model)});
+      }
+    }
+    for (const Use& u : uses) {
+      const ProviderConfig& p = config_.providers.at(u.provider);
+      // The Messages API takes 0.0 to 1.0 (MessageCreateParams), OpenAI 0 to 2.
+      if (p.type == "anthropic" && *s.temperature > 1) {
+        return doc_.Error(at + "/temperature", "provider " + u.provider +
+                                                   " (anthropic) takes a temperature from 0 to 1");
+      }
+      for (const auto& [pattern, params] : p.unsupported_params) {
+        const bool matches = pattern.ends_with('*')
+                                 ? u.model.starts_with(pattern.substr(0, pattern.size() - 1))
+                                 : u.model == pattern;
+        if (!matches || std::find(params.begin(), params.end(), "temperature") == params.end()) {
+          continue;
+        }
+        return doc_.Error(at + "/temperature", "model " + u.model + " of provider " + u.provider +
+                                                   " does not accept temperature (providers." +
+                                                   u.provider + ".unsupported_params." + pattern +
+                                                   "); remove temperature from the step");
+      }
+    }
+    return Status::Ok();
+  }
+
   Status Step(const std::string& name, const Json& node) {
     const std::string at = "/steps" + Token(name);
     StepConfig s;
@@ -245,7 +293,7 @@ class Resolver {
     s.provider = node["provider"];
     RETURN_IF_ERROR(CheckProvider(at + "/provider", s.provider));
     s.model = node["model"];
-    s.temperature = node.value("temperature", s.temperature);
+    if (node.contains("temperature")) s.temperature = node["temperature"].get<double>();
     s.system_prompt = node.value("system", "");
 
     const Json& prompt = node["prompt"];
@@ -297,6 +345,9 @@ class Resolver {
       auto tools_jcs = CanonicalJson(s.tools);
       if (!tools_jcs.ok()) return doc_.Error(at + "/tools", tools_jcs.status().message());
       s.tools_sha256 = Sha256Hex(*tools_jcs);
+      auto prompt_hash = ComputePromptHash(s.prompt.text, s.system_prompt, s.tools);
+      if (!prompt_hash.ok()) return doc_.Error(at + "/tools", prompt_hash.status().message());
+      s.prompt.hash = std::move(prompt_hash).value();
     }
     if (node.contains("input")) {
       const Json& input = node["input"];
@@ -332,6 +383,7 @@ class Resolver {
             CheckProvider(at + "/fallback/" + std::to_string(i) + "/provider", f["provider"]));
       }
     }
+    RETURN_IF_ERROR(CheckSampling(at, s));
     if (node.contains("cache") && node["cache"].contains("window")) {
       ASSIGN_OR_RETURN(s.cache_window_ms,
                        Duration(at + "/cache/window", node["cache"]["window"], true));

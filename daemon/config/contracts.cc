@@ -33,7 +33,9 @@ std::string StepSentence(const StepConfig& s) {
   std::string identity = "the same input";
   if (!s.input.drop.empty()) identity += " (ignoring " + JoinWords(s.input.drop) + ")";
   identity += " sent to provider " + s.provider + ", model " + s.model + ", prompt " +
-              s.prompt.version + ", temperature " + FormatNumber(s.temperature) +
+              s.prompt.version + ", " +
+              (s.temperature ? "temperature " + FormatNumber(*s.temperature)
+                             : std::string("the provider's default temperature")) +
               " and the same output schema";
   if (!s.tools.empty()) identity += " and tools";
   return "step " + s.name + ": the same work is " + identity + "; it is remembered " +

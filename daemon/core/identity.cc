@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdint>
 #include <exception>
 #include <set>
 #include <string>
@@ -162,7 +163,66 @@ StatusOr<std::string> CanonicalAt(const Json& value, const std::string& where) {
   return c;
 }
 
+// Walks `value` depth first; `path` is the pointer of `value`.
+Status CheckExactIntegersAt(const Json& value, std::string& path) {
+  // 2^53: the first integer from which two integers share one double.
+  constexpr uint64_t kLimit = uint64_t{1} << 53;
+  switch (value.type()) {
+    case Json::value_t::number_unsigned:
+      if (value.get<Json::number_unsigned_t>() >= kLimit) break;
+      return Status::Ok();
+    case Json::value_t::number_integer: {
+      const int64_t n = value.get<Json::number_integer_t>();
+      const uint64_t magnitude = n < 0 ? uint64_t{0} - static_cast<uint64_t>(n) : uint64_t(n);
+      if (magnitude >= kLimit) break;
+      return Status::Ok();
+    }
+    case Json::value_t::object:
+      for (auto it = value.begin(); it != value.end(); ++it) {
+        const size_t mark = path.size();
+        path += '/';
+        path += JsonPointerToken(it.key());
+        RETURN_IF_ERROR(CheckExactIntegersAt(it.value(), path));
+        path.resize(mark);
+      }
+      return Status::Ok();
+    case Json::value_t::array:
+      for (size_t i = 0; i < value.size(); ++i) {
+        const size_t mark = path.size();
+        path += '/';
+        path += std::to_string(i);
+        RETURN_IF_ERROR(CheckExactIntegersAt(value[i], path));
+        path.resize(mark);
+      }
+      return Status::Ok();
+    default:
+      return Status::Ok();
+  }
+  return InvalidArgument(
+      "an integer beyond 2^53 cannot be told apart from its neighbours once canonicalized "
+      "(JCS numbers are doubles); send it as a string",
+      path);
+}
+
 }  // namespace
+
+Status CheckExactIntegers(const Json& value, const std::string& where) {
+  std::string path = where;
+  return CheckExactIntegersAt(value, path);
+}
+
+StatusOr<std::string> ComputePromptHash(std::string_view template_text, std::string_view system,
+                                        const Json& tools) {
+  try {
+    Json parts = {{"system", std::string(system)},
+                  {"template", std::string(template_text)},
+                  {"tools", tools}};
+    ASSIGN_OR_RETURN(std::string canonical, CanonicalJson(parts));
+    return Sha256Hex(canonical);
+  } catch (const std::exception& e) {
+    return Internal(std::string("computing prompt hash: ") + e.what());
+  }
+}
 
 StatusOr<Json> NormalizeInput(const Json& input, const Normalizers& normalizers) {
   try {
@@ -286,11 +346,13 @@ StatusOr<DecisionKeyer> DecisionKeyer::Create(const DecisionKeyParts& parts) {
       schema_hash = Sha256Hex(*schema);
     }
     Json material = {
-        {"v", 1},
+        {"v", kDecisionKeyVersion},
+        {"step", parts.step},
         {"provider", parts.provider},
         {"model", parts.model},
         {"prompt_version", parts.prompt_version},
-        {"temperature", parts.temperature},
+        {"prompt_hash", parts.prompt_hash},
+        {"temperature", parts.temperature ? Json(*parts.temperature) : Json(nullptr)},
         {"tools_hash", tools_hash},
         {"schema_hash", schema_hash},
         {"input", nullptr},
@@ -310,6 +372,7 @@ StatusOr<DecisionKeyer> DecisionKeyer::Create(const DecisionKeyParts& parts) {
 }
 
 StatusOr<KeyMaterial> DecisionKeyer::Key(const Json& normalized_input) const {
+  RETURN_IF_ERROR(CheckExactIntegers(normalized_input, "/input"));
   StatusOr<std::string> input = CanonicalAt(normalized_input, "/input");
   if (!input.ok()) return input.status();
   std::string canonical;
@@ -334,6 +397,7 @@ StatusOr<KeyMaterial> ComputeWorkId(std::string_view kind, std::string_view vers
   if (version.empty() || version.find(':') != std::string_view::npos) {
     return InvalidArgument("action version must be non-empty and contain no ':'");
   }
+  RETURN_IF_ERROR(CheckExactIntegers(identity, ""));
   try {
     StatusOr<std::string> identity_json = CanonicalAt(identity, "");
     if (!identity_json.ok()) return identity_json.status();

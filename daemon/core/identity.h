@@ -1,11 +1,21 @@
 // Identity: turning "the same work" into the same key, every time.
 //
-//   decision_key = sha256(JCS({"v":1, "provider", "model", "prompt_version",
-//                              "temperature", "tools_hash", "schema_hash",
-//                              "input"}))
+//   decision_key = sha256(JCS({"v":2, "step", "provider", "model",
+//                              "prompt_version", "prompt_hash", "temperature",
+//                              "tools_hash", "schema_hash", "input"}))
 //     with tools_hash = sha256(JCS(tools)), schema_hash = sha256(JCS(schema)),
-//     and input normalized by the step's normalizers first.
+//     prompt_hash = ComputePromptHash(template, system, tools), temperature
+//     null when the step leaves it unset (the provider's default is not 0),
+//     and input normalized by the step's normalizers first. The step name is
+//     in the material so that two steps never share a decision, even with
+//     the same prompt, model and input.
 //   work_id = sha256(kind + ":" + version + ":" + JCS(identity))
+//
+// Numbers: JCS writes every number as an IEEE double, so two integers
+// beyond 2^53 can canonicalize to the same text. Key material (the input)
+// and identities holding an integer with |n| >= 2^53 are refused with
+// InvalidArgument whose field() points at the number; send it as a string.
+// Floats are taken as the doubles they are.
 //
 // Normalizers (declared per step / action kind):
 //   drop          member names dropped at any depth ("received_at"), or JSON
@@ -17,6 +27,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,11 +60,27 @@ struct KeyMaterial {
   std::string canonical;  // the exact bytes that were hashed
 };
 
+// The version of the decision key material ("v"). Bumped when the material
+// changes shape, so that keys written by an older idem simply miss.
+inline constexpr int kDecisionKeyVersion = 2;
+
+// sha256 hex of JCS({"system": system, "template": template_text,
+// "tools": tools}): everything that shapes the prompt the model sees. The
+// prompt-drift guard stores it per step and prompt version.
+StatusOr<std::string> ComputePromptHash(std::string_view template_text, std::string_view system,
+                                        const Json& tools);
+
+// OK unless `value` holds an integer that a double cannot hold exactly
+// (|n| >= 2^53); then InvalidArgument naming `where` + the number's pointer.
+Status CheckExactIntegers(const Json& value, const std::string& where);
+
 struct DecisionKeyParts {
+  std::string step;
   std::string provider;
   std::string model;
   std::string prompt_version;
-  double temperature = 0;
+  std::string prompt_hash;            // ComputePromptHash of the step's prompt parts
+  std::optional<double> temperature;  // unset: null in the material
   Json tools = Json::array();
   Json output_schema = Json::object();
   // Precomputed sha256 hex of JCS(tools) / JCS(output_schema); when empty
@@ -77,7 +104,7 @@ class DecisionKeyer {
   StatusOr<KeyMaterial> Key(const Json& normalized_input) const;
 
  private:
-  std::string suffix_;  // `,"model":...,"v":1}`
+  std::string suffix_;  // `,"model":...,"v":2}`
 };
 
 StatusOr<KeyMaterial> ComputeWorkId(std::string_view kind, std::string_view version,

@@ -408,6 +408,25 @@ void AppendJsonStringContent(std::string_view s, std::string& out) {
   }
 }
 
+std::string_view Utf8Prefix(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t n = max_bytes;
+  // s[n] is the first byte left out; while it continues a character, that
+  // character started inside the prefix and must go too. A UTF-8 character
+  // has at most 3 continuation bytes; past that the text is not UTF-8 and
+  // the byte cut stands.
+  for (int i = 0; i < 3 && n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80; ++i) --n;
+  if ((static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) n = max_bytes;
+  return s.substr(0, n);
+}
+
+std::string CutUtf8(std::string_view s, size_t max_bytes, std::string_view marker) {
+  if (s.size() <= max_bytes) return std::string(s);
+  std::string out(Utf8Prefix(s, max_bytes));
+  out += marker;
+  return out;
+}
+
 std::string FormatJcsNumber(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";

@@ -45,6 +45,14 @@ void AppendJsonStringContent(std::string_view s, std::string& out);
 // True if `s` is well-formed UTF-8 (no overlong forms, no surrogates).
 bool IsValidUtf8(std::string_view s);
 
+// The longest prefix of `s` of at most `max_bytes` bytes that does not end
+// inside a UTF-8 character, so that text cut at a byte limit stays valid
+// UTF-8 (and storable as JSON). Every byte cap on text goes through here.
+std::string_view Utf8Prefix(std::string_view s, size_t max_bytes);
+
+// Utf8Prefix(s, max_bytes), plus `marker` when anything was cut.
+std::string CutUtf8(std::string_view s, size_t max_bytes, std::string_view marker = "...[cut]");
+
 // ECMAScript Number::toString for a finite double (RFC 8785 3.2.2.3).
 std::string FormatJcsNumber(double value);
 

@@ -380,9 +380,7 @@ class DecideEngineImpl final : public DecideEngine {
         record["cached_input_tokens"] = resp->cached_input_tokens;
         record["cost_usd"] = cost;
         record["finish_reason"] = resp->finish_reason;
-        record["raw_output"] = resp->raw_text.size() > kMaxRawInTrace
-                                   ? resp->raw_text.substr(0, kMaxRawInTrace) + "...[cut]"
-                                   : resp->raw_text;
+        record["raw_output"] = CutUtf8(resp->raw_text, kMaxRawInTrace);
         std::vector<std::string> errors = Check(step, *resp, key.normalized_input);
         if (!errors.empty()) {
           metrics_.decide_invalid_outputs.Inc();
@@ -460,7 +458,7 @@ class DecideEngineImpl final : public DecideEngine {
       }
     }
     esc.context = {{"summary", "could not decide step " + cfg.name + " for input " +
-                                   key.normalized_input.dump().substr(0, 300) + " after " +
+                                   CutUtf8(key.normalized_input.dump(), 300, "...") + " after " +
                                    std::to_string(trace.size()) +
                                    " attempts; last error: " + last_error.message()},
                    {"attempts", trace},
@@ -503,9 +501,15 @@ class DecideEngineImpl final : public DecideEngine {
 
 StatusOr<DecisionKeyer> MakeStepKeyer(const StepConfig& step, const ProviderConfig& provider) {
   DecisionKeyParts parts;
+  parts.step = step.name;
   parts.provider = provider.name.empty() ? step.provider : provider.name;
   parts.model = step.model;
   parts.prompt_version = step.prompt.version;
+  parts.prompt_hash = step.prompt.hash;
+  if (parts.prompt_hash.empty()) {
+    ASSIGN_OR_RETURN(parts.prompt_hash,
+                     ComputePromptHash(step.prompt.text, step.system_prompt, step.tools));
+  }
   parts.temperature = step.temperature;
   if (step.tools_sha256.empty()) parts.tools = step.tools;
   if (step.output_schema_sha256.empty()) parts.output_schema = step.output_schema;

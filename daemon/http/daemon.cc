@@ -14,20 +14,28 @@ constexpr int kReconcileEverySweeps = 20;  // sweeps run every 30 s: reconcile e
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change) {
   std::vector<std::pair<std::string, std::string>> to_record;
   for (const auto& [name, step] : config.steps) {
-    std::string key = "prompt/" + name + "/" + step.prompt.version;
-    ASSIGN_OR_RETURN(std::optional<std::string> stored, meta.Get(key));
-    if (stored && *stored != step.prompt.sha256) {
-      if (!allow_change) {
-        return FailedPrecondition(
-            "step " + name + ": the text of prompt " + step.prompt.template_path +
-            " changed while its version stayed " + step.prompt.version +
-            "; cached decisions would no longer match their prompt. Bump prompt.version, or "
-            "start with --allow-prompt-change to accept the new text under the old version");
-      }
-      LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
-               {{"step", name}, {"version", step.prompt.version}});
+    // "prompt/": the template's own hash, all that idem before decision keys
+    // v2 recorded, still checked so an upgraded store keeps its guard;
+    // "prompt_hash/": the hash of every prompt part (template, system, tools).
+    const std::string suffix = name + "/" + step.prompt.version;
+    bool changed = false;
+    for (const auto& [key, hash] : {std::pair{"prompt/" + suffix, step.prompt.sha256},
+                                    std::pair{"prompt_hash/" + suffix, step.prompt.hash}}) {
+      ASSIGN_OR_RETURN(std::optional<std::string> stored, meta.Get(key));
+      if (stored && *stored != hash) changed = true;
+      if (!stored || *stored != hash) to_record.emplace_back(key, hash);
     }
-    if (!stored || *stored != step.prompt.sha256) to_record.emplace_back(key, step.prompt.sha256);
+    if (!changed) continue;
+    if (!allow_change) {
+      return FailedPrecondition(
+          "step " + name + ": its prompt (the template " + step.prompt.template_path +
+          ", the system text or the tools) changed while its version stayed " +
+          step.prompt.version +
+          "; cached decisions would no longer match their prompt. Bump prompt.version, or "
+          "start with --allow-prompt-change to accept the new prompt under the old version");
+    }
+    LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
+             {{"step", name}, {"version", step.prompt.version}});
   }
   for (const auto& [k, v] : to_record) RETURN_IF_ERROR(meta.Put(k, v));
   return Status::Ok();

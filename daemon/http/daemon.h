@@ -4,8 +4,9 @@
 //
 // Start-up refuses (non-OK Status, nothing served) when the config is
 // invalid, the store cannot be opened, a provider cannot be built, or a
-// prompt template's text changed while its version did not (the store keeps
-// the hash per step and version) unless allow_prompt_change is set.
+// step's prompt (template text, system text or tools: prompt.hash) changed
+// while its version did not (the store keeps the hash per step and version)
+// unless allow_prompt_change is set.
 //
 // Thread-safety: Start and Stop from one thread.
 #pragma once

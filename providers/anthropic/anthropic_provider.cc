@@ -37,6 +37,21 @@ Json ToAnthropicTool(const Json& tool) {
   return out;
 }
 
+// Why the model refused, for the escalation: stop_details (RefusalStopDetails
+// in the SDK types: {type: "refusal", category?, explanation?}, either may
+// be null) says it best; the text of the answer, if any, follows.
+std::string RefusalReason(const Json& message, const std::string& text) {
+  std::string reason;
+  if (const Json* d = Find(message, "stop_details"); d != nullptr && d->is_object()) {
+    const std::string category = StringAt(*d, "category");
+    const std::string explanation = StringAt(*d, "explanation");
+    if (!category.empty()) reason = "category " + category;
+    if (!explanation.empty()) reason += (reason.empty() ? "" : ": ") + explanation;
+  }
+  if (!text.empty()) reason += (reason.empty() ? "" : "; the answer said: ") + text;
+  return reason.empty() ? "(no explanation given)" : reason;
+}
+
 struct Settings {
   std::string upstream;
   std::string url;
@@ -69,10 +84,9 @@ class AnthropicProvider final : public Provider {
       // Consecutive user turns are merged by the API; keep them apart for clarity.
       messages.push_back({{"role", "user"}, {"content", request.repair_feedback}});
     }
-    Json body = {{"model", request.model},
-                 {"max_tokens", s_.max_tokens},
-                 {"temperature", request.temperature},
-                 {"messages", std::move(messages)}};
+    Json body = {
+        {"model", request.model}, {"max_tokens", s_.max_tokens}, {"messages", std::move(messages)}};
+    if (request.temperature) body["temperature"] = *request.temperature;
     if (!request.system_prompt.empty()) body["system"] = request.system_prompt;
     Json tools = Json::array();
     if (s_.native) {
@@ -140,9 +154,7 @@ class AnthropicProvider final : public Provider {
         tool_input = Find(block, "input");
       }
     }
-    if (out.finish_reason == "refusal") {
-      return RefusalError(s_.upstream, text.empty() ? "(no explanation given)" : text);
-    }
+    if (out.finish_reason == "refusal") return RefusalError(s_.upstream, RefusalReason(j, text));
     if (out.finish_reason == "max_tokens") {
       return TruncationError(s_.upstream, "stop_reason=max_tokens");
     }

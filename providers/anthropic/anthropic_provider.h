@@ -2,7 +2,10 @@
 //
 //   POST {base_url}/v1/messages           base_url default https://api.anthropic.com
 //   x-api-key: <key>, anthropic-version: 2023-06-01, content-type: application/json
-//   {model, max_tokens, system?, temperature, messages: [user, repair feedback?], ...}
+//   {model, max_tokens, system?, temperature?, messages: [user, repair feedback?], ...}
+//   temperature only when the step sets it: models newer than Claude Opus 4.6
+//   refuse any value but 1.0 (declare them in the provider's
+//   unsupported_params so that such a step fails at start-up).
 //
 // Structured output, chosen by config `structured_output`:
 //   "tool" (default): forced tool use. One tool named after the schema
@@ -27,7 +30,8 @@
 // cache_creation_input_tokens (all prompt tokens, as OpenAI counts them),
 // cached_input_tokens = cache_read_input_tokens, output_tokens =
 // usage.output_tokens. stop_reason "max_tokens" is a TruncationError,
-// "refusal" a RefusalError; 529 overloaded is Unavailable and retryable.
+// "refusal" a RefusalError whose text carries stop_details (category,
+// explanation) and the answer's text; 529 overloaded is Unavailable and retryable.
 //
 // Thread-safety: Complete may be called concurrently.
 #pragma once

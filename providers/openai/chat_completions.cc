@@ -63,7 +63,6 @@ Json Body(const ProviderRequest& request, const BodyOptions& options) {
   Json body = {
       {"model", request.model},
       {"messages", Messages(request)},
-      {"temperature", request.temperature},
       {"response_format",
        {{"type", "json_schema"},
         {"json_schema",
@@ -72,6 +71,7 @@ Json Body(const ProviderRequest& request, const BodyOptions& options) {
           {"schema", request.output_schema},
           {"strict", options.strict}}}}},
   };
+  if (request.temperature) body["temperature"] = *request.temperature;
   Json tools = Tools(request.tools);
   if (!tools.empty()) body["tools"] = std::move(tools);
   if (options.max_tokens > 0 && !options.max_tokens_key.empty()) {

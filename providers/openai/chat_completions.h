@@ -30,8 +30,9 @@ Json Messages(const ProviderRequest& request);
 // parameters | input_schema} is wrapped.
 Json Tools(const Json& tools);
 
-// {model, messages, temperature, response_format: {type: json_schema,
-//  json_schema: {name, schema, strict}}, tools?, max_*tokens?}.
+// {model, messages, temperature?, response_format: {type: json_schema,
+//  json_schema: {name, schema, strict}}, tools?, max_*tokens?}; temperature
+// only when the request sets it.
 Json Body(const ProviderRequest& request, const BodyOptions& options);
 
 // Reads a 2xx answer. Success: raw_text = choices[0].message.content (or the

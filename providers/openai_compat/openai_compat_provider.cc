@@ -87,13 +87,14 @@ class OpenAiCompatProvider final : public Provider {
   }
 
   Json OllamaBody(const ProviderRequest& request) const {
-    Json options = {{"temperature", request.temperature}};
+    Json options = Json::object();
+    if (request.temperature) options["temperature"] = *request.temperature;
     if (s_.max_tokens > 0) options["num_predict"] = s_.max_tokens;
     Json body = {{"model", request.model},
                  {"messages", chat_completions::Messages(request)},
                  {"format", request.output_schema},
-                 {"stream", false},
-                 {"options", std::move(options)}};
+                 {"stream", false}};
+    if (!options.empty()) body["options"] = std::move(options);
     Json tools = chat_completions::Tools(request.tools);
     if (!tools.empty()) body["tools"] = std::move(tools);
     return body;

@@ -11,7 +11,7 @@
 //   "ollama": Ollama's native API, POST {base_url}/api/chat (a trailing
 //     "/v1" on base_url is dropped; default http://127.0.0.1:11434) with
 //     {model, messages, format: <the output schema>, stream: false,
-//      options: {temperature, num_predict?}, tools?}; reads message.content,
+//      options?: {temperature?, num_predict?}, tools?}; reads message.content,
 //     done_reason ("length" is a TruncationError), prompt_eval_count and
 //     eval_count.
 //

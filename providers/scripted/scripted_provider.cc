@@ -236,7 +236,7 @@ struct ScriptedProvider::Rule {
     if (c.regex) {
       if (value == nullptr || !value->is_string()) return false;
       const std::string& s = value->get_ref<const std::string&>();
-      const size_t n = std::min(s.size(), kMaxRegexSubject);
+      const size_t n = Utf8Prefix(s, kMaxRegexSubject).size();
       try {
         if (!std::regex_search(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n), *c.regex)) {
           return false;

@@ -336,3 +336,58 @@ TEST_CASE("an output schema that OpenAI's strict mode would refuse fails start-u
 }
 
 }  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("a decide whose input holds an integer beyond 2^53 is a 400 naming the field") {
+  Fixture f;
+  f.Start();
+  auto res = f.client->Post(
+      "/v1/decide", R"({"step":"triage_ticket","input":{"ticket_id":9007199254740993,"text":"x"}})",
+      "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 400);
+  CHECK(res->get_header_value("Content-Type") == "application/problem+json");
+  CHECK(Body(res)["pointer"] == "/input/ticket_id");
+  auto as_string = f.client->Post(
+      "/v1/decide",
+      R"({"step":"triage_ticket","input":{"ticket_id":"9007199254740993","text":"x"}})",
+      "application/json");
+  REQUIRE(as_string);
+  CHECK(as_string->status == 200);
+}
+
+}  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("a system text that changed under the same prompt version is refused at start-up") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRulesForPrompt());
+  auto set_system = [&](const std::string& system) {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    size_t at = text.find("    system: ");
+    if (at != std::string::npos) text.erase(at, text.find('\n', at) + 1 - at);
+    text.insert(text.find("    temperature: 0\n"), "    system: " + system + "\n");
+    dir.File("idem.yaml", text);
+  };
+  set_system("You triage tickets.");
+  std::string err;
+  auto first = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(first != nullptr, err);
+  first->Stop();
+
+  set_system("You triage tickets. Everything is urgent.");
+  auto refused = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  CHECK(refused == nullptr);
+  CHECK(err.find("changed while its version stayed v1") != std::string::npos);
+
+  auto allowed =
+      DaemonProcess::Start({config, dir.path() + "/data", {"--allow-prompt-change"}, {}}, &err);
+  CHECK_MESSAGE(allowed != nullptr, err);
+}
+
+}  // namespace idem::testing

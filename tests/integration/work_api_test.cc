@@ -333,3 +333,52 @@ TEST_CASE("actions require an Idempotency-Key") {
 }
 
 }  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("a claim whose identity holds an integer beyond 2^53 is a 400 naming the field") {
+  Fixture f;
+  // With and without an Idempotency-Key: without one the claim takes the
+  // batch lane, which prepares the claim on its own path.
+  Json claim = {{"kind", "send_invoice"},
+                {"identity", {{"invoice_id", 9007199254740993ULL}}},
+                {"lease", "30s"}};
+  // Without an Idempotency-Key the claim takes the batch lane, which
+  // prepares it on its own path; with one, the ordinary handler.
+  for (const std::string key : {"", "\"big-1\""}) {
+    CAPTURE(key);
+    auto res = f.Post("/v1/work/claim", claim, key);
+    REQUIRE(res);
+    CHECK(res->status == 400);
+    CHECK(res->get_header_value("Content-Type") == "application/problem+json");
+    CHECK(J(res)["pointer"] == "/identity/invoice_id");
+  }
+  // As strings, the two ids are two pieces of work, not one.
+  claim["identity"]["invoice_id"] = "9007199254740993";
+  auto one = f.Post("/v1/work/claim", claim);
+  REQUIRE(one);
+  CHECK(one->status == 201);
+  claim["identity"]["invoice_id"] = "9007199254740992";
+  auto other = f.Post("/v1/work/claim", claim);
+  REQUIRE(other);
+  CHECK(other->status == 201);
+  CHECK(J(one)["work_id"] != J(other)["work_id"]);
+}
+
+TEST_CASE("idem key --step prints the v2 material with step and prompt hash") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules, kActions);
+  CliResult r = RunCli({"key", "--config", config, "--step", "triage_ticket"},
+                       R"({"ticket_id":42,"text":"refund please"})");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  CHECK(r.out.find("decision_key ") == 0);
+  CHECK(r.out.find(R"("step":"triage_ticket")") != std::string::npos);
+  CHECK(r.out.find(R"("prompt_hash":")") != std::string::npos);
+  CHECK(r.out.find(R"("v":2})") != std::string::npos);
+  CliResult big = RunCli({"key", "--config", config, "--kind", "send_invoice"},
+                         R"({"invoice_id":9007199254740993})");
+  CHECK(big.exit_code != 0);
+  CHECK(big.err.find("/args/invoice_id") != std::string::npos);
+}
+
+}  // namespace idem::testing

@@ -77,7 +77,7 @@ TEST_CASE("the default config in config/idem.yaml loads") {
   const StepConfig& step = config->steps.at("triage_ticket");
   CHECK(step.provider == "demo");
   CHECK(step.model == "demo-1");
-  CHECK(step.temperature == 0);
+  CHECK(step.temperature == 0.0);
   CHECK(step.prompt.version == "v1");
   CHECK(step.prompt.text.find("{{{input.text}}}") != std::string::npos);
   CHECK(step.prompt.sha256.size() == 64);
@@ -323,6 +323,105 @@ TEST_CASE("the prompt hash follows the template text") {
   auto second = dir.Load(kMinimal);
   REQUIRE(second.ok());
   CHECK(first->steps.at("triage").prompt.sha256 != second->steps.at("triage").prompt.sha256);
+}
+
+TEST_CASE("the prompt hash covers the system text and the tools as well as the template") {
+  ConfigDir dir;
+  auto base = dir.Load(kMinimal);
+  REQUIRE(base.ok());
+  const std::string hash = base->steps.at("triage").prompt.hash;
+  CHECK(hash.size() == 64);
+  std::string with_system = kMinimal;
+  with_system.replace(with_system.find("    temperature: 0.5\n"), 0, "    system: be brief\n");
+  auto system = dir.Load(with_system);
+  REQUIRE_MESSAGE(system.ok(), system.status().ToString());
+  CHECK(system->steps.at("triage").prompt.hash != hash);
+  CHECK(system->steps.at("triage").prompt.sha256 == base->steps.at("triage").prompt.sha256);
+  std::string with_tools = kMinimal;
+  with_tools.replace(with_tools.find("    temperature: 0.5\n"), 0,
+                     "    tools: [{name: lookup, description: find a ticket}]\n");
+  auto tools = dir.Load(with_tools);
+  REQUIRE_MESSAGE(tools.ok(), tools.status().ToString());
+  CHECK(tools->steps.at("triage").prompt.hash != hash);
+}
+
+TEST_CASE("a step without temperature leaves it unset") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.erase(yaml.find("    temperature: 0.5\n"), 21);
+  auto config = dir.Load(yaml);
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK_FALSE(config->steps.at("triage").temperature.has_value());
+  CHECK(DescribeContracts(*config).find("the provider's default temperature") != std::string::npos);
+}
+
+const std::string kClaude = R"(providers:
+  claude:
+    type: anthropic
+    api_key_env: ANTHROPIC_API_KEY
+    unsupported_params: {"claude-opus-4-7*": [temperature, top_p, top_k], claude-x: [top_k]}
+  old:
+    type: anthropic
+    api_key_env: ANTHROPIC_API_KEY
+steps:
+  triage:
+    provider: claude
+    model: claude-opus-4-7-20260101
+    temperature: 0.5
+    prompt: {template: prompts/p.mustache, version: v1}
+    output_schema: ../schemas/out.json
+)";
+
+TEST_CASE("a step that sets temperature for a model that refuses it fails at start-up") {
+  ConfigDir dir;
+  auto config = dir.Load(kClaude);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/temperature");
+  CHECK(config.status().message().find("idem.yaml:13: /steps/triage/temperature: model "
+                                       "claude-opus-4-7-20260101 of provider claude does not "
+                                       "accept temperature") != std::string::npos);
+
+  // The same step without temperature loads; so does another model.
+  std::string unset = kClaude;
+  unset.erase(unset.find("    temperature: 0.5\n"), 21);
+  auto ok = dir.Load(unset);
+  CHECK_MESSAGE(ok.ok(), ok.status().ToString());
+  std::string other = kClaude;
+  other.replace(other.find("claude-opus-4-7-20260101"), 24, "claude-x");
+  ok = dir.Load(other);
+  CHECK_MESSAGE(ok.ok(), ok.status().ToString());
+
+  // A fallback to a refusing model is caught too.
+  std::string fallback = kClaude;
+  const std::string primary = "    provider: claude\n    model: claude-opus-4-7-20260101";
+  fallback.replace(fallback.find(primary), primary.size(),
+                   "    provider: old\n    model: claude-3");
+  fallback += "    fallback: [{provider: claude, model: claude-opus-4-7}, escalate]\n";
+  auto fb = dir.Load(fallback);
+  REQUIRE_FALSE(fb.ok());
+  CHECK(fb.status().field() == "/steps/triage/temperature");
+  CHECK(fb.status().message().find("model claude-opus-4-7 of provider claude") !=
+        std::string::npos);
+}
+
+TEST_CASE("an anthropic step takes a temperature from 0 to 1 only") {
+  ConfigDir dir;
+  std::string yaml = kClaude;
+  yaml.replace(yaml.find("model: claude-opus-4-7-20260101"), 31, "model: claude-3");
+  yaml.replace(yaml.find("temperature: 0.5"), 16, "temperature: 1.5");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/temperature");
+  CHECK(config.status().message().find("from 0 to 1") != std::string::npos);
+}
+
+TEST_CASE("an unsupported_params pattern is a name or a prefix ending in one star") {
+  ConfigDir dir;
+  std::string yaml = kClaude;
+  yaml.replace(yaml.find("claude-opus-4-7*"), 16, "claude-*-4-7");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/providers/claude/unsupported_params/claude-*-4-7");
 }
 
 TEST_CASE("a scripted provider takes only a rules file") {

@@ -12,6 +12,8 @@ namespace {
 
 DecisionKeyParts BaseParts() {
   DecisionKeyParts p;
+  p.step = "triage";
+  p.prompt_hash = "ph";
   p.provider = "openai";
   p.model = "gpt-x";
   p.prompt_version = "p1";
@@ -46,18 +48,54 @@ TEST_CASE("the decision key is sha256 of the documented canonical material") {
   // Expected values computed outside this code base:
   //   T=$(printf '%s' '[]' | sha256sum)   -> 4f53cda1...b945
   //   S=$(printf '%s' '{}' | sha256sum)   -> 44136fa3...aff8a
-  //   printf '%s' '{"input":{"a":1},"model":"gpt-x","prompt_version":"p1",
-  //     "provider":"openai","schema_hash":"'$S'","temperature":0.2,
-  //     "tools_hash":"'$T'","v":1}' | sha256sum        (one line, no spaces)
+  //   printf '%s' '{"input":{"a":1},"model":"gpt-x","prompt_hash":"ph","prompt_version":"p1",
+  //     "provider":"openai","schema_hash":"'$S'","step":"triage","temperature":0.2,
+  //     "tools_hash":"'$T'","v":2}' | sha256sum        (one line, no spaces)
   StatusOr<KeyMaterial> k = ComputeDecisionKey(BaseParts());
   REQUIRE(k.ok());
   CHECK(k->canonical ==
-        R"({"input":{"a":1},"model":"gpt-x","prompt_version":"p1","provider":"openai",)"
+        R"({"input":{"a":1},"model":"gpt-x","prompt_hash":"ph","prompt_version":"p1",)"
+        R"("provider":"openai",)"
         R"("schema_hash":"44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",)"
-        R"("temperature":0.2,)"
+        R"("step":"triage","temperature":0.2,)"
         R"("tools_hash":"4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945",)"
-        R"("v":1})");
-  CHECK(k->key == "527dd172e0cb886bf98bad5f8de6154952bf0b470786a0a1360d0c0920010928");
+        R"("v":2})");
+  CHECK(k->key == "f201652cb0cdd03c2099c3a006fb0795d548ded9cf3184aa68819c6242564e34");
+}
+
+TEST_CASE("two steps with the same provider, model, prompt label, schema and input get two keys") {
+  DecisionKeyParts triage = BaseParts();
+  DecisionKeyParts spam = BaseParts();
+  spam.step = "spam_check";
+  CHECK(DecisionKey(triage) != DecisionKey(spam));
+}
+
+TEST_CASE("an unset temperature is not temperature 0 in the key material") {
+  DecisionKeyParts unset = BaseParts();
+  unset.temperature.reset();
+  DecisionKeyParts zero = BaseParts();
+  zero.temperature = 0;
+  StatusOr<KeyMaterial> k = ComputeDecisionKey(unset);
+  REQUIRE(k.ok());
+  CHECK(k->canonical.find(R"("temperature":null)") != std::string::npos);
+  CHECK(DecisionKey(unset) != DecisionKey(zero));
+}
+
+TEST_CASE("the prompt hash covers template, system text and tools") {
+  auto hash = [](std::string_view t, std::string_view s, const Json& tools) {
+    StatusOr<std::string> h = ComputePromptHash(t, s, tools);
+    REQUIRE(h.ok());
+    return *h;
+  };
+  // printf '%s' '{"system":"be brief","template":"Ticket: {{x}}","tools":[]}' | sha256sum
+  CHECK(hash("Ticket: {{x}}", "be brief", Json::array()) ==
+        "ad765fe07bafe36b877736184ca39643be3530385e5db02d4bfad4c1f2cc49db");
+  const std::string base = hash("Ticket: {{x}}", "be brief", Json::array());
+  CHECK(hash("Ticket: {{y}}", "be brief", Json::array()) != base);
+  CHECK(hash("Ticket: {{x}}", "be thorough", Json::array()) != base);
+  CHECK(hash("Ticket: {{x}}", "be brief", Json::array({{{"name", "t"}}})) != base);
+  // The parts cannot blur into each other.
+  CHECK(hash("ab", "", Json::array()) != hash("a", "b", Json::array()));
 }
 
 TEST_CASE("reordered keys and a changed volatile field give the same decision key") {
@@ -94,6 +132,8 @@ TEST_CASE("each field that shapes the output changes the decision key") {
            Change{"provider", [](DecisionKeyParts& p) { p.provider = "anthropic"; }},
            Change{"model", [](DecisionKeyParts& p) { p.model = "gpt-y"; }},
            Change{"prompt_version", [](DecisionKeyParts& p) { p.prompt_version = "p2"; }},
+           Change{"step", [](DecisionKeyParts& p) { p.step = "spam_check"; }},
+           Change{"prompt_hash", [](DecisionKeyParts& p) { p.prompt_hash = "other"; }},
            Change{"temperature", [](DecisionKeyParts& p) { p.temperature = 0.3; }},
            Change{"tools",
                   [](DecisionKeyParts& p) {
@@ -127,6 +167,31 @@ TEST_CASE("a non-finite temperature or input number is refused with its field") 
   StatusOr<KeyMaterial> ki = ComputeDecisionKey(i);
   REQUIRE_FALSE(ki.ok());
   CHECK(ki.status().field() == "/input/x/0");
+}
+
+TEST_CASE("an input integer beyond 2^53 is refused with its pointer, as a string it keys") {
+  // 2^53 + 1 and 2^53 are one double: they would share a decision.
+  for (const char* text :
+       {R"({"order":{"ids":[1,9007199254740993]}})", R"({"order":{"ids":[1,9007199254740992]}})",
+        R"({"order":{"ids":[1,-9007199254740993]}})",
+        R"({"order":{"ids":[1,18446744073709551615]}})"}) {
+    CAPTURE(text);
+    DecisionKeyParts p = BaseParts();
+    p.input = Json::parse(text);
+    StatusOr<KeyMaterial> k = ComputeDecisionKey(p);
+    REQUIRE_FALSE(k.ok());
+    CHECK(k.status().code() == Code::kInvalidArgument);
+    CHECK(k.status().field() == "/input/order/ids/1");
+  }
+  DecisionKeyParts a = BaseParts();
+  a.input = Json::parse(R"({"id":"9007199254740993"})");
+  DecisionKeyParts b = BaseParts();
+  b.input = Json::parse(R"({"id":"9007199254740992"})");
+  CHECK(DecisionKey(a) != DecisionKey(b));
+  // The largest exact integers and floats are fine.
+  DecisionKeyParts edge = BaseParts();
+  edge.input = Json::parse(R"({"a":9007199254740991,"b":-9007199254740991,"c":1e300,"d":0.5})");
+  CHECK(ComputeDecisionKey(edge).ok());
 }
 
 // --- NormalizeInput --------------------------------------------------------
@@ -262,6 +327,21 @@ TEST_CASE("bumping the action version changes the work id") {
   StatusOr<KeyMaterial> w = ComputeWorkId("send_reply", "v2", Json{{"a", 1}});
   REQUIRE(w.ok());
   CHECK(w->key == "bc3b2deda0db0f03ebc8995df067101c2c07b93d7117b47692ada07083d89e4f");
+}
+
+TEST_CASE("two identities with distinct integers beyond 2^53 are refused, not merged") {
+  StatusOr<KeyMaterial> a =
+      ComputeWorkId("send_reply", "v1", Json::parse(R"({"/ticket_id":9007199254740993})"));
+  REQUIRE_FALSE(a.ok());
+  CHECK(a.status().code() == Code::kInvalidArgument);
+  CHECK(a.status().field() == "/~1ticket_id");
+  StatusOr<KeyMaterial> s1 =
+      ComputeWorkId("send_reply", "v1", Json::parse(R"({"id":"9007199254740993"})"));
+  StatusOr<KeyMaterial> s2 =
+      ComputeWorkId("send_reply", "v1", Json::parse(R"({"id":"9007199254740992"})"));
+  REQUIRE(s1.ok());
+  REQUIRE(s2.ok());
+  CHECK(s1->key != s2->key);
 }
 
 TEST_CASE("a kind or version that could blur the separator is refused") {

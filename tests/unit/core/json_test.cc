@@ -265,5 +265,29 @@ TEST_CASE("a pointer token escapes tilde before slash") {
   CHECK(JsonPointerToken("") == "");
 }
 
+TEST_CASE("text cut at a byte limit never splits a UTF-8 character") {
+  // "aé€😀": 1 + 2 + 3 + 4 bytes.
+  const std::string text = "a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80";
+  const size_t expected[] = {0, 1, 1, 3, 3, 3, 6, 6, 6, 6, 10, 10};
+  for (size_t limit = 0; limit <= text.size() + 1; ++limit) {
+    CAPTURE(limit);
+    std::string_view cut = Utf8Prefix(text, limit);
+    CHECK(cut.size() == expected[limit]);
+    CHECK(IsValidUtf8(cut));
+    std::string marked = CutUtf8(text, limit);
+    CHECK(IsValidUtf8(marked));
+    CHECK(CanonicalJson(Json(marked)).ok());
+  }
+  CHECK(CutUtf8(text, 2) == "a...[cut]");
+  CHECK(CutUtf8(text, 10) == text);
+  CHECK(CutUtf8("abc", 2, "~") == "ab~");
+}
+
+TEST_CASE("a byte cut inside text that is not UTF-8 stays a byte cut") {
+  // Four continuation bytes in a row are no character: nothing to keep whole.
+  const std::string junk = "ab\x80\x80\x80\x80\x80";
+  CHECK(Utf8Prefix(junk, 6).size() == 6);
+}
+
 }  // namespace
 }  // namespace idem

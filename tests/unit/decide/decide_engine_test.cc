@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "daemon/core/env.h"
+#include "daemon/core/json.h"
 #include "providers/errors.h"
 
 namespace idem {
@@ -317,6 +318,100 @@ TEST_CASE("cache only never calls a provider and refresh replaces the cached dec
   CHECK(second->decision.decision_id != first->decision.decision_id);
   auto cached = f.engine->Decide(only);
   CHECK(cached->decision.decision_id == second->decision.decision_id);
+}
+
+}  // namespace idem
+
+namespace idem {
+
+TEST_CASE("a step never answers with another step's cached decision") {
+  Fixture f;
+  // spam_check shares provider, model, prompt version, schema and input.
+  StepConfig spam = f.step();
+  spam.name = "spam_check";
+  f.config.steps["spam_check"] = spam;
+  f.Build();
+  f.primary->Push(Answer(kValid));
+  auto triage = f.Decide();
+  REQUIRE(triage.ok());
+  DecideRequest r;
+  r.step = "spam_check";
+  r.input = {{"text", "refund please"}};
+  auto checked = f.engine->Decide(r);
+  REQUIRE(checked.ok());
+  CHECK_FALSE(checked->cache_hit);
+  CHECK(checked->decision.step == "spam_check");
+  CHECK(checked->decision.decision_key != triage->decision.decision_key);
+  CHECK(f.primary->calls() == 2);
+}
+
+TEST_CASE("a changed system text misses the cache even under the same prompt version") {
+  Fixture f;
+  f.step().system_prompt = "You triage tickets.";
+  f.Build();
+  f.primary->Push(Answer(kValid));
+  auto first = f.Decide();
+  REQUIRE(first.ok());
+  f.engine.reset();
+  f.step().system_prompt = "You triage tickets. Everything is urgent.";
+  f.Build();
+  f.primary->Push(Answer(kValid));
+  auto second = f.Decide();
+  REQUIRE(second.ok());
+  CHECK_FALSE(second->cache_hit);
+  CHECK(second->decision.decision_key != first->decision.decision_key);
+}
+
+TEST_CASE("the provider gets a temperature only when the step sets one") {
+  Fixture f;
+  f.Build();
+  f.primary->Push(Answer(kValid));
+  REQUIRE(f.Decide().ok());
+  REQUIRE(f.primary->requests().size() == 1);
+  CHECK_FALSE(f.primary->requests()[0].temperature.has_value());
+
+  Fixture g;
+  g.step().temperature = 0;
+  g.Build();
+  g.primary->Push(Answer(kValid));
+  REQUIRE(g.Decide().ok());
+  REQUIRE(g.primary->requests().size() == 1);
+  CHECK(g.primary->requests()[0].temperature == 0.0);
+}
+
+TEST_CASE("an input integer beyond 2^53 is refused with its pointer before any call") {
+  Fixture f;
+  f.Build();
+  f.primary->Push(Answer(kValid));
+  auto r = f.Decide({{"text", "refund"}, {"order", {{"id", 9007199254740993ULL}}}});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK(r.status().field() == "/input/order/id");
+  CHECK(f.primary->calls() == 0);
+  CHECK(f.Decide({{"text", "refund"}, {"order", {{"id", "9007199254740993"}}}}).ok());
+}
+
+TEST_CASE("raw output and summaries cut at their byte limits stay storable UTF-8") {
+  Fixture f;
+  f.step().fallback = Json::array({"escalate"});
+  f.step().attempts = 1;
+  f.Build();
+  // 16 KiB of trace keeps 16383 'a' and would split the 'é' that follows.
+  ProviderResponse long_answer;
+  long_answer.raw_text = std::string(16 * 1024 - 1, 'a') + "\xC3\xA9 and more";
+  long_answer.output = Json();
+  f.primary->Push(long_answer);
+  // The summary keeps 300 bytes of {"text":"ééé…"}: 9 + 2k never lands on 300.
+  std::string accents;
+  for (int i = 0; i < 200; ++i) accents += "\xC3\xA9";
+  auto r = f.Decide({{"text", accents}});
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  REQUIRE(r->escalated);
+  const std::string raw = r->escalation.context["attempts"][0]["raw_output"];
+  CHECK(raw == std::string(16 * 1024 - 1, 'a') + "...[cut]");
+  const std::string summary = r->escalation.context["summary"];
+  CHECK(IsValidUtf8(summary));
+  CHECK(summary.find("\xC3\xA9...") != std::string::npos);
 }
 
 }  // namespace idem

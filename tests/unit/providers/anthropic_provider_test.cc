@@ -158,6 +158,36 @@ TEST_CASE_FIXTURE(AnthropicFixture, "stop_reason max_tokens and refusal are fail
   CHECK(refused.message().find("I won't process this.") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(AnthropicFixture, "a refusal says why from stop_details") {
+  Status refused = Fail(FakeReply::Raw(200, R"({"type":"message","role":"assistant",
+      "content":[],"stop_reason":"refusal",
+      "stop_details":{"type":"refusal","category":"cyber",
+                      "explanation":"the request asks for an exploit"}})"));
+  CHECK(IsRefusal(refused));
+  CHECK_FALSE(refused.retryable());
+  CHECK(refused.message().find("category cyber: the request asks for an exploit") !=
+        std::string::npos);
+
+  // Both may be null; the answer's text still counts.
+  Status bare = Fail(FakeReply::Raw(200, R"({"type":"message","role":"assistant",
+      "content":[{"type":"text","text":"I can't help with that."}],"stop_reason":"refusal",
+      "stop_details":{"type":"refusal","category":null,"explanation":null}})"));
+  CHECK(IsRefusal(bare));
+  CHECK(bare.message().find("I can't help with that.") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(AnthropicFixture, "temperature is sent only when the step sets it") {
+  ProviderRequest request = TriageRequest();
+  request.temperature.reset();
+  server->Enqueue(FakeReply::Output({{"label", "billing"}, {"confidence", 0.9}}));
+  REQUIRE(provider->Complete(request).ok());
+  CHECK_FALSE(server->last_request().json.contains("temperature"));
+  request.temperature = 0;
+  server->Enqueue(FakeReply::Output({{"label", "billing"}, {"confidence", 0.9}}));
+  REQUIRE(provider->Complete(request).ok());
+  CHECK(server->last_request().json["temperature"] == 0);
+}
+
 TEST_CASE_FIXTURE(AnthropicFixture, "broken answers are retryable Unavailable") {
   CHECK(Fail(FakeReply::MalformedBody()).code() == Code::kUnavailable);
   CHECK(Fail(FakeReply::CutMidBody()).retryable());

@@ -49,6 +49,14 @@ std::string HttpDate(int64_t epoch_ms) {
   return buf;
 }
 
+TEST_CASE_FIXTURE(OpenAiFixture, "temperature is sent only when the step sets it") {
+  ProviderRequest request = TriageRequest();
+  request.temperature.reset();
+  server->Enqueue(FakeReply::Output({{"label", "billing"}, {"confidence", 0.9}}));
+  REQUIRE(provider->Complete(request).ok());
+  CHECK_FALSE(server->last_request().json.contains("temperature"));
+}
+
 TEST_CASE_FIXTURE(OpenAiFixture, "the request is a strict json_schema chat completion") {
   server->Enqueue(FakeReply::Output({{"label", "billing"}, {"confidence", 0.9}}));
   REQUIRE(provider->Complete(TriageRequest()).ok());
