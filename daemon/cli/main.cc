@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "daemon/apply/work_identity.h"
+#include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/daemon.h"
@@ -141,8 +142,11 @@ int Key(const std::string& config_path, const std::string& step, const std::stri
 struct ApiClient {
   std::string url = "http://127.0.0.1:7411";
 
+  // Prints the answer (stdout when 2xx, else stderr); exit code 0 on 2xx,
+  // 1 on another status, 2 when the daemon cannot be reached. `out`, when
+  // given, receives the HTTP status and the parsed body.
   int Call(const std::string& method, const std::string& path, const std::string& body,
-           const std::string& idempotency_key) {
+           const std::string& idempotency_key, std::pair<int, Json>* out = nullptr) {
     httplib::Client client(url);
     client.set_connection_timeout(5, 0);
     client.set_read_timeout(60, 0);
@@ -160,6 +164,7 @@ struct ApiClient {
       return 2;
     }
     auto parsed = ParseJson(res->body);
+    if (out != nullptr) *out = {res->status, parsed.ok() ? *parsed : Json()};
     std::string text = parsed.ok() ? parsed->dump(2) : res->body;
     std::fprintf(res->status < 300 ? stdout : stderr, "%s\n", text.c_str());
     return res->status < 300 ? 0 : 1;
@@ -228,9 +233,20 @@ int main(int argc, char** argv) {
 
   if (dlq_ls->parsed()) return api.Call("GET", "/v1/dead-letters", "", "");
   if (dlq_replay->parsed()) {
-    // One key per work item: running the command twice replays once.
-    return api.Call("POST", "/v1/dead-letters/" + dlq_id + "/replay", "{}",
-                    "\"cli-replay-" + dlq_id + "\"");
+    // Each invocation is a new operator intention, so it gets its own key: a
+    // second replay of an item that died again must replay it again, not
+    // get the first one's answer back.
+    const std::string replay_key = "cli-replay-" + RandomHex(8);
+    std::pair<int, Json> answer{0, Json()};
+    int rc = api.Call("POST", "/v1/dead-letters/" + dlq_id + "/replay", "{}",
+                      "\"" + replay_key + "\"", &answer);
+    if (answer.first != 0) {
+      std::string state = answer.second.is_object() ? answer.second.value("state", "") : "";
+      std::fprintf(stderr, "idem: replay of %s (Idempotency-Key %s): HTTP %d%s%s\n", dlq_id.c_str(),
+                   replay_key.c_str(), answer.first, state.empty() ? "" : ", state ",
+                   state.c_str());
+    }
+    return rc;
   }
   if (work->parsed()) return api.Call("GET", "/v1/work/" + work_id, "", "");
   if (decision->parsed()) return api.Call("GET", "/v1/decisions/" + decision_id, "", "");

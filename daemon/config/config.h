@@ -152,6 +152,7 @@ struct Config {
 StatusOr<Config> LoadConfig(const std::string& path);
 
 // Parses "250ms", "30s", "5m", "24h", "7d" or "forever" (0) into milliseconds.
+// InvalidArgument beyond 36500d, so now + duration never overflows.
 StatusOr<int64_t> ParseDuration(const std::string& text);
 
 // "250ms", "30s", "5m", "24h", "7d": the largest unit that divides `ms`

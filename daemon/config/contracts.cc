@@ -83,10 +83,13 @@ StatusOr<int64_t> ParseDuration(const std::string& text) {
   } else {
     return InvalidArgument("'" + text + "' has no known unit (ms, s, m, h or d)");
   }
+  // Durations are added to "now" (expiries, leases): a bound far below
+  // INT64_MAX keeps every such sum from overflowing. Checked before scaling.
+  constexpr int64_t kMaxDurationMs = 36500 * kDay;  // 100 years; longer is "forever"
   int64_t count = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + digits, count);
-  if (ec != std::errc() || count > std::numeric_limits<int64_t>::max() / scale) {
-    return InvalidArgument("'" + text + "' is too long a duration");
+  if (ec != std::errc() || count > kMaxDurationMs / scale) {
+    return InvalidArgument("'" + text + "' is too long a duration (at most 36500d)");
   }
   return count * scale;
 }

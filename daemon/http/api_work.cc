@@ -72,7 +72,11 @@ StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64
   const Json& v = body[name];
   int64_t ms = 0;
   if (v.is_number_integer()) {
-    ms = v.get<int64_t>() * 1000;
+    // Whole seconds: range-checked before scaling, so 2^61 does not wrap.
+    bool in_range = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(max / 1000)
+                        : v.get<int64_t>() >= 0 && v.get<int64_t>() <= max / 1000;
+    ms = in_range ? v.get<int64_t>() * 1000 : -1;
   } else if (v.is_string()) {
     auto parsed = ParseDuration(v.get<std::string>());
     if (!parsed.ok()) return InvalidArgument(parsed.status().message(), "/" + name);
@@ -119,6 +123,12 @@ Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string
   }
   *status = 500;
   return Json::object();
+}
+
+// Work still moving (retrying, or held by someone else): an answer about it
+// is not a final outcome (RouteResponse::transient).
+bool StillMoving(ActionOutcomeKind k) {
+  return k == ActionOutcomeKind::kRetrying || k == ActionOutcomeKind::kBusy;
 }
 
 Json ReportBody(const ReconcileReport& r) {
@@ -190,10 +200,13 @@ struct ClaimRoute {
       case ClaimOutcome::kDone:
         metrics.work_duplicates.Inc();
         return Duplicate(*kind, r.item, ctx.request_id);
-      case ClaimOutcome::kBusy:
+      case ClaimOutcome::kBusy: {
         metrics.work_busy.Inc();
-        return Conflict(Aborted("another caller holds this work under a live lease"), r.item,
-                        ctx.request_id);
+        RouteResponse busy = Conflict(Aborted("another caller holds this work under a live lease"),
+                                      r.item, ctx.request_id);
+        busy.transient = true;  // the holder is still at it
+        return busy;
+      }
       case ClaimOutcome::kDead:
         return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
                         r.item, ctx.request_id);
@@ -371,7 +384,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                                            ctx.body.value("run_id", ""), ctx.request_id));
         int status = 200;
         Json body = Outcome(*kind, o, ctx.request_id, &status);
-        return RouteResponse{status, std::move(body), {}};
+        RouteResponse out{status, std::move(body), {}};
+        out.transient = StillMoving(o.kind);
+        return out;
       }});
 
   routes.push_back(Route{
@@ -379,7 +394,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .pattern = "/v1/runs",
       .summary = "Submit a batch under a run_id; resubmitting resumes it (done items are not "
                  "redone).",
-      .key_policy = KeyPolicy::kOptional,
+      // It executes effects, so a retry must be recognisable as one (R37),
+      // as for /v1/actions: the run_id names the batch, not one attempt.
+      .key_policy = KeyPolicy::kRequired,
       .request_schema = "run.request",
       .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}},
       .roles = {"agent"},
@@ -415,7 +432,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                            {"work_id", o->item.work_id},
                            {"state", WorkStateName(o->item.state)}});
         }
-        return RouteResponse{200, {{"run_id", run_id}, {"counts", counts}, {"items", items}}, {}};
+        RouteResponse out{200, {{"run_id", run_id}, {"counts", counts}, {"items", items}}, {}};
+        out.transient = counts.count("retrying") > 0 || counts.count("busy") > 0;
+        return out;
       }});
 
   routes.push_back(
@@ -470,6 +489,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         if (!put.ok() && put.code() != Code::kAlreadyExists) return put;
         Json results = Json::array();
         bool all_done = true;
+        bool moving = false;  // some action retrying or busy: not a final outcome
         for (size_t i = 0; i < actions.size(); ++i) {
           const Json& a = actions[i];
           std::string kind = a.value("kind", "");
@@ -490,6 +510,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           Json body = Outcome(kit->second, *o, ctx.request_id, &status);
           body["index"] = i;
           all_done = all_done && o->item.state == WorkState::kDone;
+          moving = moving || StillMoving(o->kind);
           results.push_back(std::move(body));
         }
         auto current = deps.store.plans().Get(plan_id);
@@ -499,13 +520,15 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           (void)deps.store.plans().Transition(plan_id, from, to, ctx.caller, "apply",
                                               deps.clock.NowMillis());
         }
-        return RouteResponse{200,
-                             {{"plan_id", plan_id},
-                              {"decision_id", d.decision_id},
-                              {"state", to},
-                              {"run_id", plan_id},
-                              {"actions", results}},
-                             {}};
+        RouteResponse out{200,
+                          {{"plan_id", plan_id},
+                           {"decision_id", d.decision_id},
+                           {"state", to},
+                           {"run_id", plan_id},
+                           {"actions", results}},
+                          {}};
+        out.transient = moving;
+        return out;
       }});
 
   routes.push_back(Route{.method = "GET",

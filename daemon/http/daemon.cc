@@ -88,6 +88,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto store = OpenRocksStore(so);
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();
+  // Keys this store's previous process held when it died: nobody runs them
+  // any more, so a retry need not wait out their lease.
+  ASSIGN_OR_RETURN(size_t orphans, d->store_->idem_keys().ReleaseOwnInProgress());
+  if (orphans > 0) {
+    LogEvent(LogLevel::kInfo, "idempotency_keys_released", {{"count", orphans}});
+  }
 
   RETURN_IF_ERROR(LintOutputSchemas(d->config_));
   RETURN_IF_ERROR(CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));

@@ -1,5 +1,8 @@
 #include "daemon/http/idempotency_key.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "daemon/core/crypto.h"
 #include "daemon/http/http1.h"
 
@@ -59,6 +62,48 @@ StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values
     return InvalidArgument("Idempotency-Key is longer than 255 characters", kField);
   }
   return key;
+}
+
+StatusOr<int64_t> ParsePreferWait(const std::vector<std::string>& values, int64_t max_wait_ms) {
+  constexpr char kPrefer[] = "header:Prefer";
+  constexpr int64_t kMaxDeltaSeconds = 2147483647;  // RFC 9111 5.2
+  int64_t wait_ms = 0;
+  for (const std::string& header : values) {
+    std::string_view rest(header);
+    while (!rest.empty()) {
+      size_t comma = rest.find(',');
+      std::string_view pref = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      pref = pref.substr(0, pref.find(';'));  // parameters do not concern wait
+      size_t eq = pref.find('=');
+      std::string_view name = http1::TrimOws(pref.substr(0, eq));
+      if (name.size() != 4 || !std::equal(name.begin(), name.end(), "wait", [](char a, char b) {
+            return (a >= 'A' && a <= 'Z' ? a - 'A' + 'a' : a) == b;
+          })) {
+        continue;
+      }
+      std::string_view value =
+          eq == std::string_view::npos ? std::string_view() : http1::TrimOws(pref.substr(eq + 1));
+      if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+        value = value.substr(1, value.size() - 2);
+      }
+      if (value.empty()) return InvalidArgument("Prefer: wait needs a number of seconds", kPrefer);
+      int64_t secs = 0;
+      for (char c : value) {
+        if (c < '0' || c > '9') {
+          return InvalidArgument("Prefer: wait must be a whole number of seconds", kPrefer);
+        }
+        secs = secs * 10 + (c - '0');
+        if (secs > kMaxDeltaSeconds) {
+          return InvalidArgument("Prefer: wait is out of range (at most 2147483647 seconds)",
+                                 kPrefer);
+        }
+      }
+      // secs <= 2^31-1, so secs * 1000 fits in 64 bits.
+      wait_ms = std::clamp<int64_t>(secs * 1000, 0, std::max<int64_t>(0, max_wait_ms));
+    }
+  }
+  return wait_ms;
 }
 
 std::string RequestFingerprint(std::string_view method, std::string_view path,

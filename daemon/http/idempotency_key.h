@@ -22,6 +22,16 @@ namespace idem {
 // InvalidArgument (field "header:Idempotency-Key") when malformed.
 StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values);
 
+// RFC 7240 `Prefer: wait=N` (N: delta-seconds, RFC 9111 5.2: digits, at
+// most 2^31-1). `values`: every Prefer header of the request; each holds a
+// comma-separated list of preferences, each possibly with ";param"s.
+// Preferences other than wait are ignored (RFC 7240 section 2). Returns the
+// wait in milliseconds, clamped to [0, max_wait_ms] (the server may honour
+// less than asked), 0 when absent. InvalidArgument (field "header:Prefer")
+// when wait is not a number or is out of range; the range is checked before
+// scaling, so no value overflows.
+StatusOr<int64_t> ParsePreferWait(const std::vector<std::string>& values, int64_t max_wait_ms);
+
 // sha256 hex of method, path and the canonical (JCS) body.
 std::string RequestFingerprint(std::string_view method, std::string_view path,
                                std::string_view canonical_body);

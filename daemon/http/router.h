@@ -40,6 +40,11 @@ struct RouteResponse {
   int status = 200;
   Json body;
   std::vector<std::pair<std::string, std::string>> headers;
+  // The answer reports work that is still moving (409 busy, a run with
+  // items retrying): not a final outcome, so it is never stored under an
+  // Idempotency-Key; a retry with the key runs again and reports the work's
+  // state then. A 202 is always treated so.
+  bool transient = false;
 };
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;

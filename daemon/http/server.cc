@@ -34,15 +34,8 @@ bool IsValidationFailure(int status) {
   return status == 400 || status == 404 || status == 413 || status == 415 || status == 422;
 }
 
-// RFC 7240 "Prefer: wait=N" (seconds). 0 when absent.
-int64_t PreferWaitMs(const http1::Request& req) {
-  if (!req.HasHeader("Prefer")) return 0;
-  std::string v = req.HeaderValue("Prefer");
-  size_t pos = v.find("wait=");
-  if (pos == std::string::npos) return 0;
-  int64_t secs = std::atoll(v.c_str() + pos + 5);
-  return std::clamp<int64_t>(secs * 1000, 0, kMaxPreferWaitMs);
-}
+// Not a final outcome: the work is still moving (see RouteResponse::transient).
+bool IsTransient(const RouteResponse& r) { return r.transient || r.status == 202; }
 
 void WriteJson(http1::Response& res, int status, const Json& body, const char* type) {
   res.status = status;
@@ -73,14 +66,9 @@ StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
   return std::make_pair(host, port);
 }
 
-HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes)
-    : deps_(deps), routes_(std::move(routes)), schemas_(std::make_unique<CompiledSchemas>()) {
-  for (const auto& [name, text] : ApiSchemaTexts()) {
-    Json j = Json::parse(text, nullptr, false);
-    if (j.is_discarded()) continue;
-    auto compiled = JsonSchema::Create(j);
-    if (compiled.ok()) schemas_->by_name[name] = std::move(compiled).value();
-  }
+HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
+                       std::unique_ptr<CompiledSchemas> schemas)
+    : deps_(deps), routes_(std::move(routes)), schemas_(std::move(schemas)) {
   const ServerConfig& sc = deps_.config.server;
   EventServerOptions options;
   options.workers = std::max(2, sc.threads);
@@ -105,14 +93,30 @@ HttpServer::~HttpServer() { Stop(); }
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(ServerDeps deps,
                                                          std::vector<Route> routes) {
+  return Create(deps, std::move(routes), ApiSchemaTexts());
+}
+
+StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
+    ServerDeps deps, std::vector<Route> routes,
+    const std::map<std::string, std::string>& schema_texts) {
+  auto schemas = std::make_unique<CompiledSchemas>();
+  for (const auto& [name, text] : schema_texts) {
+    Json j = Json::parse(text, nullptr, false);
+    if (j.is_discarded()) return Internal("API schema " + name + " is not valid JSON");
+    auto compiled = JsonSchema::Create(j);
+    if (!compiled.ok()) {
+      return Internal("API schema " + name + " does not compile: " + compiled.status().ToString());
+    }
+    schemas->by_name[name] = std::move(compiled).value();
+  }
   for (Route& r : routes) {
     CompileRoute(r);
-    if (!r.request_schema.empty() && ApiSchemaTexts().count(r.request_schema) == 0) {
+    if (!r.request_schema.empty() && schemas->by_name.count(r.request_schema) == 0) {
       return Internal("route " + r.method + " " + r.pattern + " names schema " + r.request_schema +
                       " which is not in schemas/api");
     }
   }
-  return std::unique_ptr<HttpServer>(new HttpServer(deps, std::move(routes)));
+  return std::unique_ptr<HttpServer>(new HttpServer(deps, std::move(routes), std::move(schemas)));
 }
 
 StatusOr<int> HttpServer::Start(const std::string& host, int port) {
@@ -406,6 +410,13 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
   if (wit != cfg.route_windows_ms.end()) ttl = wit->second;
   const std::string fingerprint = RequestFingerprint(req.method, req.path, canonical_body);
   const std::string& scope = ctx.caller;
+  // A malformed Prefer is refused before the key is taken.
+  std::vector<std::string> prefer;
+  for (size_t i = 0; i < req.HeaderCount("Prefer"); ++i) {
+    prefer.push_back(req.HeaderValue("Prefer", i));
+  }
+  StatusOr<int64_t> asked_wait_ms = ParsePreferWait(prefer, kMaxPreferWaitMs);
+  if (!asked_wait_ms.ok()) return Fail(res, asked_wait_ms.status(), ctx.request_id);
   const int64_t begun_ms = deps_.clock.NowMillis();
   auto begun = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
                                      begun_ms, ttl, cfg.lease_ms);
@@ -414,7 +425,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
     return Fail(res, begun.status(), ctx.request_id);
   }
   if (begun->outcome == BeginOutcome::kInFlight) {
-    int64_t wait_ms = PreferWaitMs(req);
+    int64_t wait_ms = *asked_wait_ms;
     int64_t until = deps_.clock.NowMillis() + wait_ms;
     while (wait_ms > 0 && deps_.clock.NowMillis() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -462,6 +473,17 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
   RouteResponse out = run();
   if (IsValidationFailure(out.status)) {
     (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);
+  } else if (IsTransient(out)) {
+    // Stripe and the IETF draft store final outcomes only: a retry with this
+    // key runs the (journal-idempotent) handler again and sees the work's
+    // state then, instead of this answer replayed for the whole window.
+    Status rel = deps_.idem_keys.Release(scope, ctx.idempotency_key, fingerprint);
+    if (!rel.ok()) {
+      m.idem_key_store_errors.Inc();
+      LogEvent(LogLevel::kError, "idempotency_release_failed",
+               {{"request_id", ctx.request_id}, {"error", rel.ToString()}});
+    }
+    m.idem_key_released.Inc();
   } else {
     const char* type = out.status >= 400 ? kProblemContentType : "application/json";
     Status fin =

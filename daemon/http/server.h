@@ -8,7 +8,9 @@
 //   -> Idempotency-Key record: replay / 422 / 409 / wait / new
 //   -> handler -> response stored under the key (5xx included) unless it is
 //      a validation failure (400, 404, 413, 415, 422), which forgets the key
-//      so a corrected retry can reuse it.
+//      so a corrected retry can reuse it, or not final (202, or
+//      RouteResponse::transient: the work still moves), which releases the
+//      key so a retry runs again and reports the work's state then.
 //
 // Every error is problem+json (problem.h): unknown paths 404, a known path
 // with another method 405 (with Allow), framing errors as http1.h says.
@@ -22,6 +24,7 @@
 // pool (ServerConfig.threads), journal batches on its event loops.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -47,7 +50,15 @@ struct ServerDeps {
 class HttpServer : private BatchLane {
  public:
   ~HttpServer();
+  // The API schemas are those of schemas/api (ApiSchemaTexts()). Internal
+  // when a route names a schema that is not there, or when any schema does
+  // not parse or compile: the daemon must not start with a route it cannot
+  // validate.
   static StatusOr<std::unique_ptr<HttpServer>> Create(ServerDeps deps, std::vector<Route> routes);
+  // The same with the schema texts given (name -> JSON Schema text).
+  static StatusOr<std::unique_ptr<HttpServer>> Create(
+      ServerDeps deps, std::vector<Route> routes,
+      const std::map<std::string, std::string>& schema_texts);
 
   // Binds `host:port` (port 0: any free port) and serves on background
   // threads. Returns the bound port. Unavailable if the address is taken.
@@ -61,7 +72,7 @@ class HttpServer : private BatchLane {
  private:
   struct CompiledSchemas;
 
-  HttpServer(ServerDeps deps, std::vector<Route> routes);
+  HttpServer(ServerDeps deps, std::vector<Route> routes, std::unique_ptr<CompiledSchemas> schemas);
   // The route for the request's method and path (params filled), or null
   // with `res` holding the 404/405 answer.
   const Route* Find(const http1::Request& req, std::vector<std::string>& params,

@@ -1,9 +1,15 @@
 #include "daemon/obs/metrics.h"
 
+#include <cstdio>
+#include <string_view>
+
 namespace idem {
 namespace {
 
-void Line(std::string& out, const char* name, const char* help, const Counter& c) {
+// `field`: a Metrics member; a leading "idem_" is dropped, the exposition adds the one prefix.
+void Line(std::string& out, std::string_view field, const char* help, const Counter& c) {
+  if (field.substr(0, 5) == "idem_") field.remove_prefix(5);
+  std::string name = std::string(field) + "_total";
   out += "# HELP idem_";
   out += name;
   out += ' ';
@@ -22,7 +28,7 @@ void Line(std::string& out, const char* name, const char* help, const Counter& c
 std::string Metrics::RenderPrometheus() const {
   std::string out;
   out.reserve(4096);
-#define IDEM_METRIC(field, help) Line(out, #field "_total", help, field)
+#define IDEM_METRIC(field, help) Line(out, #field, help, field)
   IDEM_METRIC(http_requests, "HTTP requests received.");
   IDEM_METRIC(http_errors_4xx, "HTTP responses with a 4xx status.");
   IDEM_METRIC(http_errors_5xx, "HTTP responses with a 5xx status.");
@@ -35,8 +41,21 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(idem_key_missing, "Requests missing a required Idempotency-Key (400).");
   IDEM_METRIC(idem_key_optional_absent, "Requests without a key where it is optional.");
   IDEM_METRIC(idem_key_store_errors, "Idempotency-Key store errors.");
-  IDEM_METRIC(idem_in_progress_ms_sum, "Milliseconds keys spent in_progress, summed.");
-  IDEM_METRIC(idem_in_progress_count, "Keys that went from in_progress to completed.");
+  IDEM_METRIC(idem_key_released,
+              "Keyed answers not stored because the work was still moving (202, 409 busy).");
+  {
+    char sum[32];
+    std::snprintf(sum, sizeof sum, "%.3f",
+                  static_cast<double>(idem_in_progress_ms_sum.Get()) / 1000.0);
+    out +=
+        "# HELP idem_key_in_progress_seconds Time keys spent in_progress before their outcome "
+        "was stored.\n# TYPE idem_key_in_progress_seconds summary\n"
+        "idem_key_in_progress_seconds_sum ";
+    out += sum;
+    out += "\nidem_key_in_progress_seconds_count ";
+    out += std::to_string(idem_in_progress_count.Get());
+    out += '\n';
+  }
   IDEM_METRIC(decide_cache_hits, "Decisions answered from the cache.");
   IDEM_METRIC(decide_cache_misses, "Decisions that needed a provider call.");
   IDEM_METRIC(decide_single_flight_joined, "Misses answered by a concurrent identical request.");

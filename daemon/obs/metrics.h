@@ -5,6 +5,10 @@
 // R37: Idempotency-Key replays, key/fingerprint conflicts, in-flight
 // duplicates, requests without a key, time spent in_progress, store errors.
 //
+// Names follow the Prometheus conventions: one `idem_` prefix (a field
+// named idem_* is not prefixed twice), `_total` on counters only, base
+// units (the in-progress time is a summary in seconds).
+//
 // Thread-safety: all members may be used concurrently.
 #pragma once
 
@@ -30,10 +34,11 @@ struct Metrics {
   Counter idem_key_mismatch;         // same key, other payload: 422
   Counter idem_key_in_flight;        // same key while the first runs: 409
   Counter idem_key_waited;           // Prefer: wait answered with the first's result
+  Counter idem_key_released;         // answered while the work still moved: not stored
   Counter idem_key_missing;          // required but absent: 400
   Counter idem_key_optional_absent;  // optional and absent (decide without a key)
   Counter idem_key_store_errors;
-  Counter idem_in_progress_ms_sum;  // time between Begin and Finish
+  Counter idem_in_progress_ms_sum;  // time between Begin and Finish; rendered in seconds
   Counter idem_in_progress_count;
   // decide
   Counter decide_cache_hits;

@@ -41,6 +41,12 @@ class FieldReader {
     if (wide < INT32_MIN || wide > INT32_MAX) return Fail(name, "out of range");
     out = static_cast<int>(wide);
   }
+  void Bool(const char* name, bool& out) {
+    const Json* v = Find(name, false);
+    if (v == nullptr) return;
+    if (!v->is_boolean()) return Fail(name, "not a boolean");
+    out = v->get<bool>();
+  }
   void Uint(const char* name, uint64_t& out) {
     const Json* v = Find(name, false);
     if (v == nullptr) return;
@@ -577,7 +583,15 @@ StatusOr<Json> DecodeJson(std::string_view text, std::string_view what) {
 // --------------------------------------------------------------- IdemRecord
 
 std::string_view IdemStateName(IdemRecord::State s) {
-  return s == IdemRecord::State::kCompleted ? "completed" : "in_progress";
+  switch (s) {
+    case IdemRecord::State::kCompleted:
+      return "completed";
+    case IdemRecord::State::kReleased:
+      return "released";
+    case IdemRecord::State::kInProgress:
+      break;
+  }
+  return "in_progress";
 }
 
 Json IdemRecordToJson(const IdemRecord& rec) {
@@ -591,7 +605,9 @@ Json IdemRecordToJson(const IdemRecord& rec) {
               {"request_id", rec.request_id},
               {"created_at_ms", rec.created_at_ms},
               {"expires_at_ms", rec.expires_at_ms},
-              {"lease_until_ms", rec.lease_until_ms}};
+              {"lease_until_ms", rec.lease_until_ms},
+              {"ran", rec.ran},
+              {"owner", rec.owner}};
 }
 
 StatusOr<IdemRecord> IdemRecordFromJson(const Json& j) {
@@ -609,9 +625,13 @@ StatusOr<IdemRecord> IdemRecordFromJson(const Json& j) {
   r.Int("created_at_ms", rec.created_at_ms);
   r.Int("expires_at_ms", rec.expires_at_ms);
   r.Int("lease_until_ms", rec.lease_until_ms);
+  r.Bool("ran", rec.ran);
+  r.Str("owner", rec.owner);
   if (r.status().ok()) {
     if (state == "completed") {
       rec.state = IdemRecord::State::kCompleted;
+    } else if (state == "released") {
+      rec.state = IdemRecord::State::kReleased;
     } else if (state == "in_progress") {
       rec.state = IdemRecord::State::kInProgress;
     } else {

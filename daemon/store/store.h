@@ -85,7 +85,17 @@ struct IdemRecord {
   std::string scope;        // the caller (token name) plus the route
   std::string key;          // the Idempotency-Key value
   std::string fingerprint;  // sha256 hex of method, path and JCS body
-  enum class State { kInProgress, kCompleted } state = State::kInProgress;
+  // kReleased: an attempt ran and answered while its work was still moving
+  // (202 retrying, 409 busy); no response is stored, the key stays bound to
+  // its fingerprint, and the next Begin with that fingerprint takes it again.
+  enum class State { kInProgress, kCompleted, kReleased } state = State::kInProgress;
+  // An earlier attempt under this key ran (it was released at least once):
+  // an Abandon then goes back to kReleased instead of forgetting the key.
+  bool ran = false;
+  // The instance id of the store that wrote the in_progress record (one
+  // process owns a store folder), so a restarted daemon knows that its own
+  // in-progress keys are orphans (ReleaseOwnInProgress).
+  std::string owner;
   int response_status = 0;
   std::string response_body;
   std::string response_content_type;
@@ -111,13 +121,14 @@ class IdemKeyStore {
  public:
   virtual ~IdemKeyStore() = default;
   // Atomically: if (scope,key) is absent, or expired at now_ms, or
-  // in_progress with lease_until <= now_ms (its owner crashed), writes an
-  // in_progress record (durably) and returns kNew; otherwise classifies,
+  // in_progress with lease_until <= now_ms (its owner crashed), or released
+  // with the same fingerprint, writes an in_progress record (durably, owned
+  // by this store's instance) and returns kNew; otherwise classifies,
   // without writing: another fingerprint -> kMismatch (checked first, also
-  // while in progress), completed -> kReplay, in progress -> kInFlight.
-  // The record expires at now_ms + ttl_ms (ttl_ms == 0: never); the window
-  // starts at Begin and Finish does not extend it. InvalidArgument if
-  // ttl_ms < 0 or lease_ms <= 0.
+  // while in progress or released), completed -> kReplay, in progress ->
+  // kInFlight. The record expires at now_ms + ttl_ms (ttl_ms == 0: never);
+  // the window starts at the first Begin: neither Finish nor retaking a
+  // released key extends it. InvalidArgument if ttl_ms < 0 or lease_ms <= 0.
   virtual StatusOr<BeginResult> Begin(const std::string& scope, const std::string& key,
                                       const std::string& fingerprint, const std::string& request_id,
                                       int64_t now_ms, int64_t ttl_ms, int64_t lease_ms) = 0;
@@ -131,8 +142,22 @@ class IdemKeyStore {
   // Forgets an in_progress record (the request failed validation, so a
   // corrected retry may reuse the key). No-op when absent.
   // FailedPrecondition if it is completed or has another fingerprint.
+  // (A key released before goes back to released: it stays bound to its
+  // fingerprint.)
   virtual Status Abandon(const std::string& scope, const std::string& key,
                          const std::string& fingerprint) = 0;
+  // in_progress -> released (durably): the attempt answered, but its work is
+  // still moving, so no response is stored; a retry with the same
+  // fingerprint runs again and reports the work's current state, another
+  // fingerprint is still kMismatch. No-op when absent or already released.
+  // FailedPrecondition if it is completed or has another fingerprint.
+  virtual Status Release(const std::string& scope, const std::string& key,
+                         const std::string& fingerprint) = 0;
+  // Releases every in_progress record owned by this store's instance: at
+  // start-up they are orphans of a process that is gone (kill -9), so a
+  // retry need not wait for the lease. Scans every record; returns how many
+  // were released. Records of other owners keep their lease.
+  virtual StatusOr<size_t> ReleaseOwnInProgress() = 0;
   virtual StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) = 0;
   // Deletes up to `limit` records expired before now_ms; returns how many.
   virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;

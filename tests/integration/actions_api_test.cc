@@ -2,6 +2,9 @@
 // effector in this process.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "tests/fakes/fake_effector.h"
 #include "tests/integration/harness.h"
 
@@ -120,6 +123,40 @@ TEST_CASE("applying a decision's plan executes each action once, however often i
   CHECK(J(again)["state"] == "applied");
   CHECK(f.target->stats().effects == 2);
   CHECK(J(f.client->Get(("/v1/plans/plan_" + id.substr(4)).c_str()))["state"] == "applied");
+}
+
+TEST_CASE("a 202 retrying is not replayed: a retry with the key reports the work's state now") {
+  Fixture f;
+  f.target->FailNext(1, 503);
+  Json args = {{"args", {{"invoice_id", "INV-T"}, {"amount", 5}}}};
+  auto first = f.Post("/v1/actions/send_invoice", args, "\"t-1\"");
+  REQUIRE(first);
+  REQUIRE(first->status == 202);
+  CHECK(J(first)["state"] != "done");
+  // Another payload under the key is still refused while the work moves.
+  Json other = {{"args", {{"invoice_id", "INV-U"}, {"amount", 5}}}};
+  CHECK(f.Post("/v1/actions/send_invoice", other, "\"t-1\"")->status == 422);
+  // The daemon's workers retry the effect (10-50 ms backoff).
+  int status = 0;
+  Json later;
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto res = f.Post("/v1/actions/send_invoice", args, "\"t-1\"");
+    REQUIRE(res);
+    CHECK(res->get_header_value("Idempotent-Replayed") == "");
+    status = res->status;
+    later = J(res);
+    if (status != 202) break;
+  }
+  // 201 if this retry ran the due attempt itself, 200 if a worker had.
+  REQUIRE((status == 200 || status == 201));
+  CHECK(later["state"] == "done");
+  CHECK(f.target->stats().effects == 1);
+  // A final outcome is stored: from now on it is replayed.
+  auto replayed = f.Post("/v1/actions/send_invoice", args, "\"t-1\"");
+  CHECK(replayed->status == status);
+  CHECK(replayed->get_header_value("Idempotent-Replayed") == "true");
+  CHECK(f.Post("/v1/actions/send_invoice", other, "\"t-1\"")->status == 422);
 }
 
 }  // namespace idem::testing

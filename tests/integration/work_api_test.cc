@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -329,7 +330,108 @@ TEST_CASE("actions require an Idempotency-Key") {
   REQUIRE(r);
   CHECK(r->status == 400);
   CHECK(J(r)["pointer"] == "header:Idempotency-Key");
-  CHECK(MetricValue(*f.client, "idem_idem_key_missing_total") == 1);
+  CHECK(MetricValue(*f.client, "idem_key_missing_total") == 1);
+}
+
+TEST_CASE("runs require an Idempotency-Key, since they execute effects") {
+  Fixture f;
+  auto r = f.Post("/v1/runs", {{"run_id", "r-1"},
+                               {"kind", "send_invoice"},
+                               {"items", Json::array({{{"invoice_id", "1"}}})}});
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(J(r)["pointer"] == "header:Idempotency-Key");
+}
+
+TEST_CASE("a duration in seconds too large to scale is refused with its field, not wrapped") {
+  Fixture f;
+  // 2305843009213693960 s * 1000 wraps to 8000 ms in 64 bits.
+  auto lease = f.Post("/v1/work/claim", {{"kind", "send_invoice"},
+                                         {"identity", {{"invoice_id", "big"}}},
+                                         {"lease", 2305843009213693960LL}});
+  REQUIRE(lease);
+  CHECK(lease->status == 400);
+  CHECK(J(lease)["pointer"] == "/lease");
+  auto huge = f.Post("/v1/work/claim", {{"kind", "send_invoice"},
+                                        {"identity", {{"invoice_id", "big"}}},
+                                        {"lease", 18446744073709551615ULL}});
+  CHECK(huge->status == 400);
+  auto as_text = f.Post("/v1/work/claim", {{"kind", "send_invoice"},
+                                           {"identity", {{"invoice_id", "big"}}},
+                                           {"lease", "9223372036854775807ms"}});
+  CHECK(as_text->status == 400);
+  CHECK(J(as_text)["pointer"] == "/lease");
+  auto ttl = f.Post("/v1/leases/overflow", {{"holder", "h"}, {"ttl", 2305843009213693960LL}});
+  CHECK(ttl->status == 400);
+  CHECK(J(ttl)["pointer"] == "/ttl");
+  Json c = J(
+      f.Post("/v1/work/claim", {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "big"}}}}));
+  auto retry = f.Post(
+      "/v1/work/" + c["work_id"].get<std::string>() + "/fail",
+      {{"lease_token", c["lease_token"]}, {"error", "x"}, {"retry_after", 2305843009213693960LL}});
+  CHECK(retry->status == 400);
+  CHECK(J(retry)["pointer"] == "/retry_after");
+}
+
+TEST_CASE(
+    "idem dlq replay sends a new key each time, so an item that died again is replayed again") {
+  Fixture f;
+  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-D"}}}};
+  auto kill = [&] {  // two failed attempts: a dead letter
+    for (int i = 0; i < 2; ++i) {
+      Json c = J(f.Post("/v1/work/claim", claim));
+      REQUIRE(c.contains("lease_token"));
+      f.Post("/v1/work/" + c["work_id"].get<std::string>() + "/fail",
+             {{"lease_token", c["lease_token"]}, {"error", "smtp 550"}, {"retry_after", 0}});
+    }
+    return J(f.Post("/v1/work/claim", claim))["work_id"].get<std::string>();
+  };
+  const std::string id = kill();
+  REQUIRE(J(f.client->Get("/v1/dead-letters"))["items"].size() == 1);
+  const std::string url = "http://127.0.0.1:" + std::to_string(f.daemon->port());
+  CliResult first = RunCli({"--url", url, "dlq", "replay", id});
+  CHECK_MESSAGE(first.exit_code == 0, first.err);
+  CHECK(first.err.find("replay of " + id) != std::string::npos);
+  CHECK(first.err.find("state pending") != std::string::npos);
+  CHECK(J(f.client->Get("/v1/dead-letters"))["items"].empty());
+
+  REQUIRE(kill() == id);  // it died again
+  REQUIRE(J(f.client->Get("/v1/dead-letters"))["items"].size() == 1);
+  CliResult second = RunCli({"--url", url, "dlq", "replay", id});
+  CHECK_MESSAGE(second.exit_code == 0, second.err);
+  CHECK(J(f.client->Get("/v1/dead-letters"))["items"].empty());  // replayed, not a no-op
+  auto key_of = [](const std::string& err) {
+    size_t at = err.find("Idempotency-Key ");
+    return at == std::string::npos ? std::string()
+                                   : err.substr(at + 16, err.find(')', at) - at - 16);
+  };
+  CHECK_FALSE(key_of(first.err).empty());
+  CHECK(key_of(first.err) != key_of(second.err));
+}
+
+TEST_CASE("every name at /metrics has one idem_ prefix and _total exactly on counters") {
+  Fixture f;
+  auto res = f.client->Get("/metrics");
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  std::istringstream text(res->body);
+  std::string line;
+  int families = 0;
+  while (std::getline(text, line)) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    std::istringstream fields(line.substr(7));
+    std::string name, type;
+    fields >> name >> type;
+    CAPTURE(name);
+    ++families;
+    CHECK(name.rfind("idem_", 0) == 0);
+    CHECK(name.find("idem_idem") == std::string::npos);
+    bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+    CHECK(total == (type == "counter"));
+    CHECK(name.find("_ms") == std::string::npos);  // base units: seconds
+  }
+  CHECK(families > 10);
+  CHECK(res->body.find("idem_key_in_progress_seconds_count") != std::string::npos);
 }
 
 }  // namespace idem::testing

@@ -23,6 +23,7 @@ std::optional<BeginResult> ReadOnlyOutcome(const std::optional<IdemRecord>& curr
   bool in_progress = current->state == IdemRecord::State::kInProgress;
   if (in_progress && current->lease_until_ms <= now_ms) return std::nullopt;  // owner crashed
   if (current->fingerprint != fingerprint) return BeginResult{BeginOutcome::kMismatch, *current};
+  if (current->state == IdemRecord::State::kReleased) return std::nullopt;  // run it again
   if (in_progress) return BeginResult{BeginOutcome::kInFlight, *current};
   return BeginResult{BeginOutcome::kReplay, *current};
 }
@@ -79,9 +80,17 @@ StatusOr<BeginResult> RocksIdemKeyStore::Begin(const std::string& scope, const s
   next.fingerprint = fingerprint;
   next.state = IdemRecord::State::kInProgress;
   next.request_id = request_id;
+  next.owner = owner_;
   next.created_at_ms = now_ms;
   next.expires_at_ms = ttl_ms == 0 ? 0 : now_ms + ttl_ms;
   next.lease_until_ms = now_ms + lease_ms;
+  if (current && !Expired(*current, now_ms) && current->fingerprint == fingerprint &&
+      (current->ran || current->state == IdemRecord::State::kReleased)) {
+    // Retaking a key whose earlier attempt ran: the window began then.
+    next.ran = true;
+    next.created_at_ms = current->created_at_ms;
+    next.expires_at_ms = current->expires_at_ms;
+  }
   RecordBatch batch(db_);
   Stage(batch, record_key, current, &next);
   RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
@@ -125,9 +134,75 @@ Status RocksIdemKeyStore::Abandon(const std::string& scope, const std::string& k
   if (current->state == IdemRecord::State::kCompleted) {
     return FailedPrecondition("idempotency key '" + key + "' is completed");
   }
+  if (current->state == IdemRecord::State::kReleased) return Status::Ok();
   RecordBatch batch(db_);
-  Stage(batch, record_key, current, nullptr);
+  if (current->ran) {
+    IdemRecord next = *current;
+    next.state = IdemRecord::State::kReleased;
+    next.lease_until_ms = 0;
+    Stage(batch, record_key, current, &next);
+  } else {
+    Stage(batch, record_key, current, nullptr);
+  }
   return db_.Commit(batch, /*durable=*/true);
+}
+
+Status RocksIdemKeyStore::Release(const std::string& scope, const std::string& key,
+                                  const std::string& fingerprint) {
+  std::string record_key = RecordKey(scope, key);
+  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+  if (!current) return Status::Ok();
+  if (current->fingerprint != fingerprint) {
+    return FailedPrecondition("idempotency key '" + key + "' belongs to another request");
+  }
+  if (current->state == IdemRecord::State::kCompleted) {
+    return FailedPrecondition("idempotency key '" + key + "' is completed");
+  }
+  if (current->state == IdemRecord::State::kReleased) return Status::Ok();
+  IdemRecord next = *current;
+  next.state = IdemRecord::State::kReleased;
+  next.ran = true;
+  next.lease_until_ms = 0;
+  RecordBatch batch(db_);
+  Stage(batch, record_key, current, &next);
+  return db_.Commit(batch, /*durable=*/true);
+}
+
+StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {
+  if (owner_.empty()) return size_t{0};
+  std::vector<std::string> orphans;
+  {
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemKeys, {});
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      ASSIGN_OR_RETURN(Json j,
+                       store_internal::DecodeJson(it->value().ToString(), "idempotency key"));
+      ASSIGN_OR_RETURN(IdemRecord r, store_internal::IdemRecordFromJson(j));
+      if (r.state == IdemRecord::State::kInProgress && r.owner == owner_) {
+        orphans.push_back(it->key().ToString());
+      }
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning idempotency keys"));
+  }
+  size_t released = 0;
+  for (const std::string& record_key : orphans) {
+    MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+    ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+    if (!current || current->state != IdemRecord::State::kInProgress || current->owner != owner_) {
+      continue;
+    }
+    // Whether the orphan's handler ran is unknown: released keeps the key
+    // bound to its fingerprint, as after a transient answer.
+    IdemRecord next = *current;
+    next.state = IdemRecord::State::kReleased;
+    next.ran = true;
+    next.lease_until_ms = 0;
+    RecordBatch batch(db_);
+    Stage(batch, record_key, current, &next);
+    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+    ++released;
+  }
+  return released;
 }
 
 StatusOr<IdemRecord> RocksIdemKeyStore::Get(const std::string& scope, const std::string& key) {

@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/store.h"
@@ -18,8 +19,10 @@ namespace idem::rocks {
 
 class RocksIdemKeyStore final : public IdemKeyStore {
  public:
-  // `db` must outlive this object.
-  explicit RocksIdemKeyStore(RocksDatabase& db) : db_(db) {}
+  // `db` must outlive this object. `owner`: the store's instance id, written
+  // on every in_progress record ("" in tests that do not care).
+  explicit RocksIdemKeyStore(RocksDatabase& db, std::string owner = "")
+      : db_(db), owner_(std::move(owner)) {}
 
   StatusOr<BeginResult> Begin(const std::string& scope, const std::string& key,
                               const std::string& fingerprint, const std::string& request_id,
@@ -29,6 +32,9 @@ class RocksIdemKeyStore final : public IdemKeyStore {
                 int64_t now_ms) override;
   Status Abandon(const std::string& scope, const std::string& key,
                  const std::string& fingerprint) override;
+  Status Release(const std::string& scope, const std::string& key,
+                 const std::string& fingerprint) override;
+  StatusOr<size_t> ReleaseOwnInProgress() override;
   StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) override;
   StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
 
@@ -39,6 +45,7 @@ class RocksIdemKeyStore final : public IdemKeyStore {
              const std::optional<IdemRecord>& before, const IdemRecord* after);
 
   RocksDatabase& db_;
+  const std::string owner_;
 };
 
 }  // namespace idem::rocks

@@ -2,6 +2,7 @@
 #include <memory>
 #include <utility>
 
+#include "daemon/core/crypto.h"
 #include "daemon/store/rocksdb/rocksdb_audit_log.h"
 #include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/rocksdb/rocksdb_decision_store.h"
@@ -17,10 +18,11 @@ namespace {
 
 class RocksStore final : public Store {
  public:
-  RocksStore(std::unique_ptr<rocks::RocksDatabase> db, std::unique_ptr<rocks::RocksAuditLog> audit)
+  RocksStore(std::unique_ptr<rocks::RocksDatabase> db, std::unique_ptr<rocks::RocksAuditLog> audit,
+             std::string instance_id)
       : db_(std::move(db)),
         decisions_(*db_),
-        idem_keys_(*db_),
+        idem_keys_(*db_, std::move(instance_id)),
         journal_(*db_),
         plans_(*db_),
         audit_(std::move(audit)),
@@ -50,12 +52,28 @@ class RocksStore final : public Store {
   rocks::RocksEscalationStore escalations_;
 };
 
+// The identity of this store's owner, made once per store folder. One
+// process at a time owns the folder, so records stamped with it that are
+// still in progress when the store is opened again belong to a process that
+// is gone.
+StatusOr<std::string> InstanceId(rocks::RocksDatabase& db) {
+  rocks::RocksMetaStore meta(db);
+  constexpr char kKey[] = "store.instance_id";
+  ASSIGN_OR_RETURN(std::optional<std::string> have, meta.Get(kKey));
+  if (have && !have->empty()) return *have;
+  std::string id = "inst_" + RandomHex(8);
+  RETURN_IF_ERROR(meta.Put(kKey, id));
+  return id;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksDatabase> db, rocks::RocksDatabase::Open(options));
   ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksAuditLog> audit, rocks::RocksAuditLog::Create(*db));
-  return std::unique_ptr<Store>(new RocksStore(std::move(db), std::move(audit)));
+  ASSIGN_OR_RETURN(std::string instance_id, InstanceId(*db));
+  return std::unique_ptr<Store>(
+      new RocksStore(std::move(db), std::move(audit), std::move(instance_id)));
 }
 
 }  // namespace idem

@@ -524,6 +524,16 @@ TEST_CASE("ParseDuration reads every unit and forever") {
   }
 }
 
+TEST_CASE("ParseDuration refuses a duration that now + it could overflow") {
+  CHECK(*ParseDuration("36500d") == 36500 * 86'400'000LL);
+  // Each fits in 64 bits, but added to "now" (an expiry) it would not.
+  for (const char* big : {"36501d", "9223372036854775807ms", "106751991167d", "2562047788015h"}) {
+    CAPTURE(big);
+    StatusOr<int64_t> r = ParseDuration(big);
+    CHECK(r.status().code() == Code::kInvalidArgument);
+  }
+}
+
 TEST_CASE("FormatDuration picks the largest exact unit") {
   CHECK(FormatDuration(250) == "250ms");
   CHECK(FormatDuration(1500) == "1500ms");

@@ -1,4 +1,4 @@
-// RFC 8785 reference vectors from /work/shared/testdata/jcs (see its README).
+// RFC 8785 reference vectors from tests/testdata/jcs (see its README for source and licence).
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -12,7 +12,7 @@
 namespace idem {
 namespace {
 
-const std::string kJcsDir = std::string(IDEM_SHARED_DIR) + "/testdata/jcs";
+const std::string kJcsDir = std::string(IDEM_SOURCE_DIR) + "/tests/testdata/jcs";
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

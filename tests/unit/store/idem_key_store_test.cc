@@ -178,5 +178,71 @@ TEST_CASE("Begin refuses a negative ttl and a non-positive lease") {
         Code::kInvalidArgument);
 }
 
+TEST_CASE("a released key runs again with its payload and stays bound to it") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  const std::string scope = "tok:POST /v1/apply";
+  MustBegin(s, "k1", "fp-a", kT0);
+  REQUIRE(s.Release(scope, "k1", "fp-a").ok());
+  IdemRecord released = s.Get(scope, "k1").value();
+  CHECK(released.state == IdemRecord::State::kReleased);
+  CHECK(released.response_body.empty());  // nothing stored to replay
+  // Another payload under the key is still refused, before and after a retake.
+  CHECK(MustBegin(s, "k1", "fp-b", kT0 + 1).outcome == BeginOutcome::kMismatch);
+  BeginResult again = MustBegin(s, "k1", "fp-a", kT0 + 2);  // the lease is live, yet it runs
+  CHECK(again.outcome == BeginOutcome::kNew);
+  CHECK(again.record.expires_at_ms == kT0 + kTtl);  // the window began at the first Begin
+  CHECK(MustBegin(s, "k1", "fp-b", kT0 + 3).outcome == BeginOutcome::kMismatch);
+  REQUIRE(MustFinish(s, "k1", "fp-a", kT0 + 4).ok());
+  CHECK(MustBegin(s, "k1", "fp-a", kT0 + 5).outcome == BeginOutcome::kReplay);
+  CHECK(s.Release(scope, "k1", "fp-a").code() == Code::kFailedPrecondition);
+}
+
+TEST_CASE("abandoning a retaken key keeps it bound to the payload that once ran") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  const std::string scope = "tok:POST /v1/apply";
+  MustBegin(s, "k1", "fp-a", kT0);
+  REQUIRE(s.Release(scope, "k1", "fp-a").ok());
+  MustBegin(s, "k1", "fp-a", kT0 + 1);
+  REQUIRE(s.Abandon(scope, "k1", "fp-a").ok());
+  CHECK(s.Get(scope, "k1").value().state == IdemRecord::State::kReleased);
+  CHECK(MustBegin(s, "k1", "fp-b", kT0 + 2).outcome == BeginOutcome::kMismatch);
+  CHECK(MustBegin(s, "k1", "fp-a", kT0 + 3).outcome == BeginOutcome::kNew);
+}
+
+TEST_CASE("reopening a store releases its own keys in progress and leaves others' leases") {
+  TempDir dir;
+  const std::string scope = "tok:POST /v1/apply";
+  {
+    auto store = OpenStore(dir.path());
+    MustBegin(store->idem_keys(), "mine", "fp-a", kT0);  // its process then dies
+  }
+  {
+    auto store = OpenStore(dir.path());
+    CHECK(store->idem_keys().Get(scope, "mine").value().state == IdemRecord::State::kInProgress);
+    StatusOr<size_t> released = store->idem_keys().ReleaseOwnInProgress();
+    REQUIRE(released.ok());
+    CHECK(*released == 1);
+    // Within the dead owner's lease, and still a retry runs at once.
+    CHECK(MustBegin(store->idem_keys(), "mine", "fp-a", kT0 + 1).outcome == BeginOutcome::kNew);
+    CHECK(MustBegin(store->idem_keys(), "mine", "fp-b", kT0 + 2).outcome ==
+          BeginOutcome::kMismatch);
+    MustBegin(store->idem_keys(), "theirs", "fp-a", kT0);
+    // From now on the folder belongs to another instance.
+    REQUIRE(store->meta().Put("store.instance_id", "inst_other").ok());
+  }
+  auto store = OpenStore(dir.path());
+  StatusOr<size_t> released = store->idem_keys().ReleaseOwnInProgress();
+  REQUIRE(released.ok());
+  CHECK(*released == 0);
+  CHECK(MustBegin(store->idem_keys(), "theirs", "fp-a", kT0 + 3).outcome ==
+        BeginOutcome::kInFlight);
+  CHECK(MustBegin(store->idem_keys(), "theirs", "fp-a", kT0 + kLease).outcome ==
+        BeginOutcome::kNew);
+}
+
 }  // namespace
 }  // namespace idem

@@ -1,0 +1,161 @@
+// HttpServer start-up (schemas), the Prefer: wait parser and the names of
+// the metrics served at /metrics.
+#include "daemon/http/server.h"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "daemon/core/json_schema.h"
+#include "daemon/http/api_schemas.h"
+#include "daemon/http/idempotency_key.h"
+#include "daemon/obs/metrics.h"
+
+namespace idem {
+namespace {
+
+struct ServerFixture {
+  ServerFixture() {
+    path = std::filesystem::temp_directory_path() /
+           ("idem-server-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter));
+    auto opened = OpenRocksStore(StoreOptions{path.string(), false});
+    REQUIRE_MESSAGE(opened.ok(), opened.status().ToString());
+    store = std::move(opened).value();
+  }
+  ~ServerFixture() {
+    store.reset();
+    std::filesystem::remove_all(path);
+  }
+  ServerDeps Deps() {
+    return ServerDeps{config, store->idem_keys(), store->journal(), clock, metrics};
+  }
+
+  static inline int counter = 0;
+  std::filesystem::path path;
+  std::unique_ptr<Store> store;
+  Config config;
+  StableClock clock{Env::Real()};
+  Metrics metrics;
+};
+
+std::vector<Route> OneRoute(const std::string& schema) {
+  Route r;
+  r.method = "POST";
+  r.pattern = "/v1/thing";
+  r.request_schema = schema;
+  r.handler = [](RequestContext&) -> StatusOr<RouteResponse> { return RouteResponse{}; };
+  return {r};
+}
+
+TEST_CASE("an API schema that is not JSON or does not compile fails server creation") {
+  ServerFixture f;
+  auto good = HttpServer::Create(f.Deps(), OneRoute("thing"), {{"thing", R"({"type":"object"})"}});
+  CHECK_MESSAGE(good.ok(), good.status().ToString());
+
+  auto not_json = HttpServer::Create(f.Deps(), OneRoute("thing"), {{"thing", "{\"type\":"}});
+  REQUIRE_FALSE(not_json.ok());
+  CHECK(not_json.status().code() == Code::kInternal);
+  CHECK(not_json.status().message().find("thing") != std::string::npos);
+
+  // Even a schema that no route uses: a broken file in schemas/api is a bug.
+  auto broken = HttpServer::Create(f.Deps(), OneRoute("thing"),
+                                   {{"thing", R"({"type":"object"})"}, {"other", R"({"type":5})"}});
+  REQUIRE_FALSE(broken.ok());
+  CHECK(broken.status().message().find("other") != std::string::npos);
+
+  auto missing = HttpServer::Create(f.Deps(), OneRoute("absent"), {{"thing", "{}"}});
+  CHECK_FALSE(missing.ok());
+}
+
+TEST_CASE("every shipped API schema compiles") {
+  for (const auto& [name, text] : ApiSchemaTexts()) {
+    CAPTURE(name);
+    Json j = Json::parse(text, nullptr, false);
+    REQUIRE_FALSE(j.is_discarded());
+    CHECK(JsonSchema::Create(j).ok());
+  }
+}
+
+TEST_CASE("the decide request has no wait field, since nothing reads one") {
+  Json j = Json::parse(ApiSchemaTexts().at("decide.request"));
+  auto schema = JsonSchema::Create(j);
+  REQUIRE(schema.ok());
+  Json body = {{"step", "s"}, {"input", Json::object()}};
+  CHECK((*schema)->Validate(body).ok());
+  body["wait"] = false;
+  Status refused = (*schema)->Validate(body);
+  CHECK_FALSE(refused.ok());
+}
+
+TEST_CASE("Prefer: wait is read in seconds, clamped, and ignored when absent") {
+  CHECK(ParsePreferWait({}, 60'000).value() == 0);
+  CHECK(ParsePreferWait({"respond-async"}, 60'000).value() == 0);
+  CHECK(ParsePreferWait({"wait=10"}, 60'000).value() == 10'000);
+  CHECK(ParsePreferWait({"respond-async, Wait = 3 ; foo=bar"}, 60'000).value() == 3'000);
+  CHECK(ParsePreferWait({"return=minimal", "wait=\"2\""}, 60'000).value() == 2'000);
+  CHECK(ParsePreferWait({"wait=0"}, 60'000).value() == 0);
+  CHECK(ParsePreferWait({"wait=3600"}, 60'000).value() == 60'000);
+  CHECK(ParsePreferWait({"wait=2147483647"}, 60'000).value() == 60'000);
+  CHECK(ParsePreferWait({"waiting=5"}, 60'000).value() == 0);
+}
+
+TEST_CASE("Prefer: wait that overflows or is not a number is refused with the header as pointer") {
+  for (const char* bad : {"wait=2305843009213693960", "wait=99999999999999999999999999",
+                          "wait=2147483648", "wait=-5", "wait=1.5", "wait=", "wait=abc"}) {
+    CAPTURE(bad);
+    StatusOr<int64_t> r = ParsePreferWait({bad}, 60'000);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::kInvalidArgument);
+    CHECK(r.status().field() == "header:Prefer");
+  }
+}
+
+// Prometheus naming: one idem_ prefix, _total on counters only, base units.
+TEST_CASE("every metric name follows the Prometheus naming rules") {
+  Metrics m;
+  std::istringstream text(m.RenderPrometheus());
+  std::map<std::string, std::string> types;  // family -> type
+  std::vector<std::string> samples;
+  std::string line;
+  while (std::getline(text, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream fields(line.substr(7));
+      std::string name, type;
+      fields >> name >> type;
+      types[name] = type;
+    } else if (!line.empty() && line[0] != '#') {
+      samples.push_back(line.substr(0, line.find(' ')));
+    }
+  }
+  REQUIRE(types.size() > 10);
+  const std::regex valid("^idem_[a-z0-9_]+$");
+  const std::regex non_base_unit("_(ms|milliseconds|us|ns|minutes|hours|days|kb|mb|bytes_kb)(_|$)");
+  for (const auto& [name, type] : types) {
+    CAPTURE(name);
+    CHECK(std::regex_match(name, valid));
+    CHECK(name.find("idem_idem") == std::string::npos);
+    CHECK_FALSE(std::regex_search(name, non_base_unit));
+    bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+    CHECK(total == (type == "counter"));
+  }
+  for (const std::string& sample : samples) {
+    CAPTURE(sample);
+    bool known = types.count(sample) > 0;
+    for (const char* suffix : {"_sum", "_count"}) {
+      std::string s(suffix);
+      if (sample.size() > s.size() && sample.compare(sample.size() - s.size(), s.size(), s) == 0) {
+        std::string family = sample.substr(0, sample.size() - s.size());
+        known = known || (types.count(family) > 0 && types[family] == "summary");
+      }
+    }
+    CHECK(known);
+  }
+}
+
+}  // namespace
+}  // namespace idem
