@@ -36,6 +36,12 @@ struct ServerConfig {
   int threads = 64;
   size_t max_body_bytes = 1 << 20;
   int max_json_depth = 64;
+  // Browser-facing checks (daemon/http/request_guard.h): web origins
+  // ("https://console.example.com") whose requests are served, and host
+  // names besides the listen host and loopback names that clients put in
+  // Host. Both lower case.
+  std::vector<std::string> allowed_origins;
+  std::vector<std::string> allowed_hosts;
 };
 
 struct StoreConfig {
@@ -51,8 +57,13 @@ struct AuthToken {
 };
 
 struct AuthConfig {
-  std::vector<AuthToken> tokens;  // empty: no auth (loopback-only default)
+  std::vector<AuthToken> tokens;  // empty: no auth, and the daemon listens only on loopback
 };
+
+// The roles a token may hold (routes name them in daemon/http/api*.cc);
+// admin may call every route. Any other name in auth.tokens[].roles is a
+// config error, so a typo cannot silently lock a caller out.
+inline constexpr std::string_view kAuthRoles[] = {"agent", "operator", "admin"};
 
 struct IdempotencyConfig {
   int64_t window_ms = 24LL * 3600 * 1000;           // default Idempotency-Key window

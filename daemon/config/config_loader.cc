@@ -2,6 +2,8 @@
 // structs. The schema catches shapes and ranges; this file catches what a
 // schema cannot: references between sections, files on disk, durations
 // that overflow, templates and output schemas that do not compile.
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -156,6 +158,15 @@ class Resolver {
     s.threads = node.value("threads", s.threads);
     s.max_body_bytes = node.value("max_body_bytes", s.max_body_bytes);
     s.max_json_depth = node.value("max_json_depth", s.max_json_depth);
+    for (const char* list : {"allowed_origins", "allowed_hosts"}) {
+      std::vector<std::string>& out =
+          std::string_view(list) == "allowed_origins" ? s.allowed_origins : s.allowed_hosts;
+      for (const auto& v : node.value(list, std::vector<std::string>{})) {
+        std::string lower = v;
+        for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        out.push_back(std::move(lower));
+      }
+    }
     return Status::Ok();
   }
 
@@ -172,6 +183,14 @@ class Resolver {
     for (size_t i = 0; i < node.value("tokens", Json::array()).size(); ++i) {
       const Json& t = node["tokens"][i];
       AuthToken token{t["name"], t["sha256"], t["roles"].get<std::vector<std::string>>()};
+      for (size_t r = 0; r < token.roles.size(); ++r) {
+        if (std::find(std::begin(kAuthRoles), std::end(kAuthRoles), token.roles[r]) ==
+            std::end(kAuthRoles)) {
+          return doc_.Error(
+              "/auth/tokens/" + std::to_string(i) + "/roles/" + std::to_string(r),
+              "unknown role '" + token.roles[r] + "' (roles are agent, operator and admin)");
+        }
+      }
       if (!names.insert(token.name).second) {
         return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
                           "duplicate token name '" + token.name + "'");
