@@ -40,6 +40,12 @@ struct ServerConfig {
   int max_connections = 1024;         // past it: 503 and close
   int max_queue = 256;                // requests waiting for a handler thread; past it: 503
   int64_t drain_timeout_ms = 10'000;  // SIGTERM: how long running handlers may finish
+  // Browser-facing checks (daemon/http/request_guard.h): web origins
+  // ("https://console.example.com") whose requests are served, and host
+  // names besides the listen host and loopback names that clients put in
+  // Host. Both lower case.
+  std::vector<std::string> allowed_origins;
+  std::vector<std::string> allowed_hosts;
 };
 
 struct StoreConfig {
@@ -55,8 +61,13 @@ struct AuthToken {
 };
 
 struct AuthConfig {
-  std::vector<AuthToken> tokens;  // empty: no auth (loopback-only default)
+  std::vector<AuthToken> tokens;  // empty: no auth, and the daemon listens only on loopback
 };
+
+// The roles a token may hold (routes name them in daemon/http/api*.cc);
+// admin may call every route. Any other name in auth.tokens[].roles is a
+// config error, so a typo cannot silently lock a caller out.
+inline constexpr std::string_view kAuthRoles[] = {"agent", "operator", "admin"};
 
 struct IdempotencyConfig {
   int64_t window_ms = 24LL * 3600 * 1000;           // default Idempotency-Key window

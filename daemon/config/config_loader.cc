@@ -3,6 +3,7 @@
 // schema cannot: references between sections, files on disk, durations
 // that overflow, templates and output schemas that do not compile.
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -164,6 +165,15 @@ class Resolver {
       ASSIGN_OR_RETURN(s.drain_timeout_ms,
                        Duration("/server/drain_timeout", node["drain_timeout"], false));
     }
+    for (const char* list : {"allowed_origins", "allowed_hosts"}) {
+      std::vector<std::string>& out =
+          std::string_view(list) == "allowed_origins" ? s.allowed_origins : s.allowed_hosts;
+      for (const auto& v : node.value(list, std::vector<std::string>{})) {
+        std::string lower = v;
+        for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        out.push_back(std::move(lower));
+      }
+    }
     return Status::Ok();
   }
 
@@ -180,6 +190,14 @@ class Resolver {
     for (size_t i = 0; i < node.value("tokens", Json::array()).size(); ++i) {
       const Json& t = node["tokens"][i];
       AuthToken token{t["name"], t["sha256"], t["roles"].get<std::vector<std::string>>()};
+      for (size_t r = 0; r < token.roles.size(); ++r) {
+        if (std::find(std::begin(kAuthRoles), std::end(kAuthRoles), token.roles[r]) ==
+            std::end(kAuthRoles)) {
+          return doc_.Error(
+              "/auth/tokens/" + std::to_string(i) + "/roles/" + std::to_string(r),
+              "unknown role '" + token.roles[r] + "' (roles are agent, operator and admin)");
+        }
+      }
       if (!names.insert(token.name).second) {
         return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
                           "duplicate token name '" + token.name + "'");

@@ -85,6 +85,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                          .pattern = "/metrics",
                          .summary = "Prometheus metrics (text format).",
                          .responses = {{200, ""}},
+                         .roles = {"agent", "operator"},
                          .raw_text = true,
                          .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
                            return RouteResponse{200, deps.metrics.RenderPrometheus(), {}};
@@ -134,6 +135,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
             .pattern = "/v1/decisions/{id}",
             .summary = "A stored decision with its trace (attempts, raw output, tokens).",
             .responses = {{200, "decision"}, {404, "problem"}},
+            .roles = {"agent", "operator"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(Decision d, deps.store.decisions().Get(ctx.params[0]));
               return RouteResponse{200, d.ToJson(), {}};
@@ -143,6 +145,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                          .pattern = "/v1/decisions",
                          .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
                          .responses = {{200, "decision.list"}, {400, "problem"}},
+                         .roles = {"agent", "operator"},
                          .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
                            ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
                            ASSIGN_OR_RETURN(DecisionPage page,

@@ -351,6 +351,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .pattern = "/v1/work/{id}",
             .summary = "One journal record: state, attempts, result, external_ref, lease.",
             .responses = {{200, "work.item"}, {404, "problem"}},
+            .roles = {"agent", "operator"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(WorkItem item, deps.store.journal().Get(ctx.params[0]));
               Json body = WorkBody(item);
@@ -442,6 +443,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .pattern = "/v1/runs/{id}",
             .summary = "The work items of a run and their states.",
             .responses = {{200, "run.response"}},
+            .roles = {"agent", "operator"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 1000, 10000));
               ASSIGN_OR_RETURN(std::vector<WorkItem> items,
@@ -535,6 +537,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                          .pattern = "/v1/plans/{id}",
                          .summary = "A plan: its actions, state and history.",
                          .responses = {{200, "plan"}, {404, "problem"}},
+                         .roles = {"agent", "operator"},
                          .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
                            ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
                            return RouteResponse{200, p.ToJson(), {}};
@@ -579,21 +582,25 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   routes.push_back(Route{
       .method = "POST",
       .pattern = "/v1/leases/{name}",
-      .summary = "Take or renew a named lease (cron overlap): 201 acquired, 200 renewed, 409 "
-                 "held by another holder.",
+      .summary = "Take or renew a named lease (cron overlap): 201 acquired (with its token), "
+                 "200 renewed (the holder sends the token), 409 held by another holder or a "
+                 "wrong token.",
       .key_policy = KeyPolicy::kOptional,
       .request_schema = "lease.request",
       .responses = {{201, "lease"}, {200, "lease"}, {409, "problem"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(int64_t ttl, DurationField(ctx.body, "ttl", 60'000, kMaxLeaseMs));
-        ASSIGN_OR_RETURN(LeaseResult r,
-                         deps.store.leases().Acquire(ctx.params[0], ctx.body["holder"], ttl,
-                                                     deps.clock.NowMillis()));
+        ASSIGN_OR_RETURN(
+            LeaseResult r,
+            deps.store.leases().Acquire(ctx.params[0], ctx.body["holder"],
+                                        ctx.body.value("token", ""), ttl, deps.clock.NowMillis()));
         Json body = {{"name", r.lease.name},
                      {"holder", r.lease.holder},
                      {"acquired_at_ms", r.lease.acquired_at_ms},
                      {"expires_at_ms", r.lease.expires_at_ms}};
+        // Only the holder learns the token: it is what renews and releases.
+        if (r.outcome != LeaseOutcome::kHeld) body["token"] = r.lease.token;
         if (r.outcome == LeaseOutcome::kHeld) {
           Json p =
               ProblemBody(409, Aborted("lease '" + r.lease.name + "' is held by " + r.lease.holder),
@@ -607,13 +614,19 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   routes.push_back(
       Route{.method = "DELETE",
             .pattern = "/v1/leases/{name}",
-            .summary = "Release a named lease (?holder=).",
-            .responses = {{200, "lease"}, {409, "problem"}},
+            .summary = "Release a named lease (?holder=&token=, the token its acquire returned).",
+            .responses = {{200, "lease"}, {400, "problem"}, {409, "problem"}},
             .roles = {"agent"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               std::string holder = QueryParam(ctx, "holder");
               if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
-              RETURN_IF_ERROR(deps.store.leases().Release(ctx.params[0], holder));
+              std::string token = QueryParam(ctx, "token");
+              if (token.empty()) return InvalidArgument("token is required", "query:token");
+              Status released = deps.store.leases().Release(ctx.params[0], holder, token);
+              if (!released.ok() && released.field() == "/token") {
+                return released.WithField("query:token");
+              }
+              RETURN_IF_ERROR(released);
               return RouteResponse{200, {{"name", ctx.params[0]}, {"released", true}}, {}};
             }});
 

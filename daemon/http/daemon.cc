@@ -2,6 +2,7 @@
 
 #include "daemon/core/failpoints.h"
 #include "daemon/http/api.h"
+#include "daemon/http/request_guard.h"
 #include "daemon/obs/log.h"
 #include "providers/registry.h"
 #include "providers/schema_lint.h"
@@ -81,6 +82,15 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
   if (!options.data_override.empty()) d->config_.store.path = options.data_override;
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
+  if (!IsLoopbackHost(listen.first) && d->config_.auth.tokens.empty()) {
+    // Without tokens every caller may do everything: only this machine may be a caller.
+    return InvalidArgument("server.listen " + d->config_.server.listen +
+                               " is not a loopback address and auth.tokens is empty, so anyone "
+                               "who can reach it could call every route; configure auth.tokens "
+                               "(and server.allowed_hosts for the names clients use), or listen "
+                               "on 127.0.0.1",
+                           "/server/listen");
+  }
 
   StoreOptions so;
   so.path = d->config_.store.path;

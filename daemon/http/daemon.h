@@ -3,10 +3,11 @@
 // and the integration tests start exactly the same thing.
 //
 // Start-up refuses (non-OK Status, nothing served) when the config is
-// invalid, the store cannot be opened, a provider cannot be built, or a
-// step's prompt (template text, system text or tools: prompt.hash) changed
-// while its version did not (the store keeps the hash per step and version)
-// unless allow_prompt_change is set.
+// invalid, the listen address (after --listen) is not loopback while
+// auth.tokens is empty, the store cannot be opened, a provider cannot be
+// built, or a step's prompt (template text, system text or tools:
+// prompt.hash) changed while its version did not (the store keeps the hash
+// per step and version) unless allow_prompt_change is set.
 //
 // Thread-safety: Start and Stop from one thread.
 #pragma once

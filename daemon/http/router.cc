@@ -65,7 +65,9 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
          "Makes LLM-driven automation safe to retry: cached decisions and exactly-once "
          "effects. Errors are RFC 9457 problem+json."}}},
       {"paths", Json::object()},
-      {"components", {{"schemas", Json::object()}}},
+      {"components",
+       {{"schemas", Json::object()},
+        {"securitySchemes", {{"bearer", {{"type", "http"}, {"scheme", "bearer"}}}}}}},
   };
   Json& schemas = doc["components"]["schemas"];
   for (const auto& [name, text] : ApiSchemaTexts()) {
@@ -94,6 +96,9 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
                         {"schema", {{"type", "string"}, {"maxLength", 257}}}});
     }
     if (!params.empty()) op["parameters"] = params;
+    // The roles that may call it (OpenAPI 3.1 lets a non-OAuth scheme list
+    // role names); they apply when auth.tokens is configured.
+    op["security"] = r.is_public ? Json::array() : Json::array({{{"bearer", r.roles}}});
     if (!r.request_schema.empty()) {
       op["requestBody"] = {
           {"required", true},

@@ -71,7 +71,7 @@ struct Route {
   KeyPolicy key_policy = KeyPolicy::kNone;
   std::string request_schema;            // schemas/api name, "" for none
   std::map<int, std::string> responses;  // status -> schemas/api name ("" for none)
-  std::vector<std::string> roles;        // any of these (or admin); empty: anyone
+  std::vector<std::string> roles;        // any of these (or admin); none: any token
   bool raw_text = false;                 // response body is text (metrics)
   bool is_public = false;                // no auth (health probes, the API description)
   RouteHandler handler;

@@ -120,7 +120,10 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
 }
 
 StatusOr<int> HttpServer::Start(const std::string& host, int port) {
-  return server_->Start(host, port);
+  guard_.Configure(deps_.config.server, host, port);
+  StatusOr<int> bound = server_->Start(host, port);
+  if (bound.ok()) guard_.SetBoundPort(*bound);
+  return bound;
 }
 
 bool HttpServer::Drain(int64_t timeout_ms) {
@@ -173,14 +176,31 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   ctx.request_id = SaneRequestId(rid) ? rid : RandomHex(8);
   res.SetHeader("X-Request-Id", ctx.request_id);
 
+  // Browsers: cross-site requests and DNS rebinding (request_guard.h).
+  if (!route.is_public) {
+    if (auto refused = guard_.CheckSource(req)) {
+      Fail(res, refused->status, ctx.request_id, refused->http_status);
+      return false;
+    }
+  }
+
   // Auth: a Bearer token whose sha256 is configured; the token's name is the caller.
   ctx.caller = "anonymous";
   const auto& tokens = deps_.config.auth.tokens;
+  if (tokens.empty() && !route.is_public) {
+    // No identities: a caller may still name itself to get its own
+    // Idempotency-Key scope (with tokens, the token's name does that).
+    auto named = IdemCaller(req);
+    if (!named.ok()) {
+      Fail(res, named.status(), ctx.request_id);
+      return false;
+    }
+    if (named->has_value()) ctx.caller = **named;
+  }
   if (!tokens.empty() && !route.is_public) {
-    std::string auth = req.HeaderValue("Authorization");
     const AuthToken* who = nullptr;
-    if (auth.rfind("Bearer ", 0) == 0) {
-      std::string digest = Sha256Hex(auth.substr(7));
+    if (auto credentials = BearerCredentials(req.HeaderValue("Authorization"))) {
+      std::string digest = Sha256Hex(*credentials);
       for (const auto& t : tokens) {
         if (ConstantTimeEquals(digest, t.sha256)) who = &t;
       }
@@ -234,6 +254,10 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   for (const auto& [k, v] : req.query) ctx.query[k] = v;
 
   if (!route.request_schema.empty()) {
+    if (auto refused = RequestGuard::CheckContentType(req)) {
+      Fail(res, refused->status, ctx.request_id, refused->http_status);
+      return false;
+    }
     JsonLimits limits;
     limits.max_bytes = deps_.config.server.max_body_bytes;
     limits.max_depth = deps_.config.server.max_json_depth;

@@ -2,9 +2,12 @@
 // table (router.h) through one pipeline:
 //
 //   request id (X-Request-Id accepted when sane, else generated; echoed)
-//   -> auth (Bearer token; caller name scopes Idempotency-Keys)
+//   -> Host and Origin (request_guard.h; every route but the public ones)
+//   -> auth (Bearer token; the token's name scopes Idempotency-Keys, or
+//      without tokens the Idem-Caller header's name, else one shared scope)
 //   -> Idempotency-Key header syntax (400 before anything else)
-//   -> body: size limit (413), JSON with depth limit (400/413), schema (400)
+//   -> body: Content-Type application/json (415), size limit (413), JSON with depth limit
+//   (400/413), schema (400)
 //   -> Idempotency-Key record: replay / 422 / 409 / wait / new
 //   -> handler -> response stored under the key (5xx included) unless it is
 //      a validation failure (400, 404, 413, 415, 422), which forgets the key
@@ -33,6 +36,7 @@
 #include "daemon/config/config.h"
 #include "daemon/core/env.h"
 #include "daemon/http/event_server.h"
+#include "daemon/http/request_guard.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
 #include "daemon/store/store.h"
@@ -100,6 +104,7 @@ class HttpServer : private BatchLane {
   ServerDeps deps_;
   std::vector<Route> routes_;
   std::unique_ptr<CompiledSchemas> schemas_;
+  RequestGuard guard_;  // configured by Start, before the first request
   std::unique_ptr<EventServer> server_;
 };
 

@@ -422,13 +422,18 @@ struct LeaseResult {
 class LeaseStore {
  public:
   virtual ~LeaseStore() = default;
-  // Acquire if free or expired (a new token); renew if `holder` already
-  // holds it (same token, expiry now + ttl); else kHeld. InvalidArgument if
-  // name or holder is empty or ttl_ms <= 0.
+  // Acquire if free or expired (a new token; `token` is not looked at);
+  // renew if `holder` holds it and `token` is its token (same token, expiry
+  // now + ttl); kHeld if another holder does. The holder's name alone does
+  // not renew: anyone can say it, only the acquirer learned the token, so a
+  // wrong or empty token is FailedPrecondition (field "/token").
+  // InvalidArgument if name or holder is empty or ttl_ms <= 0.
   virtual StatusOr<LeaseResult> Acquire(const std::string& name, const std::string& holder,
-                                        int64_t ttl_ms, int64_t now_ms) = 0;
-  // FailedPrecondition unless held by `holder`.
-  virtual Status Release(const std::string& name, const std::string& holder) = 0;
+                                        const std::string& token, int64_t ttl_ms,
+                                        int64_t now_ms) = 0;
+  // FailedPrecondition unless held by `holder` under `token`.
+  virtual Status Release(const std::string& name, const std::string& holder,
+                         const std::string& token) = 0;
   // The live lease; NotFound if free or expired at now_ms.
   virtual StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) = 0;
 };

@@ -50,8 +50,8 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const DaemonArgs& args, std:
   std::string port_file = args.data_dir + ".port";
   d->log_path_ = args.data_dir + ".log";
   unlink(port_file.c_str());
-  std::vector<std::string> argv_s = {IDEM_BINARY,   "serve",       "--config", args.config_path,
-                                     "--listen",    "127.0.0.1:0", "--data",   args.data_dir,
+  std::vector<std::string> argv_s = {IDEM_BINARY,   "serve",     "--config", args.config_path,
+                                     "--listen",    args.listen, "--data",   args.data_dir,
                                      "--port-file", port_file};
   for (const auto& a : args.extra_args) argv_s.push_back(a);
   pid_t pid = fork();

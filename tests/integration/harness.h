@@ -33,6 +33,7 @@ struct DaemonArgs {
   std::string data_dir;
   std::vector<std::string> extra_args;
   std::map<std::string, std::string> env;  // e.g. IDEM_FAILPOINTS
+  std::string listen = "127.0.0.1:0";      // --listen
 };
 
 class DaemonProcess {

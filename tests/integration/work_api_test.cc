@@ -313,15 +313,46 @@ TEST_CASE("a named lease keeps an overlapping cron run out until released or exp
   Fixture f;
   auto a = f.Post("/v1/leases/nightly-report", {{"holder", "run-1"}, {"ttl", "1s"}});
   CHECK(a->status == 201);
+  std::string token1 = J(a)["token"];
   auto b = f.Post("/v1/leases/nightly-report", {{"holder", "run-2"}, {"ttl", "1s"}});
   CHECK(b->status == 409);
   CHECK(J(b)["holder"] == "run-1");
-  CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-1"}, {"ttl", "1s"}})->status == 200);
+  CHECK_FALSE(J(b).contains("token"));
+  auto renewed =
+      f.Post("/v1/leases/nightly-report", {{"holder", "run-1"}, {"ttl", "1s"}, {"token", token1}});
+  CHECK(renewed->status == 200);
+  CHECK(J(renewed)["token"] == token1);
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-2"}, {"ttl", "5s"}})->status == 201);
-  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-1")->status == 409);
-  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2")->status == 200);
+  auto c = f.Post("/v1/leases/nightly-report", {{"holder", "run-2"}, {"ttl", "5s"}});
+  CHECK(c->status == 201);
+  std::string token2 = J(c)["token"];
+  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-1&token=" + token1)->status == 409);
+  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 200);
   CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-3"}})->status == 201);
+}
+
+TEST_CASE("renewing or releasing a named lease needs its token, not only the holder's name") {
+  Fixture f;
+  auto a = f.Post("/v1/leases/digest", {{"holder", "cron"}, {"ttl", "1m"}});
+  REQUIRE(a->status == 201);
+  std::string token = J(a)["token"];
+  // A second run that calls itself "cron" too neither renews nor releases it.
+  auto renew = f.Post("/v1/leases/digest", {{"holder", "cron"}, {"ttl", "1m"}});
+  CHECK(renew->status == 409);
+  CHECK(J(renew)["pointer"] == "/token");
+  auto wrong = f.Post("/v1/leases/digest",
+                      {{"holder", "cron"}, {"ttl", "1m"}, {"token", "0123456789abcdef"}});
+  CHECK(wrong->status == 409);
+  auto no_token = f.client->Delete("/v1/leases/digest?holder=cron");
+  CHECK(no_token->status == 400);
+  CHECK(J(no_token)["pointer"] == "query:token");
+  auto bad_token = f.client->Delete("/v1/leases/digest?holder=cron&token=0123456789abcdef");
+  CHECK(bad_token->status == 409);
+  CHECK(J(bad_token)["pointer"] == "query:token");
+  // Still held: another holder is kept out.
+  CHECK(f.Post("/v1/leases/digest", {{"holder", "other"}})->status == 409);
+  CHECK(f.client->Delete("/v1/leases/digest?holder=cron&token=" + token)->status == 200);
+  CHECK(f.Post("/v1/leases/digest", {{"holder", "other"}})->status == 201);
 }
 
 TEST_CASE("actions require an Idempotency-Key") {

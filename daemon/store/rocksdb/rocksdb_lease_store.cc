@@ -16,7 +16,8 @@ StatusOr<std::optional<NamedLease>> RocksLeaseStore::Load(const std::string& nam
 }
 
 StatusOr<LeaseResult> RocksLeaseStore::Acquire(const std::string& name, const std::string& holder,
-                                               int64_t ttl_ms, int64_t now_ms) {
+                                               const std::string& token, int64_t ttl_ms,
+                                               int64_t now_ms) {
   if (name.empty()) return InvalidArgument("lease name is empty", "/name");
   if (holder.empty()) return InvalidArgument("lease holder is empty", "/holder");
   if (ttl_ms <= 0) return InvalidArgument("ttl_ms must be positive", "/ttl_ms");
@@ -24,6 +25,12 @@ StatusOr<LeaseResult> RocksLeaseStore::Acquire(const std::string& name, const st
   ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
   bool live = current && current->expires_at_ms > now_ms;
   if (live && current->holder != holder) return LeaseResult{LeaseOutcome::kHeld, *current};
+  if (live && (token.empty() || !ConstantTimeEquals(token, current->token))) {
+    return Status(Code::kFailedPrecondition,
+                  "lease '" + name + "' is held by " + holder +
+                      "; renewing it needs the token its acquire returned",
+                  "/token");
+  }
   LeaseResult result;
   if (live) {
     result.outcome = LeaseOutcome::kRenewed;
@@ -42,11 +49,18 @@ StatusOr<LeaseResult> RocksLeaseStore::Acquire(const std::string& name, const st
   return result;
 }
 
-Status RocksLeaseStore::Release(const std::string& name, const std::string& holder) {
+Status RocksLeaseStore::Release(const std::string& name, const std::string& holder,
+                                const std::string& token) {
   MutexLock lock(db_.LockFor(Family::kLeases, name));
   ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
   if (!current || current->holder != holder) {
     return FailedPrecondition("lease '" + name + "' is not held by " + holder);
+  }
+  if (token.empty() || !ConstantTimeEquals(token, current->token)) {
+    return Status(Code::kFailedPrecondition,
+                  "lease '" + name + "' is held by " + holder +
+                      " under another token; releasing it needs the token its acquire returned",
+                  "/token");
   }
   RecordBatch batch(db_);
   batch.Delete(Family::kLeases, name);

@@ -19,9 +19,10 @@ class RocksLeaseStore final : public LeaseStore {
   // `db` must outlive this object.
   explicit RocksLeaseStore(RocksDatabase& db) : db_(db) {}
 
-  StatusOr<LeaseResult> Acquire(const std::string& name, const std::string& holder, int64_t ttl_ms,
-                                int64_t now_ms) override;
-  Status Release(const std::string& name, const std::string& holder) override;
+  StatusOr<LeaseResult> Acquire(const std::string& name, const std::string& holder,
+                                const std::string& token, int64_t ttl_ms, int64_t now_ms) override;
+  Status Release(const std::string& name, const std::string& holder,
+                 const std::string& token) override;
   StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) override;
 
  private:

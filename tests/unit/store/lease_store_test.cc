@@ -13,22 +13,23 @@ using testing::TempDir;
 
 constexpr int64_t kT0 = 1'700'000'000'000;
 
-TEST_CASE("a named lease is acquired, held against others, renewed, and expires") {
+TEST_CASE("a named lease is acquired, held against others, renewed with its token, and expires") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   LeaseStore& s = store->leases();
-  StatusOr<LeaseResult> a = s.Acquire("cron:digest", "run-1", 1'000, kT0);
+  StatusOr<LeaseResult> a = s.Acquire("cron:digest", "run-1", "", 1'000, kT0);
   REQUIRE(a.ok());
   CHECK(a->outcome == LeaseOutcome::kAcquired);
   CHECK(a->lease.expires_at_ms == kT0 + 1'000);
   CHECK(!a->lease.token.empty());
 
-  StatusOr<LeaseResult> held = s.Acquire("cron:digest", "run-2", 1'000, kT0 + 500);
+  StatusOr<LeaseResult> held = s.Acquire("cron:digest", "run-2", "", 1'000, kT0 + 500);
   REQUIRE(held.ok());
   CHECK(held->outcome == LeaseOutcome::kHeld);
   CHECK(held->lease.holder == "run-1");
 
-  StatusOr<LeaseResult> renewed = s.Acquire("cron:digest", "run-1", 1'000, kT0 + 900);
+  StatusOr<LeaseResult> renewed =
+      s.Acquire("cron:digest", "run-1", a->lease.token, 1'000, kT0 + 900);
   REQUIRE(renewed.ok());
   CHECK(renewed->outcome == LeaseOutcome::kRenewed);
   CHECK(renewed->lease.expires_at_ms == kT0 + 1'900);
@@ -38,25 +39,52 @@ TEST_CASE("a named lease is acquired, held against others, renewed, and expires"
   CHECK(s.Get("cron:digest", kT0 + 1'899)->holder == "run-1");
   CHECK(s.Get("cron:digest", kT0 + 1'900).status().code() == Code::kNotFound);
 
-  StatusOr<LeaseResult> taken = s.Acquire("cron:digest", "run-2", 1'000, kT0 + 1'900);
+  StatusOr<LeaseResult> taken = s.Acquire("cron:digest", "run-2", "", 1'000, kT0 + 1'900);
   REQUIRE(taken.ok());
   CHECK(taken->outcome == LeaseOutcome::kAcquired);
   CHECK(taken->lease.holder == "run-2");
   CHECK(taken->lease.token != a->lease.token);
 }
 
-TEST_CASE("only the holder releases a named lease") {
+TEST_CASE("the holder's name alone does not renew a named lease: its token does") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   LeaseStore& s = store->leases();
-  REQUIRE(s.Acquire("cron:x", "run-1", 60'000, kT0).ok());
-  CHECK(s.Release("cron:x", "run-2").code() == Code::kFailedPrecondition);
-  CHECK(s.Release("cron:x", "run-1").ok());
+  StatusOr<LeaseResult> a = s.Acquire("cron:x", "run-1", "", 1'000, kT0);
+  REQUIRE(a.ok());
+  StatusOr<LeaseResult> no_token = s.Acquire("cron:x", "run-1", "", 1'000, kT0 + 500);
+  CHECK(no_token.status().code() == Code::kFailedPrecondition);
+  CHECK(no_token.status().field() == "/token");
+  StatusOr<LeaseResult> wrong = s.Acquire("cron:x", "run-1", "0123456789abcdef", 1'000, kT0 + 500);
+  CHECK(wrong.status().code() == Code::kFailedPrecondition);
+  // Refused renewals left the lease as it was.
+  CHECK(s.Get("cron:x", kT0 + 999)->expires_at_ms == kT0 + 1'000);
+  // Once it expired, the name takes it again with a new token.
+  StatusOr<LeaseResult> again = s.Acquire("cron:x", "run-1", "", 1'000, kT0 + 1'000);
+  REQUIRE(again.ok());
+  CHECK(again->outcome == LeaseOutcome::kAcquired);
+  CHECK(again->lease.token != a->lease.token);
+}
+
+TEST_CASE("only the holder with the lease's token releases a named lease") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  LeaseStore& s = store->leases();
+  StatusOr<LeaseResult> a = s.Acquire("cron:x", "run-1", "", 60'000, kT0);
+  REQUIRE(a.ok());
+  const std::string token = a->lease.token;
+  CHECK(s.Release("cron:x", "run-2", token).code() == Code::kFailedPrecondition);
+  CHECK(s.Release("cron:x", "run-1", "").code() == Code::kFailedPrecondition);
+  Status wrong = s.Release("cron:x", "run-1", "0123456789abcdef");
+  CHECK(wrong.code() == Code::kFailedPrecondition);
+  CHECK(wrong.field() == "/token");
+  CHECK(s.Get("cron:x", kT0)->holder == "run-1");
+  CHECK(s.Release("cron:x", "run-1", token).ok());
   CHECK(s.Get("cron:x", kT0).status().code() == Code::kNotFound);
-  CHECK(s.Release("cron:x", "run-1").code() == Code::kFailedPrecondition);
-  CHECK(s.Acquire("cron:x", "run-2", 60'000, kT0 + 1)->outcome == LeaseOutcome::kAcquired);
-  CHECK(s.Acquire("", "run-2", 60'000, kT0).status().code() == Code::kInvalidArgument);
-  CHECK(s.Acquire("cron:y", "run-2", 0, kT0).status().code() == Code::kInvalidArgument);
+  CHECK(s.Release("cron:x", "run-1", token).code() == Code::kFailedPrecondition);
+  CHECK(s.Acquire("cron:x", "run-2", "", 60'000, kT0 + 1)->outcome == LeaseOutcome::kAcquired);
+  CHECK(s.Acquire("", "run-2", "", 60'000, kT0).status().code() == Code::kInvalidArgument);
+  CHECK(s.Acquire("cron:y", "run-2", "", 0, kT0).status().code() == Code::kInvalidArgument);
 }
 
 TEST_CASE("meta stores small strings") {

@@ -49,7 +49,7 @@ TEST_CASE("records survive reopening the store") {
     p.plan_id = "plan_1";
     p.state = "proposed";
     REQUIRE(store->plans().Put(p).ok());
-    REQUIRE(store->leases().Acquire("cron", "run-1", 60'000, kT0).ok());
+    REQUIRE(store->leases().Acquire("cron", "run-1", "", 60'000, kT0).ok());
     REQUIRE(store->meta().Put("m", "v").ok());
   }
   auto store = OpenStore(dir.path(), /*sync=*/true);

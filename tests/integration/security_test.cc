@@ -1,0 +1,257 @@
+// The doors a web page in the user's browser, a typo in the config or a
+// second cron run could walk through, tried against the real daemon.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "daemon/core/crypto.h"
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+const char* kRules = R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q {{input.ticket_id}}","actions":[]}'
+)";
+
+const std::string kBodyA = R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"a"}})";
+const std::string kBodyB = R"({"step":"triage_ticket","input":{"ticket_id":2,"text":"b"}})";
+
+// One token per role; the YAML lists their sha256 as the config wants.
+const char* kAgent = "agent-secret";
+const char* kOperator = "operator-secret";
+const char* kAdmin = "admin-secret";
+
+std::string Tokens() {
+  auto token = [](const char* name, const char* secret, const char* roles) {
+    return std::string("    - {name: ") + name + ", sha256: " + Sha256Hex(secret) + ", roles: [" +
+           roles + "]}\n";
+  };
+  return "auth:\n  tokens:\n" + token("agent", kAgent, "agent") +
+         token("operator", kOperator, "operator") + token("admin", kAdmin, "admin");
+}
+
+struct Fixture {
+  // `server_lines` go into the server section WriteTestConfig writes.
+  explicit Fixture(const std::string& extra = "", const std::string& listen = "127.0.0.1:0",
+                   const std::string& server_lines = "")
+      : config(WriteTestConfig(dir, kRules, extra)) {
+    if (!server_lines.empty()) {
+      std::ifstream in(config);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      text.replace(text.find("server:\n"), 8, "server:\n" + server_lines);
+      std::ofstream(config) << text;
+    }
+    std::string err;
+    DaemonArgs args{config, dir.path() + "/data", {}, {}};
+    args.listen = listen;
+    daemon = DaemonProcess::Start(args, &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    client = daemon->Client();
+  }
+  std::string HostPort(const std::string& name) const {
+    return name + ":" + std::to_string(daemon->port());
+  }
+  TempDir dir;
+  std::string config;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<httplib::Client> client;
+};
+
+Json J(const httplib::Result& r) {
+  REQUIRE(r);
+  return Json::parse(r->body);
+}
+
+httplib::Headers Bearer(const char* secret) {
+  return {{"Authorization", std::string("Bearer ") + secret}};
+}
+
+}  // namespace
+
+TEST_CASE("a cross-site text/plain POST is refused with 415 before anything runs") {
+  Fixture f;
+  // What <form enctype=text/plain> or fetch(no-cors) can send without a preflight.
+  auto plain = f.client->Post("/v1/decide", kBodyA, "text/plain");
+  REQUIRE(plain);
+  CHECK(plain->status == 415);
+  CHECK(J(plain)["pointer"] == "header:Content-Type");
+  auto form = f.client->Post("/v1/work/claim", R"({"kind":"x","identity":{}})",
+                             "application/x-www-form-urlencoded");
+  CHECK(form->status == 415);
+  CHECK(J(f.client->Get("/v1/decisions"))["items"].empty());
+  auto json = f.client->Post("/v1/decide", kBodyA, "application/json; charset=utf-8");
+  CHECK(json->status == 200);
+}
+
+TEST_CASE("a request from a web origin not on the allow-list is 403, body-less POSTs included") {
+  Fixture f;
+  httplib::Headers evil = {{"Origin", "https://evil.example"}};
+  auto reconcile = f.client->Post("/v1/reconcile", evil, "", "text/plain");
+  REQUIRE(reconcile);
+  CHECK(reconcile->status == 403);
+  CHECK(J(reconcile)["pointer"] == "header:Origin");
+  CHECK(f.client->Post("/v1/decide", evil, kBodyA, "application/json")->status == 403);
+  // The batch lane (claims without an Idempotency-Key) admits the same way.
+  auto claim = f.client->Post("/v1/work/claim", evil,
+                              R"({"kind":"send_invoice","identity":{"invoice_id":"1"}})",
+                              "application/json");
+  CHECK(claim->status == 403);
+  CHECK(f.client->Get("/v1/decisions", evil)->status == 403);
+  CHECK(f.client->Post("/v1/decide", {{"Origin", "null"}}, kBodyA, "application/json")->status ==
+        403);
+  CHECK(J(f.client->Get("/v1/decisions"))["items"].empty());
+  // Health probes and the API description stay open.
+  CHECK(f.client->Get("/healthz", evil)->status == 200);
+}
+
+TEST_CASE("an origin on server.allowed_origins is served, others still are not") {
+  Fixture f("", "127.0.0.1:0", "  allowed_origins: [\"https://console.example.com\"]\n");
+  auto trusted = f.client->Post("/v1/decide", {{"Origin", "https://console.example.com"}}, kBodyA,
+                                "application/json");
+  CHECK(trusted->status == 200);
+  CHECK(f.client->Post("/v1/reconcile", {{"Origin", "https://evil.example"}}, "", "text/plain")
+            ->status == 403);
+}
+
+TEST_CASE("a Host that does not name the daemon is 403: DNS rebinding is refused") {
+  Fixture f;
+  auto rebound = f.client->Get("/v1/decisions",
+                               {{"Host", "evil.example:" + std::to_string(f.daemon->port())}});
+  REQUIRE(rebound);
+  CHECK(rebound->status == 403);
+  CHECK(J(rebound)["pointer"] == "header:Host");
+  CHECK(f.client->Post("/v1/decide", {{"Host", "evil.example"}}, kBodyA, "application/json")
+            ->status == 403);
+  // The names of this daemon: loopback with the port it bound (port 0 in the config).
+  CHECK(f.client->Get("/v1/decisions", {{"Host", f.HostPort("localhost")}})->status == 200);
+  CHECK(f.client->Get("/v1/decisions", {{"Host", f.HostPort("127.0.0.1")}})->status == 200);
+  CHECK(f.client->Get("/v1/decisions", {{"Host", "127.0.0.1:1"}})->status == 403);
+  CHECK(f.client->Get("/healthz", {{"Host", "evil.example"}})->status == 200);
+}
+
+TEST_CASE("a name on server.allowed_hosts is served on any port") {
+  Fixture f("", "127.0.0.1:0", "  allowed_hosts: [idem.internal]\n");
+  CHECK(f.client->Get("/v1/decisions", {{"Host", "idem.internal:8443"}})->status == 200);
+  CHECK(f.client->Get("/v1/decisions", {{"Host", "IDEM.internal"}})->status == 200);
+  CHECK(f.client->Get("/v1/decisions", {{"Host", "evil.example"}})->status == 403);
+}
+
+TEST_CASE("listening beyond loopback without tokens is a start-up error; with tokens it serves") {
+  {
+    TempDir dir;
+    std::string config = WriteTestConfig(dir, kRules);
+    DaemonArgs args{config, dir.path() + "/data", {}, {}};
+    args.listen = "0.0.0.0:0";
+    std::string err;
+    auto refused = DaemonProcess::Start(args, &err);
+    CHECK(refused == nullptr);
+    CHECK(err.find("not a loopback address and auth.tokens is empty") != std::string::npos);
+  }
+  Fixture f(Tokens(), "0.0.0.0:0");
+  CHECK(f.client->Get("/v1/decisions", Bearer(kAgent))->status == 200);
+  CHECK(f.client->Get("/v1/decisions")->status == 401);
+}
+
+TEST_CASE("the Bearer scheme is case-insensitive") {
+  Fixture f(Tokens());
+  CHECK(f.client->Get("/v1/decisions", {{"Authorization", "bearer agent-secret"}})->status == 200);
+  CHECK(f.client->Get("/v1/decisions", {{"Authorization", "BEARER agent-secret"}})->status == 200);
+  CHECK(f.client->Get("/v1/decisions", {{"Authorization", "Basic agent-secret"}})->status == 401);
+}
+
+TEST_CASE("every route declares its roles and a token without one of them is 403") {
+  Fixture f(Tokens());
+  auto doc_res = f.client->Get("/openapi.json");
+  REQUIRE(doc_res->status == 200);
+  Json doc = J(doc_res);
+  const std::set<std::string> known = {"agent", "operator", "admin"};
+  const std::vector<std::pair<std::string, const char*>> callers = {
+      {"agent", kAgent}, {"operator", kOperator}, {"admin", kAdmin}};
+  int checked = 0;
+  for (const auto& [pattern, ops] : doc["paths"].items()) {
+    // Path parameters become "x": auth is decided before the handler looks.
+    std::string path;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+      if (pattern[i] == '{') {
+        path += "x";
+        i = pattern.find('}', i);
+      } else {
+        path += pattern[i];
+      }
+    }
+    for (const auto& [method, op] : ops.items()) {
+      CAPTURE(method);
+      CAPTURE(pattern);
+      REQUIRE(op.contains("security"));
+      auto call = [&](httplib::Headers h) {
+        if (method == "get") return f.client->Get(path.c_str(), h);
+        if (method == "delete") return f.client->Delete(path.c_str(), h);
+        return f.client->Post(path.c_str(), h, "{}", "application/json");
+      };
+      if (op["security"].empty()) {  // public
+        CHECK(call({})->status != 401);
+        continue;
+      }
+      std::vector<std::string> roles = op["security"][0]["bearer"];
+      CHECK_MESSAGE(!roles.empty(), "a route that is not public must name its roles");
+      for (const auto& r : roles) CHECK_MESSAGE(known.count(r) == 1, r);
+      CHECK(call({})->status == 401);
+      for (const auto& [role, secret] : callers) {
+        CAPTURE(role);
+        bool allowed = role == "admin" || std::count(roles.begin(), roles.end(), role) > 0;
+        auto res = call(Bearer(secret));
+        REQUIRE(res);
+        if (allowed) {
+          CHECK(res->status != 401);
+          CHECK(res->status != 403);
+        } else {
+          CHECK(res->status == 403);
+          CHECK(J(res)["type"] == "urn:idem:problem:PermissionDenied");
+        }
+      }
+      ++checked;
+    }
+  }
+  // decide, decisions, escalations, work, actions, runs, plans, dead letters,
+  // leases, reconcile and metrics: none escaped.
+  CHECK(checked >= 20);
+}
+
+TEST_CASE("without auth, Idem-Caller gives each caller its own Idempotency-Key scope") {
+  Fixture f;
+  auto post = [&](const char* caller, const std::string& body) {
+    httplib::Headers h = {{"Idempotency-Key", "\"nightly\""}};
+    if (caller != nullptr) h.emplace("Idem-Caller", caller);
+    return f.client->Post("/v1/decide", h, body, "application/json");
+  };
+  CHECK(post("billing-cron", kBodyA)->status == 200);
+  auto other = post("support-bot", kBodyB);
+  CHECK(other->status == 200);
+  CHECK(other->get_header_value("Idempotent-Replayed") == "");
+  CHECK(post("billing-cron", kBodyB)->status == 422);
+  CHECK(post("support-bot", kBodyB)->get_header_value("Idempotent-Replayed") == "true");
+  // Callers that do not name themselves share one scope.
+  CHECK(post(nullptr, kBodyA)->status == 200);
+  CHECK(post(nullptr, kBodyB)->status == 422);
+  auto bad = post("has space", kBodyA);
+  CHECK(bad->status == 400);
+  CHECK(J(bad)["pointer"] == "header:Idem-Caller");
+}
+
+TEST_CASE("with auth the token's name scopes keys and Idem-Caller is ignored") {
+  Fixture f(Tokens());
+  auto post = [&](const char* caller, const std::string& body) {
+    httplib::Headers h = Bearer(kAgent);
+    h.emplace("Idempotency-Key", "\"k\"");
+    h.emplace("Idem-Caller", caller);
+    return f.client->Post("/v1/decide", h, body, "application/json");
+  };
+  CHECK(post("one", kBodyA)->status == 200);
+  CHECK(post("two", kBodyB)->status == 422);
+}
+
+}  // namespace idem::testing
