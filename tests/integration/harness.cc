@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +46,25 @@ std::string ReadFile(const std::string& p) {
 
 }  // namespace
 
+long DaemonProcess::CpuMillis() const {
+  std::string stat = ReadFile("/proc/" + std::to_string(pid_) + "/stat");
+  // Fields after the command name (which may hold spaces) start after ')'.
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return (utime + stime) * 1000 / sysconf(_SC_CLK_TCK);
+}
+
+void DaemonProcess::Signal(int sig) const {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
 std::unique_ptr<DaemonProcess> DaemonProcess::Start(const DaemonArgs& args, std::string* error) {
   auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess());
   std::string port_file = args.data_dir + ".port";
@@ -60,6 +80,11 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const DaemonArgs& args, std:
     dup2(fd, 1);
     dup2(fd, 2);
     for (const auto& [k, v] : args.env) setenv(k.c_str(), v.c_str(), 1);
+    if (args.max_open_files > 0) {
+      rlimit lim{static_cast<rlim_t>(args.max_open_files),
+                 static_cast<rlim_t>(args.max_open_files)};
+      setrlimit(RLIMIT_NOFILE, &lim);
+    }
     std::vector<char*> argv;
     for (auto& s : argv_s) argv.push_back(s.data());
     argv.push_back(nullptr);

@@ -34,6 +34,7 @@ struct DaemonArgs {
   std::vector<std::string> extra_args;
   std::map<std::string, std::string> env;  // e.g. IDEM_FAILPOINTS
   std::string listen = "127.0.0.1:0";      // --listen
+  int max_open_files = 0;                  // > 0: RLIMIT_NOFILE (soft and hard) of the daemon
 };
 
 class DaemonProcess {
@@ -44,6 +45,11 @@ class DaemonProcess {
   static std::unique_ptr<DaemonProcess> Start(const DaemonArgs& args, std::string* error = nullptr);
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // CPU time (user + system) the process has used, in milliseconds.
+  long CpuMillis() const;
+  // Sends `sig` to the process.
+  void Signal(int sig) const;
   std::unique_ptr<httplib::Client> Client() const;
   // SIGKILL, as a crash would; waits for the process to be gone.
   void Kill9();

@@ -1,0 +1,95 @@
+// The daemon's front door under resource limits and signals: running out
+// of file descriptors, SIGHUP, SIGTERM.
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* kRules = R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+)";
+
+// A TCP connection to 127.0.0.1:port that only connects; -1 on failure.
+int RawConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool Healthy(const DaemonProcess& d) {
+  auto c = d.Client();
+  c->set_connection_timeout(1);
+  c->set_read_timeout(1);
+  auto r = c->Get("/healthz");
+  return r && r->status == 200;
+}
+
+TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinning") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules);
+  DaemonArgs args{config, dir.path() + "/data", {}, {}};
+  args.max_open_files = 96;  // soft and hard: the daemon cannot raise it
+  std::string err;
+  auto daemon = DaemonProcess::Start(args, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+
+  // More connections than the daemon has descriptors: the rest wait in the
+  // listen backlog with the listening socket readable all along.
+  std::vector<int> held;
+  for (int i = 0; i < 160; ++i) {
+    int fd = RawConnect(daemon->port());
+    if (fd >= 0) held.push_back(fd);
+  }
+  CHECK(held.size() >= 120);
+  std::this_thread::sleep_for(300ms);
+  long before = daemon->CpuMillis();
+  std::this_thread::sleep_for(2s);
+  long used = daemon->CpuMillis() - before;
+  MESSAGE("daemon CPU over 2 s with descriptors exhausted: ", used, " ms");
+  CHECK(used < 500);  // a loop spinning on accept() burns ~2000 ms here
+
+  for (int fd : held) ::close(fd);
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  bool healthy = false;
+  while (!healthy && std::chrono::steady_clock::now() < deadline) {
+    healthy = Healthy(*daemon);
+    if (!healthy) std::this_thread::sleep_for(100ms);
+  }
+  CHECK(healthy);  // serves again once descriptors free up
+}
+
+TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  daemon->Signal(SIGHUP);
+  std::this_thread::sleep_for(200ms);
+  CHECK(Healthy(*daemon));
+  CHECK(daemon->Stop() == 0);
+}
+
+}  // namespace
+}  // namespace idem::testing
