@@ -322,6 +322,7 @@ class EventServer::Loop {
           accept_paused_until_ms_ = NowMillis() + kAcceptPauseMs;
           UpdateListening();
           server_.accept_pauses_.fetch_add(1, std::memory_order_relaxed);
+          server_.Refused(Refusal::kAcceptPaused);
         }
         return;  // EAGAIN (another loop took it), or a transient error
       }
@@ -363,6 +364,7 @@ class EventServer::Loop {
     (void)n;  // best effort: the socket buffer of a new connection has room
     ::close(fd);
     server_.shed_connections_.fetch_add(1, std::memory_order_relaxed);
+    server_.Refused(Refusal::kConnectionShed);
   }
 
   Conn* Find(uint64_t id) {
@@ -513,6 +515,7 @@ class EventServer::Loop {
       WorkerPool::Task task{this, c->id, std::move(exchange->request), c->gone};
       if (server_.workers_->Submit(task)) return;
       server_.queue_full_.fetch_add(1, std::memory_order_relaxed);
+      server_.Refused(Refusal::kQueueFull);
       const uint64_t id = c->id;
       Refuse(c, 503, "every handler is busy and the queue is full", minor);
       c = Find(id);

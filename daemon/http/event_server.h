@@ -105,10 +105,14 @@ class EventServer {
   using ErrorHandler =
       std::function<void(int status, const std::string& message, http1::Response&)>;
 
+  // What the server refused, for metrics (called on a loop thread).
+  enum class Refusal { kConnectionShed, kQueueFull, kAcceptPaused };
+
   struct Callbacks {
     Handler handler;
     BatchLane* batch_lane = nullptr;  // optional; must outlive the server
     ErrorHandler error_handler;
+    std::function<void(Refusal)> on_refusal;  // optional
   };
 
   EventServer(EventServerOptions options, Callbacks callbacks);
@@ -130,6 +134,10 @@ class EventServer {
  private:
   class Loop;
   class WorkerPool;
+
+  void Refused(Refusal r) const {
+    if (callbacks_.on_refusal) callbacks_.on_refusal(r);
+  }
 
   EventServerOptions options_;
   Callbacks callbacks_;

@@ -81,6 +81,19 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   EventServer::Callbacks callbacks;
   callbacks.handler = [this](const http1::Request& req, http1::Response& res) { Handle(req, res); };
   callbacks.batch_lane = this;
+  callbacks.on_refusal = [this](EventServer::Refusal r) {
+    switch (r) {
+      case EventServer::Refusal::kConnectionShed:
+        deps_.metrics.http_connections_shed.Inc();
+        break;
+      case EventServer::Refusal::kQueueFull:
+        deps_.metrics.http_queue_full.Inc();
+        break;
+      case EventServer::Refusal::kAcceptPaused:
+        deps_.metrics.http_accept_paused.Inc();
+        break;
+    }
+  };
   callbacks.error_handler = [this](int status, const std::string& message, http1::Response& res) {
     Status st =
         status == 413 || status == 431 ? ResourceExhausted(message) : InvalidArgument(message);

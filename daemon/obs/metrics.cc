@@ -32,6 +32,9 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(http_requests, "HTTP requests received.");
   IDEM_METRIC(http_errors_4xx, "HTTP responses with a 4xx status.");
   IDEM_METRIC(http_errors_5xx, "HTTP responses with a 5xx status.");
+  IDEM_METRIC(http_connections_shed, "Connections refused past server.max_connections.");
+  IDEM_METRIC(http_queue_full, "Requests answered 503: every handler busy and the queue full.");
+  IDEM_METRIC(http_accept_paused, "Times accepting paused because descriptors ran out.");
   IDEM_METRIC(idem_key_new, "Idempotency-Keys seen for the first time.");
   IDEM_METRIC(idem_key_replayed,
               "Requests answered with a stored response (same key, same payload).");

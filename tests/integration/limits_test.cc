@@ -77,6 +77,8 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
     if (!healthy) std::this_thread::sleep_for(100ms);
   }
   CHECK(healthy);  // serves again once descriptors free up
+  auto c = daemon->Client();
+  CHECK(MetricValue(*c, "idem_http_accept_paused_total") > 0);
 }
 
 TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
