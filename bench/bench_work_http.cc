@@ -39,9 +39,12 @@ std::string Claim(const std::string& identity) {
 
 int main(int argc, char** argv) {
   double seconds = 5;
+  int only_conns = 0;  // --conns N: only the rows at N connections
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
+    if (std::string(argv[i]) == "--conns") only_conns = std::atoi(argv[i + 1]);
   }
+  auto wanted = [only_conns](int conns) { return only_conns == 0 || only_conns == conns; };
   BenchDaemon daemon;
   if (!daemon.Start()) return 1;
   const int port = daemon.port;
@@ -49,12 +52,16 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency());
   std::printf("%-40s %5s %12s %10s %10s %8s\n", "row", "conns", "req/s", "p50 us", "p99 us",
               "errors");
-  Row("GET /healthz (bare HTTP reference)", 64, RunLoad(port, GetRequest("/healthz"), 64, seconds));
+  if (wanted(64)) {
+    Row("GET /healthz (bare HTTP reference)", 64,
+        RunLoad(port, GetRequest("/healthz"), 64, seconds));
+  }
   // New work at 1, 16 and 64 connections: every operation claims a unique
   // identity (one durable write), then, with `follow_up`, completes it.
   uint64_t base = 0;
   auto new_work_rows = [&](const char* name, const char* text, const FollowUp& follow_up) {
     for (int conns : {1, 16, 64}) {
+      if (!wanted(conns)) continue;
       const uint64_t offset = base;
       LoadResult r = RunLoadGen(
           port,
@@ -95,6 +102,7 @@ int main(int argc, char** argv) {
   }
   const std::string dup = Claim(R"({"ticket_id":-1,"text":"dup"})");
   for (int conns : {1, 64})
-    Row("POST /v1/work/claim (duplicate of done)", conns, RunLoad(port, dup, conns, seconds));
+    if (wanted(conns))
+      Row("POST /v1/work/claim (duplicate of done)", conns, RunLoad(port, dup, conns, seconds));
   return 0;
 }
