@@ -272,6 +272,8 @@ class EventServer::Loop {
     bool read_eof = false;    // the peer sends nothing more
     int64_t last_active = 0;
     std::shared_ptr<std::atomic<bool>> gone;  // shared with its worker task
+    int64_t request_started = 0;              // when the request being read began (seconds)
+    bool overflow = false;                    // read more than any acceptable request
   };
 
   struct Done {
@@ -421,10 +423,20 @@ class EventServer::Loop {
     char buf[kReadChunk];
     for (;;) {
       ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
-      if (n > 0 && c->state == State::kDraining) continue;  // dropped
+      // Once the last answer is queued nothing more is parsed: drop input.
+      if (n > 0 && (c->state == State::kDraining || c->state == State::kClosing)) continue;
       if (n > 0) {
+        const int64_t now = NowSeconds();
+        if (c->in.empty()) c->request_started = now;
         c->in.append(buf, static_cast<size_t>(n));
-        c->last_active = NowSeconds();
+        c->last_active = now;
+        if (c->state == State::kReading && c->in.size() > max_buffered_ + kReadChunk) {
+          // More than any acceptable request (e.g. endless blank lines):
+          // stop reading; Process refuses it.
+          c->overflow = true;
+          SetInterest(c, false, c->want_write);
+          return true;
+        }
         if (c->state == State::kBusy && c->in.size() > max_buffered_) {
           // A peer pipelining far ahead of its answers: stop reading until
           // the answer is out (Flush turns reading back on).
@@ -466,6 +478,17 @@ class EventServer::Loop {
         return;
       }
     }
+    if (c->overflow && c->state == State::kReading && c->out.empty()) {
+      // A whole request at the front is still served (and its own error,
+      // such as 413 for a body over the limit, still wins).
+      http1::Request probe;
+      http1::ParseResult r = http1::ParseRequest(c->in, o.limits, &probe);
+      if (r.status == http1::ParseStatus::kNeedMore) {
+        RefuseAndClose(c, 400, "the request is larger than the head and body limits allow");
+        return;
+      }
+      c->overflow = false;
+    }
     while (c->state == State::kReading && c->out.empty() && !c->in.empty()) {
       auto exchange = std::make_unique<Exchange>();
       http1::ParseResult r = http1::ParseRequest(c->in, o.limits, &exchange->request);
@@ -478,15 +501,11 @@ class EventServer::Loop {
         return;
       }
       if (r.status == http1::ParseStatus::kError) {
-        http1::Response res;
-        res.status = r.error_status;
-        server_.callbacks_.error_handler(r.error_status, r.error, res);
-        c->in.clear();
-        c->state = State::kClosing;
-        Queue(c, res, /*keep_alive=*/false, 1);
+        RefuseAndClose(c, r.error_status, r.error);
         return;
       }
       c->in.erase(0, r.consumed);
+      c->request_started = c->in.empty() ? 0 : NowSeconds();
       c->continue_sent = false;
       const http1::Request& req = exchange->request;
       bool keep_alive = req.keep_alive;
@@ -680,14 +699,33 @@ class EventServer::Loop {
     }
   }
 
+  // A refused request: its answer, then the connection closes.
+  void RefuseAndClose(Conn* c, int status, const std::string& why) {
+    http1::Response res;
+    res.status = status;
+    server_.callbacks_.error_handler(status, why, res);
+    c->in.clear();
+    c->state = State::kClosing;
+    Queue(c, res, /*keep_alive=*/false, 1);
+  }
+
   void SweepIdle(int64_t now) {
     std::vector<Conn*> idle;
+    std::vector<uint64_t> slow;
     for (auto& [id, c] : conns_) {
       const int64_t limit =
           c->state == State::kDraining ? kDrainSeconds : server_.options_.idle_timeout_s;
-      if (c->state != State::kBusy && now - c->last_active > limit) idle.push_back(c.get());
+      if (c->state != State::kBusy && now - c->last_active > limit) {
+        idle.push_back(c.get());
+      } else if (c->state == State::kReading && !c->in.empty() && c->request_started != 0 &&
+                 now - c->request_started > server_.options_.request_timeout_s) {
+        slow.push_back(id);  // a request trickling in (slowloris): 408
+      }
     }
     for (Conn* c : idle) Close(c);
+    for (uint64_t id : slow) {
+      if (Conn* c = Find(id)) RefuseAndClose(c, 408, "the request took too long to arrive");
+    }
   }
 
   EventServer& server_;

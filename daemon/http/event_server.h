@@ -20,9 +20,25 @@
 //   - `Expect: 100-continue` gets its interim answer unless the head is
 //     already refused (then the final error is sent instead);
 //   - a connection idle (or stuck mid-request) for longer than
-//     idle_timeout_s is closed;
-//   - Stop() stops accepting, closes every connection, and returns after
-//     handlers already running have finished.
+//     idle_timeout_s is closed; a request not whole within
+//     request_timeout_s of its first byte gets 408 and the connection
+//     closes (slowloris);
+//   - input is bounded in every state: while a request is read, to the head
+//     and body limits plus one read (past it: 400 and close); while a
+//     request runs, reading stops past that bound; once the last answer is
+//     queued, input is dropped;
+//   - at most max_connections connections (past it: 503 and close), at
+//     most max_queue requests waiting for a worker (past it: 503 with
+//     Retry-After); a queued request whose client reset the connection is
+//     never started;
+//   - when accept() fails for lack of descriptors (EMFILE, ENFILE) the
+//     loops stop watching the listening socket for 100 ms instead of
+//     spinning on it; the connection waits in the backlog;
+//   - Drain(timeout) stops accepting, answers queued requests and new ones
+//     on open connections 503 (Retry-After, then close), and waits up to
+//     `timeout` for the handlers already running, whose answers still go
+//     out; Stop() then closes every connection, and returns after handlers
+//     still running have finished (their answers are dropped).
 //
 // Thread-safety: Start/Stop from one thread. Handler and batch handler run
 // concurrently on many threads and must be thread-safe.
@@ -52,6 +68,10 @@ struct EventServerOptions {
   int max_connections = 4096;
   http1::Limits limits;
   int idle_timeout_s = 30;
+  // A request must arrive whole within this long of its first byte, or it
+  // is answered 408 and the connection closed (a peer trickling bytes keeps
+  // the connection active but gets no further).
+  int request_timeout_s = 30;
   int listen_backlog = 4096;
 };
 

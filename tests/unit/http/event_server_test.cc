@@ -1024,6 +1024,42 @@ TEST_CASE("a connection past max_connections gets 503 and is closed") {
   CHECK(ok->status == 200);
 }
 
+TEST_CASE("endless blank lines on one connection are refused, not buffered") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  // 4 MiB of empty lines: far past head + body limits (4 KiB + 1 KiB here).
+  // The server stops buffering, answers 400, and drops the rest it reads.
+  std::string crlf;
+  for (int i = 0; i < (32 << 10); ++i) crlf += "\r\n";
+  for (int i = 0; i < 64; ++i) REQUIRE(c.Send(crlf));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 400);
+}
+
+TEST_CASE("a request trickling in byte by byte gets 408 once request_timeout_s has passed") {
+  EventServerOptions o = TestOptions();
+  o.request_timeout_s = 1;
+  Running s(EchoCallbacks(), o);
+  Client c(s.port());
+  REQUIRE(c.ok());
+  const std::string head = "GET /slow HTTP/1.1\r\nHost: test\r\nX-Pad: ";
+  REQUIRE(c.Send(head));
+  std::optional<Reply> r;
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::thread trickle([&] {
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!c.Send("a")) return;  // closed by the server
+      std::this_thread::sleep_for(200ms);
+    }
+  });
+  r = c.Read();
+  trickle.join();
+  REQUIRE(r);
+  CHECK(r->status == 408);
+}
+
 TEST_CASE("Drain answers queued requests 503, lets the running one finish, and refuses new ones") {
   Gate gate;
   Running s(gate.Callbacks(), OneWorker(/*max_queue=*/8));
