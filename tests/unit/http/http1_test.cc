@@ -334,7 +334,7 @@ TEST_CASE("both Transfer-Encoding and Content-Length are refused with 400") {
 }
 
 TEST_CASE("a transfer coding other than chunked is refused with 501") {
-  CheckError("POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501);
+  // Without a final chunked it is a 400 instead (smuggling_test.cc).
   CheckError("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501);
 }
 
