@@ -265,7 +265,9 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     return Error(400, "a line in the request head ends in a bare CR or LF, not CRLF");
   }
   if (head_end == std::string_view::npos) {
-    if (in.size() - start > limits.max_head_bytes) {
+    // Up to 3 bytes may be the start of the CRLF CRLF that ends a head of
+    // max_head_bytes: refusing them would depend on how the bytes arrive.
+    if (in.size() - start > limits.max_head_bytes + 3) {
       return Error(431, "the request line and headers exceed " +
                             std::to_string(limits.max_head_bytes) + " bytes");
     }
