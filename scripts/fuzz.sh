@@ -19,7 +19,8 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DIDEM_FUZZ=ON -DID
   -DCMAKE_BUILD_TYPE=RelWithDebInfo $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
 
-export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
+# A small quarantine: -rss_limit_mb should measure our memory, not ASan's.
+export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:quarantine_size_mb=64
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 failed=()
 for t in "${targets[@]}"; do
