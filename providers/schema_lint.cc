@@ -147,9 +147,10 @@ class Linter {
       const Json* required = nullptr;
       if (auto it = s.find("required"); it != s.end() && it->is_array()) required = &*it;
       for (auto& [name, sub] : props->items()) {
+        const std::string& key = name;  // clang 14 cannot capture a structured binding
         bool listed = required != nullptr &&
                       std::any_of(required->begin(), required->end(),
-                                  [&](const Json& r) { return r.is_string() && r == name; });
+                                  [&](const Json& r) { return r.is_string() && r == key; });
         if (!listed) {
           Add(Child(Child(ptr, "properties"), name),
               "property '" + name + "' is not listed in required",

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <utility>
 
+#include "daemon/core/json.h"
+
 namespace idem {
 namespace {
 
@@ -156,6 +158,10 @@ class Converter {
             return doc_.Error(pointer + "/?", "mapping keys must be plain strings");
           }
           const std::string& name = key.Scalar();
+          if (!IsValidUtf8(name)) {
+            doc_.lines[pointer + "/?"] = key_line;
+            return doc_.Error(pointer + "/?", "a mapping key is not valid UTF-8");
+          }
           const std::string child = pointer + "/" + EscapeToken(name);
           doc_.lines[child] = key_line;
           if (out.contains(name)) return doc_.Error(child, "duplicate key '" + name + "'");
@@ -172,6 +178,9 @@ class Converter {
  private:
   Status Scalar(const YAML::Node& node, const std::string& pointer, Json& out) {
     const std::string& text = node.Scalar();
+    // YAML streams are Unicode, and the rest of idem (JSON Schema checks
+    // among them) may assume valid UTF-8 in strings.
+    if (!IsValidUtf8(text)) return doc_.Error(pointer, "the value is not valid UTF-8");
     const std::string& tag = node.Tag();
     if (tag == "!" || tag == kTagStr) {
       out = text;  // quoted, block or explicitly a string

@@ -20,6 +20,9 @@
 #define EXCLUDES(...) IDEM_TSA(locks_excluded(__VA_ARGS__))
 #define ACQUIRE(...) IDEM_TSA(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) IDEM_TSA(release_capability(__VA_ARGS__))
+// For code that holds a set of locks decided at run time (lock striping),
+// which the analysis cannot follow; say why wherever it is used.
+#define NO_THREAD_SAFETY_ANALYSIS IDEM_TSA(no_thread_safety_analysis)
 
 namespace idem {
 

@@ -107,7 +107,8 @@ class DecideEngineImpl final : public DecideEngine {
         metrics_(metrics) {}
 
   Status Init() {
-    for (const auto& [name, step] : config_.steps) {
+    for (const auto& [step_name, step] : config_.steps) {
+      const std::string& name = step_name;  // clang 14 cannot capture a structured binding
       const std::string at = "/steps/" + JsonPointerToken(name);
       auto provider_of = [&](const std::string& pname,
                              const std::string& field) -> StatusOr<Provider*> {

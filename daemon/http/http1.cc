@@ -51,6 +51,30 @@ void ParseQuery(std::string_view q, std::multimap<std::string, std::string>& out
   }
 }
 
+// A control character other than HTAB (a bare CR or LF among them), or DEL.
+bool HasControl(std::string_view s) {
+  for (char c : s) {
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// RFC 9112 2.2: a bare CR must not be taken for a line end, and a bare LF
+// may be; idem takes neither, so that it never splits lines where a peer
+// does not. The index of the first CR not followed by LF or LF not
+// preceded by CR in `s`, or npos. A CR at the very end may be half of a
+// CRLF still to come.
+size_t FindBareCrOrLf(std::string_view s) {
+  for (size_t i = s.find_first_of("\r\n"); i != std::string_view::npos;
+       i = s.find_first_of("\r\n", i + 1)) {
+    if (s[i] == '\n') return i;  // a CRLF's LF is skipped below
+    if (i + 1 == s.size()) return std::string_view::npos;
+    if (s[i + 1] != '\n') return i;
+    ++i;
+  }
+  return std::string_view::npos;
+}
+
 enum class ChunkStatus { kNeedMore, kComplete, kError, kTooLarge, kTrailerTooLarge };
 
 constexpr size_t kMaxChunkLine = 1024;  // chunk size plus extensions, without CRLF
@@ -78,8 +102,16 @@ ChunkStatus DecodeChunked(std::string_view in, size_t max_body, size_t max_trail
     }
     if (eol == std::string_view::npos) return ChunkStatus::kNeedMore;
     std::string_view line = in.substr(pos, eol - pos);
+    if (HasControl(line)) {
+      error = "a chunk size line contains a control character";
+      return ChunkStatus::kError;
+    }
     size_t semi = line.find(';');  // chunk extensions are ignored
-    std::string_view digits = TrimOws(line.substr(0, semi));
+    // RFC 9112 7.1: chunk-size is 1*HEXDIG, with BWS only before an
+    // extension's ';'. A lenient reading (" 5", "5 ") is how a front proxy
+    // and this server could come to disagree on where a chunk ends.
+    std::string_view digits = line.substr(0, semi);
+    if (semi != std::string_view::npos) digits = TrimOws(digits);
     if (digits.empty() || digits.size() > 15) {
       error = "malformed chunk size";
       return ChunkStatus::kError;
@@ -102,6 +134,10 @@ ChunkStatus DecodeChunked(std::string_view in, size_t max_body, size_t max_trail
         size_t seen = (end == std::string_view::npos ? in.size() : end + 2) - trailer_start;
         if (seen > max_trailer) return ChunkStatus::kTrailerTooLarge;
         if (end == std::string_view::npos) return ChunkStatus::kNeedMore;
+        if (HasControl(in.substr(pos, end - pos))) {
+          error = "a chunked trailer line contains a control character";
+          return ChunkStatus::kError;
+        }
         bool empty = end == pos;
         pos = end + 2;
         if (empty) {
@@ -223,8 +259,15 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
   size_t start = 0;
   while (in.substr(start, 2) == "\r\n") start += 2;
   size_t head_end = in.find("\r\n\r\n", start);
+  if (FindBareCrOrLf(in.substr(
+          start, head_end == std::string_view::npos ? std::string_view::npos : head_end - start)) !=
+      std::string_view::npos) {
+    return Error(400, "a line in the request head ends in a bare CR or LF, not CRLF");
+  }
   if (head_end == std::string_view::npos) {
-    if (in.size() - start > limits.max_head_bytes) {
+    // Up to 3 bytes may be the start of the CRLF CRLF that ends a head of
+    // max_head_bytes: refusing them would depend on how the bytes arrive.
+    if (in.size() - start > limits.max_head_bytes + 3) {
       return Error(431, "the request line and headers exceed " +
                             std::to_string(limits.max_head_bytes) + " bytes");
     }
@@ -302,6 +345,10 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     req.headers.push_back(Field{std::string(name), std::string(value)});
   }
 
+  // RFC 9112 3.2: more than one Host is a 400 (which one names the target
+  // would be up to each hop).
+  if (req.HeaderCount("Host") > 1) return Error(400, "more than one Host header field");
+
   // Connection persistence (RFC 9112 9.3).
   bool close = false, keep = false;
   for (const Field& f : req.headers) {
@@ -325,11 +372,31 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     // RFC 9112 6.1: Transfer-Encoding in HTTP/1.0 is faulty framing; the
     // connection closes after this request.
     if (req.minor_version == 0) req.keep_alive = false;
-    std::string te;
-    for (size_t i = 0; i < te_count; ++i) {
-      te += (i > 0 ? "," : "") + req.HeaderValue("Transfer-Encoding", i);
+    // The codings of every Transfer-Encoding field, in order (empty list
+    // elements ignored, RFC 9110 5.6.1).
+    std::vector<std::string_view> codings;
+    for (const Field& f : req.headers) {
+      if (!NameEquals(f.name, "Transfer-Encoding")) continue;
+      std::string_view list = f.value;
+      while (!list.empty()) {
+        size_t comma = list.find(',');
+        std::string_view item = TrimOws(list.substr(0, comma));
+        if (!item.empty()) codings.push_back(item);
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+      }
     }
-    if (!NameEquals(TrimOws(te), "chunked")) {
+    // RFC 9112 6.3: chunked not last means the body has no known end: 400
+    // and close. Chunked applied twice (RFC 9112 7) is as malformed.
+    if (codings.empty() || !NameEquals(codings.back(), "chunked")) {
+      return Error(400, "chunked is not the final transfer coding");
+    }
+    if (codings.size() > 1) {
+      for (size_t i = 0; i + 1 < codings.size(); ++i) {
+        if (NameEquals(codings[i], "chunked")) {
+          return Error(400, "the chunked transfer coding is applied more than once");
+        }
+      }
       return Error(501, "only the chunked transfer coding is supported");
     }
     size_t used = 0;

@@ -8,12 +8,18 @@
 // Refused, with the status to answer and then close the connection:
 //   400 malformed request line, header, length or chunk framing; both
 //       Content-Length and Transfer-Encoding; conflicting Content-Lengths;
+//       Transfer-Encoding whose final coding is not chunked, or with
+//       chunked twice; more than one Host; a line of the head (or a chunk
+//       size or trailer line) ending in a bare CR or LF instead of CRLF,
+//       or holding any other control character but HTAB (RFC 9112 2.2
+//       lets a server accept a bare LF; idem refuses it, so that it never
+//       reads lines differently from a stricter peer in front of it);
 //   413 body larger than Limits.max_body_bytes (checked before it is read),
 //       or chunk framing larger than twice that;
 //   431 request line plus headers larger than Limits.max_head_bytes, more
 //       than Limits.max_headers fields, or chunked trailers larger than
 //       max_head_bytes;
-//   501 a transfer coding other than chunked;
+//   501 a transfer coding other than chunked (before the final chunked);
 //   505 an HTTP version other than 1.0 and 1.1.
 //
 // Thread-safety: pure functions over caller-owned values.

@@ -17,9 +17,7 @@ int64_t IntAt(const Json& j, std::initializer_list<const char*> path) {
     if (it == cur->end()) return 0;
     cur = &*it;
   }
-  if (cur->is_number_integer()) return cur->get<int64_t>();
-  if (cur->is_number()) return static_cast<int64_t>(cur->get<double>());
-  return 0;
+  return wire::AsCount(*cur);
 }
 
 }  // namespace

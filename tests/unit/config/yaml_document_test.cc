@@ -93,6 +93,23 @@ TEST_CASE("infinities and NaN are refused because JSON cannot hold them") {
   CHECK(doc.status().field() == "/a");
 }
 
+// Found by tests/fuzz/fuzz_config: a config string with a stray byte made
+// the JSON Schema check (valijson's minLength) read past a table.
+TEST_CASE("a value or a key that is not valid UTF-8 is refused with its place") {
+  auto value = ParseYaml("a: ok\nb: caf\xe9\n", "t.yaml");
+  REQUIRE_FALSE(value.ok());
+  CHECK(value.status().code() == Code::kInvalidArgument);
+  CHECK(value.status().field() == "/b");
+  CHECK(value.status().message().find("t.yaml:2:") == 0);
+  auto quoted = ParseYaml("a: \"\xff\xfe\"\n", "t.yaml");
+  REQUIRE_FALSE(quoted.ok());
+  CHECK(quoted.status().field() == "/a");
+  auto key = ParseYaml("a:\n  k\xc3: 1\n", "t.yaml");
+  REQUIRE_FALSE(key.ok());
+  CHECK(key.status().field() == "/a/?");
+  CHECK(MustParse("a: caf\xc3\xa9\n").value["a"] == "caf\xc3\xa9");
+}
+
 TEST_CASE("nesting deeper than the limit is an error, not a stack overflow") {
   std::string deep;
   for (int i = 0; i < 100; ++i) deep += "[";

@@ -324,7 +324,8 @@ TEST_CASE("concurrent batches and single claims over the same work give one winn
   for (std::thread& t : threads) t.join();
   CHECK(errors.load() == 0);
   REQUIRE(winners.size() == kWork);
-  for (const auto& [id, n] : winners) CHECK_MESSAGE(n == 1, id);
+  // Not a structured binding: CHECK_MESSAGE's lambda captures it (clang 14).
+  for (const auto& winner : winners) CHECK_MESSAGE(winner.second == 1, winner.first);
 }
 
 }  // namespace
