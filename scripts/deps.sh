@@ -8,6 +8,8 @@ pkgs=(
   libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
   libkainjow-mustache-dev
 )
+# The clang build (-Wthread-safety) and the libFuzzer targets.
+if [ "${IDEM_DEPS_E2E:-0}" = 1 ]; then pkgs+=(clang-14 libclang-rt-14-dev); fi
 if [ "${IDEM_DEPS_BENCH:-0}" = 1 ]; then pkgs+=(wrk); fi
 missing=()
 for p in "${pkgs[@]}"; do

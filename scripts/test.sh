@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds idem and runs every test: unit and integration tests in a normal
-# build and under AddressSanitizer + UndefinedBehaviorSanitizer, and the
-# concurrency tests (ctest label "concurrency") under ThreadSanitizer.
+# build and under AddressSanitizer + UndefinedBehaviorSanitizer, the
+# concurrency tests (ctest label "concurrency") under ThreadSanitizer, a
+# clang-14 build with -Wthread-safety, and a short run of every fuzz target.
 # IDEM_TEST_QUICK=1 runs the normal build only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,12 @@ build build all -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build && ctest --output-on-failure -j2)
 
 if [ "${IDEM_TEST_QUICK:-0}" != 1 ]; then
+  echo "== clang-14 build of everything with -Wthread-safety -Werror"
+  scripts/clang_build.sh
+
+  echo "== fuzz smoke: every libFuzzer target under ASan+UBSan, ${IDEM_FUZZ_SECONDS:-15} s each"
+  IDEM_FUZZ_SECONDS=${IDEM_FUZZ_SECONDS:-15} scripts/fuzz.sh
+
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
   build build-asan all -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=address,undefined -DIDEM_BENCH=OFF
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
