@@ -316,9 +316,9 @@ StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& current,
 
 // Takes a run-time set of stripes that RocksPendingOps::Settle releases:
 // beyond what the thread-safety analysis can follow.
-std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(std::span<const JournalOp> ops,
-                                                            std::function<void()> on_durable,
-                                                            LockWait wait) NO_THREAD_SAFETY_ANALYSIS {
+std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(
+    std::span<const JournalOp> ops, std::function<void()> on_durable,
+    LockWait wait) NO_THREAD_SAFETY_ANALYSIS {
   auto p = std::make_unique<RocksPendingOps>(db_, ops.size());
   // Lock-free first pass: invalid requests and claims that write nothing.
   std::vector<size_t> candidates;
