@@ -274,6 +274,7 @@ class EventServer::Loop {
     std::shared_ptr<std::atomic<bool>> gone;  // shared with its worker task
     int64_t request_started = 0;              // when the request being read began (seconds)
     bool overflow = false;                    // read more than any acceptable request
+    size_t parse_need = 0;                    // do not parse again before `in` holds this much
   };
 
   struct Done {
@@ -490,9 +491,12 @@ class EventServer::Loop {
       c->overflow = false;
     }
     while (c->state == State::kReading && c->out.empty() && !c->in.empty()) {
+      // A body still arriving: not parsed again until it can be whole.
+      if (c->in.size() < c->parse_need) return;
       auto exchange = std::make_unique<Exchange>();
       http1::ParseResult r = http1::ParseRequest(c->in, o.limits, &exchange->request);
       if (r.status == http1::ParseStatus::kNeedMore) {
+        c->parse_need = r.need;
         if (r.wants_continue && !c->continue_sent) {
           c->continue_sent = true;
           c->out = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -505,6 +509,7 @@ class EventServer::Loop {
         return;
       }
       c->in.erase(0, r.consumed);
+      c->parse_need = 0;
       c->request_started = c->in.empty() ? 0 : NowSeconds();
       c->continue_sent = false;
       const http1::Request& req = exchange->request;

@@ -83,7 +83,7 @@ constexpr size_t kMaxChunkLine = 1024;  // chunk size plus extensions, without C
 // length of the framing through the final CRLF. The trailer section
 // (through its empty line) may take at most `max_trailer` bytes.
 ChunkStatus DecodeChunked(std::string_view in, size_t max_body, size_t max_trailer,
-                          std::string& body, size_t& used, std::string& error) {
+                          std::string& body, size_t& used, size_t& need, std::string& error) {
   body.clear();
   size_t pos = 0;
   for (;;) {
@@ -147,7 +147,10 @@ ChunkStatus DecodeChunked(std::string_view in, size_t max_body, size_t max_trail
       }
     }
     if (body.size() + size > max_body) return ChunkStatus::kTooLarge;
-    if (in.size() - pos < size + 2) return ChunkStatus::kNeedMore;
+    if (in.size() - pos < size + 2) {
+      need = pos + size + 2;  // the rest of this chunk and its CRLF
+      return ChunkStatus::kNeedMore;
+    }
     body.append(in.substr(pos, size));
     pos += size;
     if (in.substr(pos, 2) != "\r\n") {
@@ -257,7 +260,13 @@ void Response::SetContent(std::string content, std::string_view content_type) {
 ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out) {
   // RFC 9112 2.2: ignore empty lines before the request line.
   size_t start = 0;
-  while (in.substr(start, 2) == "\r\n") start += 2;
+  while (in.substr(start, 2) == "\r\n") {
+    start += 2;
+    if (start / 2 > kMaxLeadingEmptyLines) {
+      return Error(400, "more than " + std::to_string(kMaxLeadingEmptyLines) +
+                            " empty lines before the request line");
+    }
+  }
   size_t head_end = in.find("\r\n\r\n", start);
   if (FindBareCrOrLf(in.substr(
           start, head_end == std::string_view::npos ? std::string_view::npos : head_end - start)) !=
@@ -400,11 +409,13 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
       return Error(501, "only the chunked transfer coding is supported");
     }
     size_t used = 0;
+    size_t need = 0;
     std::string error;
     switch (DecodeChunked(in.substr(body_start), limits.max_body_bytes, limits.max_head_bytes,
-                          req.body, used, error)) {
+                          req.body, used, need, error)) {
       case ChunkStatus::kNeedMore:
         r.wants_continue = expects_continue;
+        r.need = need == 0 ? 0 : body_start + need;
         return r;
       case ChunkStatus::kError:
         return Error(400, error);
@@ -436,6 +447,7 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     }
     if (in.size() - body_start < length) {
       r.wants_continue = expects_continue;
+      r.need = body_start + length;
       return r;
     }
     req.body = std::string(in.substr(body_start, length));

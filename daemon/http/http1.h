@@ -72,6 +72,8 @@ struct Response {
   void SetContent(std::string body, std::string_view content_type);
 };
 
+constexpr size_t kMaxLeadingEmptyLines = 16;
+
 struct Limits {
   size_t max_head_bytes = 64 << 10;
   size_t max_headers = 100;
@@ -90,12 +92,18 @@ struct ParseResult {
   // kNeedMore after a complete head whose body is still to come and which
   // asked for it with Expect: 100-continue.
   bool wants_continue = false;
+  // kNeedMore: parsing again cannot progress before the input holds this
+  // many bytes (0: any more input may help). Lets a caller skip re-parsing
+  // a large body on every read.
+  size_t need = 0;
   int error_status = 0;
   std::string error;  // what was wrong, for the problem body
 };
 
 // Parses one request from the start of `in`. Call again with more input
-// after kNeedMore (the whole buffer, from the same start).
+// after kNeedMore (the whole buffer, from the same start). At most
+// kMaxLeadingEmptyLines empty lines before the request line are skipped
+// (RFC 9112 2.2); more are a 400.
 ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out);
 
 // "HTTP/1.1 <status> <reason>" head, the fields, Content-Length, and

@@ -72,6 +72,29 @@ TEST_CASE("empty lines before the request line are ignored") {
   CHECK(req.path == "/x");
 }
 
+TEST_CASE("more empty lines before the request line than kMaxLeadingEmptyLines are a 400") {
+  std::string lines;
+  for (size_t i = 0; i < kMaxLeadingEmptyLines; ++i) lines += "\r\n";
+  CHECK(MustParse(lines + "GET /x HTTP/1.1\r\n\r\n").path == "/x");
+  CheckError(lines + "\r\nGET /x HTTP/1.1\r\n\r\n", 400);
+  CheckError(lines + "\r\n", 400);  // refused before a request line ever comes
+}
+
+TEST_CASE("a body still arriving says how many bytes the input must hold to go on") {
+  Request req;
+  const std::string head = "POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n";
+  ParseResult r = ParseRequest(head + "abc", Limits(), &req);
+  CHECK(r.status == ParseStatus::kNeedMore);
+  CHECK(r.need == head.size() + 10);
+  const std::string chunked = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  r = ParseRequest(chunked + "a\r\n0123", Limits(), &req);
+  CHECK(r.status == ParseStatus::kNeedMore);
+  CHECK(r.need == chunked.size() + 3 + 10 + 2);  // size line, the chunk, its CRLF
+  r = ParseRequest("GET /x HTTP/1.1\r\nHost: a", Limits(), &req);
+  CHECK(r.status == ParseStatus::kNeedMore);
+  CHECK(r.need == 0);  // a head: any more input may complete it
+}
+
 TEST_CASE("header values are trimmed of surrounding spaces and tabs") {
   Request req = MustParse("GET / HTTP/1.1\r\nX-A: \t padded value \t\r\nX-B:tight\r\n\r\n");
   CHECK(req.HeaderValue("X-A") == "padded value");
