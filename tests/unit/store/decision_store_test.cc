@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/rocksdb/rocksdb_decision_store.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -131,6 +133,39 @@ TEST_CASE("decisions without an id or key are refused") {
         Code::kInvalidArgument);
   CHECK(store->decisions().Replace(MakeDecision("d", "", "s", kT0)).code() ==
         Code::kInvalidArgument);
+}
+
+TEST_CASE("the in-memory decision cache stays within its byte budget, large decisions too") {
+  TempDir dir;
+  auto db = rocks::RocksDatabase::Open(StoreOptions{dir.path(), false});
+  REQUIRE(db.ok());
+  constexpr size_t kBudget = 256 << 10;
+  rocks::RocksDecisionStore s(**db, kBudget);
+  // Decisions with a long trace (a model's raw output): 2,000 of ~8 KB each
+  // would be ~16 MB if the cache were bounded by count alone.
+  const std::string raw(8 << 10, 'x');
+  for (int i = 0; i < 2000; ++i) {
+    Decision d = MakeDecision("dec_" + std::to_string(i), "key-" + std::to_string(i), "t", kT0);
+    d.trace = Json{{"attempts", Json::array({Json{{"raw", raw}, {"n", i}}})}};
+    REQUIRE(s.PutIfAbsent(d, kT0).ok());
+    // Reads of evicted keys come from disk and go back into the cache.
+    REQUIRE(s.GetByKey("key-" + std::to_string(i / 2), kT0).ok());
+  }
+  CHECK(s.CachedBytes() > 0);
+  CHECK(s.CachedBytes() <= kBudget);
+  for (int i = 0; i < 2000; i += 97) {
+    StatusOr<Decision> got = s.GetByKey("key-" + std::to_string(i), kT0);
+    REQUIRE(got.ok());
+    CHECK(got->decision_id == "dec_" + std::to_string(i));
+    CHECK(got->trace["attempts"][0]["n"] == i);
+  }
+  CHECK(s.CachedBytes() <= kBudget);
+  // A decision larger than a shard's whole share is served but not kept.
+  Decision huge = MakeDecision("dec_huge", "key-huge", "t", kT0);
+  huge.trace = Json{{"raw", std::string(kBudget, 'y')}};
+  REQUIRE(s.PutIfAbsent(huge, kT0).ok());
+  CHECK(s.GetByKey("key-huge", kT0)->decision_id == "dec_huge");
+  CHECK(s.CachedBytes() <= kBudget);
 }
 
 }  // namespace
