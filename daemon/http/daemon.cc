@@ -148,15 +148,21 @@ void Daemon::SweepLoop() {
     const int64_t now = clock_->NowMillis();
     auto keys = store_->idem_keys().SweepExpired(now, 10'000);
     auto work = store_->journal().SweepExpired(now, 10'000);
+    auto decisions = store_->decisions().SweepExpired(now, 10'000);
+    auto leases = store_->leases().SweepExpired(now, 10'000);
     if (++pass % kReconcileEverySweeps == 0) {
       auto report = apply_->Reconcile();
       if (report.ok() && !report->findings.empty()) {
         LogEvent(LogLevel::kWarn, "reconcile_findings", {{"count", report->findings.size()}});
       }
     }
-    if ((keys.ok() && *keys > 0) || (work.ok() && *work > 0)) {
+    auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
+    if (count(keys) + count(work) + count(decisions) + count(leases) > 0) {
       LogEvent(LogLevel::kDebug, "swept",
-               {{"idempotency_keys", keys.ok() ? *keys : 0}, {"work", work.ok() ? *work : 0}});
+               {{"idempotency_keys", count(keys)},
+                {"work", count(work)},
+                {"decisions", count(decisions)},
+                {"leases", count(leases)}});
     }
     lock.lock();
   }

@@ -77,6 +77,11 @@ class DecisionStore {
   // cursor or limit == 0.
   virtual StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                                       const std::string& cursor, size_t limit) = 0;
+  // Deletes up to `limit` decisions whose window ended at or before now_ms
+  // (expires_at != 0), superseded ones too; returns how many. A decision
+  // stored by an idem from before the expiry index is not listed there and
+  // is kept.
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
 };
 
 // --------------------------------------------------------- idempotency keys
@@ -436,6 +441,9 @@ class LeaseStore {
                          const std::string& token) = 0;
   // The live lease; NotFound if free or expired at now_ms.
   virtual StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) = 0;
+  // Deletes up to `limit` leases that expired at or before now_ms (free, but
+  // still on disk); returns how many.
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
 };
 
 // -------------------------------------------------------------- escalations

@@ -57,6 +57,10 @@ std::string_view ColumnFamilyName(Family f) {
       return "escalations_open";
     case Family::kEscalationsByTime:
       return "escalations_by_time";
+    case Family::kIdemInProgress:
+      return "idem_in_progress";
+    case Family::kDecisionsExpiry:
+      return "decisions_expiry";
     case Family::kCount:
       break;
   }

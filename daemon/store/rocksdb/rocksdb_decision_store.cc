@@ -23,6 +23,8 @@ std::string Position(const Decision& d) {
   return InvertedBigEndian8(d.created_at_ms) + d.decision_id;
 }
 
+std::string ExpiryKey(const Decision& d) { return BigEndian8(d.expires_at_ms) + d.decision_id; }
+
 StatusOr<std::string> DecodeCursor(const std::string& cursor) {
   if (cursor.size() % 2 != 0 || cursor.size() <= 16) {
     return InvalidArgument("malformed cursor", "/cursor");
@@ -121,6 +123,16 @@ void RocksDecisionStore::Remember(const Decision& d) {
   Insert(shard, std::move(shared));
 }
 
+void RocksDecisionStore::Forget(const std::string& decision_key) {
+  CacheShard& shard = ShardFor(decision_key);
+  MutexLock lock(shard.mu);
+  shard.generation++;
+  auto it = shard.by_key.find(decision_key);
+  if (it == shard.by_key.end()) return;
+  shard.bytes -= it->second.bytes;
+  shard.by_key.erase(it);
+}
+
 size_t RocksDecisionStore::CachedBytes() {
   size_t total = 0;
   for (CacheShard& shard : cache_) {
@@ -170,7 +182,11 @@ Status RocksDecisionStore::Store(const Decision& d) {
   if (previous) {
     batch.Delete(Family::kDecisionsByTime, Position(*previous));
     batch.Delete(Family::kDecisionsByStep, LengthPrefixed(previous->step) + Position(*previous));
+    if (previous->expires_at_ms != 0) {
+      batch.Delete(Family::kDecisionsExpiry, ExpiryKey(*previous));
+    }
   }
+  if (d.expires_at_ms != 0) batch.Put(Family::kDecisionsExpiry, ExpiryKey(d), "");
   batch.PutJson(Family::kDecisions, d.decision_id, d.ToJson());
   batch.Put(Family::kDecisionKeys, d.decision_key, d.decision_id);
   batch.Put(Family::kDecisionsByTime, Position(d), "");
@@ -235,6 +251,45 @@ StatusOr<DecisionPage> RocksDecisionStore::List(const std::string& step, const s
   }
   RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing decisions"));
   return page;
+}
+
+StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) {
+  if (limit == 0 || now_ms < 0) return size_t{0};
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> candidates,
+      db_.ExpiredIndexKeys(Family::kDecisionsExpiry, now_ms, limit, "expired decisions"));
+  size_t swept = 0;
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    const std::string id = index_key.substr(8);
+    ASSIGN_OR_RETURN(std::optional<Decision> seen, Load(id));
+    RecordBatch batch(db_);
+    batch.Delete(Family::kDecisionsExpiry, index_key);
+    if (!seen) {
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));  // stale; not expected
+      continue;
+    }
+    // The key's stripe: a PutIfAbsent or Replace of the same key waits, so
+    // it never sees the key pointing at a record that is gone.
+    MutexLock lock(db_.LockFor(Family::kDecisionKeys, seen->decision_key));
+    ASSIGN_OR_RETURN(std::optional<Decision> d, Load(id));
+    if (d && d->expires_at_ms != 0 && d->expires_at_ms <= now_ms) {
+      batch.Delete(Family::kDecisions, id);
+      batch.Delete(Family::kDecisionsByTime, Position(*d));
+      batch.Delete(Family::kDecisionsByStep, LengthPrefixed(d->step) + Position(*d));
+      ASSIGN_OR_RETURN(std::optional<std::string> current,
+                       db_.Get(Family::kDecisionKeys, d->decision_key));
+      const bool is_current = current && *current == id;
+      if (is_current) batch.Delete(Family::kDecisionKeys, d->decision_key);
+      // Losing a sweep in a crash only brings back a decision that reads as expired.
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+      if (is_current) Forget(d->decision_key);
+      ++swept;
+    } else {
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    }
+  }
+  return swept;
 }
 
 }  // namespace idem::rocks

@@ -3,7 +3,8 @@
 // Family "decisions" holds every decision by id (superseded ones too);
 // "decision_keys" maps a decision_key to the id of the cached one;
 // "decisions_by_time" and "decisions_by_step" order ids newest first for
-// List. PutIfAbsent and Replace hold the decision_key's lock stripe.
+// List; "decisions_expiry" orders those with a window by its end, for
+// SweepExpired. PutIfAbsent and Replace hold the decision_key's lock stripe.
 //
 // List cursors are opaque (hex of the position after the last item).
 //
@@ -38,6 +39,7 @@ class RocksDecisionStore final : public DecisionStore {
   Status Replace(const Decision& d) override;
   StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                               const std::string& cursor, size_t limit) override;
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
 
   // The estimated bytes the in-memory cache holds now (for tests).
   size_t CachedBytes();
@@ -71,6 +73,8 @@ class RocksDecisionStore final : public DecisionStore {
   static constexpr size_t kCacheShards = 16;
   CacheShard& ShardFor(const std::string& decision_key);
   void Remember(const Decision& d);
+  // Drops the key from the cache (its decision was deleted).
+  void Forget(const std::string& decision_key);
   // Puts `d` under its key within the shard's budget. REQUIRES: shard.mu.
   void Insert(CacheShard& shard, std::shared_ptr<const Decision> d);
 

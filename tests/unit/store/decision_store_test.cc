@@ -168,5 +168,47 @@ TEST_CASE("the in-memory decision cache stays within its byte budget, large deci
   CHECK(s.CachedBytes() <= kBudget);
 }
 
+// Keys left in a family of a closed store.
+std::vector<std::string> RawKeys(const std::string& path, const std::string& family) {
+  std::vector<std::string> keys;
+  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cf) {
+    std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, cf.at(family)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
+  });
+  return keys;
+}
+
+TEST_CASE(
+    "the sweep deletes decisions past their window, superseded ones too, and keeps the rest") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    DecisionStore& s = store->decisions();
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_old", "key-a", "t", kT0, kT0 + 100), kT0).ok());
+    REQUIRE(s.Replace(MakeDecision("dec_new", "key-a", "t", kT0 + 1, kT0 + 1'000)).ok());
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_forever", "key-b", "t", kT0), kT0).ok());
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_short", "key-c", "t", kT0, kT0 + 100), kT0).ok());
+    CHECK(s.GetByKey("key-c", kT0).ok());  // in the in-memory cache
+    CHECK(s.SweepExpired(kT0 + 99, 100).value() == 0);
+    CHECK(s.SweepExpired(kT0 + 100, 100).value() == 2);  // dec_old (superseded), dec_short
+    CHECK(s.SweepExpired(kT0 + 100, 100).value() == 0);
+    CHECK(s.Get("dec_old").status().code() == Code::kNotFound);
+    CHECK(s.GetByKey("key-c", kT0).status().code() == Code::kNotFound);  // not from memory
+    CHECK(s.GetByKey("key-a", kT0 + 100)->decision_id == "dec_new");
+    // The key is free again: a new decision takes it.
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_short2", "key-c", "t", kT0 + 101), kT0 + 101).ok());
+    CHECK(s.GetByKey("key-c", kT0 + 102)->decision_id == "dec_short2");
+    CHECK(s.SweepExpired(kT0 + 5'000, 100).value() == 1);  // dec_new
+    StatusOr<DecisionPage> page = s.List("", "", "", 10);
+    REQUIRE(page.ok());
+    CHECK(page->items.size() == 2);  // dec_forever, dec_short2
+  }
+  CHECK(RawKeys(dir.path(), "decisions") == std::vector<std::string>{"dec_forever", "dec_short2"});
+  CHECK(RawKeys(dir.path(), "decision_keys") == std::vector<std::string>{"key-b", "key-c"});
+  CHECK(RawKeys(dir.path(), "decisions_by_time").size() == 2);
+  CHECK(RawKeys(dir.path(), "decisions_by_step").size() == 2);
+  CHECK(RawKeys(dir.path(), "decisions_expiry").empty());
+}
+
 }  // namespace
 }  // namespace idem
