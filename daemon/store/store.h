@@ -382,6 +382,10 @@ class PlanStore {
                                     const std::string& note, int64_t now_ms) = 0;
   // Plans in `state`, oldest created first.
   virtual StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) = 0;
+  // Deletes plans in a final state (applied, rejected) last changed at or
+  // before cutoff_ms, looking at up to `limit` created by then; returns how
+  // many it deleted.
+  virtual StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) = 0;
 };
 
 // -------------------------------------------------------------------- audit
@@ -481,6 +485,10 @@ class EscalationStore {
   virtual StatusOr<Escalation> Resolve(const std::string& escalation_id,
                                        const std::string& decision_id, const std::string& actor,
                                        int64_t now_ms) = 0;
+  // Deletes resolved escalations resolved at or before cutoff_ms, looking at
+  // up to `limit` of those created by then (open ones stay); returns how
+  // many it deleted.
+  virtual StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) = 0;
 };
 
 // --------------------------------------------------------------------- meta

@@ -210,5 +210,37 @@ TEST_CASE(
   CHECK(RawKeys(dir.path(), "decisions_expiry").empty());
 }
 
+TEST_CASE("the sweep deletes escalations resolved before the cutoff and keeps open ones") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  EscalationStore& s = store->escalations();
+  auto make = [](const std::string& id, const std::string& key, int64_t at) {
+    Escalation e;
+    e.escalation_id = id;
+    e.decision_key = key;
+    e.step = "t";
+    e.created_at_ms = at;
+    return e;
+  };
+  REQUIRE(s.Put(make("esc_old", "key-a", kT0)).ok());
+  REQUIRE(s.Put(make("esc_open", "key-b", kT0)).ok());
+  REQUIRE(s.Put(make("esc_late", "key-c", kT0)).ok());
+  REQUIRE(s.Put(make("esc_new", "key-d", kT0 + 500)).ok());
+  REQUIRE(s.Resolve("esc_old", "dec_1", "human", kT0 + 10).ok());
+  REQUIRE(s.Resolve("esc_late", "dec_2", "human", kT0 + 200).ok());
+  REQUIRE(s.Resolve("esc_new", "dec_3", "human", kT0 + 600).ok());
+  CHECK(s.SweepResolved(kT0 + 9, 100).value() == 0);
+  CHECK(s.SweepResolved(kT0 + 100, 100).value() == 1);
+  CHECK(s.SweepResolved(kT0 + 100, 100).value() == 0);
+  CHECK(s.Get("esc_old").status().code() == Code::kNotFound);
+  CHECK(s.Get("esc_late")->state == "resolved");
+  CHECK(s.OpenByKey("key-b")->escalation_id == "esc_open");
+  CHECK(s.SweepResolved(kT0 + 10'000, 100).value() == 2);
+  StatusOr<std::vector<Escalation>> left = s.List("", 10);
+  REQUIRE(left.ok());
+  REQUIRE(left->size() == 1);
+  CHECK(left->front().escalation_id == "esc_open");
+}
+
 }  // namespace
 }  // namespace idem
