@@ -1,5 +1,7 @@
 #include "daemon/http/daemon.h"
 
+#include <malloc.h>
+
 #include "daemon/core/failpoints.h"
 #include "daemon/http/api.h"
 #include "daemon/http/request_guard.h"
@@ -10,6 +12,9 @@
 namespace idem {
 
 constexpr int kApplyWorkers = 4;
+// Resolved escalations and finished plans are history once their decision
+// and work exist; kept this long for people to look back at, then swept.
+constexpr int64_t kFinishedRecordRetentionMs = 30LL * 24 * 3600 * 1000;
 constexpr int kReconcileEverySweeps = 20;  // sweeps run every 30 s: reconcile every 10 min
 
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change) {
@@ -148,15 +153,31 @@ void Daemon::SweepLoop() {
     const int64_t now = clock_->NowMillis();
     auto keys = store_->idem_keys().SweepExpired(now, 10'000);
     auto work = store_->journal().SweepExpired(now, 10'000);
+    auto decisions = store_->decisions().SweepExpired(now, 10'000);
+    auto leases = store_->leases().SweepExpired(now, 10'000);
+    auto escalations =
+        store_->escalations().SweepResolved(now - kFinishedRecordRetentionMs, 10'000);
+    auto plans = store_->plans().SweepFinished(now - kFinishedRecordRetentionMs, 10'000);
     if (++pass % kReconcileEverySweeps == 0) {
       auto report = apply_->Reconcile();
       if (report.ok() && !report->findings.empty()) {
         LogEvent(LogLevel::kWarn, "reconcile_findings", {{"count", report->findings.size()}});
       }
     }
-    if ((keys.ok() && *keys > 0) || (work.ok() && *work > 0)) {
+    // Hand what a burst of requests freed back to the system, so that RSS
+    // comes down after load instead of staying at its peak.
+    malloc_trim(0);
+    auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
+    if (count(keys) + count(work) + count(decisions) + count(leases) + count(escalations) +
+            count(plans) >
+        0) {
       LogEvent(LogLevel::kDebug, "swept",
-               {{"idempotency_keys", keys.ok() ? *keys : 0}, {"work", work.ok() ? *work : 0}});
+               {{"idempotency_keys", count(keys)},
+                {"work", count(work)},
+                {"decisions", count(decisions)},
+                {"leases", count(leases)},
+                {"escalations", count(escalations)},
+                {"plans", count(plans)}});
     }
     lock.lock();
   }

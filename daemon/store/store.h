@@ -77,6 +77,11 @@ class DecisionStore {
   // cursor or limit == 0.
   virtual StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                                       const std::string& cursor, size_t limit) = 0;
+  // Deletes up to `limit` decisions whose window ended at or before now_ms
+  // (expires_at != 0), superseded ones too; returns how many. A decision
+  // stored by an idem from before the expiry index is not listed there and
+  // is kept.
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
 };
 
 // --------------------------------------------------------- idempotency keys
@@ -377,6 +382,10 @@ class PlanStore {
                                     const std::string& note, int64_t now_ms) = 0;
   // Plans in `state`, oldest created first.
   virtual StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) = 0;
+  // Deletes plans in a final state (applied, rejected) last changed at or
+  // before cutoff_ms, looking at up to `limit` created by then; returns how
+  // many it deleted.
+  virtual StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) = 0;
 };
 
 // -------------------------------------------------------------------- audit
@@ -436,6 +445,9 @@ class LeaseStore {
                          const std::string& token) = 0;
   // The live lease; NotFound if free or expired at now_ms.
   virtual StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) = 0;
+  // Deletes up to `limit` leases that expired at or before now_ms (free, but
+  // still on disk); returns how many.
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
 };
 
 // -------------------------------------------------------------- escalations
@@ -473,6 +485,10 @@ class EscalationStore {
   virtual StatusOr<Escalation> Resolve(const std::string& escalation_id,
                                        const std::string& decision_id, const std::string& actor,
                                        int64_t now_ms) = 0;
+  // Deletes resolved escalations resolved at or before cutoff_ms, looking at
+  // up to `limit` of those created by then (open ones stay); returns how
+  // many it deleted.
+  virtual StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) = 0;
 };
 
 // --------------------------------------------------------------------- meta

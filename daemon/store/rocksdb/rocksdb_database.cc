@@ -1,5 +1,6 @@
 #include "daemon/store/rocksdb/rocksdb_database.h"
 
+#include <rocksdb/cache.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -56,6 +57,10 @@ std::string_view ColumnFamilyName(Family f) {
       return "escalations_open";
     case Family::kEscalationsByTime:
       return "escalations_by_time";
+    case Family::kIdemInProgress:
+      return "idem_in_progress";
+    case Family::kDecisionsExpiry:
+      return "decisions_expiry";
     case Family::kCount:
       break;
   }
@@ -143,9 +148,19 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   // the limit it raises at start-up whatever the store's size (RocksDB's
   // default, -1, keeps every file open).
   db_options.max_open_files = 256;
-  // Twenty-odd families with a default 64 MiB memtable each could hold a lot
-  // of memory; cap the total and let RocksDB flush the largest.
-  db_options.db_write_buffer_size = 256 << 20;
+  // Memory is bounded whatever the store's size (a daemon beside an agent
+  // must stay small): every memtable of the twenty-odd families together
+  // within kMemtableBudget (RocksDB flushes the largest when it is reached),
+  // and every table read (data, index and filter blocks) through one shared
+  // block cache of kBlockCacheBytes. Without the latter, index and filter
+  // blocks live outside any cache and grow with the number of table files.
+  constexpr size_t kMemtableBudget = 16 << 20;
+  constexpr size_t kBlockCacheBytes = 16 << 20;
+  db_options.db_write_buffer_size = kMemtableBudget;
+  // The WAL can only be dropped once every family holding writes in it has
+  // flushed; rarely written families would otherwise keep it (and the replay
+  // after kill -9) growing. Past this size the oldest data is flushed.
+  db_options.max_total_wal_size = 32 << 20;
   // Our writes reach RocksDB already grouped (group_commit.h), one writer at
   // a time: parallel memtable inserts would only add hand-offs between
   // threads, and spinning waiters steal the cores from the request threads.
@@ -155,8 +170,22 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   // miss (first delivery) from touching every level.
   rocksdb::BlockBasedTableOptions table;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  table.block_cache = rocksdb::NewLRUCache(kBlockCacheBytes, /*num_shard_bits=*/4,
+                                           /*strict_capacity_limit=*/false,
+                                           /*high_pri_pool_ratio=*/0.5);
+  table.cache_index_and_filter_blocks = true;
+  table.cache_index_and_filter_blocks_with_high_priority = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
   rocksdb::ColumnFamilyOptions cf_options(db_options);
   cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  // Small memtables: a family that is written rarely still holds one, and
+  // the memtable bloom below is sized from it.
+  cf_options.write_buffer_size = 4 << 20;
+  cf_options.max_write_buffer_number = 2;
+  // Records are JSON and compress well. LZ4 where compaction rewrites often,
+  // ZSTD on the last level, where most bytes end up and stay cold.
+  cf_options.compression = rocksdb::kLZ4Compression;
+  cf_options.bottommost_compression = rocksdb::kZSTD;
 
   // Every existing family must be opened, including ones this version does
   // not know (written by a newer idem): keep them open and untouched.
@@ -224,6 +253,15 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
 RocksDatabase::~RocksDatabase() {
   group_commit_.reset();  // its committer thread writes through db_
   if (db_ == nullptr) return;
+  // A clean stop leaves nothing in the WAL: the next start replays nothing
+  // and opens in a time that does not grow with what was written last.
+  std::vector<rocksdb::ColumnFamilyHandle*> to_flush;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    if (h != nullptr) to_flush.push_back(h);
+  }
+  rocksdb::FlushOptions flush;
+  flush.wait = true;
+  if (!to_flush.empty()) db_->Flush(flush, to_flush).PermitUncheckedError();
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
     if (h != nullptr) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   }

@@ -54,6 +54,8 @@ enum class Family : int {
   kEscalations,        // escalation_id -> Escalation JSON
   kEscalationsOpen,    // decision_key -> escalation_id of the open escalation
   kEscalationsByTime,  // BE8(~created_at) | escalation_id -> ""
+  kIdemInProgress,     // LP(scope) | key -> ""  (records in state in_progress)
+  kDecisionsExpiry,    // BE8(expires_at) | decision_id -> ""  (decisions with a window)
   kCount,
 };
 

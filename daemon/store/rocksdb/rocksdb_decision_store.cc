@@ -23,6 +23,8 @@ std::string Position(const Decision& d) {
   return InvertedBigEndian8(d.created_at_ms) + d.decision_id;
 }
 
+std::string ExpiryKey(const Decision& d) { return BigEndian8(d.expires_at_ms) + d.decision_id; }
+
 StatusOr<std::string> DecodeCursor(const std::string& cursor) {
   if (cursor.size() % 2 != 0 || cursor.size() <= 16) {
     return InvalidArgument("malformed cursor", "/cursor");
@@ -42,6 +44,45 @@ StatusOr<std::string> DecodeCursor(const std::string& cursor) {
   return raw;
 }
 
+// The heap a string owns beyond its own object (none within the small
+// string buffer).
+size_t HeapBytes(const std::string& s) { return s.capacity() > 15 ? s.capacity() + 1 : 0; }
+
+// An estimate of the heap a JSON value owns beyond its own 16 bytes:
+// nlohmann keeps strings, objects and arrays behind a pointer, and an
+// object member is a std::map node (~48 bytes of links and colour, its key
+// and its value).
+size_t HeapBytes(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::string:
+      return sizeof(std::string) + HeapBytes(j.get_ref<const std::string&>());
+    case Json::value_t::object: {
+      size_t n = 48;
+      for (const auto& [k, v] : j.items())
+        n += 48 + sizeof(std::string) + 16 + k.size() + HeapBytes(v);
+      return n;
+    }
+    case Json::value_t::array: {
+      size_t n = 24 + 16 * j.size();
+      for (const Json& v : j) n += HeapBytes(v);
+      return n;
+    }
+    default:
+      return 0;
+  }
+}
+
+// What one cache entry costs: the decision, its key in the map and the map
+// node, and the shared_ptr's control block.
+size_t ApproxBytes(const Decision& d) {
+  size_t n = sizeof(Decision) + 64 + sizeof(std::string) + d.decision_key.size();
+  for (const std::string* s : {&d.decision_id, &d.decision_key, &d.step, &d.status, &d.decided_by,
+                               &d.provider, &d.model, &d.prompt_version}) {
+    n += HeapBytes(*s);
+  }
+  return n + HeapBytes(d.output) + HeapBytes(d.material) + HeapBytes(d.trace);
+}
+
 }  // namespace
 
 StatusOr<std::optional<Decision>> RocksDecisionStore::Load(const std::string& decision_id) {
@@ -56,13 +97,49 @@ RocksDecisionStore::CacheShard& RocksDecisionStore::ShardFor(const std::string& 
   return cache_[std::hash<std::string>{}(decision_key) % kCacheShards];
 }
 
+void RocksDecisionStore::Insert(CacheShard& shard, std::shared_ptr<const Decision> d) {
+  const size_t bytes = ApproxBytes(*d);
+  auto existing = shard.by_key.find(d->decision_key);
+  if (existing != shard.by_key.end()) {
+    shard.bytes -= existing->second.bytes;
+    shard.by_key.erase(existing);
+  }
+  if (bytes > shard_budget_) return;
+  while (shard.bytes + bytes > shard_budget_ && !shard.by_key.empty()) {
+    auto victim = shard.by_key.begin();
+    shard.bytes -= victim->second.bytes;
+    shard.by_key.erase(victim);
+  }
+  shard.bytes += bytes;
+  std::string key = d->decision_key;
+  shard.by_key.emplace(std::move(key), CacheEntry{std::move(d), bytes});
+}
+
 void RocksDecisionStore::Remember(const Decision& d) {
   auto shared = std::make_shared<const Decision>(d);  // shared: readers copy out of it
   CacheShard& shard = ShardFor(d.decision_key);
   MutexLock lock(shard.mu);
   shard.generation++;
-  if (shard.by_key.size() >= kCacheEntriesPerShard) shard.by_key.clear();
-  shard.by_key[d.decision_key] = std::move(shared);
+  Insert(shard, std::move(shared));
+}
+
+void RocksDecisionStore::Forget(const std::string& decision_key) {
+  CacheShard& shard = ShardFor(decision_key);
+  MutexLock lock(shard.mu);
+  shard.generation++;
+  auto it = shard.by_key.find(decision_key);
+  if (it == shard.by_key.end()) return;
+  shard.bytes -= it->second.bytes;
+  shard.by_key.erase(it);
+}
+
+size_t RocksDecisionStore::CachedBytes() {
+  size_t total = 0;
+  for (CacheShard& shard : cache_) {
+    MutexLock lock(shard.mu);
+    total += shard.bytes;
+  }
+  return total;
 }
 
 StatusOr<std::optional<Decision>> RocksDecisionStore::Current(const std::string& decision_key) {
@@ -71,7 +148,7 @@ StatusOr<std::optional<Decision>> RocksDecisionStore::Current(const std::string&
   {
     MutexLock lock(shard.mu);
     auto it = shard.by_key.find(decision_key);
-    if (it != shard.by_key.end()) return std::optional<Decision>(*it->second);
+    if (it != shard.by_key.end()) return std::optional<Decision>(*it->second.decision);
     generation = shard.generation;
   }
   ASSIGN_OR_RETURN(std::optional<std::string> id, db_.Get(Family::kDecisionKeys, decision_key));
@@ -80,9 +157,7 @@ StatusOr<std::optional<Decision>> RocksDecisionStore::Current(const std::string&
   if (d) {
     auto shared = std::make_shared<const Decision>(*d);
     MutexLock lock(shard.mu);
-    if (shard.generation == generation && shard.by_key.size() < kCacheEntriesPerShard) {
-      shard.by_key.emplace(decision_key, std::move(shared));
-    }
+    if (shard.generation == generation) Insert(shard, std::move(shared));
   }
   return d;
 }
@@ -107,7 +182,11 @@ Status RocksDecisionStore::Store(const Decision& d) {
   if (previous) {
     batch.Delete(Family::kDecisionsByTime, Position(*previous));
     batch.Delete(Family::kDecisionsByStep, LengthPrefixed(previous->step) + Position(*previous));
+    if (previous->expires_at_ms != 0) {
+      batch.Delete(Family::kDecisionsExpiry, ExpiryKey(*previous));
+    }
   }
+  if (d.expires_at_ms != 0) batch.Put(Family::kDecisionsExpiry, ExpiryKey(d), "");
   batch.PutJson(Family::kDecisions, d.decision_id, d.ToJson());
   batch.Put(Family::kDecisionKeys, d.decision_key, d.decision_id);
   batch.Put(Family::kDecisionsByTime, Position(d), "");
@@ -172,6 +251,45 @@ StatusOr<DecisionPage> RocksDecisionStore::List(const std::string& step, const s
   }
   RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing decisions"));
   return page;
+}
+
+StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) {
+  if (limit == 0 || now_ms < 0) return size_t{0};
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> candidates,
+      db_.ExpiredIndexKeys(Family::kDecisionsExpiry, now_ms, limit, "expired decisions"));
+  size_t swept = 0;
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    const std::string id = index_key.substr(8);
+    ASSIGN_OR_RETURN(std::optional<Decision> seen, Load(id));
+    RecordBatch batch(db_);
+    batch.Delete(Family::kDecisionsExpiry, index_key);
+    if (!seen) {
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));  // stale; not expected
+      continue;
+    }
+    // The key's stripe: a PutIfAbsent or Replace of the same key waits, so
+    // it never sees the key pointing at a record that is gone.
+    MutexLock lock(db_.LockFor(Family::kDecisionKeys, seen->decision_key));
+    ASSIGN_OR_RETURN(std::optional<Decision> d, Load(id));
+    if (d && d->expires_at_ms != 0 && d->expires_at_ms <= now_ms) {
+      batch.Delete(Family::kDecisions, id);
+      batch.Delete(Family::kDecisionsByTime, Position(*d));
+      batch.Delete(Family::kDecisionsByStep, LengthPrefixed(d->step) + Position(*d));
+      ASSIGN_OR_RETURN(std::optional<std::string> current,
+                       db_.Get(Family::kDecisionKeys, d->decision_key));
+      const bool is_current = current && *current == id;
+      if (is_current) batch.Delete(Family::kDecisionKeys, d->decision_key);
+      // Losing a sweep in a crash only brings back a decision that reads as expired.
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+      if (is_current) Forget(d->decision_key);
+      ++swept;
+    } else {
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    }
+  }
+  return swept;
 }
 
 }  // namespace idem::rocks

@@ -3,7 +3,8 @@
 // Family "decisions" holds every decision by id (superseded ones too);
 // "decision_keys" maps a decision_key to the id of the cached one;
 // "decisions_by_time" and "decisions_by_step" order ids newest first for
-// List. PutIfAbsent and Replace hold the decision_key's lock stripe.
+// List; "decisions_expiry" orders those with a window by its end, for
+// SweepExpired. PutIfAbsent and Replace hold the decision_key's lock stripe.
 //
 // List cursors are opaque (hex of the position after the last item).
 //
@@ -24,8 +25,13 @@ namespace idem::rocks {
 
 class RocksDecisionStore final : public DecisionStore {
  public:
-  // `db` must outlive this object.
-  explicit RocksDecisionStore(RocksDatabase& db) : db_(db) {}
+  // What the in-memory cache of current decisions may hold, by default.
+  static constexpr size_t kDefaultCacheBytes = 8 << 20;
+
+  // `db` must outlive this object. `cache_bytes`: the memory budget of the
+  // write-through cache below (an estimate of the heap its entries use).
+  explicit RocksDecisionStore(RocksDatabase& db, size_t cache_bytes = kDefaultCacheBytes)
+      : db_(db), shard_budget_(cache_bytes / kCacheShards) {}
 
   StatusOr<Decision> GetByKey(const std::string& decision_key, int64_t now_ms) override;
   StatusOr<Decision> Get(const std::string& decision_id) override;
@@ -33,6 +39,10 @@ class RocksDecisionStore final : public DecisionStore {
   Status Replace(const Decision& d) override;
   StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                               const std::string& cursor, size_t limit) override;
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
+
+  // The estimated bytes the in-memory cache holds now (for tests).
+  size_t CachedBytes();
 
  private:
   StatusOr<std::optional<Decision>> Load(const std::string& decision_id);
@@ -46,18 +56,30 @@ class RocksDecisionStore final : public DecisionStore {
   // parse. One process owns the store, so every write passes through here.
   // A shard's generation changes with every write to it; a reader that
   // loaded from disk inserts only if no write happened meanwhile, so a
-  // stale decision can never be put back. Bounded: a full shard is emptied.
+  // stale decision can never be put back. Bounded by bytes, not entries (a
+  // decision with a long trace can be large): a shard past its share of the
+  // budget evicts entries (in no particular order) until the new one fits;
+  // one larger than a whole share is not kept.
+  struct CacheEntry {
+    std::shared_ptr<const Decision> decision;
+    size_t bytes = 0;
+  };
   struct CacheShard {
     Mutex mu;
-    std::unordered_map<std::string, std::shared_ptr<const Decision>> by_key GUARDED_BY(mu);
+    std::unordered_map<std::string, CacheEntry> by_key GUARDED_BY(mu);
+    size_t bytes GUARDED_BY(mu) = 0;
     uint64_t generation GUARDED_BY(mu) = 0;
   };
   static constexpr size_t kCacheShards = 16;
-  static constexpr size_t kCacheEntriesPerShard = 512;
   CacheShard& ShardFor(const std::string& decision_key);
   void Remember(const Decision& d);
+  // Drops the key from the cache (its decision was deleted).
+  void Forget(const std::string& decision_key);
+  // Puts `d` under its key within the shard's budget. REQUIRES: shard.mu.
+  void Insert(CacheShard& shard, std::shared_ptr<const Decision> d);
 
   RocksDatabase& db_;
+  const size_t shard_budget_;
   std::array<CacheShard, kCacheShards> cache_;
 };
 

@@ -80,4 +80,36 @@ StatusOr<Escalation> RocksEscalationStore::Resolve(const std::string& escalation
   return next;
 }
 
+StatusOr<size_t> RocksEscalationStore::SweepResolved(int64_t cutoff_ms, size_t limit) {
+  if (limit == 0 || cutoff_ms < 0) return size_t{0};
+  // The time index is newest first: those created at or before the cutoff
+  // start at its inverted time.
+  std::vector<std::string> candidates;
+  {
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kEscalationsByTime, {});
+    size_t seen = 0;
+    for (it->Seek(InvertedBigEndian8(cutoff_ms)); it->Valid() && seen < limit; it->Next(), ++seen) {
+      candidates.push_back(it->key().ToString());
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning escalations"));
+  }
+  size_t swept = 0;
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    const std::string id = index_key.substr(8);
+    ASSIGN_OR_RETURN(std::optional<Escalation> seen, Load(id));
+    if (!seen || seen->state != "resolved" || seen->resolved_at_ms > cutoff_ms) continue;
+    MutexLock lock(db_.LockFor(Family::kEscalationsOpen, seen->decision_key));
+    ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(id));  // re-read under the lock
+    if (!e || e->state != "resolved") continue;
+    RecordBatch batch(db_);
+    batch.Delete(Family::kEscalations, id);
+    batch.Delete(Family::kEscalationsByTime, index_key);
+    // Losing a sweep in a crash only brings back a resolved escalation.
+    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    ++swept;
+  }
+  return swept;
+}
+
 }  // namespace idem::rocks

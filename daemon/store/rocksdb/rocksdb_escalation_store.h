@@ -30,6 +30,7 @@ class RocksEscalationStore final : public EscalationStore {
   StatusOr<std::vector<Escalation>> List(const std::string& state, size_t limit) override;
   StatusOr<Escalation> Resolve(const std::string& escalation_id, const std::string& decision_id,
                                const std::string& actor, int64_t now_ms) override;
+  StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) override;
 
  private:
   StatusOr<std::optional<Escalation>> Load(const std::string& id,

@@ -48,6 +48,12 @@ void RocksIdemKeyStore::Stage(RecordBatch& batch, const std::string& record_key,
   if (new_expiry != 0 && old_expiry != new_expiry) {
     batch.Put(Family::kIdemExpiry, BigEndian8(new_expiry) + record_key, "");
   }
+  // The in-progress index lets a restart find its orphans without reading
+  // every key record.
+  const bool was_in_progress = before && before->state == IdemRecord::State::kInProgress;
+  const bool in_progress = after != nullptr && after->state == IdemRecord::State::kInProgress;
+  if (in_progress && !was_in_progress) batch.Put(Family::kIdemInProgress, record_key, "");
+  if (was_in_progress && !in_progress) batch.Delete(Family::kIdemInProgress, record_key);
   if (after != nullptr) {
     batch.PutJson(Family::kIdemKeys, record_key, store_internal::IdemRecordToJson(*after));
   } else {
@@ -171,16 +177,21 @@ Status RocksIdemKeyStore::Release(const std::string& scope, const std::string& k
 
 StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {
   if (owner_.empty()) return size_t{0};
+  // A store written before the in-progress index has in_progress records
+  // the index does not list: read every record once, then rely on the index.
+  ASSIGN_OR_RETURN(std::optional<std::string> indexed, db_.Get(Family::kMeta, kIndexedMarker));
   std::vector<std::string> orphans;
-  {
+  if (indexed) {
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemInProgress, {});
+    for (it->SeekToFirst(); it->Valid(); it->Next()) orphans.push_back(it->key().ToString());
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning idempotency keys in progress"));
+  } else {
     std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemKeys, {});
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       ASSIGN_OR_RETURN(Json j,
                        store_internal::DecodeJson(it->value().ToString(), "idempotency key"));
       ASSIGN_OR_RETURN(IdemRecord r, store_internal::IdemRecordFromJson(j));
-      if (r.state == IdemRecord::State::kInProgress && r.owner == owner_) {
-        orphans.push_back(it->key().ToString());
-      }
+      if (r.state == IdemRecord::State::kInProgress) orphans.push_back(it->key().ToString());
     }
     RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning idempotency keys"));
   }
@@ -188,7 +199,20 @@ StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {
   for (const std::string& record_key : orphans) {
     MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
     ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
-    if (!current || current->state != IdemRecord::State::kInProgress || current->owner != owner_) {
+    if (!current || current->state != IdemRecord::State::kInProgress) {
+      if (indexed) {  // an entry left behind; not expected
+        RecordBatch batch(db_);
+        batch.Delete(Family::kIdemInProgress, record_key);
+        RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+      }
+      continue;
+    }
+    if (current->owner != owner_) {
+      if (!indexed) {  // another instance's key: list it in the index
+        RecordBatch batch(db_);
+        batch.Put(Family::kIdemInProgress, record_key, "");
+        RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+      }
       continue;
     }
     // Whether the orphan's handler ran is unknown: released keeps the key
@@ -201,6 +225,11 @@ StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {
     Stage(batch, record_key, current, &next);
     RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
     ++released;
+  }
+  if (!indexed) {
+    RecordBatch batch(db_);
+    batch.Put(Family::kMeta, kIndexedMarker, "1");
+    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
   }
   return released;
 }

@@ -1,7 +1,9 @@
 // Idempotency-Key records (store.h, class IdemKeyStore) on RocksDB.
 //
 // Family "idem_keys" holds LP(scope) | key -> IdemRecord JSON; "idem_expiry"
-// indexes records with an expiry by BE8(expires_at) for SweepExpired. Every
+// indexes records with an expiry by BE8(expires_at) for SweepExpired;
+// "idem_in_progress" lists the records in progress, which a restart
+// releases (ReleaseOwnInProgress) without reading every record. Every
 // write holds the (scope, key) lock stripe. Begin answers replays, mismatches
 // and in-flight keys from a read alone (no lock, no write, no fsync).
 //
@@ -37,6 +39,10 @@ class RocksIdemKeyStore final : public IdemKeyStore {
   StatusOr<size_t> ReleaseOwnInProgress() override;
   StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) override;
   StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
+
+  // Meta key present once every in_progress record is listed in the
+  // "idem_in_progress" index (stores from before it are read in full once).
+  static constexpr char kIndexedMarker[] = "idem_keys.in_progress_indexed";
 
  private:
   StatusOr<std::optional<IdemRecord>> Load(const std::string& record_key);

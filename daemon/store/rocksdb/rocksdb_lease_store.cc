@@ -73,6 +73,32 @@ StatusOr<NamedLease> RocksLeaseStore::Get(const std::string& name, int64_t now_m
   return std::move(*current);
 }
 
+StatusOr<size_t> RocksLeaseStore::SweepExpired(int64_t now_ms, size_t limit) {
+  // Leases are few (one per name a caller coordinates on): a scan of the
+  // family, without an expiry index.
+  std::vector<std::string> candidates;
+  {
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kLeases, {});
+    for (it->SeekToFirst(); it->Valid() && candidates.size() < limit; it->Next()) {
+      ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(it->value().ToString(), "lease"));
+      ASSIGN_OR_RETURN(NamedLease l, store_internal::NamedLeaseFromJson(j));
+      if (l.expires_at_ms <= now_ms) candidates.push_back(it->key().ToString());
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning leases"));
+  }
+  size_t swept = 0;
+  for (const std::string& name : candidates) {
+    MutexLock lock(db_.LockFor(Family::kLeases, name));
+    ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
+    if (!current || current->expires_at_ms > now_ms) continue;  // renewed meanwhile
+    RecordBatch batch(db_);
+    batch.Delete(Family::kLeases, name);
+    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    ++swept;
+  }
+  return swept;
+}
+
 StatusOr<std::optional<std::string>> RocksMetaStore::Get(const std::string& key) {
   return db_.Get(Family::kMeta, key);
 }

@@ -24,6 +24,7 @@ class RocksLeaseStore final : public LeaseStore {
   Status Release(const std::string& name, const std::string& holder,
                  const std::string& token) override;
   StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) override;
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
 
  private:
   StatusOr<std::optional<NamedLease>> Load(const std::string& name);

@@ -85,4 +85,40 @@ StatusOr<std::vector<Plan>> RocksPlanStore::ByState(const std::string& state, si
   return out;
 }
 
+StatusOr<size_t> RocksPlanStore::SweepFinished(int64_t cutoff_ms, size_t limit) {
+  if (limit == 0 || cutoff_ms < 0) return size_t{0};
+  size_t swept = 0;
+  for (const std::string state : {"applied", "rejected"}) {
+    const std::string prefix = LengthPrefixed(state);
+    std::vector<std::string> candidates;
+    {
+      // Oldest created first; a plan last changed after the cutoff was
+      // created no later than that, so stop at plans created after it.
+      std::string upper = prefix + BigEndian8(cutoff_ms + 1);
+      rocksdb::Slice upper_slice(upper);
+      rocksdb::ReadOptions ro;
+      ro.iterate_upper_bound = &upper_slice;
+      std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kPlansByState, ro);
+      for (it->Seek(prefix); it->Valid() && candidates.size() < limit; it->Next()) {
+        candidates.push_back(it->key().ToString());
+      }
+      RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning plans"));
+    }
+    for (const std::string& index_key : candidates) {
+      if (index_key.size() <= prefix.size() + 8) continue;
+      const std::string plan_id = index_key.substr(prefix.size() + 8);
+      MutexLock lock(db_.LockFor(Family::kPlans, plan_id));
+      ASSIGN_OR_RETURN(std::optional<Plan> p, Load(plan_id));
+      if (!p || p->state != state || p->updated_at_ms > cutoff_ms) continue;
+      RecordBatch batch(db_);
+      batch.Delete(Family::kPlans, plan_id);
+      batch.Delete(Family::kPlansByState, index_key);
+      // Losing a sweep in a crash only brings back a finished plan.
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+      ++swept;
+    }
+  }
+  return swept;
+}
+
 }  // namespace idem::rocks

@@ -27,6 +27,7 @@ class RocksPlanStore final : public PlanStore {
                             const std::string& to, const std::string& actor,
                             const std::string& note, int64_t now_ms) override;
   StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) override;
+  StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) override;
 
  private:
   StatusOr<std::optional<Plan>> Load(const std::string& plan_id,

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/rocksdb/rocksdb_decision_store.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -131,6 +133,113 @@ TEST_CASE("decisions without an id or key are refused") {
         Code::kInvalidArgument);
   CHECK(store->decisions().Replace(MakeDecision("d", "", "s", kT0)).code() ==
         Code::kInvalidArgument);
+}
+
+TEST_CASE("the in-memory decision cache stays within its byte budget, large decisions too") {
+  TempDir dir;
+  auto db = rocks::RocksDatabase::Open(StoreOptions{dir.path(), false});
+  REQUIRE(db.ok());
+  constexpr size_t kBudget = 256 << 10;
+  rocks::RocksDecisionStore s(**db, kBudget);
+  // Decisions with a long trace (a model's raw output): 2,000 of ~8 KB each
+  // would be ~16 MB if the cache were bounded by count alone.
+  const std::string raw(8 << 10, 'x');
+  for (int i = 0; i < 2000; ++i) {
+    Decision d = MakeDecision("dec_" + std::to_string(i), "key-" + std::to_string(i), "t", kT0);
+    d.trace = Json{{"attempts", Json::array({Json{{"raw", raw}, {"n", i}}})}};
+    REQUIRE(s.PutIfAbsent(d, kT0).ok());
+    // Reads of evicted keys come from disk and go back into the cache.
+    REQUIRE(s.GetByKey("key-" + std::to_string(i / 2), kT0).ok());
+  }
+  CHECK(s.CachedBytes() > 0);
+  CHECK(s.CachedBytes() <= kBudget);
+  for (int i = 0; i < 2000; i += 97) {
+    StatusOr<Decision> got = s.GetByKey("key-" + std::to_string(i), kT0);
+    REQUIRE(got.ok());
+    CHECK(got->decision_id == "dec_" + std::to_string(i));
+    CHECK(got->trace["attempts"][0]["n"] == i);
+  }
+  CHECK(s.CachedBytes() <= kBudget);
+  // A decision larger than a shard's whole share is served but not kept.
+  Decision huge = MakeDecision("dec_huge", "key-huge", "t", kT0);
+  huge.trace = Json{{"raw", std::string(kBudget, 'y')}};
+  REQUIRE(s.PutIfAbsent(huge, kT0).ok());
+  CHECK(s.GetByKey("key-huge", kT0)->decision_id == "dec_huge");
+  CHECK(s.CachedBytes() <= kBudget);
+}
+
+// Keys left in a family of a closed store.
+std::vector<std::string> RawKeys(const std::string& path, const std::string& family) {
+  std::vector<std::string> keys;
+  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cf) {
+    std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, cf.at(family)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
+  });
+  return keys;
+}
+
+TEST_CASE(
+    "the sweep deletes decisions past their window, superseded ones too, and keeps the rest") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    DecisionStore& s = store->decisions();
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_old", "key-a", "t", kT0, kT0 + 100), kT0).ok());
+    REQUIRE(s.Replace(MakeDecision("dec_new", "key-a", "t", kT0 + 1, kT0 + 1'000)).ok());
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_forever", "key-b", "t", kT0), kT0).ok());
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_short", "key-c", "t", kT0, kT0 + 100), kT0).ok());
+    CHECK(s.GetByKey("key-c", kT0).ok());  // in the in-memory cache
+    CHECK(s.SweepExpired(kT0 + 99, 100).value() == 0);
+    CHECK(s.SweepExpired(kT0 + 100, 100).value() == 2);  // dec_old (superseded), dec_short
+    CHECK(s.SweepExpired(kT0 + 100, 100).value() == 0);
+    CHECK(s.Get("dec_old").status().code() == Code::kNotFound);
+    CHECK(s.GetByKey("key-c", kT0).status().code() == Code::kNotFound);  // not from memory
+    CHECK(s.GetByKey("key-a", kT0 + 100)->decision_id == "dec_new");
+    // The key is free again: a new decision takes it.
+    REQUIRE(s.PutIfAbsent(MakeDecision("dec_short2", "key-c", "t", kT0 + 101), kT0 + 101).ok());
+    CHECK(s.GetByKey("key-c", kT0 + 102)->decision_id == "dec_short2");
+    CHECK(s.SweepExpired(kT0 + 5'000, 100).value() == 1);  // dec_new
+    StatusOr<DecisionPage> page = s.List("", "", "", 10);
+    REQUIRE(page.ok());
+    CHECK(page->items.size() == 2);  // dec_forever, dec_short2
+  }
+  CHECK(RawKeys(dir.path(), "decisions") == std::vector<std::string>{"dec_forever", "dec_short2"});
+  CHECK(RawKeys(dir.path(), "decision_keys") == std::vector<std::string>{"key-b", "key-c"});
+  CHECK(RawKeys(dir.path(), "decisions_by_time").size() == 2);
+  CHECK(RawKeys(dir.path(), "decisions_by_step").size() == 2);
+  CHECK(RawKeys(dir.path(), "decisions_expiry").empty());
+}
+
+TEST_CASE("the sweep deletes escalations resolved before the cutoff and keeps open ones") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  EscalationStore& s = store->escalations();
+  auto make = [](const std::string& id, const std::string& key, int64_t at) {
+    Escalation e;
+    e.escalation_id = id;
+    e.decision_key = key;
+    e.step = "t";
+    e.created_at_ms = at;
+    return e;
+  };
+  REQUIRE(s.Put(make("esc_old", "key-a", kT0)).ok());
+  REQUIRE(s.Put(make("esc_open", "key-b", kT0)).ok());
+  REQUIRE(s.Put(make("esc_late", "key-c", kT0)).ok());
+  REQUIRE(s.Put(make("esc_new", "key-d", kT0 + 500)).ok());
+  REQUIRE(s.Resolve("esc_old", "dec_1", "human", kT0 + 10).ok());
+  REQUIRE(s.Resolve("esc_late", "dec_2", "human", kT0 + 200).ok());
+  REQUIRE(s.Resolve("esc_new", "dec_3", "human", kT0 + 600).ok());
+  CHECK(s.SweepResolved(kT0 + 9, 100).value() == 0);
+  CHECK(s.SweepResolved(kT0 + 100, 100).value() == 1);
+  CHECK(s.SweepResolved(kT0 + 100, 100).value() == 0);
+  CHECK(s.Get("esc_old").status().code() == Code::kNotFound);
+  CHECK(s.Get("esc_late")->state == "resolved");
+  CHECK(s.OpenByKey("key-b")->escalation_id == "esc_open");
+  CHECK(s.SweepResolved(kT0 + 10'000, 100).value() == 2);
+  StatusOr<std::vector<Escalation>> left = s.List("", 10);
+  REQUIRE(left.ok());
+  REQUIRE(left->size() == 1);
+  CHECK(left->front().escalation_id == "esc_open");
 }
 
 }  // namespace

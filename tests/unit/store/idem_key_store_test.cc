@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/rocksdb/rocksdb_idem_key_store.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -242,6 +244,41 @@ TEST_CASE("reopening a store releases its own keys in progress and leaves others
         BeginOutcome::kInFlight);
   CHECK(MustBegin(store->idem_keys(), "theirs", "fp-a", kT0 + kLease).outcome ==
         BeginOutcome::kNew);
+}
+
+TEST_CASE("a store from before the in-progress index still has its orphans released once") {
+  TempDir dir;
+  const std::string scope = "tok:POST /v1/apply";
+  {
+    auto store = OpenStore(dir.path());
+    REQUIRE(store->idem_keys().ReleaseOwnInProgress().ok());  // a fresh store: marks it indexed
+    MustBegin(store->idem_keys(), "mine", "fp-a", kT0);
+    MustBegin(store->idem_keys(), "done", "fp-a", kT0);
+    REQUIRE(
+        store->idem_keys().Finish(scope, "done", "fp-a", 200, "{}", "application/json", kT0).ok());
+  }
+  {
+    // As an older idem left it: no index entries and no marker.
+    auto db = rocks::RocksDatabase::Open(StoreOptions{dir.path(), false});
+    REQUIRE(db.ok());
+    rocks::RecordBatch batch(**db);
+    std::unique_ptr<rocksdb::Iterator> it = (*db)->NewIterator(rocks::Family::kIdemInProgress, {});
+    int entries = 0;
+    for (it->SeekToFirst(); it->Valid(); it->Next(), ++entries) {
+      batch.Delete(rocks::Family::kIdemInProgress, it->key().ToString());
+    }
+    CHECK(entries == 1);  // "mine"; "done" left the index when it finished
+    batch.Delete(rocks::Family::kMeta, rocks::RocksIdemKeyStore::kIndexedMarker);
+    REQUIRE((*db)->Commit(batch, false).ok());
+  }
+  for (size_t expected : {1, 0}) {
+    auto store = OpenStore(dir.path());
+    StatusOr<size_t> released = store->idem_keys().ReleaseOwnInProgress();
+    REQUIRE(released.ok());
+    CHECK(*released == expected);
+    CHECK(store->idem_keys().Get(scope, "mine").value().state == IdemRecord::State::kReleased);
+    CHECK(store->idem_keys().Get(scope, "done").value().state == IdemRecord::State::kCompleted);
+  }
 }
 
 }  // namespace

@@ -98,5 +98,33 @@ TEST_CASE("meta stores small strings") {
   CHECK(m.Get("prompt:triage:v1").value() == std::optional<std::string>("def"));
 }
 
+// Keys left in a family of a closed store.
+std::vector<std::string> RawKeys(const std::string& path, const std::string& family) {
+  std::vector<std::string> keys;
+  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cf) {
+    std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, cf.at(family)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
+  });
+  return keys;
+}
+
+TEST_CASE("the sweep deletes expired leases from disk and keeps live ones") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    LeaseStore& s = store->leases();
+    REQUIRE(s.Acquire("old", "run-1", "", 1'000, kT0).ok());
+    REQUIRE(s.Acquire("live", "run-2", "", 60'000, kT0).ok());
+    CHECK(s.SweepExpired(kT0 + 999, 100).value() == 0);
+    CHECK(s.SweepExpired(kT0 + 1'000, 100).value() == 1);
+    CHECK(s.SweepExpired(kT0 + 1'000, 100).value() == 0);
+    CHECK(s.Get("live", kT0 + 1'000)->holder == "run-2");
+    // A swept name is free to take.
+    CHECK(s.Acquire("old", "run-3", "", 1'000, kT0 + 1'001)->outcome == LeaseOutcome::kAcquired);
+    CHECK(s.SweepExpired(kT0 + 10'000, 1).value() == 1);  // at most `limit`
+  }
+  CHECK(RawKeys(dir.path(), "leases") == std::vector<std::string>{"live"});
+}
+
 }  // namespace
 }  // namespace idem

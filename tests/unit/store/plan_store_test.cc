@@ -81,5 +81,30 @@ TEST_CASE("ByState lists plans in a state, oldest first, following transitions")
   CHECK(s.ByState("applied", 10)->empty());
 }
 
+TEST_CASE("the sweep deletes plans finished before the cutoff and keeps the rest") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  for (const char* id : {"plan_applied", "plan_rejected", "plan_late", "plan_open", "plan_new"}) {
+    REQUIRE(s.Put(MakePlan(id, std::string(id) == "plan_new" ? kT0 + 500 : kT0)).ok());
+  }
+  REQUIRE(s.Transition("plan_applied", "proposed", "applied", "a", "", kT0 + 10).ok());
+  REQUIRE(s.Transition("plan_rejected", "proposed", "rejected", "a", "", kT0 + 10).ok());
+  REQUIRE(s.Transition("plan_late", "proposed", "applied", "a", "", kT0 + 200).ok());
+  REQUIRE(s.Transition("plan_new", "proposed", "applied", "a", "", kT0 + 600).ok());
+  CHECK(s.SweepFinished(kT0 + 9, 100).value() == 0);
+  CHECK(s.SweepFinished(kT0 + 100, 100).value() == 2);
+  CHECK(s.SweepFinished(kT0 + 100, 100).value() == 0);
+  CHECK(s.Get("plan_applied").status().code() == Code::kNotFound);
+  CHECK(s.Get("plan_rejected").status().code() == Code::kNotFound);
+  CHECK(s.Get("plan_late")->state == "applied");   // finished after the cutoff
+  CHECK(s.Get("plan_open")->state == "proposed");  // not finished, however old
+  CHECK(s.ByState("applied", 10)->size() == 2);
+  CHECK(s.SweepFinished(kT0 + 10'000, 1).value() == 1);  // at most `limit`
+  CHECK(s.SweepFinished(kT0 + 10'000, 100).value() == 1);
+  CHECK(s.ByState("applied", 10)->empty());
+  CHECK(s.ByState("proposed", 10)->size() == 1);
+}
+
 }  // namespace
 }  // namespace idem

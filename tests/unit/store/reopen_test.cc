@@ -87,17 +87,29 @@ TEST_CASE("a store folder already open is refused as Unavailable") {
   CHECK(second.status().code() == Code::kUnavailable);
 }
 
+TEST_CASE("a clean close leaves no WAL for the next open to replay") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path(), /*sync=*/true);
+    for (int i = 0; i < 200; ++i) {
+      Decision d;
+      d.decision_id = "dec_" + std::to_string(i);
+      d.decision_key = "key-" + std::to_string(i);
+      d.step = "t";
+      d.output = Json{{"n", i}};
+      REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+    }
+    REQUIRE(store->meta().Put("k", "v").ok());
+  }
+  uintmax_t wal_bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    if (entry.path().extension() == ".log") wal_bytes += entry.file_size();
+  }
+  CHECK(wal_bytes == 0);
+  auto store = OpenStore(dir.path());
+  CHECK(store->decisions().GetByKey("key-199", kT0)->decision_id == "dec_199");
+  CHECK(store->meta().Get("k").value() == std::optional<std::string>("v"));
+}
+
 }  // namespace
 }  // namespace idem
-
-TEST_CASE("opening a store creates its folder and missing parents") {
-  char tmpl[] = "/tmp/idem-store-parents-XXXXXX";
-  std::string root = mkdtemp(tmpl);
-  idem::StoreOptions so;
-  so.path = root + "/var/idem";
-  auto store = idem::OpenRocksStore(so);
-  CHECK_MESSAGE(store.ok(), store.status().ToString());
-  store = idem::StatusOr<std::unique_ptr<idem::Store>>(idem::Internal("closed"));
-  std::error_code ec;
-  std::filesystem::remove_all(root, ec);
-}
