@@ -172,7 +172,10 @@ TEST_CASE("every route declares its roles and a token without one of them is 403
   const std::vector<std::pair<std::string, const char*>> callers = {
       {"agent", kAgent}, {"operator", kOperator}, {"admin", kAdmin}};
   int checked = 0;
-  for (const auto& [pattern, ops] : doc["paths"].items()) {
+  // Plain names, not structured bindings: clang 14 cannot capture those.
+  for (const auto& path_item : doc["paths"].items()) {
+    const std::string pattern = path_item.key();
+    const Json& ops = path_item.value();
     // Path parameters become "x": auth is decided before the handler looks.
     std::string path;
     for (size_t i = 0; i < pattern.size(); ++i) {
@@ -183,7 +186,9 @@ TEST_CASE("every route declares its roles and a token without one of them is 403
         path += pattern[i];
       }
     }
-    for (const auto& [method, op] : ops.items()) {
+    for (const auto& op_item : ops.items()) {
+      const std::string method = op_item.key();
+      const Json& op = op_item.value();
       CAPTURE(method);
       CAPTURE(pattern);
       REQUIRE(op.contains("security"));
@@ -200,7 +205,9 @@ TEST_CASE("every route declares its roles and a token without one of them is 403
       CHECK_MESSAGE(!roles.empty(), "a route that is not public must name its roles");
       for (const auto& r : roles) CHECK_MESSAGE(known.count(r) == 1, r);
       CHECK(call({})->status == 401);
-      for (const auto& [role, secret] : callers) {
+      for (const auto& caller : callers) {
+        const std::string& role = caller.first;
+        const char* secret = caller.second;
         CAPTURE(role);
         bool allowed = role == "admin" || std::count(roles.begin(), roles.end(), role) > 0;
         auto res = call(Bearer(secret));

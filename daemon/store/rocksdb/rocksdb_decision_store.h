@@ -76,7 +76,7 @@ class RocksDecisionStore final : public DecisionStore {
   // Drops the key from the cache (its decision was deleted).
   void Forget(const std::string& decision_key);
   // Puts `d` under its key within the shard's budget. REQUIRES: shard.mu.
-  void Insert(CacheShard& shard, std::shared_ptr<const Decision> d);
+  void Insert(CacheShard& shard, std::shared_ptr<const Decision> d) REQUIRES(shard.mu);
 
   RocksDatabase& db_;
   const size_t shard_budget_;

@@ -73,8 +73,9 @@ TEST_CASE("an API schema that is not JSON or does not compile fails server creat
 }
 
 TEST_CASE("every shipped API schema compiles") {
-  for (const auto& [name, text] : ApiSchemaTexts()) {
-    CAPTURE(name);
+  for (const auto& schema : ApiSchemaTexts()) {
+    const auto& [name, text] = schema;
+    CAPTURE(schema.first);  // clang 14 cannot capture a structured binding
     Json j = Json::parse(text, nullptr, false);
     REQUIRE_FALSE(j.is_discarded());
     CHECK(JsonSchema::Create(j).ok());
@@ -135,8 +136,9 @@ TEST_CASE("every metric name follows the Prometheus naming rules") {
   REQUIRE(types.size() > 10);
   const std::regex valid("^idem_[a-z0-9_]+$");
   const std::regex non_base_unit("_(ms|milliseconds|us|ns|minutes|hours|days|kb|mb|bytes_kb)(_|$)");
-  for (const auto& [name, type] : types) {
-    CAPTURE(name);
+  for (const auto& metric : types) {
+    const auto& [name, type] = metric;
+    CAPTURE(metric.first);  // clang 14 cannot capture a structured binding
     CHECK(std::regex_match(name, valid));
     CHECK(name.find("idem_idem") == std::string::npos);
     CHECK_FALSE(std::regex_search(name, non_base_unit));
