@@ -108,7 +108,8 @@ Reply Post(int port, const std::string& key, const std::string& prefer) {
 
 // A server with one route whose handler holds until released.
 struct SlowServer {
-  SlowServer() {
+  explicit SlowServer(int64_t lease_ms = 60'000) {
+    config.idempotency.lease_ms = lease_ms;
     path = std::filesystem::temp_directory_path() /
            ("idem-prefer-wait-test-" + std::to_string(::getpid()) + "-" + std::to_string(++seq));
     auto opened = OpenRocksStore(StoreOptions{path.string(), false});
@@ -122,6 +123,7 @@ struct SlowServer {
     r.handler = [this](RequestContext&) -> StatusOr<RouteResponse> {
       std::unique_lock<std::mutex> lock(mu);
       entered = true;
+      ++runs_started;
       cv.notify_all();
       cv.wait(lock, [&] { return released; });
       return RouteResponse{200, Json{{"run", ++runs}}, {}};
@@ -165,6 +167,7 @@ struct SlowServer {
   bool entered = false;
   bool released = false;
   int runs = 0;
+  int runs_started = 0;
 };
 
 TEST_CASE(
@@ -205,6 +208,32 @@ TEST_CASE("a Prefer: wait duplicate is answered 409 at its deadline while the ke
   CHECK(took < 3s);
   CHECK(s.keys->begins.load() <= 3);
   s.Release();
+  CHECK(first.get().status == 200);
+}
+
+TEST_CASE("a Prefer: wait duplicate takes the key over when the holder's lease runs out") {
+  SlowServer s(/*lease_ms=*/300);
+  auto first = std::async(std::launch::async, [&] { return Post(s.port, "k-stuck", ""); });
+  s.AwaitEntered();
+  auto started = std::chrono::steady_clock::now();
+  auto waiter = std::async(std::launch::async, [&] { return Post(s.port, "k-stuck", "wait=10"); });
+  // The holder never ends by itself: the waiter runs the handler once the
+  // lease is over, not at its deadline.
+  auto until = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (s.runs_started == 2) break;
+    }
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    std::this_thread::sleep_for(10ms);
+  }
+  auto took = std::chrono::steady_clock::now() - started;
+  CHECK(took >= 250ms);
+  CHECK(took < 3s);
+  CHECK(s.keys->begins.load() <= 4);
+  s.Release();
+  CHECK(waiter.get().status == 200);
   CHECK(first.get().status == 200);
 }
 
