@@ -70,7 +70,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
 
   routes.push_back(Route{.method = "GET",
                          .pattern = "/readyz",
-                         .summary = "Readiness: the store answers reads.",
+                         .summary = "Readiness: the store answers reads and takes writes.",
                          .responses = {{200, "health"}, {503, "problem"}},
                          .is_public = true,
                          .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
@@ -78,6 +78,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                            if (!probe.ok() && probe.status().code() != Code::kNotFound) {
                              return Unavailable("store: " + probe.status().message());
                            }
+                           // Disk full: reads still work, but a balancer
+                           // should send writes elsewhere until it recovers.
+                           RETURN_IF_ERROR(deps.store.WriteHealth());
                            return RouteResponse{200, {{"status", "ready"}}, {}};
                          }});
 

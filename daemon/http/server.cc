@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "daemon/core/crypto.h"
@@ -48,6 +51,69 @@ struct HttpServer::CompiledSchemas {
   std::map<std::string, std::unique_ptr<JsonSchema>> by_name;
 };
 
+// Requests waiting (Prefer: wait) for an Idempotency-Key that another
+// request of this process holds. The holder calls Ended once it has stored,
+// released or forgotten the key, which wakes the key's waiters to look at
+// the record again; a waiter thread sleeps meanwhile instead of re-reading
+// the store. (Only this process can hold a key of its store: one process
+// owns the folder, and a dead one's keys are released at start-up.)
+class HttpServer::KeyWaiters {
+  struct Entry {
+    uint64_t ends = 0;
+    int watchers = 0;
+    std::condition_variable cv;
+  };
+
+ public:
+  // Registered before the waiter's first Begin, so that an end between that
+  // Begin and the wait is not missed.
+  class Watch {
+   public:
+    Watch(KeyWaiters& owner, std::string id) : owner_(owner), id_(std::move(id)) {
+      std::lock_guard<std::mutex> lock(owner_.mu_);
+      entry_ = &owner_.entries_[id_];
+      ++entry_->watchers;
+      seen_ = entry_->ends;
+    }
+    ~Watch() {
+      std::lock_guard<std::mutex> lock(owner_.mu_);
+      if (--entry_->watchers == 0) owner_.entries_.erase(id_);
+    }
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+    // Sleeps until the key's holder ends (true) or `timeout` passes (false).
+    bool WaitForEnd(std::chrono::milliseconds timeout) {
+      std::unique_lock<std::mutex> lock(owner_.mu_);
+      bool ended = entry_->cv.wait_for(lock, timeout, [&] { return entry_->ends != seen_; });
+      seen_ = entry_->ends;
+      return ended;
+    }
+
+   private:
+    KeyWaiters& owner_;
+    std::string id_;
+    Entry* entry_ = nullptr;
+    uint64_t seen_ = 0;
+  };
+
+  void Ended(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return;  // nobody waits: the usual case
+    ++it->second.ends;
+    it->second.cv.notify_all();
+  }
+
+  static std::string Id(const std::string& scope, const std::string& key) {
+    return scope + '\n' + key;  // neither a caller name nor a key has a newline
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;  // node-based: an Entry never moves
+};
+
 StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
   size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 >= listen.size()) {
@@ -68,7 +134,10 @@ StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
 
 HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
                        std::unique_ptr<CompiledSchemas> schemas)
-    : deps_(deps), routes_(std::move(routes)), schemas_(std::move(schemas)) {
+    : deps_(deps),
+      routes_(std::move(routes)),
+      schemas_(std::move(schemas)),
+      waiters_(std::make_unique<KeyWaiters>()) {
   const ServerConfig& sc = deps_.config.server;
   EventServerOptions options;
   options.workers = std::max(2, sc.threads);
@@ -454,6 +523,9 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
   }
   StatusOr<int64_t> asked_wait_ms = ParsePreferWait(prefer, kMaxPreferWaitMs);
   if (!asked_wait_ms.ok()) return Fail(res, asked_wait_ms.status(), ctx.request_id);
+  const std::string waiter_id = KeyWaiters::Id(scope, ctx.idempotency_key);
+  std::optional<KeyWaiters::Watch> watch;
+  if (*asked_wait_ms > 0) watch.emplace(*waiters_, waiter_id);
   const int64_t begun_ms = deps_.clock.NowMillis();
   auto begun = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
                                      begun_ms, ttl, cfg.lease_ms);
@@ -461,11 +533,17 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
     m.idem_key_store_errors.Inc();
     return Fail(res, begun.status(), ctx.request_id);
   }
-  if (begun->outcome == BeginOutcome::kInFlight) {
-    int64_t wait_ms = *asked_wait_ms;
-    int64_t until = deps_.clock.NowMillis() + wait_ms;
-    while (wait_ms > 0 && deps_.clock.NowMillis() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (begun->outcome == BeginOutcome::kInFlight && watch) {
+    const int64_t until = begun_ms + *asked_wait_ms;
+    for (;;) {
+      const int64_t now = deps_.clock.NowMillis();
+      if (now >= until) break;
+      // The holder's lease running out lets this request take the key over
+      // (a holder stuck past it): look again then, even without an end.
+      int64_t wake = until;
+      if (begun->record.lease_until_ms > now) wake = std::min(wake, begun->record.lease_until_ms);
+      bool ended = watch->WaitForEnd(std::chrono::milliseconds(std::max<int64_t>(1, wake - now)));
+      if (!ended && wake == until) break;  // the deadline: still in flight
       auto again = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
                                          deps_.clock.NowMillis(), ttl, cfg.lease_ms);
       if (!again.ok()) break;
@@ -536,6 +614,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
         static_cast<uint64_t>(std::max<int64_t>(0, deps_.clock.NowMillis() - begun_ms)));
     m.idem_in_progress_count.Inc();
   }
+  waiters_->Ended(waiter_id);  // stored, released or forgotten: waiters look again
   Respond(route, out, res);
 }
 

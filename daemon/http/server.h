@@ -75,6 +75,7 @@ class HttpServer : private BatchLane {
 
  private:
   struct CompiledSchemas;
+  class KeyWaiters;
 
   HttpServer(ServerDeps deps, std::vector<Route> routes, std::unique_ptr<CompiledSchemas> schemas);
   // The route for the request's method and path (params filled), or null
@@ -106,6 +107,7 @@ class HttpServer : private BatchLane {
   std::unique_ptr<CompiledSchemas> schemas_;
   RequestGuard guard_;  // configured by Start, before the first request
   std::unique_ptr<EventServer> server_;
+  std::unique_ptr<KeyWaiters> waiters_;  // Prefer: wait on a key in flight
 };
 
 // "host:port" -> parts. InvalidArgument when malformed.

@@ -521,6 +521,11 @@ class Store {
   virtual LeaseStore& leases() = 0;
   virtual MetaStore& meta() = 0;
   virtual EscalationStore& escalations() = 0;
+  // OK while writes succeed; Unavailable (retryable) from a write that the
+  // disk refused (full, I/O error) until the store has recovered by itself
+  // (it retries about once a second) and a write succeeds again. Reads keep
+  // working meanwhile.
+  virtual Status WriteHealth() const { return Status::Ok(); }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.

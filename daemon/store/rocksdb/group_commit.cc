@@ -38,8 +38,9 @@ class MergeInto : public rocksdb::WriteBatch::Handler {
 
 }  // namespace
 
-GroupCommit::GroupCommit(rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& handles)
-    : db_(db) {
+GroupCommit::GroupCommit(rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& handles,
+                         std::function<void(const rocksdb::Status&)> on_write)
+    : db_(db), on_write_(std::move(on_write)) {
   for (rocksdb::ColumnFamilyHandle* h : handles) {
     if (h == nullptr) continue;
     uint32_t id = h->GetID();
@@ -86,6 +87,7 @@ void GroupCommit::Lead(std::unique_lock<std::mutex>& lock, const std::shared_ptr
   filling_ = nullptr;
   lock.unlock();
   rocksdb::Status s = WriteGroup(*g);
+  if (on_write_) on_write_(s);
   lock.lock();
   ++writes_;
   batches_ += g->batches.size();

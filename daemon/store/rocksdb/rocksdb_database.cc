@@ -5,6 +5,10 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -100,6 +104,90 @@ namespace {
 rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 }  // namespace
 
+// RocksDB's info LOG, written with plain stdio. RocksDB's own logger uses
+// its file writer, which (in Debian's build, with assertions on) aborts the
+// process when it is written to again after a write failed: a full disk
+// would turn into a crash at the next line RocksDB logs. Here a line that
+// does not fit is lost, nothing more. The previous LOG is kept as
+// LOG.old.<micros> (RocksDB keeps keep_log_file_num of those), also when
+// the file passes kMaxBytes.
+class StdioInfoLog : public rocksdb::Logger {
+ public:
+  explicit StdioInfoLog(std::string folder) : path_(std::move(folder) + "/LOG") {
+    std::lock_guard<std::mutex> lock(mu_);
+    Rotate();
+  }
+  ~StdioInfoLog() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char text[1024];
+    std::vsnprintf(text, sizeof(text), format, ap);
+    auto now = std::chrono::system_clock::now();
+    std::time_t secs = std::chrono::system_clock::to_time_t(now);
+    auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+        1'000'000;
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char stamp[48];
+    std::snprintf(stamp, sizeof(stamp), "%04d/%02d/%02d-%02d:%02d:%02d.%06lld ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<long long>(micros));
+    std::string line = std::string(stamp) + text;
+    if (line.empty() || line.back() != '\n') line.push_back('\n');
+    std::lock_guard<std::mutex> lock(mu_);
+    if (written_ > kMaxBytes) Rotate();
+    if (file_ == nullptr) return;
+    // Errors ignored: see above.
+    written_ += std::fwrite(line.data(), 1, line.size(), file_);
+    std::fflush(file_);
+  }
+
+ private:
+  static constexpr size_t kMaxBytes = 16 << 20;
+
+  void Rotate() {
+    if (file_ != nullptr) std::fclose(file_);
+    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+    std::error_code ec;
+    std::filesystem::rename(path_, path_ + ".old." + std::to_string(micros), ec);
+    file_ = std::fopen(path_.c_str(), "we");
+    written_ = 0;
+  }
+
+  std::string path_;
+  std::mutex mu_;
+  FILE* file_ = nullptr;  // guarded by mu_
+  size_t written_ = 0;    // guarded by mu_
+};
+
+// RocksDB's background errors (a failed WAL write, flush or compaction)
+// reach the database's health flag at once, not only at the next write. Its
+// own recovery from a full disk is switched off: it waits until a whole
+// memtable's worth (64 MiB) is free and refuses Resume meanwhile (Busy),
+// whereas ours resumes as soon as a write fits again.
+class RocksDatabase::ErrorListener : public rocksdb::EventListener {
+ public:
+  explicit ErrorListener(RocksDatabase& db) : db_(db) {}
+  void OnBackgroundError(rocksdb::BackgroundErrorReason, rocksdb::Status* error) override {
+    if (error != nullptr && !error->ok() && !error->IsShutdownInProgress()) {
+      db_.NoteWriteFailure(error->ToString());
+    }
+  }
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status,
+                            bool* auto_recovery) override {
+    if (auto_recovery != nullptr) *auto_recovery = false;
+  }
+
+ private:
+  RocksDatabase& db_;
+};
+
 void RecordBatch::Put(Family f, std::string_view key, std::string_view value) {
   rocksdb::Status s = batch_.Put(db_.handle(f), ToSlice(key), ToSlice(value));
   if (!s.ok() && status_.ok()) status_ = RocksDatabase::Translate(s, "staging a write");
@@ -166,6 +254,8 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   // threads, and spinning waiters steal the cores from the request threads.
   db_options.allow_concurrent_memtable_write = false;
   db_options.enable_write_thread_adaptive_yield = false;
+  db_options.listeners.push_back(std::make_shared<ErrorListener>(*self));
+  db_options.info_log = std::make_shared<StdioInfoLog>(options.path);
   // Journal and idempotency records are point lookups; a bloom filter keeps a
   // miss (first delivery) from touching every level.
   rocksdb::BlockBasedTableOptions table;
@@ -244,13 +334,23 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     }
     if (!known) self->other_handles_.push_back(h);
   }
+  RocksDatabase* db = self.get();
   self->group_commit_ = std::make_unique<GroupCommit>(
-      *raw,
-      std::vector<rocksdb::ColumnFamilyHandle*>(self->handles_.begin(), self->handles_.end()));
+      *raw, std::vector<rocksdb::ColumnFamilyHandle*>(self->handles_.begin(), self->handles_.end()),
+      [db](const rocksdb::Status& written) { db->NoteWrite(written); });
+  self->recovery_ = std::thread([db] { db->RecoveryLoop(); });
   return self;
 }
 
 RocksDatabase::~RocksDatabase() {
+  if (recovery_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      stopping_ = true;
+    }
+    health_cv_.notify_all();
+    recovery_.join();  // it writes through group_commit_
+  }
   group_commit_.reset();  // its committer thread writes through db_
   if (db_ == nullptr) return;
   // A clean stop leaves nothing in the WAL: the next start replays nothing
@@ -285,7 +385,10 @@ StatusOr<std::optional<std::string>> RocksDatabase::Get(Family f, std::string_vi
 Status RocksDatabase::Commit(RecordBatch& batch, bool durable) {
   RETURN_IF_ERROR(batch.status_);
   if (batch.empty()) return Status::Ok();
-  IDEM_FAILPOINT("store.write");
+  if (Status fp = Failpoints::Hit("store.write"); !fp.ok()) {
+    NoteWriteFailure(fp.message());
+    return fp;
+  }
   return Translate(group_commit_->Commit(batch.batch_, durable && options_.sync), "writing");
 }
 
@@ -293,8 +396,74 @@ StatusOr<std::shared_ptr<GroupCommit::Ticket>> RocksDatabase::CommitAsync(
     RecordBatch& batch, bool durable, std::function<void()> on_done) {
   RETURN_IF_ERROR(batch.status_);
   if (batch.empty()) return std::shared_ptr<GroupCommit::Ticket>();
-  IDEM_FAILPOINT("store.write");
+  if (Status fp = Failpoints::Hit("store.write"); !fp.ok()) {
+    NoteWriteFailure(fp.message());
+    return fp;
+  }
   return group_commit_->Submit(batch.batch_, durable && options_.sync, std::move(on_done));
+}
+
+Status RocksDatabase::WriteHealth() const {
+  if (!writes_failing_.load(std::memory_order_acquire)) return Status::Ok();
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (!writes_failing_.load(std::memory_order_relaxed)) return Status::Ok();
+  return Unavailable("store: writes are failing (reads still work; retried every second): " +
+                     write_error_);
+}
+
+void RocksDatabase::NoteWrite(const rocksdb::Status& s) {
+  if (s.ok()) {
+    // The common case costs one load: nothing to clear.
+    if (!writes_failing_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(health_mu_);
+    writes_failing_.store(false, std::memory_order_release);
+    write_error_.clear();
+    return;
+  }
+  // A batch naming an unknown family is that batch's fault, not the disk's.
+  if (s.IsInvalidArgument() || s.IsNotSupported()) return;
+  NoteWriteFailure(s.ToString());
+}
+
+void RocksDatabase::NoteWriteFailure(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    write_error_ = error;
+    writes_failing_.store(true, std::memory_order_release);
+  }
+  health_cv_.notify_all();
+}
+
+void RocksDatabase::RecoveryLoop() {
+  constexpr auto kInterval = std::chrono::seconds(1);
+  std::unique_lock<std::mutex> lock(health_mu_);
+  for (;;) {
+    health_cv_.wait(lock, [&] { return stopping_ || writes_failing_.load(); });
+    // Not at once: the write that failed has just seen the error, and the
+    // disk rarely frees itself within microseconds.
+    health_cv_.wait_for(lock, kInterval, [&] { return stopping_; });
+    if (stopping_) return;
+    if (!writes_failing_.load()) continue;
+    lock.unlock();
+    TryRecover();
+    lock.lock();
+  }
+}
+
+void RocksDatabase::TryRecover() {
+  // After a failed WAL write or flush RocksDB refuses every write until
+  // Resume (which flushes and starts a new WAL, so it fails too while the
+  // disk is still full). Without such an error Resume is a no-op.
+  rocksdb::Status resumed = db_->Resume();
+  if (!resumed.ok()) {
+    NoteWriteFailure(resumed.ToString());
+    return;
+  }
+  // Resume succeeding does not prove that a write would (the failpoint, or
+  // an error RocksDB did not keep): a real, synced write does.
+  RecordBatch probe(*this);
+  probe.Put(Family::kMeta, "store.write_probe", "");
+  (void)Commit(probe, true);  // its outcome reaches NoteWrite
 }
 
 std::unique_ptr<rocksdb::Iterator> RocksDatabase::NewIterator(Family f,

@@ -10,18 +10,30 @@
 // Writes to different keys never share a lock, so concurrent committers
 // reach RocksDB together and share one fsync (group commit).
 //
+// Disk full and other write failures: a write that RocksDB refuses (ENOSPC,
+// an I/O error; RocksDB then also refuses every later write until
+// DB::Resume) marks the database's writes as failing. Reads keep working.
+// While marked, a recovery thread calls DB::Resume and writes a small probe
+// record about once a second; the first write that succeeds, the probe's or
+// a caller's, clears the mark. WriteHealth reports it (/readyz).
+//
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <rocksdb/db.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/write_batch.h>
 
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "daemon/core/mutex.h"
@@ -122,7 +134,8 @@ class RocksDatabase {
   // Writes the batch atomically, sharing one WAL write and fsync with
   // concurrent committers (group_commit.h). `durable`: synced to disk before
   // returning when the store was opened with sync=true. Failpoint "store.write" (error)
-  // makes it fail as a disk error would.
+  // makes it fail as a disk error would (writes are then failing, as above,
+  // until the failpoint is cleared and the recovery's probe succeeds).
   Status Commit(RecordBatch& batch, bool durable);
   // Commit without blocking: queues the batch and returns its ticket
   // (nullptr when there was nothing to write). `on_done` runs on the writing
@@ -147,9 +160,22 @@ class RocksDatabase {
 
   static Status Translate(const rocksdb::Status& s, std::string_view what);
 
+  // OK while writes succeed; Unavailable (retryable), naming the last write
+  // error, from a failed write until a write succeeds again.
+  Status WriteHealth() const;
+
  private:
   static constexpr size_t kStripes = 1024;
+  class ErrorListener;
   explicit RocksDatabase(const StoreOptions& options) : options_(options) {}
+
+  // Every write's outcome (group commit and failpoint): a failure that is
+  // not the batch's own fault marks writes failing, a success clears it.
+  void NoteWrite(const rocksdb::Status& s);
+  void NoteWriteFailure(const std::string& error);
+  // The recovery thread: while writes fail, Resume and probe once a second.
+  void RecoveryLoop();
+  void TryRecover();
 
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -157,6 +183,13 @@ class RocksDatabase {
   std::vector<rocksdb::ColumnFamilyHandle*> other_handles_;  // default + unknown families
   std::array<Mutex, kStripes> stripes_;
   std::unique_ptr<GroupCommit> group_commit_;  // every Commit goes through it
+
+  std::atomic<bool> writes_failing_{false};
+  mutable std::mutex health_mu_;
+  std::string write_error_;  // guarded by health_mu_: the last write error
+  bool stopping_ = false;    // guarded by health_mu_
+  std::condition_variable health_cv_;
+  std::thread recovery_;
 };
 
 }  // namespace idem::rocks

@@ -38,6 +38,7 @@ class RocksStore final : public Store {
   LeaseStore& leases() override { return leases_; }
   MetaStore& meta() override { return meta_; }
   EscalationStore& escalations() override { return escalations_; }
+  Status WriteHealth() const override { return db_->WriteHealth(); }
 
  private:
   // Declared first: destroyed last, after every store that refers to it.

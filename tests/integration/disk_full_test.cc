@@ -1,0 +1,144 @@
+// A full disk under the daemon's store: writes answer 503, reads keep
+// working, /readyz says not ready, and everything recovers by itself once
+// space returns. Needs root (a small tmpfs is mounted); skipped otherwise.
+#include <doctest/doctest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A tmpfs of `size` mounted for the test; unmounted (lazily, so a daemon
+// still holding files cannot keep it) on destruction.
+class SmallFilesystem {
+ public:
+  explicit SmallFilesystem(const std::string& size) {
+    char tmpl[] = "/tmp/idem-small-fs-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return;
+    path_ = tmpl;
+    std::string opts = "size=" + size;
+    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) == 0;
+  }
+  ~SmallFilesystem() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+  SmallFilesystem(const SmallFilesystem&) = delete;
+  SmallFilesystem& operator=(const SmallFilesystem&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool mounted_ = false;
+};
+
+void FillUp(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  std::string block(64 * 1024, '\0');
+  while (std::fwrite(block.data(), 1, block.size(), f) == block.size()) {
+  }
+  while (std::fwrite(block.data(), 1, 512, f) == 512) {
+  }
+  std::fclose(f);
+}
+
+const char* kRules = R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+)";
+
+const char* kActions = R"(actions:
+  send_invoice:
+    identity: {fields: [/invoice_id], version: v1}
+    window: 24h
+    on_duplicate: return_original
+)";
+
+Json Claim(const std::string& invoice) {
+  return {{"kind", "send_invoice"},
+          {"identity", {{"invoice_id", invoice}}},
+          {"args", {{"pad", std::string(4096, 'x')}}},
+          {"lease", "30s"}};
+}
+
+int ReadyStatus(httplib::Client& c) {
+  auto r = c.Get("/readyz");
+  return r ? r->status : -1;
+}
+
+}  // namespace
+
+TEST_CASE("a full disk answers writes 503 and /readyz 503, serves reads, and recovers") {
+  SmallFilesystem fs("16m");
+  if (!fs.mounted()) {
+    MESSAGE("skipped: cannot mount tmpfs (not root, or no CAP_SYS_ADMIN)");
+    return;
+  }
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, fs.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto client = daemon->Client();
+  auto post = [&](const Json& body) {
+    return client->Post("/v1/work/claim", body.dump(), "application/json");
+  };
+
+  auto before = post(Claim("INV-before"));
+  REQUIRE(before);
+  REQUIRE(before->status == 201);
+  const std::string work_id = Json::parse(before->body)["work_id"];
+  CHECK(ReadyStatus(*client) == 200);
+
+  const std::string filler = fs.path() + "/filler";
+  FillUp(filler);
+  int failed_status = 0;
+  std::string failed_type, failed_body;
+  for (int i = 0; i < 2000 && failed_status == 0; ++i) {
+    auto r = post(Claim("INV-" + std::to_string(i)));
+    REQUIRE(r);
+    if (r->status != 201) {
+      failed_status = r->status;
+      failed_type = r->get_header_value("Content-Type");
+      failed_body = r->body;
+    }
+  }
+  REQUIRE_MESSAGE(failed_status != 0, "the disk never filled up");
+  CHECK(failed_status == 503);
+  CHECK(failed_type == "application/problem+json");
+  MESSAGE("answer on a full disk: " << failed_body);
+
+  // Reads are served; readiness says no while writes fail, and stays so
+  // while the disk is still full.
+  auto read = client->Get(("/v1/work/" + work_id).c_str());
+  REQUIRE(read);
+  CHECK(read->status == 200);
+  CHECK(ReadyStatus(*client) == 503);
+  std::this_thread::sleep_for(1500ms);
+  CHECK(ReadyStatus(*client) == 503);
+  CHECK(post(Claim("INV-still-full"))->status == 503);
+
+  std::filesystem::remove(filler);
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (ReadyStatus(*client) != 200 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(ReadyStatus(*client) == 200);
+  auto after = post(Claim("INV-after"));
+  REQUIRE(after);
+  CHECK(after->status == 201);
+  CHECK(daemon->Stop() == 0);
+}
+
+}  // namespace idem::testing

@@ -1,0 +1,150 @@
+// Disk full and write errors: writes fail Unavailable, reads keep working,
+// WriteHealth reports it, and the store recovers by itself once writes can
+// succeed again (rocksdb_database.h).
+#include <doctest/doctest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "daemon/core/failpoints.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Polls `ok` for up to `limit`; true once it holds.
+template <typename F>
+bool Eventually(F ok, std::chrono::milliseconds limit) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (ok()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return ok();
+}
+
+struct FailpointsCleared {
+  ~FailpointsCleared() { Failpoints::Clear(); }
+};
+
+TEST_CASE("a failing disk fails writes Unavailable, keeps reads, and recovers by itself") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  FailpointsCleared cleanup;
+  REQUIRE(store->journal().Claim(ClaimReq("w-before", kT0)).ok());
+  CHECK(store->WriteHealth().ok());
+
+  REQUIRE(Failpoints::Set("store.write=error").ok());
+  auto claim = store->journal().Claim(ClaimReq("w-during", kT0));
+  REQUIRE_FALSE(claim.ok());
+  CHECK(claim.status().code() == Code::kUnavailable);
+  CHECK(claim.status().retryable());
+  Status health = store->WriteHealth();
+  CHECK(health.code() == Code::kUnavailable);
+  CHECK(health.retryable());
+  CHECK(health.message().find("failpoint store.write") != std::string::npos);
+  // Reads are served meanwhile.
+  auto before = store->journal().Get("w-before");
+  REQUIRE_MESSAGE(before.ok(), before.status().ToString());
+  CHECK(before->state == WorkState::kRunning);
+  // The recovery's probe fails too while the disk does: still unhealthy.
+  std::this_thread::sleep_for(1300ms);
+  CHECK_FALSE(store->WriteHealth().ok());
+
+  Failpoints::Clear();
+  // Nobody writes: the recovery's probe alone finds out that writes work.
+  CHECK(Eventually([&] { return store->WriteHealth().ok(); }, 4000ms));
+  CHECK(store->journal().Claim(ClaimReq("w-during", kT0)).ok());
+}
+
+// A tmpfs of a few MiB mounted for the test (root only); unmounted on
+// destruction whatever happened.
+class SmallFilesystem {
+ public:
+  explicit SmallFilesystem(const std::string& size) {
+    char tmpl[] = "/tmp/idem-small-fs-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return;
+    path_ = tmpl;
+    std::string opts = "size=" + size;
+    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) == 0;
+  }
+  ~SmallFilesystem() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool mounted_ = false;
+};
+
+// Writes zeros to `path` until the filesystem is full.
+void FillUp(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  std::string block(64 * 1024, '\0');
+  while (std::fwrite(block.data(), 1, block.size(), f) == block.size()) {
+  }
+  // A partial block may still fit.
+  while (std::fwrite(block.data(), 1, 512, f) == 512) {
+  }
+  std::fclose(f);
+}
+
+TEST_CASE("a full disk fails writes Unavailable, keeps reads, and recovers once space returns") {
+  SmallFilesystem fs("16m");
+  if (!fs.mounted()) {
+    MESSAGE("skipped: cannot mount tmpfs (not root, or no CAP_SYS_ADMIN)");
+    return;
+  }
+  const std::string data = fs.path() + "/store";
+  const std::string filler = fs.path() + "/filler";
+  {
+    auto store = OpenStore(data, /*sync=*/true);
+    REQUIRE(store->journal().Claim(ClaimReq("w-before", kT0)).ok());
+    FillUp(filler);
+
+    // Records big enough that the WAL soon needs a page the disk lacks.
+    Status failed;
+    for (int i = 0; i < 2000 && failed.ok(); ++i) {
+      ClaimRequest r = ClaimReq("w-" + std::to_string(i), kT0);
+      r.args = Json{{"pad", std::string(8 * 1024, 'x')}};
+      auto claimed = store->journal().Claim(r);
+      if (!claimed.ok()) failed = claimed.status();
+    }
+    REQUIRE_MESSAGE(!failed.ok(), "the disk never filled up");
+    CHECK(failed.code() == Code::kUnavailable);
+    CHECK(failed.retryable());
+    MESSAGE("write error on a full disk: " << failed.message());
+    CHECK_FALSE(store->WriteHealth().ok());
+    auto before = store->journal().Get("w-before");
+    REQUIRE_MESSAGE(before.ok(), before.status().ToString());
+    CHECK(before->state == WorkState::kRunning);
+    // Still full after the recovery's first tries.
+    std::this_thread::sleep_for(1500ms);
+    CHECK_FALSE(store->WriteHealth().ok());
+    CHECK_FALSE(store->journal().Claim(ClaimReq("w-full", kT0)).ok());
+
+    std::filesystem::remove(filler);
+    CHECK(Eventually([&] { return store->WriteHealth().ok(); }, 5000ms));
+    auto after = store->journal().Claim(ClaimReq("w-after", kT0));
+    CHECK_MESSAGE(after.ok(), after.status().ToString());
+  }
+  // What was written before and after the episode survives a reopen.
+  auto reopened = OpenStore(data);
+  CHECK(reopened->journal().Get("w-before").ok());
+  CHECK(reopened->journal().Get("w-after").ok());
+}
+
+}  // namespace
+}  // namespace idem::testing
