@@ -1,6 +1,7 @@
 #include "daemon/store/rocksdb/rocksdb_database.h"
 
 #include <rocksdb/cache.h>
+#include <rocksdb/convenience.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -343,13 +344,20 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
 }
 
 RocksDatabase::~RocksDatabase() {
+  bool flush_on_close = !writes_failing_.load(std::memory_order_acquire);
   if (recovery_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(health_mu_);
       stopping_ = true;
     }
     health_cv_.notify_all();
+    // A Resume() in progress waits for a flush that a still-full disk may
+    // never let finish; cancelling background work ends that wait
+    // (ShutdownInProgress), so a stop cannot hang on it.
+    const bool cancelled = recovering_.load(std::memory_order_acquire) && db_ != nullptr;
+    if (cancelled) rocksdb::CancelAllBackgroundWork(db_.get(), /*wait=*/false);
     recovery_.join();  // it writes through group_commit_
+    if (cancelled) flush_on_close = false;
   }
   group_commit_.reset();  // its committer thread writes through db_
   if (db_ == nullptr) return;
@@ -361,7 +369,8 @@ RocksDatabase::~RocksDatabase() {
   }
   rocksdb::FlushOptions flush;
   flush.wait = true;
-  if (!to_flush.empty()) db_->Flush(flush, to_flush).PermitUncheckedError();
+  // Not while writes fail: the flush would fail too, or wait on the disk.
+  if (flush_on_close && !to_flush.empty()) db_->Flush(flush, to_flush).PermitUncheckedError();
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
     if (h != nullptr) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   }
@@ -444,9 +453,11 @@ void RocksDatabase::RecoveryLoop() {
     health_cv_.wait_for(lock, kInterval, [&] { return stopping_; });
     if (stopping_) return;
     if (!writes_failing_.load()) continue;
+    recovering_.store(true, std::memory_order_release);
     lock.unlock();
     TryRecover();
     lock.lock();
+    recovering_.store(false, std::memory_order_release);
   }
 }
 

@@ -190,6 +190,7 @@ class RocksDatabase {
   bool stopping_ = false;    // guarded by health_mu_
   std::condition_variable health_cv_;
   std::thread recovery_;
+  std::atomic<bool> recovering_{false};  // the recovery thread is inside TryRecover
 };
 
 }  // namespace idem::rocks
