@@ -357,6 +357,9 @@ class EventServer::Loop {
   // Over max_connections: a short 503 and close, so the client learns why
   // instead of waiting in the backlog.
   void Shed(int fd) {
+    // Counted before the client can read the answer.
+    server_.shed_connections_.fetch_add(1, std::memory_order_relaxed);
+    server_.Refused(Refusal::kConnectionShed);
     http1::Response res;
     res.status = 503;
     server_.callbacks_.error_handler(503, "too many open connections", res);
@@ -366,8 +369,6 @@ class EventServer::Loop {
     ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n;  // best effort: the socket buffer of a new connection has room
     ::close(fd);
-    server_.shed_connections_.fetch_add(1, std::memory_order_relaxed);
-    server_.Refused(Refusal::kConnectionShed);
   }
 
   Conn* Find(uint64_t id) {
