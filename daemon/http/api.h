@@ -33,6 +33,10 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps);
 // leases, reconciliation (api_work.cc).
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
 
+// The operator web page (/ui/, its files from daemon/ui) and GET
+// /v1/steps/{name}, which its escalation form reads (ui_routes.cc).
+void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
+
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);

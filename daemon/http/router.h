@@ -45,6 +45,9 @@ struct RouteResponse {
   // Idempotency-Key; a retry with the key runs again and reports the work's
   // state then. A 202 is always treated so.
   bool transient = false;
+  // The Content-Type of a raw_text route's string body; "" is the metrics
+  // exposition format (text/plain; version=0.0.4).
+  std::string content_type;
 };
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;

@@ -395,7 +395,8 @@ void HttpServer::Respond(const Route& route, const RouteResponse& r, http1::Resp
   if (r.status >= 400 && r.status < 500) deps_.metrics.http_errors_4xx.Inc();
   if (route.raw_text && r.body.is_string()) {
     res.status = r.status;
-    res.SetContent(r.body.get<std::string>(), "text/plain; version=0.0.4");
+    res.SetContent(r.body.get<std::string>(),
+                   r.content_type.empty() ? "text/plain; version=0.0.4" : r.content_type);
   } else {
     WriteJson(res, r.status, r.body, r.status >= 400 ? kProblemContentType : "application/json");
   }
