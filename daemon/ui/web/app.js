@@ -29,7 +29,7 @@ function h(tag, attrs, ...children) {
     else if (k === 'value') el.value = v;
     else el.setAttribute(k, v === true ? '' : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === undefined || c === null || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -143,6 +143,7 @@ function route() {
   }
   document.getElementById('forget').hidden = !token();
   if (!token()) return showLogin();
+  if (section !== 'plans' || parts[1]) refreshCount();
   if (section === 'plans' && parts[1]) return showPlan(decodeURIComponent(parts[1]), seq);
   if (section === 'plans') return showQueue(params.get('state') || 'awaiting_approval', seq);
   if (section === 'dead-letters') return showDeadLetters(seq);
@@ -225,6 +226,13 @@ async function showQueue(state, seq) {
   };
   await load();
   if (live(seq)) timer = setInterval(load, QUEUE_REFRESH_MS);
+}
+
+async function refreshCount() {
+  try {
+    const r = await api('GET', '/v1/plans?state=awaiting_approval&limit=50');
+    setCount(((r.body && r.body.items) || []).length, r.body && r.body.next_cursor);
+  } catch (e) { /* the view shows errors */ }
 }
 
 function setCount(n, more) {
