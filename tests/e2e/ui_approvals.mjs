@@ -10,8 +10,9 @@
 // creates three plans through POST /v1/actions/refund (each 202, nothing
 // sent). In the browser the operator signs in, approves plan 1, edits and
 // approves plan 2, rejects plan 3 and resolves the escalation through its
-// schema-checked form. Then the fake effector must have received plan 1's
-// args once, plan 2's edited args once and plan 3 never.
+// schema-checked form, and replays a dead letter (a flaky action whose only
+// attempt failed). Then the fake effector must have received plan 1's args
+// once, plan 2's edited args once and plan 3 never.
 //
 // Screenshots go to build/e2e-artifacts/ (IDEM_E2E_ARTIFACTS overrides);
 // IDEM_UPDATE_DOCS_IMG=1 also copies the queue to docs/img/ui-queue.png.
@@ -53,7 +54,8 @@ async function until(what, fn, ms = 10000) {
 
 // ------------------------------------------------------------ fake effector
 // Speaks what the daemon's http effector expects (tests/fakes/fake_effector.h):
-// POST /refunds -> 201 {"id", ...body}; records every call.
+// POST /refunds -> 201 {"id", ...body}; records every call. POST /flaky
+// fails its first call (500), so that action becomes a dead letter to replay.
 const calls = [];
 const effector = http.createServer((req, res) => {
   let data = '';
@@ -62,6 +64,11 @@ const effector = http.createServer((req, res) => {
     let body = null;
     try { body = JSON.parse(data); } catch { body = data; }
     calls.push({method: req.method, path: req.url, headers: req.headers, body});
+    if (req.url === '/flaky' && calls.filter((c) => c.path === '/flaky').length === 1) {
+      res.writeHead(500, {'Content-Type': 'application/json'});
+      res.end('{"error":"down for a moment"}');
+      return;
+    }
     const id = 'rf_' + calls.length;
     res.writeHead(201, {'Content-Type': 'application/json'});
     res.end(JSON.stringify({id, ...(typeof body === 'object' && body ? body : {})}));
@@ -114,6 +121,11 @@ actions:
     effector: {http: {method: POST, url: "${effectorUrl}/refunds", idempotency: header}}
     retry: {attempts: 3, base: 10ms, cap: 50ms, timeout: 5s}
     approval: {require: always, reason: "refunds need a human"}
+  flaky_ping:
+    identity: {fields: [/ping_id], version: v1}
+    window: 24h
+    effector: {http: {method: POST, url: "${effectorUrl}/flaky", idempotency: header}}
+    retry: {attempts: 1, base: 10ms, cap: 50ms, timeout: 5s}
 `;
 fs.writeFileSync(path.join(dir, 'idem.yaml'), config);
 const portFile = path.join(dir, 'port');
@@ -181,6 +193,13 @@ async function main() {
     plans.push(r.body.plan_id);
   }
   check(calls.length === 0, 'nothing reached the effector before approval');
+
+  // A dead letter: the only attempt of a flaky ping fails.
+  await call('POST', '/v1/actions/flaky_ping', AGENT, {args: {ping_id: 'P-1'}}, {'Idempotency-Key': '"ui-e2e-ping"'});
+  const dead = await until('the dead letter', async () => {
+    const r = await call('GET', '/v1/dead-letters', OPERATOR);
+    return r.body.items?.length === 1 ? r.body.items[0] : null;
+  });
 
   // An escalation: the step's only attempt fails its checks.
   const esc = await call('POST', '/v1/decide', AGENT, {step: 'triage_ticket', input: {ticket_id: '42', text: 'refund please'}});
@@ -272,6 +291,14 @@ async function main() {
   check(after.body.status === 'decided' && after.body.decided_by === 'human' && after.body.output?.priority === 'high',
         "the human's answer is now the decision");
 
+  // The dead letter: replayed from its page, the effector now takes it.
+  await page.goto(base + '/ui/#/dead-letters');
+  await page.waitForSelector(`button.replay[data-work="${dead.work_id}"]`);
+  await page.click(`button.replay[data-work="${dead.work_id}"]`);
+  await page.waitForSelector('text=No dead letters.');
+  const pings = calls.filter((c) => c.path === '/flaky');
+  check(pings.length === 2 && pings[1].body.ping_id === 'P-1', `the replay reached the effector (${pings.length} calls in all)`);
+
   // Back to the queue: empty.
   await page.goto(base + '/ui/#/plans');
   await page.waitForSelector('text=No plan awaits approval.');
@@ -284,14 +311,15 @@ async function main() {
   check(pageErrors.length === 0, 'no script error or CSP violation in the page' + (pageErrors.length ? ': ' + pageErrors.join(' | ') : ''));
 
   // ---------------------------------------------------------- at the effector
-  const forOrder = (id) => calls.filter((c) => c.body && c.body.order_id === id);
+  const forOrder = (id) => calls.filter((c) => c.path === '/refunds' && c.body && c.body.order_id === id);
   await until('both approved refunds at the effector', () => forOrder('A-1').length >= 1 && forOrder('B-2').length >= 1);
   await sleep(500);  // a duplicate would land now
   const a = forOrder('A-1'), b = forOrder('B-2'), c = forOrder('C-3');
   check(a.length === 1 && a[0].body.amount === 120, `plan 1's args reached the effector once (${a.length})`);
   check(b.length === 1 && b[0].body.amount === 90, `plan 2's edited args reached the effector once (${b.length}, amount ${b[0]?.body.amount})`);
   check(c.length === 0, `plan 3 never reached the effector (${c.length})`);
-  check(calls.length === 2, `two effects in all (${calls.length})`);
+  const refunds = calls.filter((c) => c.path === '/refunds').length;
+  check(refunds === 2, `two refunds in all (${refunds})`);
   const p2 = await call('GET', '/v1/plans/' + plans[1], OPERATOR);
   check(p2.body.original_actions?.[0]?.args?.amount === 250 && p2.body.actions?.[0]?.args?.amount === 90,
         'plan 2 keeps both versions');
