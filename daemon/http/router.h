@@ -47,7 +47,7 @@ struct RouteResponse {
   bool transient = false;
   // The Content-Type of a raw_text route's string body; "" is the metrics
   // exposition format (text/plain; version=0.0.4).
-  std::string content_type;
+  std::string content_type = {};
 };
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;

@@ -238,12 +238,16 @@ async function main() {
   await page.waitForSelector('#approve');
   check((await page.textContent('main')).includes('"order_id": "A-1"'), 'the detail shows the action args');
   await page.screenshot({path: path.join(artifacts, 'ui-plan.png'), fullPage: true});
-  await page.fill('#approve-comment', 'ok, known customer');
-  await page.click('#approve');
+  // With the keyboard only: type the comment, Tab to Approve, Enter.
+  await page.focus('#approve-comment');
+  await page.keyboard.type('ok, known customer');
+  await page.keyboard.press('Tab');
+  check(await page.evaluate(() => document.activeElement.id) === 'approve', 'Tab from the comment reaches Approve');
+  await page.keyboard.press('Enter');
   await page.waitForSelector('h1 + .badge:not(.state-awaiting_approval)');
   const p1 = await call('GET', '/v1/plans/' + plans[0], OPERATOR);
-  check(['approved', 'applying', 'applied'].includes(p1.body.state) && p1.body.approved_by === 'op-1',
-        `plan 1 approved by op-1 (state ${p1.body.state})`);
+  check(['approved', 'applying', 'applied'].includes(p1.body.state) && p1.body.approved_by === 'op-1' &&
+        p1.body.comment === 'ok, known customer', `plan 1 approved by op-1 with the comment (state ${p1.body.state})`);
 
   // Plan 2: edit the amount, then approve; the detail then shows the diff.
   await page.goto(base + '/ui/#/plans/' + plans[1]);
