@@ -124,6 +124,7 @@ actions:
   flaky_ping:
     identity: {fields: [/ping_id], version: v1}
     window: 24h
+    on_duplicate: return_original
     effector: {http: {method: POST, url: "${effectorUrl}/flaky", idempotency: header}}
     retry: {attempts: 1, base: 10ms, cap: 50ms, timeout: 5s}
 `;
