@@ -41,6 +41,10 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
 void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
                   std::vector<Route>& routes);
 
+// The operator web page (/ui/, its files from daemon/ui) and GET
+// /v1/steps/{name}, which its escalation form reads (ui_routes.cc).
+void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
+
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);

@@ -47,8 +47,9 @@ struct RouteResponse {
   // state then. A 202 is always treated so.
   bool transient = false;
   // Non-empty: `body` is a string sent as it is, with this Content-Type
-  // (MCP's JSON-RPC and SSE answers, the operator page's files).
-  std::string content_type;
+  // (MCP's JSON-RPC and SSE answers, the operator page's files). A raw_text
+  // route leaving it empty sends the metrics exposition format.
+  std::string content_type = {};
 };
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;
