@@ -117,6 +117,9 @@ class Resolver {
         RETURN_IF_ERROR(Action(name, node));
       }
     }
+    if (root.contains("inbox")) {
+      for (const auto& [name, node] : root["inbox"].items()) RETURN_IF_ERROR(Inbox(name, node));
+    }
     if (root.contains("prices")) config_.prices = root["prices"];
     return Status::Ok();
   }
@@ -448,6 +451,46 @@ class Resolver {
       ASSIGN_OR_RETURN(a.args_schema, SchemaFile(at + "/args_schema", a.args_schema_path));
     }
     config_.actions[name] = std::move(a);
+    return Status::Ok();
+  }
+
+  Status Inbox(const std::string& name, const Json& node) {
+    const std::string at = "/inbox" + Token(name);
+    if (!IsName(name)) return doc_.Error(at, "a source name is letters, digits, _ . -");
+    InboxSource s;
+    s.name = name;
+    auto lower = [](std::string v) {
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return v;
+    };
+    s.id_pointer = node["event_id"].value("pointer", "");
+    s.id_header = lower(node["event_id"].value("header", ""));
+    if (node.contains("signature")) {
+      const Json& sig = node["signature"];
+      s.signature_header = lower(sig["header"]);
+      s.signature_env = sig["secret_env"];
+      s.signature_scheme = sig.value("scheme", s.signature_scheme);
+      s.signature_prefix = sig.value("prefix", "");
+    }
+    const Json& on = node["on_event"];
+    s.payload_pointer = on.value("pointer", "");
+    if (on.contains("decide")) {
+      s.decide_step = on["decide"];
+      if (!config_.steps.count(s.decide_step)) {
+        return doc_.Error(at + "/on_event/decide", "no step named " + s.decide_step);
+      }
+    } else if (on.contains("action")) {
+      s.action_kind = on["action"];
+      if (!config_.actions.count(s.action_kind)) {
+        return doc_.Error(at + "/on_event/action", "no action kind named " + s.action_kind);
+      }
+    } else {
+      s.record_only = true;
+    }
+    if (node.contains("window")) {
+      ASSIGN_OR_RETURN(s.window_ms, Duration(at + "/window", node["window"], true));
+    }
+    config_.inbox[name] = std::move(s);
     return Status::Ok();
   }
 

@@ -45,6 +45,9 @@ void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
 // /v1/steps/{name}, which its escalation form reads (ui_routes.cc).
 void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
 
+// POST /v1/inbox/{source}: webhook events processed once each (api_inbox.cc).
+void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
+
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);

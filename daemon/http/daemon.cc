@@ -90,6 +90,21 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
   if (!options.data_override.empty()) d->config_.store.path = options.data_override;
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
+  for (const auto& [name, src] : d->config_.inbox) {
+    if (src.signature_header.empty() && !IsLoopbackHost(listen.first)) {
+      return FailedPrecondition("inbox." + name +
+                                " has no signature, and the daemon listens beyond loopback: "
+                                "anyone could post events; configure inbox." +
+                                name + ".signature");
+    }
+    if (!src.signature_env.empty()) {
+      const char* secret = std::getenv(src.signature_env.c_str());
+      if (secret == nullptr || *secret == '\0') {
+        return FailedPrecondition("inbox." + name + ".signature.secret_env: " + src.signature_env +
+                                  " is not set");
+      }
+    }
+  }
   if (!IsLoopbackHost(listen.first) && d->config_.auth.tokens.empty()) {
     // Without tokens every caller may do everything: only this machine may be a caller.
     return InvalidArgument("server.listen " + d->config_.server.listen +
