@@ -145,6 +145,30 @@ struct ActionConfig {
   Json approval;  // null: none
 };
 
+// `notifications` (optional): where idem tells humans that something waits
+// for them (daemon/plans/notifier.h). Secrets are never in the file or here:
+// header values keep their `${VAR}` references (expanded from the
+// environment when the daemon starts), and the Telegram bot token is named
+// by an environment variable.
+struct WebhookNotifyConfig {
+  std::string url;  // http(s) URL; POSTed one JSON object per notification
+  // {name, value} as written; `${VAR}` is expanded at start-up.
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+struct TelegramNotifyConfig {
+  std::string base_url = "https://api.telegram.org";  // without a trailing '/'
+  std::string bot_token_env;                          // the variable holding the token
+  std::string chat_id;                                // as text (a number, or "@channel")
+};
+
+struct NotificationsConfig {
+  std::string link_base;  // "http://host:port" for links in messages; "" none
+  std::optional<WebhookNotifyConfig> webhook;
+  std::optional<TelegramNotifyConfig> telegram;
+  bool any() const { return webhook.has_value() || telegram.has_value(); }
+};
+
 struct Config {
   std::string source_path;  // the file it came from
   std::string base_dir;     // its directory
@@ -157,6 +181,7 @@ struct Config {
   std::map<std::string, ActionConfig> actions;
   // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
   Json prices = Json::object();
+  NotificationsConfig notifications;
 };
 
 // Reads, validates and resolves the config at `path`.
