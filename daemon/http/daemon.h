@@ -26,6 +26,7 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/server.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -48,6 +49,9 @@ class Daemon {
   const Config& config() const { return config_; }
   Store& store() { return *store_; }
   Metrics& metrics() { return metrics_; }
+  // Tells humans what waits for them (config `notifications`; a
+  // NullNotifier without it). Valid until the Daemon is destroyed.
+  Notifier& notifier() { return *notifier_; }
   void Stop();
 
  private:
@@ -59,6 +63,7 @@ class Daemon {
   std::unique_ptr<Store> store_;
   Metrics metrics_;
   std::unique_ptr<HttpClient> http_client_;  // outlives the providers that use it
+  std::unique_ptr<Notifier> notifier_;       // outlives the engines that call it
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
   std::unique_ptr<HttpServer> server_;
