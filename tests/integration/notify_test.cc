@@ -101,6 +101,8 @@ TEST_CASE("a dead letter and an escalation each produce one webhook call") {
   REQUIRE(esc["status"] == "escalated");
   const std::string esc_id = esc["escalation_id"];
 
+  // The escalation's message first (the fault below would hit it otherwise).
+  REQUIRE(WaitFor([&] { return hook->Records("messages").size() == 1; }, 10'000));
   hook->FailNext(1, 400);  // the reply is refused for good: a dead letter at once
   httplib::Headers key = {{"Idempotency-Key", "notify-dead-1"}};
   auto dead = c->Post("/v1/actions/send_reply", key,
