@@ -378,6 +378,12 @@ void ApplyEngineImpl::NotifyDead(const WorkItem& dead) {
   // A notification that died must not notify about itself (a channel that
   // is down would otherwise feed itself); its death is logged instead.
   if ((kind != nullptr && kind->internal) || dead.kind.starts_with("idem.")) return;
+  options_.notifier->Notify(DeadLetterNotification(dead, config_));
+}
+
+}  // namespace
+
+Notification DeadLetterNotification(const WorkItem& dead, const Config& config) {
   Notification n;
   n.event_id = "dead_letter:" + dead.work_id + ":" + std::to_string(dead.updated_at_ms);
   n.kind = "dead_letter";
@@ -387,12 +393,14 @@ void ApplyEngineImpl::NotifyDead(const WorkItem& dead) {
   n.reason = "work of kind " + dead.kind + " failed after " + std::to_string(dead.attempt) +
              " attempt(s): " + error;
   n.command = "idem dlq replay " + dead.work_id;
-  const std::string& base = config_.notifications.link_base;
+  const std::string& base = config.notifications.link_base;
   if (!base.empty()) n.link = base + "/ui/#/dead-letters";
   n.detail = {{"work_kind", dead.kind}, {"attempts", dead.attempt}, {"last_error", error}};
   if (!dead.run_id.empty()) n.detail["run_id"] = dead.run_id;
-  options_.notifier->Notify(n);
+  return n;
 }
+
+namespace {
 
 StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
   if (max_items == 0) return size_t{0};

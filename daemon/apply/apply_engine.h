@@ -114,6 +114,11 @@ struct ApplyOptions {
   Notifier* notifier = nullptr;
 };
 
+// The "dead_letter" notification of `dead` (see Dead letters above), for
+// every place that makes work dead (the engine; clients' POST
+// /v1/work/{id}/fail).
+Notification DeadLetterNotification(const WorkItem& dead, const Config& config);
+
 class ApplyEngine {
  public:
   virtual ~ApplyEngine() = default;

@@ -88,6 +88,9 @@ TEST_CASE("a dead letter and an escalation each produce one webhook call") {
       "    effector: {http: {url: \"" +
       hook->base_url() +
       "/replies\", idempotency: header}}\n"
+      "  call_customer:\n"  // executed by clients: claim, then fail
+      "    identity: {fields: [/ticket_id], version: v1}\n"
+      "    window: 24h\n    on_duplicate: return_original\n"
       "notifications:\n  link_base: http://ops.example:7411\n" +
       WebhookYaml(*hook);
   std::string err;
@@ -112,17 +115,41 @@ TEST_CASE("a dead letter and an escalation each produce one webhook call") {
   const std::string work_id = Json::parse(dead->body)["work_id"];
 
   REQUIRE(WaitFor([&] { return hook->Records("messages").size() >= 2; }, 10'000));
+
+  // A client's last failure of its own work is a dead letter too.
+  auto claimed =
+      c->Post("/v1/work/claim", R"({"kind":"call_customer","identity":{"ticket_id":"T-7"}})",
+              "application/json");
+  REQUIRE(claimed);
+  REQUIRE(claimed->status == 201);
+  Json claim = Json::parse(claimed->body);
+  const std::string client_work = claim["work_id"];
+  Json fail = {{"lease_token", claim["lease_token"]}, {"error", "no answer"}, {"retryable", false}};
+  auto failed =
+      c->Post(("/v1/work/" + client_work + "/fail").c_str(), fail.dump(), "application/json");
+  REQUIRE(failed);
+  REQUIRE(failed->status == 200);
+  CHECK(Json::parse(failed->body)["state"] == "dead");
+  REQUIRE(WaitFor([&] { return hook->Records("messages").size() >= 3; }, 10'000));
   // The same decide again answers with the open escalation: no new message.
   REQUIRE(c->Post("/v1/decide", kDecideBody, "application/json"));
   std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
   std::vector<Json> messages = hook->Records("messages");
-  REQUIRE(messages.size() == 2);
+  REQUIRE(messages.size() == 3);
   int posts = 0;
   for (const auto& call : hook->calls()) posts += call.path == "/messages" ? 1 : 0;
-  CHECK(posts == 2);
+  CHECK(posts == 3);
 
-  Json e = messages[0]["kind"] == "escalation" ? messages[0] : messages[1];
-  Json l = messages[0]["kind"] == "dead_letter" ? messages[0] : messages[1];
+  Json e, l, client;
+  for (const Json& m : messages) {
+    if (m["kind"] == "escalation") e = m;
+    if (m["kind"] == "dead_letter" && m["subject_id"] == client_work) client = m;
+    if (m["kind"] == "dead_letter" && m["subject_id"] != client_work) l = m;
+  }
+  REQUIRE(client.is_object());
+  CHECK(client["command"] == "idem dlq replay " + client_work);
+  CHECK(client["detail"]["work_kind"] == "call_customer");
+  CHECK(client["reason"].get<std::string>().find("no answer") != std::string::npos);
   CHECK(e["kind"] == "escalation");
   CHECK(e["subject_id"] == esc_id);
   CHECK(e["event_id"] == "escalation:" + esc_id);
