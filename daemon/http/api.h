@@ -14,6 +14,7 @@
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
 #include "daemon/plans/notifier.h"
+#include "daemon/plans/plan_engine.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -25,6 +26,7 @@ struct ApiDeps {
   ApplyEngine& apply;
   Metrics& metrics;
   StableClock& clock;
+  PlanEngine& plans;
   Notifier& notifier;  // awaiting_approval / approval_overdue / escalation / dead_letter
 };
 

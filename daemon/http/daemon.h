@@ -27,6 +27,7 @@
 #include "daemon/http/server.h"
 #include "daemon/obs/metrics.h"
 #include "daemon/plans/notifier.h"
+#include "daemon/plans/plan_engine.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -66,6 +67,7 @@ class Daemon {
   std::unique_ptr<Notifier> notifier_;       // outlives the engines that call it
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
+  std::unique_ptr<PlanEngine> plans_;
   std::unique_ptr<HttpServer> server_;
   std::string host_;
   int port_ = 0;

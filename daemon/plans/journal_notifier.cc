@@ -130,8 +130,14 @@ void JournalNotifier::Notify(const Notification& n) {
              {{"kind", n.kind}, {"error", "a notification without event_id is not sent"}});
     return;
   }
+  // A link given as a path ("/ui/#/plans/x") is made absolute here, where
+  // link_base is known; without link_base a path is no use in a message.
+  Notification absolute = n;
+  if (absolute.link.starts_with("/")) {
+    absolute.link = config_.link_base.empty() ? "" : config_.link_base + absolute.link;
+  }
   for (const ActionConfig& kind : kinds_) {
-    Json args = ArgsFor(kind, n);
+    Json args = ArgsFor(kind, absolute);
     StatusOr<KeyMaterial> work_id = ActionWorkId(kind, args);
     StatusOr<Json> identity = ExtractIdentity(args, kind.identity_fields);
     if (!work_id.ok() || !identity.ok()) {

@@ -28,6 +28,9 @@
 // returned and before the completion was recorded: that message is sent
 // again when the work is retried (at least once, never lost).
 //
+// Links: a Notification::link that is a path ("/ui/#/plans/<id>") is
+// prefixed with link_base, or dropped ("") when no link_base is configured.
+//
 // Secrets: the webhook's header values and the bot token are read from the
 // environment at Create and kept in the effectors' memory only; the journal
 // records hold the message (args) and the receiver's answer, never a secret

@@ -311,6 +311,18 @@ TEST_CASE("an unset secret variable fails start-up naming the config field") {
   CHECK(made2.status().field() == "/notifications/webhook/headers/X-Key");
 }
 
+TEST_CASE("a link given as a path is made absolute with link_base") {
+  NotifyHarness t(/*webhook=*/true, /*telegram=*/false);
+  t.h_.engine();
+  Notification n = Approval("plan_path");
+  n.link = "/ui/#/plans/plan_path";
+  t.notifier_->Notify(n);
+  CHECK(t.h_.RunDue() == 1);
+  std::vector<Json> hooks = t.h_.fake().Records("messages");
+  REQUIRE(hooks.size() == 1);
+  CHECK(hooks[0]["link"] == "http://idem.test:7411/ui/#/plans/plan_path");
+}
+
 TEST_CASE("a long reason is cut so that the telegram text stays within the Bot API limit") {
   Notification n = Approval("plan_long");
   n.reason = std::string(10'000, 'x');
