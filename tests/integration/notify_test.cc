@@ -259,4 +259,46 @@ TEST_CASE("a telegram notification sent but not recorded before a kill -9 is sen
   CHECK(ReadFile(d->log_path()).find(kBotToken) == std::string::npos);
 }
 
+TEST_CASE("a plan awaiting approval produces one webhook call with the approve command and link") {
+  TempDir dir;
+  auto hook = fakes::FakeEffectorServer::Start();
+  REQUIRE(hook != nullptr);
+  const std::string extra =
+      "actions:\n  refund:\n"
+      "    identity: {fields: [/order_id], version: v1}\n"
+      "    window: 24h\n    on_duplicate: return_original\n"
+      "    effector: {http: {url: \"" +
+      hook->base_url() +
+      "/records\", idempotency: header}}\n"
+      "    approval: {require: always, reason: \"refunds need a human\"}\n"
+      "notifications:\n  link_base: http://ops.example:7411\n" +
+      WebhookYaml(*hook);
+  std::string err;
+  auto d = DaemonProcess::Start(Args(WriteTestConfig(dir, kEscalatingRules, extra), dir), &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  auto c = d->Client();
+  const std::string body = R"({"args":{"order_id":"o-1","amount":250}})";
+  auto gated = c->Post("/v1/actions/refund", {{"Idempotency-Key", "notify-plan-1"}}, body,
+                       "application/json");
+  REQUIRE(gated);
+  REQUIRE(gated->status == 202);
+  const std::string plan_id = Json::parse(gated->body)["plan_id"];
+  // The agent's retry storm: the same plan, no new message.
+  for (int i = 0; i < 3; ++i) {
+    c->Post("/v1/actions/refund", {{"Idempotency-Key", "notify-plan-r" + std::to_string(i)}}, body,
+            "application/json");
+  }
+  REQUIRE(WaitFor([&] { return !hook->Records("messages").empty(); }, 10'000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
+  std::vector<Json> messages = hook->Records("messages");
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0]["kind"] == "awaiting_approval");
+  CHECK(messages[0]["subject_id"] == plan_id);
+  CHECK(messages[0]["command"].get<std::string>().find("idem approve " + plan_id) !=
+        std::string::npos);
+  CHECK(messages[0]["link"] == "http://ops.example:7411/ui/#/plans/" + plan_id);
+  CHECK(messages[0]["reason"].get<std::string>().find("refunds need a human") != std::string::npos);
+  CHECK(hook->Records("records").empty());  // and nothing was applied
+}
+
 }  // namespace idem::testing
