@@ -5,6 +5,7 @@
 // Thread-safety: the handlers are thread-safe; the deps must outlive them.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "daemon/apply/apply_engine.h"
@@ -36,6 +37,11 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps);
 // The apply half: work claims, actions, runs, plans, dead letters, named
 // leases, reconciliation (api_work.cc).
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
+
+// The MCP endpoint (api_mcp.cc): its tools run the routes of `table`,
+// which the caller fills with the finished route table.
+void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
+                  std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
