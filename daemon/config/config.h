@@ -176,6 +176,30 @@ struct InboxSource {
   int64_t window_ms = 7LL * 24 * 3600 * 1000;
 };
 
+// `notifications` (optional): where idem tells humans that something waits
+// for them (daemon/plans/notifier.h). Secrets are never in the file or here:
+// header values keep their `${VAR}` references (expanded from the
+// environment when the daemon starts), and the Telegram bot token is named
+// by an environment variable.
+struct WebhookNotifyConfig {
+  std::string url;  // http(s) URL; POSTed one JSON object per notification
+  // {name, value} as written; `${VAR}` is expanded at start-up.
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+struct TelegramNotifyConfig {
+  std::string base_url = "https://api.telegram.org";  // without a trailing '/'
+  std::string bot_token_env;                          // the variable holding the token
+  std::string chat_id;                                // as text (a number, or "@channel")
+};
+
+struct NotificationsConfig {
+  std::string link_base;  // "http://host:port" for links in messages; "" none
+  std::optional<WebhookNotifyConfig> webhook;
+  std::optional<TelegramNotifyConfig> telegram;
+  bool any() const { return webhook.has_value() || telegram.has_value(); }
+};
+
 struct Config {
   std::string source_path;  // the file it came from
   std::string base_dir;     // its directory
@@ -189,6 +213,7 @@ struct Config {
   std::map<std::string, InboxSource> inbox;
   // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
   Json prices = Json::object();
+  NotificationsConfig notifications;
 };
 
 // Reads, validates and resolves the config at `path`.

@@ -14,6 +14,7 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
 #include "daemon/plans/plan_engine.h"
 #include "daemon/store/store.h"
 
@@ -27,6 +28,7 @@ struct ApiDeps {
   Metrics& metrics;
   StableClock& clock;
   PlanEngine& plans;
+  Notifier& notifier;  // awaiting_approval / approval_overdue / escalation / dead_letter
 };
 
 // Every route, /openapi.json included (documenting all of them).
