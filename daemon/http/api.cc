@@ -322,6 +322,12 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   for (Route& r : routes) CompileRoute(r);
   *doc = BuildOpenApi(routes);
   *table = routes;
+  // The table is for looking routes up, not for running /mcp itself: its
+  // copy of the MCP handlers (which own the toolbox that owns the table)
+  // would make a cycle that is never freed.
+  for (Route& r : *table) {
+    if (r.pattern == "/mcp") r.handler = nullptr;
+  }
   return routes;
 }
 
