@@ -58,6 +58,7 @@ struct PlanEngine::Impl {
   std::mutex change_mu;
   std::condition_variable changed;
   uint64_t generation = 0;
+  int waiters = 0;  // guarded by change_mu
 
   void Changed() {
     {
@@ -565,7 +566,11 @@ StatusOr<Plan> PlanEngine::Get(const std::string& plan_id, const std::string& wh
     ASSIGN_OR_RETURN(Plan p, m.store.plans().Get(plan_id));
     if (wait_ms <= 0 || p.state != while_state) return p;
     std::unique_lock<std::mutex> lock(m.change_mu);
-    if (!m.changed.wait_until(lock, deadline, [&] { return m.generation != seen; })) return p;
+    if (m.waiters >= m.options.max_waiters) return p;  // busy: the caller polls
+    ++m.waiters;
+    bool woke = m.changed.wait_until(lock, deadline, [&] { return m.generation != seen; });
+    --m.waiters;
+    if (!woke) return p;
   }
 }
 

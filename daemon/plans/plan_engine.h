@@ -80,6 +80,9 @@ struct Gate {
 struct PlanEngineOptions {
   size_t expiry_batch = 1000;  // awaiting plans looked at per ExpireDue
   int64_t max_wait_ms = 60'000;
+  // Waits (Get with wait_ms) running at once; past it a Get answers at once
+  // (the caller polls), so waiting agents cannot take every handler thread.
+  int max_waiters = 16;
 };
 
 class PlanEngine {
@@ -125,7 +128,8 @@ class PlanEngine {
                         const std::string& reason);
 
   // The plan; when `wait_ms` > 0 and its state is `while_state`, waits up to
-  // wait_ms (capped by options.max_wait_ms) for a change first.
+  // wait_ms (capped by options.max_wait_ms) for a change first, unless
+  // options.max_waiters waits are running already (then it answers at once).
   StatusOr<Plan> Get(const std::string& plan_id, const std::string& while_state = "",
                      int64_t wait_ms = 0);
 

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -151,6 +152,21 @@ TEST_CASE("a plan's own creator cannot approve it, and an edit outside args is r
   CHECK(missing.status().field() == "/edits/0/path");
   CHECK(h.store_->plans().Get(p.plan_id)->state == "awaiting_approval");
   CHECK(h.fake().stats().raw_calls == 0);
+}
+
+TEST_CASE("waits are bounded: past max_waiters a wait answers at once") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  auto made = PlanEngine::Create(h.config_, *h.store_, h.engine(), h.clock_, h.metrics_, h.notifier,
+                                 PlanEngineOptions{.max_waiters = 0});
+  REQUIRE(made.ok());
+  h.plans = std::move(made).value();
+  Plan p = h.Gated("wire", {{"id", "w-1"}});
+  auto start = std::chrono::steady_clock::now();
+  auto got = h.Plans().Get(p.plan_id, "awaiting_approval", 5'000);
+  REQUIRE(got.ok());
+  CHECK(got->state == "awaiting_approval");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
 }
 
 }  // namespace idem::testing
