@@ -216,6 +216,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
       }});
 
   AddWorkRoutes(deps, routes);
+  AddAuditRoutes(deps, routes);
 
   // /openapi.json documents every route, itself included.
   auto doc = std::make_shared<Json>();  // shared: filled after the table is complete

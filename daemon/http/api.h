@@ -33,6 +33,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps);
 // leases, reconciliation (api_work.cc).
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
 
+// The audit log, paged, and its verification (api_audit.cc).
+void AddAuditRoutes(ApiDeps deps, std::vector<Route>& routes);
+
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);

@@ -73,7 +73,9 @@ struct CliResult {
   std::string out;
   std::string err;
 };
-CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "");
+// `env` is added to the child's environment (e.g. IDEM_TOKEN).
+CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                 const std::map<std::string, std::string>& env = {});
 
 // A config file in `dir` for the demo step (scripted provider) plus
 // whatever YAML `extra` adds at the top level; paths are absolute.
