@@ -1,5 +1,6 @@
 // The client commands of cli.h.
 #include <algorithm>
+#include <cctype>
 #include <string>
 #include <utility>
 #include <vector>
@@ -374,8 +375,8 @@ namespace {
 // approve / reject: one POST, its own Idempotency-Key (each invocation is
 // a new operator intention: a second approve must be told 409, not get the
 // first answer replayed).
-int Decide(DaemonClient& api, const Output& o, const std::string& verb, const std::string& plan_id,
-           const Json& body) {
+int PostVerdict(DaemonClient& api, const Output& o, const std::string& verb,
+                const std::string& plan_id, const Json& body) {
   const std::string key = "\"cli-" + verb + "-" + RandomHex(8) + "\"";
   StatusOr<ApiAnswer> a =
       api.Call("POST", "/v1/plans/" + UrlEncode(plan_id) + "/" + verb, body, key);
@@ -406,7 +407,7 @@ int Approve(DaemonClient& api, const Output& o, const std::string& plan_id,
     }
     parsed.push_back(*std::move(edit));
   }
-  return Decide(api, o, "approve", plan_id, ApproveBody(parsed, comment));
+  return PostVerdict(api, o, "approve", plan_id, ApproveBody(parsed, comment));
 }
 
 int Reject(DaemonClient& api, const Output& o, const std::string& plan_id,
@@ -415,7 +416,7 @@ int Reject(DaemonClient& api, const Output& o, const std::string& plan_id,
     Print(o.err, "idem reject: --reason must not be empty\n");
     return kExitUsage;
   }
-  return Decide(api, o, "reject", plan_id, Json{{"reason", reason}});
+  return PostVerdict(api, o, "reject", plan_id, Json{{"reason", reason}});
 }
 
 int AuditVerify(DaemonClient& api, const Output& o) {
