@@ -104,6 +104,18 @@ struct InputConfig {
   std::vector<std::string> url_fields;  // JSON pointers of URL-valued fields to normalize
 };
 
+// When a plan needs a human before it touches the outside world (R14);
+// evaluated by daemon/plans/plan_engine.h. Written inline under `approval`
+// or in a policy file (policies/*.yaml) that `approval` names.
+struct ApprovalPolicy {
+  std::string source;              // the policy file, or "<config>" for an inline policy
+  std::string require = "always";  // never | always | when
+  Json when;                       // JSONLogic over {plan, action, args, decision, input}
+  std::string reason;              // shown to the operator
+  int64_t timeout_ms = 24LL * 3600 * 1000;
+  std::string on_timeout = "expire";  // expire | escalate
+};
+
 struct StepConfig {
   std::string name;
   std::string provider;
@@ -123,8 +135,9 @@ struct StepConfig {
   int64_t retry_base_ms = 500;  // backoff between retryable failures (full jitter)
   int64_t retry_cap_ms = 10'000;
   Json fallback = Json::array();
-  int64_t cache_window_ms = 0;  // 0: forever
-  std::string plan_pointer;     // JSON pointer of the actions list in the output
+  int64_t cache_window_ms = 0;             // 0: forever
+  std::string plan_pointer;                // JSON pointer of the actions list in the output
+  std::optional<ApprovalPolicy> approval;  // for every action of this step's plans
 };
 
 struct RetryConfig {
@@ -142,7 +155,9 @@ struct ActionConfig {
   std::string on_duplicate = "return_original";  // return_original | conflict | ignore
   Json effector = Json::object();
   RetryConfig retry;
-  Json approval;  // null: none
+  std::optional<ApprovalPolicy> approval;  // unset: never needs a human
+  std::string args_schema_path;            // "" : args are checked only for identity fields
+  Json args_schema;                        // the parsed schema (null when none)
 };
 
 struct Config {

@@ -407,6 +407,9 @@ class Resolver {
                        Duration(at + "/cache/window", node["cache"]["window"], true));
     }
     if (node.contains("plan")) s.plan_pointer = node["plan"]["pointer"];
+    if (node.contains("approval")) {
+      ASSIGN_OR_RETURN(s.approval, Approval(at + "/approval", node["approval"]));
+    }
     config_.steps[name] = std::move(s);
     return Status::Ok();
   }
@@ -437,9 +440,89 @@ class Resolver {
       return doc_.Error(at + "/retry/cap",
                         "must not be shorter than base (" + FormatDuration(a.retry.base_ms) + ")");
     }
-    if (node.contains("approval")) a.approval = node["approval"];
+    if (node.contains("approval")) {
+      ASSIGN_OR_RETURN(a.approval, Approval(at + "/approval", node["approval"]));
+    }
+    if (node.contains("args_schema")) {
+      ASSIGN_OR_RETURN(a.args_schema_path, ExistingFile(at + "/args_schema", node["args_schema"]));
+      ASSIGN_OR_RETURN(a.args_schema, SchemaFile(at + "/args_schema", a.args_schema_path));
+    }
     config_.actions[name] = std::move(a);
     return Status::Ok();
+  }
+
+  // A JSON Schema file, parsed and checked to be usable.
+  StatusOr<Json> SchemaFile(const std::string& pointer, const std::string& path) {
+    auto text = ReadFileText(path);
+    if (!text.ok())
+      return doc_.Error(pointer, "cannot read " + path + ": " + text.status().message());
+    auto schema = ParseJson(*text, JsonLimits{kMaxSchemaFileBytes, 64});
+    if (!schema.ok())
+      return doc_.Error(pointer, path + " is not JSON: " + schema.status().message());
+    auto compiled = JsonSchema::Create(*schema);
+    if (!compiled.ok()) {
+      return doc_.Error(pointer, path + " is not a usable schema: " + compiled.status().message());
+    }
+    return std::move(schema).value();
+  }
+
+  // `approval`: a policy file's path, or the policy inline. The schema has
+  // checked the inline shape; a file is checked here, with its own lines.
+  StatusOr<ApprovalPolicy> Approval(const std::string& pointer, const Json& node) {
+    ApprovalPolicy p;
+    Json body = node;
+    std::string where = pointer;
+    if (node.is_string()) {
+      ASSIGN_OR_RETURN(p.source, ExistingFile(pointer, node.get<std::string>()));
+      auto file = ReadYamlFile(p.source);
+      if (!file.ok()) return doc_.Error(pointer, file.status().message());
+      body = file->value;
+      if (!body.is_object()) return doc_.Error(pointer, p.source + ": a policy is a mapping");
+      for (const auto& [key, value] : body.items()) {
+        if (key != "require" && key != "when" && key != "reason" && key != "timeout" &&
+            key != "on_timeout" && key != "description") {
+          return file->Error("/" + key,
+                             "unknown policy key (require, when, reason, timeout, "
+                             "on_timeout, description)");
+        }
+      }
+      where = p.source;
+    } else {
+      p.source = config_.source_path;
+    }
+    auto text = [&](const char* key, std::string& out,
+                    std::initializer_list<std::string_view> allowed) -> Status {
+      if (!body.contains(key)) return Status::Ok();
+      if (!body[key].is_string()) return doc_.Error(pointer, where + ": " + key + " must be text");
+      out = body[key].get<std::string>();
+      if (allowed.size() == 0) return Status::Ok();
+      for (std::string_view a : allowed) {
+        if (out == a) return Status::Ok();
+      }
+      return doc_.Error(pointer, where + ": " + key + " '" + out + "' is not one of the choices");
+    };
+    p.require = body.contains("when") ? "when" : "always";
+    RETURN_IF_ERROR(text("require", p.require, {"never", "always", "when"}));
+    RETURN_IF_ERROR(text("reason", p.reason, {}));
+    RETURN_IF_ERROR(text("on_timeout", p.on_timeout, {"expire", "escalate"}));
+    if (body.contains("when")) p.when = body["when"];
+    if (p.require == "when" && !body.contains("when")) {
+      return doc_.Error(pointer, where + ": require: when needs a `when` rule");
+    }
+    if (p.when.is_boolean()) {  // when: true / false is always / never
+      p.require = p.when.get<bool>() ? "always" : "never";
+      p.when = Json();
+    }
+    if (body.contains("timeout")) {
+      if (!body["timeout"].is_string())
+        return doc_.Error(pointer, where + ": timeout must be text");
+      ASSIGN_OR_RETURN(p.timeout_ms, Duration(pointer + "/timeout", body["timeout"], false));
+    }
+    if (p.reason.empty()) {
+      p.reason = p.require == "always" ? "this action always needs a human's approval"
+                                       : "the approval policy's rule matched";
+    }
+    return p;
   }
 
   const YamlDocument& doc_;

@@ -37,6 +37,24 @@ Json EscalationSummary(const Escalation& e) {
   return j;
 }
 
+// The plan a decision's actions make (decided, or resolved by a human),
+// summarized for the decide answer; none when its step has no plan pointer
+// or its output no actions.
+StatusOr<std::optional<Json>> PlanOf(const ApiDeps& deps, const Decision& d,
+                                     const std::string& caller) {
+  auto sit = deps.config.steps.find(d.step);
+  if (sit == deps.config.steps.end() || sit->second.plan_pointer.empty()) {
+    return std::optional<Json>();
+  }
+  StatusOr<Plan> p = deps.plans.ProposeFromDecision(d, caller);
+  if (!p.ok() && p.status().code() == Code::kNotFound) return std::optional<Json>();
+  RETURN_IF_ERROR(p.status());
+  return std::optional<Json>(Json{{"plan_id", p->plan_id},
+                                  {"state", p->state},
+                                  {"approval_required", p->approval.value("required", false)},
+                                  {"reasons", p->approval.value("reasons", Json::array())}});
+}
+
 }  // namespace
 
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max) {
@@ -124,6 +142,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
               }
               Json body = DecisionSummary(r.decision);
               body["cache"] = CacheName(r);
+              ASSIGN_OR_RETURN(std::optional<Json> plan, PlanOf(deps, r.decision, ctx.caller));
+              if (plan) body["plan"] = std::move(*plan);
               double cost = r.decision.trace.value("cost_usd", 0.0);
               if (r.cache_hit) {
                 body["saved_cost_usd"] = cost;  // what this answer would have cost again
@@ -210,8 +230,20 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         ASSIGN_OR_RETURN(Decision d,
                          deps.decide.ResolveEscalation(ctx.params[0], ctx.body["output"], actor,
                                                        ctx.body.value("note", "")));
+        AuditEvent event;
+        event.at_ms = deps.clock.NowMillis();
+        event.actor = actor;
+        event.action = "escalation.resolved";
+        event.detail = {{"escalation_id", ctx.params[0]},
+                        {"decision_id", d.decision_id},
+                        {"step", d.step},
+                        {"output", d.output},
+                        {"note", ctx.body.value("note", "")}};
+        RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         Json body = DecisionSummary(d);
         body["cache"] = "miss";
+        ASSIGN_OR_RETURN(std::optional<Json> plan, PlanOf(deps, d, actor));
+        if (plan) body["plan"] = std::move(*plan);
         return RouteResponse{200, std::move(body), {}};
       }});
 

@@ -13,6 +13,7 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/plan_engine.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -24,6 +25,7 @@ struct ApiDeps {
   ApplyEngine& apply;
   Metrics& metrics;
   StableClock& clock;
+  PlanEngine& plans;
 };
 
 // Every route, /openapi.json included (documenting all of them).

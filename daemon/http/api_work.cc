@@ -7,6 +7,7 @@
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
 #include "daemon/http/problem.h"
+#include "daemon/plans/plan_engine.h"
 
 namespace idem {
 namespace {
@@ -131,6 +132,42 @@ bool StillMoving(ActionOutcomeKind k) {
   return k == ActionOutcomeKind::kRetrying || k == ActionOutcomeKind::kBusy;
 }
 
+// 202: the call's work waits for an operator's approval (plan_engine.h).
+RouteResponse AwaitingApproval(const Plan& plan) {
+  Json body = {{"plan_id", plan.plan_id},
+               {"state", plan.state},
+               {"reasons", plan.approval.value("reasons", Json::array())},
+               {"status_url", "/v1/plans/" + plan.plan_id}};
+  if (plan.approval.contains("expires_at_ms")) {
+    body["expires_at_ms"] = plan.approval["expires_at_ms"];
+  }
+  RouteResponse out{202, std::move(body), {{"Location", "/v1/plans/" + plan.plan_id}}};
+  out.transient = true;
+  return out;
+}
+
+// A plan and what applying it did, for /apply and /approve.
+Json AppliedBody(const std::map<std::string, ActionConfig>& kinds, const PlanApplyResult& r,
+                 const std::string& rid, Json detail) {
+  Json results = Json::array();
+  for (const PlanActionResult& a : r.actions) {
+    Json one;
+    if (!a.outcome.ok()) {
+      one = {{"error", a.outcome.status().ToString()}};
+    } else {
+      auto kit = kinds.find(a.kind);
+      int status = 0;
+      one = kit == kinds.end() ? WorkBody(a.outcome->item)
+                               : Outcome(kit->second, *a.outcome, rid, &status);
+    }
+    one["index"] = a.index;
+    one["kind"] = a.kind;
+    results.push_back(std::move(one));
+  }
+  detail["results"] = std::move(results);
+  return detail;
+}
+
 Json ReportBody(const ReconcileReport& r) {
   Json findings = Json::array();
   for (const auto& f : r.findings) {
@@ -153,6 +190,25 @@ struct ClaimRoute {
   const Config& config;
   StableClock& clock;
   Metrics& metrics;
+  PlanEngine& plans;
+
+  // A kind whose policy may need approval: the claim waits (202) for it,
+  // and then claims with the approved args.
+  std::optional<StatusOr<RouteResponse>> gate(RequestContext& ctx) const {
+    auto kit = config.actions.find(ctx.body.value("kind", ""));
+    if (kit == config.actions.end() || !kit->second.approval) return std::nullopt;
+    Json args = ctx.body.value("args", Json::object());
+    if (!args.is_object()) args = Json::object();
+    const Json& identity = ctx.body["identity"];
+    if (identity.is_object()) {
+      for (auto it = identity.begin(); it != identity.end(); ++it) args[it.key()] = it.value();
+    }
+    StatusOr<Gate> g = plans.GateAction(kit->second, args, "claim", ctx.caller);
+    if (!g.ok()) return StatusOr<RouteResponse>(g.status());
+    if (!g->allowed) return StatusOr<RouteResponse>(AwaitingApproval(g->plan));
+    if (!g->plan.plan_id.empty()) ctx.body["args"] = g->args;
+    return std::nullopt;
+  }
 
   StatusOr<JournalOp> prepare(RequestContext& ctx) const {
     ASSIGN_OR_RETURN(const ActionConfig* kind,
@@ -292,6 +348,7 @@ struct FailRoute {
 template <typename R>
 JournalLane LaneOf(const R& route) {
   return JournalLane{
+      .gate = {},
       .prepare = [route](RequestContext& ctx) { return route.prepare(ctx); },
       .respond = [route](RequestContext& ctx,
                          StatusOr<JournalOpResult> r) { return route.respond(ctx, std::move(r)); }};
@@ -305,7 +362,9 @@ RouteHandler HandlerOf(const JournalLane& lane, Journal& journal) {
 
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   Journal& journal = deps.store.journal();
-  const JournalLane claim = LaneOf(ClaimRoute{deps.config, deps.clock, deps.metrics});
+  const ClaimRoute claim_route{deps.config, deps.clock, deps.metrics, deps.plans};
+  JournalLane claim = LaneOf(claim_route);
+  claim.gate = [claim_route](RequestContext& ctx) { return claim_route.gate(ctx); };
   routes.push_back(
       Route{.method = "POST",
             .pattern = "/v1/work/claim",
@@ -315,6 +374,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .request_schema = "work.claim.request",
             .responses = {{201, "work.claimed"},
                           {200, "work.item"},
+                          {202, "plan.awaiting"},
                           {400, "problem"},
                           {404, "problem"},
                           {409, "problem"}},
@@ -372,7 +432,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .request_schema = "action.request",
       .responses = {{201, "work.item"},
                     {200, "work.item"},
-                    {202, "work.item"},
+                    {202, "action.accepted"},
                     {400, "problem"},
                     {404, "problem"},
                     {409, "problem"}},
@@ -380,9 +440,13 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(const ActionConfig* kind,
                          FindKind(deps.config, ctx.params[0], "path:kind"));
-        ASSIGN_OR_RETURN(ActionOutcome o,
-                         deps.apply.Submit(kind->name, ctx.body["args"],
-                                           ctx.body.value("run_id", ""), ctx.request_id));
+        RETURN_IF_ERROR(deps.plans.CheckArgs(*kind, ctx.body["args"], "/args"));
+        ASSIGN_OR_RETURN(Gate gate,
+                         deps.plans.GateAction(*kind, ctx.body["args"], "action", ctx.caller));
+        if (!gate.allowed) return AwaitingApproval(gate.plan);
+        ASSIGN_OR_RETURN(
+            ActionOutcome o,
+            deps.apply.Submit(kind->name, gate.args, ctx.body.value("run_id", ""), ctx.request_id));
         int status = 200;
         Json body = Outcome(*kind, o, ctx.request_id, &status);
         RouteResponse out{status, std::move(body), {}};
@@ -409,7 +473,29 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         std::map<std::string, int> counts;
         const Json& batch = ctx.body["items"];
         for (size_t i = 0; i < batch.size(); ++i) {
-          auto o = deps.apply.Submit(kind->name, batch[i], run_id, ctx.request_id);
+          RETURN_IF_ERROR(deps.plans.CheckArgs(*kind, batch[i], "/items/" + std::to_string(i)));
+        }
+        bool waiting = false;
+        for (size_t i = 0; i < batch.size(); ++i) {
+          auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller);
+          if (!gate.ok() && gate.status().code() == Code::kInvalidArgument) {
+            Status s = gate.status();
+            return s.WithField("/items/" + std::to_string(i) +
+                               s.field().substr(std::min<size_t>(5, s.field().size())));
+          }
+          if (!gate.ok()) {
+            items.push_back({{"index", i}, {"error", gate.status().ToString()}});
+            counts["error"]++;
+            continue;
+          }
+          if (!gate->allowed) {
+            items.push_back(
+                {{"index", i}, {"outcome", "awaiting_approval"}, {"plan_id", gate->plan.plan_id}});
+            counts["awaiting_approval"]++;
+            waiting = true;
+            continue;
+          }
+          auto o = deps.apply.Submit(kind->name, gate->args, run_id, ctx.request_id);
           if (!o.ok()) {
             Status s = o.status();
             if (s.code() == Code::kInvalidArgument) {
@@ -434,7 +520,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                            {"state", WorkStateName(o->item.state)}});
         }
         RouteResponse out{200, {{"run_id", run_id}, {"counts", counts}, {"items", items}}, {}};
-        out.transient = counts.count("retrying") > 0 || counts.count("busy") > 0;
+        out.transient = waiting || counts.count("retrying") > 0 || counts.count("busy") > 0;
         return out;
       }});
 
@@ -458,90 +544,112 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                   200, {{"run_id", ctx.params[0]}, {"counts", counts}, {"items", list}}, {}};
             }});
 
+  routes.push_back(
+      Route{.method = "GET",
+            .pattern = "/v1/plans",
+            .summary = "Plans in one state (?state=, default awaiting_approval), newest first, "
+                       "?limit= per page and ?cursor= from the previous page's next_cursor.",
+            .responses = {{200, "plan.list"}, {400, "problem"}},
+            .roles = {"agent", "operator"},
+            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              std::string state = QueryParam(ctx, "state");
+              if (state.empty()) state = "awaiting_approval";
+              bool known = false;
+              for (const char* s : kPlanStates) known = known || state == s;
+              if (!known) {
+                return InvalidArgument(
+                    "state must be one of proposed, awaiting_approval, approved, "
+                    "rejected, expired, applying, applied, partially_failed",
+                    "query:state");
+              }
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
+              ASSIGN_OR_RETURN(PlanPage page,
+                               deps.store.plans().List(state, limit, QueryParam(ctx, "cursor")));
+              Json items = Json::array();
+              for (const Plan& p : page.items) items.push_back(PlanJson(p));
+              Json body = {{"items", std::move(items)}};
+              if (!page.next_cursor.empty()) body["next_cursor"] = page.next_cursor;
+              return RouteResponse{200, std::move(body), {}};
+            }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/plans/{id}",
+      .summary = "A plan with its decision and each action's journal state; ?wait=30s answers "
+                 "when its state changes (at most 60 s).",
+      .responses = {{200, "plan"}, {400, "problem"}, {404, "problem"}},
+      .roles = {"agent", "operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
+        std::string wait = QueryParam(ctx, "wait");
+        if (!wait.empty()) {
+          auto ms = ParseDuration(wait);
+          if (!ms.ok() || *ms > 60'000) {
+            return InvalidArgument("wait is a duration of at most 60s, such as 30s", "query:wait");
+          }
+          ASSIGN_OR_RETURN(p, deps.plans.Get(p.plan_id, p.state, *ms));
+        }
+        ASSIGN_OR_RETURN(Json body, deps.plans.Detail(p));
+        return RouteResponse{200, std::move(body), {}};
+      }});
+
   routes.push_back(Route{
       .method = "POST",
       .pattern = "/v1/plans/{id}/apply",
-      .summary = "Apply the plan of a decision (id: the decision_id): each action becomes a "
-                 "work item executed exactly once; applying again redoes nothing.",
+      .summary = "Apply a plan (id: the plan's or its decision's): each action becomes a work "
+                 "item executed exactly once; 202 while it awaits approval.",
       .key_policy = KeyPolicy::kRequired,
-      .responses = {{200, "plan"}, {404, "problem"}, {409, "problem"}},
-      .roles = {"operator"},
+      .responses = {{200, "plan"}, {202, "plan"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"agent", "operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(Decision d, deps.store.decisions().Get(ctx.params[0]));
-        auto sit = deps.config.steps.find(d.step);
-        if (sit == deps.config.steps.end() || sit->second.plan_pointer.empty()) {
-          return FailedPrecondition("step " + d.step + " declares no plan (plan.pointer)");
+        ASSIGN_OR_RETURN(PlanApplyResult r,
+                         deps.plans.Apply(ctx.params[0], ctx.caller, ctx.request_id));
+        if (r.plan.state == "awaiting_approval") {
+          RouteResponse out{202, PlanJson(r.plan), {}};
+          out.transient = true;
+          return out;
         }
-        Json::json_pointer ptr(sit->second.plan_pointer);
-        if (!d.output.contains(ptr) || !d.output.at(ptr).is_array()) {
-          return FailedPrecondition("the decision's output has no action list at " +
-                                    sit->second.plan_pointer);
-        }
-        const Json& actions = d.output.at(ptr);
-        const std::string plan_id = "plan_" + d.decision_id.substr(4);
-        const int64_t now = deps.clock.NowMillis();
-        Plan plan;
-        plan.plan_id = plan_id;
-        plan.decision_id = d.decision_id;
-        plan.state = "applying";
-        plan.actions = actions;
-        plan.created_at_ms = now;
-        plan.updated_at_ms = now;
-        Status put = deps.store.plans().Put(plan);
-        if (!put.ok() && put.code() != Code::kAlreadyExists) return put;
-        Json results = Json::array();
-        bool all_done = true;
-        bool moving = false;  // some action retrying or busy: not a final outcome
-        for (size_t i = 0; i < actions.size(); ++i) {
-          const Json& a = actions[i];
-          std::string kind = a.value("kind", "");
-          auto kit = deps.config.actions.find(kind);
-          if (kit == deps.config.actions.end()) {
-            results.push_back({{"index", i}, {"kind", kind}, {"error", "unknown action kind"}});
-            all_done = false;
-            continue;
-          }
-          auto o =
-              deps.apply.Submit(kind, a.value("args", Json::object()), plan_id, ctx.request_id);
-          if (!o.ok()) {
-            results.push_back({{"index", i}, {"kind", kind}, {"error", o.status().ToString()}});
-            all_done = false;
-            continue;
-          }
-          int status = 0;
-          Json body = Outcome(kit->second, *o, ctx.request_id, &status);
-          body["index"] = i;
-          all_done = all_done && o->item.state == WorkState::kDone;
-          moving = moving || StillMoving(o->kind);
-          results.push_back(std::move(body));
-        }
-        auto current = deps.store.plans().Get(plan_id);
-        std::string from = current.ok() ? current->state : "applying";
-        std::string to = all_done ? "applied" : "partial";
-        if (from != to) {
-          (void)deps.store.plans().Transition(plan_id, from, to, ctx.caller, "apply",
-                                              deps.clock.NowMillis());
-        }
-        RouteResponse out{200,
-                          {{"plan_id", plan_id},
-                           {"decision_id", d.decision_id},
-                           {"state", to},
-                           {"run_id", plan_id},
-                           {"actions", results}},
-                          {}};
-        out.transient = moving;
+        RouteResponse out{
+            200, AppliedBody(deps.config.actions, r, ctx.request_id, PlanJson(r.plan)), {}};
+        out.transient = r.moving;
         return out;
       }});
 
-  routes.push_back(Route{.method = "GET",
-                         .pattern = "/v1/plans/{id}",
-                         .summary = "A plan: its actions, state and history.",
-                         .responses = {{200, "plan"}, {404, "problem"}},
-                         .roles = {"agent", "operator"},
-                         .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-                           ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
-                           return RouteResponse{200, p.ToJson(), {}};
-                         }});
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/plans/{id}/approve",
+      .summary = "Approve a plan awaiting approval, optionally with edited args "
+                 "(edits: [{path: /0/args/amount, value: 90}]); it is applied at once.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "plan.approve.request",
+      .responses =
+          {{200, "plan"}, {400, "problem"}, {403, "problem"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(
+            PlanApplyResult r,
+            deps.plans.Approve(ctx.params[0], ctx.caller, ctx.body.value("comment", ""),
+                               ctx.body.value("edits", Json()), ctx.request_id));
+        ASSIGN_OR_RETURN(Json detail, deps.plans.Detail(r.plan));
+        RouteResponse out{200, AppliedBody(deps.config.actions, r, ctx.request_id, detail), {}};
+        return out;
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/plans/{id}/reject",
+      .summary = "Reject a plan not yet applied, with a reason: it never touches the outside "
+                 "world.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "plan.reject.request",
+      .responses = {{200, "plan"}, {400, "problem"}, {404, "problem"}, {409, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(
+            Plan p, deps.plans.Reject(ctx.params[0], ctx.caller, ctx.body.value("reason", "")));
+        ASSIGN_OR_RETURN(Json detail, deps.plans.Detail(p));
+        return RouteResponse{200, std::move(detail), {}};
+      }});
 
   routes.push_back(
       Route{.method = "GET",
@@ -576,6 +684,15 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         // Requeue, and run it now when the daemon executes the kind.
         ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Replay(ctx.params[0]));
+        AuditEvent event;
+        event.at_ms = deps.clock.NowMillis();
+        event.actor = ctx.caller;
+        event.action = "dead_letter.replayed";
+        event.detail = {{"work_id", o.item.work_id},
+                        {"kind", o.item.kind},
+                        {"state", WorkStateName(o.item.state)},
+                        {"request_id", ctx.request_id}};
+        RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         return RouteResponse{o.item.state == WorkState::kDone ? 200 : 202, WorkBody(o.item), {}};
       }});
 

@@ -15,7 +15,10 @@ constexpr int kApplyWorkers = 4;
 // Resolved escalations and finished plans are history once their decision
 // and work exist; kept this long for people to look back at, then swept.
 constexpr int64_t kFinishedRecordRetentionMs = 30LL * 24 * 3600 * 1000;
-constexpr int kReconcileEverySweeps = 20;  // sweeps run every 30 s: reconcile every 10 min
+// The scheduler wakes every second for approval timeouts; the sweeps run
+// every 30 passes, reconciliation every 20 sweeps (10 min).
+constexpr int kSweepEveryPasses = 30;
+constexpr int kReconcileEverySweeps = 20;
 
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change) {
   std::vector<std::pair<std::string, std::string>> to_record;
@@ -130,7 +133,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   // came, is picked up by the workers.
   d->apply_->StartWorkers(kApplyWorkers);
 
-  ApiDeps api{d->config_, *d->store_, *d->decide_, *d->apply_, d->metrics_, *d->clock_};
+  d->notifier_ = std::make_unique<NullNotifier>();
+  ASSIGN_OR_RETURN(d->plans_, PlanEngine::Create(d->config_, *d->store_, *d->apply_, *d->clock_,
+                                                 d->metrics_, *d->notifier_));
+
+  ApiDeps api{d->config_, *d->store_, *d->decide_, *d->apply_, d->metrics_, *d->clock_, *d->plans_};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
@@ -147,9 +154,18 @@ void Daemon::SweepLoop() {
   std::unique_lock<std::mutex> lock(sweep_mu_);
   int pass = 0;
   while (!stopping_) {
-    sweep_cv_.wait_for(lock, std::chrono::seconds(30), [this] { return stopping_; });
+    sweep_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
+    auto expired = plans_->ExpireDue();
+    if (!expired.ok()) {
+      LogEvent(LogLevel::kWarn, "approval_timeouts_failed",
+               {{"error", expired.status().ToString()}});
+    }
+    if (++pass % kSweepEveryPasses != 0) {
+      lock.lock();
+      continue;
+    }
     const int64_t now = clock_->NowMillis();
     auto keys = store_->idem_keys().SweepExpired(now, 10'000);
     auto work = store_->journal().SweepExpired(now, 10'000);
@@ -158,7 +174,7 @@ void Daemon::SweepLoop() {
     auto escalations =
         store_->escalations().SweepResolved(now - kFinishedRecordRetentionMs, 10'000);
     auto plans = store_->plans().SweepFinished(now - kFinishedRecordRetentionMs, 10'000);
-    if (++pass % kReconcileEverySweeps == 0) {
+    if (pass % (kSweepEveryPasses * kReconcileEverySweeps) == 0) {
       auto report = apply_->Reconcile();
       if (report.ok() && !report->findings.empty()) {
         LogEvent(LogLevel::kWarn, "reconcile_findings", {{"count", report->findings.size()}});

@@ -26,6 +26,8 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/server.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
+#include "daemon/plans/plan_engine.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -61,6 +63,8 @@ class Daemon {
   std::unique_ptr<HttpClient> http_client_;  // outlives the providers that use it
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
+  std::unique_ptr<Notifier> notifier_;
+  std::unique_ptr<PlanEngine> plans_;
   std::unique_ptr<HttpServer> server_;
   std::string host_;
   int port_ = 0;

@@ -118,6 +118,10 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
 }
 
 StatusOr<RouteResponse> JournalLane::RunAlone(RequestContext& ctx, Journal& journal) const {
+  if (gate) {
+    std::optional<StatusOr<RouteResponse>> answer = gate(ctx);
+    if (answer) return std::move(*answer);
+  }
   ASSIGN_OR_RETURN(JournalOp op, prepare(ctx));
   std::vector<StatusOr<JournalOpResult>> out =
       journal.FinishOps(journal.BeginOps(std::span<const JournalOp>(&op, 1), nullptr));

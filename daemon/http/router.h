@@ -57,6 +57,10 @@ using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;
 // the same op alone -> respond, so both paths answer alike; requests with
 // an Idempotency-Key take the handler.
 struct JournalLane {
+  // Runs before prepare; an answer it returns is the request's answer and
+  // no journal op is made (a claim of work that waits for approval). May
+  // edit the context (the approved args). Empty: no gate.
+  std::function<std::optional<StatusOr<RouteResponse>>(RequestContext&)> gate;
   std::function<StatusOr<JournalOp>(RequestContext&)> prepare;
   std::function<StatusOr<RouteResponse>(RequestContext&, StatusOr<JournalOpResult>)> respond;
 

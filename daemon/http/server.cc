@@ -443,6 +443,14 @@ void HttpServer::Prepare(Exchange& ex) {
     Respond(*route, Finish(*route, st->ctx, route->handler(st->ctx)), ex.response);
     return;
   }
+  if (route->journal_lane->gate) {
+    // Only kinds that need approval do any work here (a plan read).
+    std::optional<StatusOr<RouteResponse>> answer = route->journal_lane->gate(st->ctx);
+    if (answer) {
+      Respond(*route, Finish(*route, st->ctx, std::move(*answer)), ex.response);
+      return;
+    }
+  }
   StatusOr<JournalOp> op = route->journal_lane->prepare(st->ctx);
   if (!op.ok()) {
     Respond(*route, Finish(*route, st->ctx, op.status()), ex.response);

@@ -73,6 +73,13 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(work_failed, "Work item failures recorded.");
   IDEM_METRIC(work_dead, "Work items that became dead letters.");
   IDEM_METRIC(effector_calls, "Calls to effectors.");
+  IDEM_METRIC(plans_proposed, "Plans made that need no approval.");
+  IDEM_METRIC(plans_awaiting_approval, "Plans made that wait for a human's approval.");
+  IDEM_METRIC(plans_approved, "Plans approved by an operator.");
+  IDEM_METRIC(plans_rejected, "Plans rejected by an operator.");
+  IDEM_METRIC(plans_expired, "Plans whose approval timed out.");
+  IDEM_METRIC(plans_applied, "Plans whose every action is done.");
+  IDEM_METRIC(plans_partially_failed, "Plans applied with some action failed or dead.");
   IDEM_METRIC(store_errors, "Store errors.");
 #undef IDEM_METRIC
   return out;

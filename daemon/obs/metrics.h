@@ -59,6 +59,14 @@ struct Metrics {
   Counter work_failed;
   Counter work_dead;
   Counter effector_calls;
+
+  Counter plans_proposed;           // plans made that need no human
+  Counter plans_awaiting_approval;  // plans made that wait for a human
+  Counter plans_approved;
+  Counter plans_rejected;
+  Counter plans_expired;
+  Counter plans_applied;
+  Counter plans_partially_failed;
   Counter store_errors;
 
   std::string RenderPrometheus() const;

@@ -201,13 +201,26 @@ StatusOr<WorkItem> WorkItem::FromJson(const Json& j) {
 // -------------------------------------------------------------------- Plan
 
 Json Plan::ToJson() const {
-  return Json{{"plan_id", plan_id},
-              {"decision_id", decision_id},
-              {"state", state},
-              {"actions", actions},
-              {"history", history},
-              {"created_at_ms", created_at_ms},
-              {"updated_at_ms", updated_at_ms}};
+  Json j{{"plan_id", plan_id},
+         {"decision_id", decision_id},
+         {"origin", origin},
+         {"state", state},
+         {"actions", actions},
+         {"approval", approval},
+         {"history", history},
+         {"created_at_ms", created_at_ms},
+         {"updated_at_ms", updated_at_ms}};
+  auto text = [&j](const char* name, const std::string& v) {
+    if (!v.empty()) j[name] = v;
+  };
+  text("step", step);
+  text("created_by", created_by);
+  text("approved_by", approved_by);
+  text("rejected_by", rejected_by);
+  text("comment", comment);
+  text("reason", reason);
+  if (!original_actions.is_null()) j["original_actions"] = original_actions;
+  return j;
 }
 
 StatusOr<Plan> Plan::FromJson(const Json& j) {
@@ -215,12 +228,22 @@ StatusOr<Plan> Plan::FromJson(const Json& j) {
   FieldReader r(j, "plan");
   r.Str("plan_id", p.plan_id, /*required=*/true);
   r.Str("decision_id", p.decision_id);
+  r.Str("origin", p.origin);
+  r.Str("step", p.step);
   r.Str("state", p.state, /*required=*/true);
   r.Array("actions", p.actions);
+  r.Any("original_actions", p.original_actions);
+  r.Any("approval", p.approval);
+  r.Str("created_by", p.created_by);
+  r.Str("approved_by", p.approved_by);
+  r.Str("rejected_by", p.rejected_by);
+  r.Str("comment", p.comment);
+  r.Str("reason", p.reason);
   r.Array("history", p.history);
   r.Int("created_at_ms", p.created_at_ms);
   r.Int("updated_at_ms", p.updated_at_ms);
   if (!r.status().ok()) return r.status();
+  if (!p.approval.is_object()) p.approval = Json::object();
   return p;
 }
 

@@ -356,11 +356,23 @@ class Journal {
 
 // -------------------------------------------------------------------- plans
 
+// A decision's (or a gated action call's) actions, read by a human before
+// anything happens. States: proposed -> awaiting_approval -> approved |
+// rejected | expired; proposed | approved -> applying -> applied |
+// partially_failed (daemon/plans/plan_engine.h owns the rules).
 struct Plan {
   std::string plan_id;
-  std::string decision_id;
-  std::string state;  // proposed | approved | rejected | applying | applied | failed
-  Json actions = Json::array();
+  std::string decision_id;          // "" for a plan made by a gated action call
+  std::string origin = "decision";  // decision | action | run
+  std::string step;                 // origin decision: the step
+  std::string state;
+  Json actions = Json::array();    // [{kind, args}], the edited version once edited
+  Json original_actions;           // the proposed actions when an operator edited them
+  Json approval = Json::object();  // {required, reasons, expires_at_ms, on_timeout, escalated}
+  std::string created_by;          // the token that decided or called
+  std::string approved_by, rejected_by;
+  std::string comment;           // the approver's comment
+  std::string reason;            // the rejection's reason
   Json history = Json::array();  // [{from,to,actor,note,at_ms}]
   int64_t created_at_ms = 0;
   int64_t updated_at_ms = 0;
@@ -369,22 +381,56 @@ struct Plan {
   static StatusOr<Plan> FromJson(const Json& j);
 };
 
+struct PlanPage {
+  std::vector<Plan> items;
+  std::string next_cursor;  // empty: no more
+};
+
+struct AuditEvent;
+
+// One state change of a plan, compare-and-set on `from`.
+struct PlanChange {
+  std::string from;
+  std::string to;
+  std::string actor;
+  std::string note;
+  int64_t now_ms = 0;
+  // Edits the plan in the same write (may refuse: its error is returned and
+  // nothing is written).
+  std::function<Status(Plan&)> mutate;
+  // Appended to the audit log in the same atomic write; its detail gains
+  // plan_id, from and to.
+  const AuditEvent* audit = nullptr;
+};
+
 class PlanStore {
  public:
   virtual ~PlanStore() = default;
-  // AlreadyExists if plan_id exists.
-  virtual Status Put(const Plan& plan) = 0;
+  // AlreadyExists if plan_id exists. With `audit`, the event is appended in
+  // the same atomic write.
+  virtual Status Put(const Plan& plan, const AuditEvent* audit = nullptr) = 0;
   virtual StatusOr<Plan> Get(const std::string& plan_id) = 0;
-  // Compare-and-set of the state; FailedPrecondition when the current state
-  // is not `from`. Appends to history.
-  virtual StatusOr<Plan> Transition(const std::string& plan_id, const std::string& from,
-                                    const std::string& to, const std::string& actor,
-                                    const std::string& note, int64_t now_ms) = 0;
+  // FailedPrecondition when the current state is not change.from (nothing
+  // written). Appends {from,to,actor,note,at_ms} to history. A change with
+  // from == to only mutates (and audits).
+  virtual StatusOr<Plan> Change(const std::string& plan_id, const PlanChange& change) = 0;
+  StatusOr<Plan> Transition(const std::string& plan_id, const std::string& from,
+                            const std::string& to, const std::string& actor,
+                            const std::string& note, int64_t now_ms) {
+    return Change(
+        plan_id,
+        PlanChange{.from = from, .to = to, .actor = actor, .note = note, .now_ms = now_ms});
+  }
   // Plans in `state`, oldest created first.
   virtual StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) = 0;
-  // Deletes plans in a final state (applied, rejected) last changed at or
-  // before cutoff_ms, looking at up to `limit` created by then; returns how
-  // many it deleted.
+  // Plans in `state`, newest created first, `limit` per page; `cursor` is
+  // the previous page's next_cursor ("" for the first). InvalidArgument
+  // (field "query:cursor") for a cursor this store did not make.
+  virtual StatusOr<PlanPage> List(const std::string& state, size_t limit,
+                                  const std::string& cursor) = 0;
+  // Deletes plans in a final state (applied, rejected, expired) last changed
+  // at or before cutoff_ms, looking at up to `limit` created by then;
+  // returns how many it deleted.
   virtual StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) = 0;
 };
 

@@ -48,11 +48,17 @@ StatusOr<std::unique_ptr<RocksAuditLog>> RocksAuditLog::Create(RocksDatabase& db
 }
 
 StatusOr<uint64_t> RocksAuditLog::Append(AuditEvent event) {
+  return AppendWith(std::move(event), nullptr);
+}
+
+StatusOr<uint64_t> RocksAuditLog::AppendWith(AuditEvent event,
+                                             const std::function<Status(RecordBatch&)>& also) {
   MutexLock lock(mu_);
   event.seq = last_seq_ + 1;
   event.prev_hash = last_hash_;
   ASSIGN_OR_RETURN(event.hash, AuditChainHash(event));
   RecordBatch batch(db_);
+  if (also) RETURN_IF_ERROR(also(batch));
   batch.PutJson(Family::kAudit, BigEndian8(event.seq), store_internal::AuditEventToJson(event));
   batch.PutJson(Family::kMeta, kHeadKey, Json{{"seq", event.seq}, {"hash", event.hash}});
   RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ class RocksAuditLog final : public AuditLog {
   static StatusOr<std::unique_ptr<RocksAuditLog>> Create(RocksDatabase& db);
 
   StatusOr<uint64_t> Append(AuditEvent event) override;
+  // Appends `event` in one atomic write with whatever `also` adds to the
+  // batch (a plan's change): both land or neither. `also` runs under the
+  // log's lock; it may refuse (its error is returned, nothing written).
+  StatusOr<uint64_t> AppendWith(AuditEvent event, const std::function<Status(RecordBatch&)>& also);
   StatusOr<std::vector<AuditEvent>> Scan(uint64_t from_seq, size_t limit) override;
   StatusOr<AuditVerification> Check() override;
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "daemon/core/crypto.h"
 #include "daemon/store/record_codec.h"
 
 namespace idem::rocks {
@@ -9,6 +10,22 @@ namespace {
 
 std::string StateIndexKey(const Plan& p) {
   return LengthPrefixed(p.state) + BigEndian8(p.created_at_ms) + p.plan_id;
+}
+
+std::optional<std::string> FromHex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return out;
 }
 
 }  // namespace
@@ -22,7 +39,25 @@ StatusOr<std::optional<Plan>> RocksPlanStore::Load(const std::string& plan_id,
   return std::optional<Plan>(std::move(p));
 }
 
-Status RocksPlanStore::Put(const Plan& plan) {
+Status RocksPlanStore::Commit(const std::function<void(RecordBatch&)>& stage,
+                              const AuditEvent* audit, Json detail) {
+  if (audit == nullptr) {
+    RecordBatch batch(db_);
+    stage(batch);
+    return db_.Commit(batch, /*durable=*/true);
+  }
+  AuditEvent event = *audit;
+  if (!event.detail.is_object()) event.detail = Json::object();
+  for (auto it = detail.begin(); it != detail.end(); ++it) event.detail[it.key()] = it.value();
+  // The audit log commits the plan's writes with its event, durably.
+  auto appended = audit_.AppendWith(std::move(event), [&stage](RecordBatch& batch) {
+    stage(batch);
+    return Status::Ok();
+  });
+  return appended.status();
+}
+
+Status RocksPlanStore::Put(const Plan& plan, const AuditEvent* audit) {
   if (plan.plan_id.empty()) return InvalidArgument("plan_id is empty", "/plan_id");
   if (plan.state.empty()) return InvalidArgument("plan state is empty", "/state");
   if (!plan.actions.is_array()) return InvalidArgument("actions is not an array", "/actions");
@@ -30,10 +65,12 @@ Status RocksPlanStore::Put(const Plan& plan) {
   MutexLock lock(db_.LockFor(Family::kPlans, plan.plan_id));
   ASSIGN_OR_RETURN(std::optional<Plan> current, Load(plan.plan_id));
   if (current) return AlreadyExists("plan " + plan.plan_id + " exists");
-  RecordBatch batch(db_);
-  batch.PutJson(Family::kPlans, plan.plan_id, plan.ToJson());
-  batch.Put(Family::kPlansByState, StateIndexKey(plan), "");
-  return db_.Commit(batch, /*durable=*/true);
+  return Commit(
+      [&plan](RecordBatch& batch) {
+        batch.PutJson(Family::kPlans, plan.plan_id, plan.ToJson());
+        batch.Put(Family::kPlansByState, StateIndexKey(plan), "");
+      },
+      audit, {{"plan_id", plan.plan_id}, {"to", plan.state}});
 }
 
 StatusOr<Plan> RocksPlanStore::Get(const std::string& plan_id) {
@@ -42,26 +79,35 @@ StatusOr<Plan> RocksPlanStore::Get(const std::string& plan_id) {
   return std::move(*p);
 }
 
-StatusOr<Plan> RocksPlanStore::Transition(const std::string& plan_id, const std::string& from,
-                                          const std::string& to, const std::string& actor,
-                                          const std::string& note, int64_t now_ms) {
-  if (to.empty()) return InvalidArgument("target state is empty", "/to");
+StatusOr<Plan> RocksPlanStore::Change(const std::string& plan_id, const PlanChange& change) {
+  if (change.to.empty()) return InvalidArgument("target state is empty", "/to");
   MutexLock lock(db_.LockFor(Family::kPlans, plan_id));
   ASSIGN_OR_RETURN(std::optional<Plan> current, Load(plan_id));
   if (!current) return NotFound("no such plan: " + plan_id);
-  if (current->state != from) {
-    return FailedPrecondition("plan " + plan_id + " is " + current->state + ", not " + from);
+  if (current->state != change.from) {
+    return FailedPrecondition("plan " + plan_id + " is " + current->state + ", not " + change.from);
   }
   Plan next = *current;
-  next.state = to;
-  next.updated_at_ms = now_ms;
-  next.history.push_back(
-      Json{{"from", from}, {"to", to}, {"actor", actor}, {"note", note}, {"at_ms", now_ms}});
-  RecordBatch batch(db_);
-  batch.Delete(Family::kPlansByState, StateIndexKey(*current));
-  batch.Put(Family::kPlansByState, StateIndexKey(next), "");
-  batch.PutJson(Family::kPlans, plan_id, next.ToJson());
-  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  if (change.mutate) RETURN_IF_ERROR(change.mutate(next));
+  next.plan_id = plan_id;
+  next.created_at_ms = current->created_at_ms;  // the index key depends on both
+  next.state = change.to;
+  next.updated_at_ms = change.now_ms;
+  next.history.push_back(Json{{"from", change.from},
+                              {"to", change.to},
+                              {"actor", change.actor},
+                              {"note", change.note},
+                              {"at_ms", change.now_ms}});
+  const Plan& before = *current;
+  RETURN_IF_ERROR(Commit(
+      [&](RecordBatch& batch) {
+        if (change.from != change.to) {
+          batch.Delete(Family::kPlansByState, StateIndexKey(before));
+          batch.Put(Family::kPlansByState, StateIndexKey(next), "");
+        }
+        batch.PutJson(Family::kPlans, plan_id, next.ToJson());
+      },
+      change.audit, {{"plan_id", plan_id}, {"from", change.from}, {"to", change.to}}));
   return next;
 }
 
@@ -85,10 +131,52 @@ StatusOr<std::vector<Plan>> RocksPlanStore::ByState(const std::string& state, si
   return out;
 }
 
+StatusOr<PlanPage> RocksPlanStore::List(const std::string& state, size_t limit,
+                                        const std::string& cursor) {
+  PlanPage page;
+  if (limit == 0) return page;
+  const std::string prefix = LengthPrefixed(state);
+  // The cursor is the hex of the last index key's suffix (created_at, id).
+  std::string after;
+  if (!cursor.empty()) {
+    auto raw = FromHex(cursor);
+    if (!raw || raw->size() <= 8) {
+      return InvalidArgument("cursor is not one this list returned", "query:cursor");
+    }
+    after = prefix + *raw;
+  }
+  ScopedSnapshot snapshot(db_.raw());
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot.get();
+  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kPlansByState, ro);
+  if (after.empty()) {
+    it->SeekForPrev(prefix + std::string(9, '\xff'));
+  } else {
+    it->SeekForPrev(after);
+    if (it->Valid() && it->key() == rocksdb::Slice(after)) it->Prev();
+  }
+  std::string last;
+  for (; it->Valid(); it->Prev()) {
+    std::string_view key(it->key().data(), it->key().size());
+    if (!key.starts_with(prefix)) break;
+    if (key.size() <= prefix.size() + 8) continue;
+    if (page.items.size() == limit) {  // one more exists: there is a next page
+      page.next_cursor = HexEncode(last.substr(prefix.size()));
+      break;
+    }
+    ASSIGN_OR_RETURN(std::optional<Plan> p,
+                     Load(std::string(key.substr(prefix.size() + 8)), snapshot.get()));
+    if (p) page.items.push_back(std::move(*p));
+    last = std::string(key);
+  }
+  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing plans"));
+  return page;
+}
+
 StatusOr<size_t> RocksPlanStore::SweepFinished(int64_t cutoff_ms, size_t limit) {
   if (limit == 0 || cutoff_ms < 0) return size_t{0};
   size_t swept = 0;
-  for (const std::string state : {"applied", "rejected"}) {
+  for (const std::string state : {"applied", "rejected", "expired"}) {
     const std::string prefix = LengthPrefixed(state);
     std::vector<std::string> candidates;
     {

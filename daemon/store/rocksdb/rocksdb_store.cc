@@ -24,7 +24,7 @@ class RocksStore final : public Store {
         decisions_(*db_),
         idem_keys_(*db_, std::move(instance_id)),
         journal_(*db_),
-        plans_(*db_),
+        plans_(*db_, *audit),  // before audit_ takes the pointer
         audit_(std::move(audit)),
         leases_(*db_),
         meta_(*db_),

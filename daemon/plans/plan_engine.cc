@@ -1,0 +1,664 @@
+#include "daemon/plans/plan_engine.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <utility>
+
+#include "daemon/apply/work_identity.h"
+#include "daemon/core/crypto.h"
+#include "daemon/core/json_schema.h"
+#include "daemon/decide/jsonlogic.h"
+
+namespace idem {
+namespace {
+
+constexpr const char* kSystemActor = "idem";
+
+bool IsState(const Plan& p, std::initializer_list<std::string_view> states) {
+  for (std::string_view s : states) {
+    if (p.state == s) return true;
+  }
+  return false;
+}
+
+// Why a plan needs a human: one entry per action a policy gates.
+struct Verdict {
+  Json reasons = Json::array();
+  int64_t timeout_ms = 0;  // the shortest timeout among the gating policies
+  std::string on_timeout = "expire";
+  bool required() const { return !reasons.empty(); }
+};
+
+}  // namespace
+
+struct PlanEngine::Impl {
+  Impl(const Config& config, Store& store, ApplyEngine& apply, StableClock& clock, Metrics& metrics,
+       Notifier& notifier, PlanEngineOptions options)
+      : config(config),
+        store(store),
+        apply(apply),
+        clock(clock),
+        metrics(metrics),
+        notifier(notifier),
+        options(options) {}
+
+  const Config& config;
+  Store& store;
+  ApplyEngine& apply;
+  StableClock& clock;
+  Metrics& metrics;
+  Notifier& notifier;
+  PlanEngineOptions options;
+  std::map<std::string, std::unique_ptr<JsonSchema>> args_schemas;  // kind -> compiled
+
+  // Plan changes, for Get(wait): waiters re-read their plan on each.
+  std::mutex change_mu;
+  std::condition_variable changed;
+  uint64_t generation = 0;
+
+  void Changed() {
+    {
+      std::lock_guard<std::mutex> lock(change_mu);
+      ++generation;
+    }
+    changed.notify_all();
+  }
+
+  bool AuthEnabled() const { return !config.auth.tokens.empty(); }
+
+  // Applies one policy to one action; a rule that fails to evaluate gates
+  // the action (fail closed) and says why.
+  void Judge(const ApprovalPolicy& policy, const Json& data, size_t index, const std::string& kind,
+             Verdict& v) const {
+    bool needs = policy.require == "always";
+    std::string reason = policy.reason;
+    if (policy.require == "when") {
+      auto result = EvalJsonLogic(policy.when, data);
+      if (!result.ok()) {
+        needs = true;
+        reason = "the approval rule of " + policy.source +
+                 " could not be evaluated: " + result.status().message();
+      } else {
+        needs = JsonLogicTruthy(*result);
+      }
+    }
+    if (!needs) return;
+    v.reasons.push_back({{"index", index}, {"kind", kind}, {"reason", reason}});
+    if (v.timeout_ms == 0 || policy.timeout_ms < v.timeout_ms) {
+      v.timeout_ms = policy.timeout_ms;
+      v.on_timeout = policy.on_timeout;
+    }
+  }
+
+  // Every action of `plan` against its step's and its kind's policies.
+  Verdict Judge(const Plan& plan, const Decision* decision) const {
+    Verdict v;
+    const ApprovalPolicy* step_policy = nullptr;
+    if (!plan.step.empty()) {
+      auto sit = config.steps.find(plan.step);
+      if (sit != config.steps.end() && sit->second.approval) step_policy = &*sit->second.approval;
+    }
+    Json plan_view = {{"plan_id", plan.plan_id},
+                      {"origin", plan.origin},
+                      {"step", plan.step},
+                      {"actions", plan.actions}};
+    Json decision_view;
+    Json input;
+    if (decision != nullptr) {
+      decision_view = {{"decision_id", decision->decision_id},
+                       {"step", decision->step},
+                       {"output", decision->output},
+                       {"provider", decision->provider},
+                       {"model", decision->model},
+                       {"decided_by", decision->decided_by}};
+      if (decision->material.is_object()) input = decision->material.value("input", Json());
+    }
+    for (size_t i = 0; i < plan.actions.size(); ++i) {
+      const Json& a = plan.actions[i];
+      std::string kind = a.is_object() ? a.value("kind", "") : "";
+      Json args = a.is_object() ? a.value("args", Json::object()) : Json::object();
+      Json data = {{"plan", plan_view},
+                   {"action", {{"index", i}, {"kind", kind}, {"args", args}}},
+                   {"args", args},
+                   {"decision", decision_view},
+                   {"input", input}};
+      if (step_policy != nullptr) Judge(*step_policy, data, i, kind, v);
+      auto kit = config.actions.find(kind);
+      if (kit != config.actions.end() && kit->second.approval) {
+        Judge(*kit->second.approval, data, i, kind, v);
+      }
+    }
+    return v;
+  }
+
+  void ApplyVerdict(Plan& plan, const Verdict& v, int64_t now) const {
+    plan.state = v.required() ? "awaiting_approval" : "proposed";
+    plan.approval = {{"required", v.required()}, {"reasons", v.reasons}};
+    if (v.required()) {
+      plan.approval["expires_at_ms"] = now + v.timeout_ms;
+      plan.approval["on_timeout"] = v.on_timeout;
+    }
+  }
+
+  // Stores a new plan (with its audit event when it waits for a human) and
+  // notifies; a concurrent creator's plan wins and is returned.
+  StatusOr<Plan> Create(Plan plan) {
+    const bool waits = plan.state == "awaiting_approval";
+    AuditEvent event;
+    event.at_ms = plan.created_at_ms;
+    event.actor = plan.created_by;
+    event.action = "plan.awaiting_approval";
+    event.detail = {{"origin", plan.origin},
+                    {"reasons", plan.approval.value("reasons", Json::array())},
+                    {"actions", plan.actions}};
+    if (!plan.decision_id.empty()) event.detail["decision_id"] = plan.decision_id;
+    Status put = store.plans().Put(plan, waits ? &event : nullptr);
+    if (put.code() == Code::kAlreadyExists) return store.plans().Get(plan.plan_id);
+    RETURN_IF_ERROR(put);
+    if (waits) {
+      metrics.plans_awaiting_approval.Inc();
+      NotifyAwaiting(plan);
+    } else {
+      metrics.plans_proposed.Inc();
+    }
+    Changed();
+    return plan;
+  }
+
+  void NotifyAwaiting(const Plan& plan) {
+    Notification n;
+    n.event_id = plan.plan_id + ":awaiting_approval";
+    n.kind = "awaiting_approval";
+    n.subject_id = plan.plan_id;
+    std::string reasons;
+    for (const Json& r : plan.approval.value("reasons", Json::array())) {
+      if (!reasons.empty()) reasons += "; ";
+      reasons += r.value("kind", "") + ": " + r.value("reason", "");
+    }
+    n.reason = reasons;
+    n.command =
+        "idem approve " + plan.plan_id + "   (or: idem reject " + plan.plan_id + " --reason TEXT)";
+    n.link = "/ui/#/plans/" + plan.plan_id;
+    n.detail = {{"plan_id", plan.plan_id},
+                {"origin", plan.origin},
+                {"created_by", plan.created_by},
+                {"actions", plan.actions}};
+    notifier.Notify(n);
+  }
+
+  StatusOr<Plan> Transition(const std::string& plan_id, const std::string& from,
+                            const std::string& to, const std::string& actor,
+                            const std::string& note, Json detail,
+                            std::function<Status(Plan&)> mutate = {},
+                            const std::string& action = "") {
+    AuditEvent event;
+    event.at_ms = clock.NowMillis();
+    event.actor = actor;
+    event.action = action.empty() ? "plan." + to : action;
+    event.detail = std::move(detail);
+    if (!note.empty()) event.detail["note"] = note;
+    PlanChange change{.from = from,
+                      .to = to,
+                      .actor = actor,
+                      .note = note,
+                      .now_ms = event.at_ms,
+                      .mutate = std::move(mutate),
+                      .audit = &event};
+    ASSIGN_OR_RETURN(Plan p, store.plans().Change(plan_id, change));
+    Changed();
+    return p;
+  }
+
+  // The plan `id` names: a plan id, or a decision id (its plan is proposed
+  // now if the decision predates plans at decide time).
+  StatusOr<Plan> Resolve(const std::string& id, const std::string& actor, PlanEngine& engine) {
+    if (id.rfind("dec_", 0) == 0) {
+      ASSIGN_OR_RETURN(Decision d, store.decisions().Get(id));
+      return engine.ProposeFromDecision(d, actor);
+    }
+    return store.plans().Get(id);
+  }
+
+  // The action's work as the journal knows it (NotFound before any claim).
+  StatusOr<WorkItem> WorkOf(const Json& action) const {
+    std::string kind = action.value("kind", "");
+    auto kit = config.actions.find(kind);
+    if (kit == config.actions.end()) return NotFound("unknown action kind '" + kind + "'");
+    ASSIGN_OR_RETURN(KeyMaterial id, ActionWorkId(kit->second, action.value("args", Json())));
+    return store.journal().Get(id.key);
+  }
+
+  bool ClientExecuted(const std::string& kind) const {
+    auto kit = config.actions.find(kind);
+    return kit != config.actions.end() && kit->second.effector.empty();
+  }
+
+  // Edits [{path, value}] applied to a copy of `actions`; each edited
+  // action is checked against its kind's args schema and identity.
+  StatusOr<Json> Edit(const Json& actions, const Json& edits) const {
+    if (edits.is_null()) return actions;
+    if (!edits.is_array())
+      return InvalidArgument("edits must be a list of {path, value}", "/edits");
+    static const std::regex kPath(R"(^/(0|[1-9][0-9]{0,5})/args(/.*)?$)");
+    Json out = actions;
+    std::vector<bool> touched(actions.size(), false);
+    for (size_t i = 0; i < edits.size(); ++i) {
+      const std::string at = "/edits/" + std::to_string(i);
+      const Json& e = edits[i];
+      if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("value")) {
+        return InvalidArgument("an edit is {path, value}", at);
+      }
+      std::string path = e["path"];
+      std::smatch m;
+      if (!std::regex_match(path, m, kPath)) {
+        return InvalidArgument("an edit's path points into an action's args: /<index>/args/...",
+                               at + "/path");
+      }
+      size_t index = std::stoul(m[1].str());
+      if (index >= out.size()) {
+        return InvalidArgument("the plan has no action " + m[1].str(), at + "/path");
+      }
+      try {
+        Json::json_pointer ptr(path);
+        Json::json_pointer parent = ptr.parent_pointer();
+        if (path != "/" + m[1].str() + "/args" && !out.contains(parent)) {
+          return InvalidArgument("no such place in the action: " + parent.to_string(),
+                                 at + "/path");
+        }
+        out[ptr] = e["value"];
+      } catch (const std::exception& ex) {
+        return InvalidArgument(std::string("not a usable JSON pointer: ") + ex.what(),
+                               at + "/path");
+      }
+      touched[index] = true;
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!touched[i]) continue;
+      const std::string kind = out[i].value("kind", "");
+      auto kit = config.actions.find(kind);
+      if (kit == config.actions.end()) continue;  // reported when applied
+      const Json& args = out[i]["args"];
+      if (!args.is_object()) {
+        return InvalidArgument("action " + std::to_string(i) + "'s args must be an object",
+                               "/edits");
+      }
+      auto sit = args_schemas.find(kind);
+      if (sit != args_schemas.end()) {
+        Status valid = sit->second->Validate(args);
+        if (!valid.ok()) {
+          return InvalidArgument("the edited args of action " + std::to_string(i) + " (" + kind +
+                                     ") break its args_schema: " + valid.message(),
+                                 "/edits");
+        }
+      }
+      auto id = ActionWorkId(kit->second, args);
+      if (!id.ok()) {
+        return InvalidArgument("the edited args of action " + std::to_string(i) +
+                                   " lack the kind's identity: " + id.status().message(),
+                               "/edits");
+      }
+    }
+    return out;
+  }
+};
+
+PlanEngine::PlanEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PlanEngine::~PlanEngine() = default;
+
+StatusOr<std::unique_ptr<PlanEngine>> PlanEngine::Create(const Config& config, Store& store,
+                                                         ApplyEngine& apply, StableClock& clock,
+                                                         Metrics& metrics, Notifier& notifier,
+                                                         PlanEngineOptions options) {
+  auto check = [](const std::optional<ApprovalPolicy>& p, const std::string& at) -> Status {
+    if (!p || p->require != "when") return Status::Ok();
+    Status s = CheckJsonLogicRule(p->when);
+    if (!s.ok()) {
+      return InvalidArgument(at + ": the rule in " + p->source + " is not usable: " + s.message() +
+                                 " (at " + s.field() + ")",
+                             at);
+    }
+    return Status::Ok();
+  };
+  auto impl = std::make_unique<Impl>(config, store, apply, clock, metrics, notifier, options);
+  for (const auto& [name, step] : config.steps) {
+    RETURN_IF_ERROR(check(step.approval, "/steps/" + name + "/approval"));
+  }
+  for (const auto& [name, kind] : config.actions) {
+    RETURN_IF_ERROR(check(kind.approval, "/actions/" + name + "/approval"));
+    if (kind.args_schema.is_object()) {
+      auto compiled = JsonSchema::Create(kind.args_schema);
+      if (!compiled.ok()) return compiled.status().WithField("/actions/" + name + "/args_schema");
+      impl->args_schemas[name] = std::move(compiled).value();
+    }
+  }
+  return std::unique_ptr<PlanEngine>(new PlanEngine(std::move(impl)));
+}
+
+StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::string& caller) {
+  Impl& m = *impl_;
+  auto sit = m.config.steps.find(d.step);
+  if (sit == m.config.steps.end() || sit->second.plan_pointer.empty()) {
+    return FailedPrecondition("step " + d.step + " declares no plan (plan.pointer)");
+  }
+  Json::json_pointer ptr(sit->second.plan_pointer);
+  if (!d.output.contains(ptr) || !d.output.at(ptr).is_array() || d.output.at(ptr).empty()) {
+    return NotFound("the decision's output has no actions at " + sit->second.plan_pointer);
+  }
+  const std::string plan_id = "plan_" + d.decision_id.substr(4);
+  auto existing = m.store.plans().Get(plan_id);
+  if (existing.ok() || existing.status().code() != Code::kNotFound) return existing;
+
+  const int64_t now = m.clock.NowMillis();
+  Plan plan;
+  plan.plan_id = plan_id;
+  plan.decision_id = d.decision_id;
+  plan.origin = "decision";
+  plan.step = d.step;
+  plan.actions = d.output.at(ptr);
+  plan.created_by = caller;
+  plan.created_at_ms = now;
+  plan.updated_at_ms = now;
+  m.ApplyVerdict(plan, m.Judge(plan, &d), now);
+  return m.Create(std::move(plan));
+}
+
+StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args,
+                                      const std::string& origin, const std::string& caller) {
+  Impl& m = *impl_;
+  Gate gate;
+  gate.args = args;
+  if (!kind.approval) return gate;
+  ASSIGN_OR_RETURN(KeyMaterial work, ActionWorkId(kind, args));
+  // One plan per unit of work: the same call again finds it.
+  const std::string plan_id = "plan_" + Sha256Hex("gate:" + work.key).substr(0, 32);
+  auto existing = m.store.plans().Get(plan_id);
+  if (!existing.ok() && existing.status().code() != Code::kNotFound) return existing.status();
+  if (existing.ok()) {
+    gate.plan = std::move(existing).value();
+  } else {
+    const int64_t now = m.clock.NowMillis();
+    Plan plan;
+    plan.plan_id = plan_id;
+    plan.origin = origin;
+    plan.actions = Json::array({{{"kind", kind.name}, {"args", args}}});
+    plan.created_by = caller;
+    plan.created_at_ms = now;
+    plan.updated_at_ms = now;
+    Verdict v = m.Judge(plan, nullptr);
+    if (!v.required()) return gate;  // the rule lets this one through
+    m.ApplyVerdict(plan, v, now);
+    ASSIGN_OR_RETURN(gate.plan, m.Create(std::move(plan)));
+  }
+  const Plan& p = gate.plan;
+  if (IsState(p, {"rejected", "expired"})) {
+    std::string why = p.state == "rejected" ? "rejected by " + p.rejected_by + ": " + p.reason
+                                            : "expired before anyone approved it";
+    return Status(Code::kFailedPrecondition, "plan " + p.plan_id + " for this work was " + why,
+                  "/args");
+  }
+  gate.allowed = IsState(p, {"approved", "applying", "applied", "partially_failed", "proposed"});
+  if (gate.allowed && p.actions.is_array() && !p.actions.empty()) {
+    gate.args = p.actions[0].value("args", args);
+  }
+  return gate;
+}
+
+Status PlanEngine::CheckArgs(const ActionConfig& kind, const Json& args,
+                             const std::string& at) const {
+  auto it = impl_->args_schemas.find(kind.name);
+  if (it == impl_->args_schemas.end()) return Status::Ok();
+  std::vector<SchemaError> errors = it->second->Errors(args);
+  if (errors.empty()) return Status::Ok();
+  return InvalidArgument("args do not match the args_schema of " + kind.name + ": " +
+                             (errors[0].pointer.empty() ? "" : errors[0].pointer + ": ") +
+                             errors[0].message,
+                         at + errors[0].pointer);
+}
+
+StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::string& actor,
+                                            const std::string& request_id) {
+  Impl& m = *impl_;
+  PlanApplyResult out;
+  ASSIGN_OR_RETURN(out.plan, m.Resolve(id, actor, *this));
+  const std::string plan_id = out.plan.plan_id;
+  if (out.plan.state == "awaiting_approval") return out;  // the caller answers 202
+  if (IsState(out.plan, {"rejected", "expired"})) {
+    return FailedPrecondition("plan " + plan_id + " is " + out.plan.state +
+                              "; it will never be applied");
+  }
+  if (IsState(out.plan, {"proposed", "approved"})) {
+    auto started = m.Transition(plan_id, out.plan.state, "applying", actor, "apply",
+                                {{"request_id", request_id}});
+    if (started.ok()) {
+      out.plan = std::move(started).value();
+    } else if (started.status().code() == Code::kFailedPrecondition) {
+      ASSIGN_OR_RETURN(out.plan, m.store.plans().Get(plan_id));  // another apply began it
+      if (!IsState(out.plan, {"applying", "applied", "partially_failed"})) {
+        return FailedPrecondition("plan " + plan_id + " is " + out.plan.state);
+      }
+    } else {
+      return started.status();
+    }
+  }
+  // applying, applied, partially_failed: submitting again redoes nothing.
+  bool all_done = true;
+  for (size_t i = 0; i < out.plan.actions.size(); ++i) {
+    const Json& a = out.plan.actions[i];
+    PlanActionResult r;
+    r.index = i;
+    r.kind = a.is_object() ? a.value("kind", "") : "";
+    if (m.ClientExecuted(r.kind)) {
+      // Client-executed work: its client claims it (the gate lets it).
+      auto w = m.WorkOf(a);
+      if (w.ok()) {
+        ActionOutcomeKind k = w->state == WorkState::kDone   ? ActionOutcomeKind::kDuplicate
+                              : w->state == WorkState::kDead ? ActionOutcomeKind::kDead
+                                                             : ActionOutcomeKind::kBusy;
+        r.outcome = ActionOutcome{k, *w};
+      } else {
+        r.outcome = Status(Code::kFailedPrecondition,
+                           "client-executed kind: waiting for a client to claim it with POST "
+                           "/v1/work/claim");
+      }
+    } else if (m.config.actions.count(r.kind) == 0) {
+      r.outcome = NotFound("unknown action kind '" + r.kind + "'");
+    } else {
+      r.outcome = m.apply.Submit(r.kind, a.value("args", Json::object()), plan_id, request_id);
+    }
+    bool moving = !r.outcome.ok() ? r.outcome.status().code() == Code::kFailedPrecondition &&
+                                        m.ClientExecuted(r.kind)
+                                  : r.outcome->kind == ActionOutcomeKind::kRetrying ||
+                                        r.outcome->kind == ActionOutcomeKind::kBusy;
+    out.moving = out.moving || moving;
+    all_done = all_done && r.outcome.ok() && r.outcome->item.state == WorkState::kDone;
+    out.actions.push_back(std::move(r));
+  }
+  if (out.moving || out.plan.state != "applying") return out;
+  const std::string to = all_done ? "applied" : "partially_failed";
+  Json detail = {{"request_id", request_id}};
+  auto finished = m.Transition(plan_id, "applying", to, actor, "", detail);
+  if (finished.ok()) {
+    out.plan = std::move(finished).value();
+    (all_done ? m.metrics.plans_applied : m.metrics.plans_partially_failed).Inc();
+  } else if (finished.status().code() == Code::kFailedPrecondition) {
+    ASSIGN_OR_RETURN(out.plan, m.store.plans().Get(plan_id));  // a concurrent apply finished it
+  } else {
+    return finished.status();
+  }
+  return out;
+}
+
+StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const std::string& actor,
+                                              const std::string& comment, const Json& edits,
+                                              const std::string& request_id) {
+  Impl& m = *impl_;
+  ASSIGN_OR_RETURN(Plan plan, m.store.plans().Get(plan_id));
+  if (plan.state != "awaiting_approval") {
+    return FailedPrecondition("plan " + plan_id + " is " + plan.state + ", not awaiting_approval");
+  }
+  if (m.AuthEnabled() && actor == plan.created_by) {
+    return Status(Code::kPermissionDenied, "separation of duties: " + actor + " created plan " +
+                                               plan_id +
+                                               " and cannot approve it; another operator must");
+  }
+  ASSIGN_OR_RETURN(Json edited, m.Edit(plan.actions, edits));
+  const bool changed = edited != plan.actions;
+  Json detail = {{"comment", comment}};
+  if (changed) {
+    detail["edits"] = edits;
+    detail["original_actions"] = plan.actions;
+    detail["actions"] = edited;
+  }
+  if (!m.AuthEnabled()) {
+    detail["separation_of_duties"] = "not enforced: no auth tokens are configured";
+  }
+  auto approved =
+      m.Transition(plan_id, "awaiting_approval", "approved", actor, comment, detail, [&](Plan& p) {
+        if (changed) {
+          if (p.original_actions.is_null()) {
+            p.original_actions = p.actions;
+          }
+          p.actions = edited;
+        }
+        p.approved_by = actor;
+        p.comment = comment;
+        return Status::Ok();
+      });
+  RETURN_IF_ERROR(approved.status());
+  m.metrics.plans_approved.Inc();
+  return Apply(plan_id, actor, request_id);
+}
+
+StatusOr<Plan> PlanEngine::Reject(const std::string& plan_id, const std::string& actor,
+                                  const std::string& reason) {
+  Impl& m = *impl_;
+  if (reason.empty()) return InvalidArgument("a rejection needs a reason", "/reason");
+  ASSIGN_OR_RETURN(Plan plan, m.store.plans().Get(plan_id));
+  if (!IsState(plan, {"awaiting_approval", "proposed"})) {
+    return FailedPrecondition("plan " + plan_id + " is " + plan.state +
+                              "; only a plan not yet applied can be rejected");
+  }
+  auto rejected = m.Transition(plan_id, plan.state, "rejected", actor, reason, {{"reason", reason}},
+                               [&](Plan& p) {
+                                 p.rejected_by = actor;
+                                 p.reason = reason;
+                                 return Status::Ok();
+                               });
+  if (rejected.ok()) m.metrics.plans_rejected.Inc();
+  return rejected;
+}
+
+StatusOr<Plan> PlanEngine::Get(const std::string& plan_id, const std::string& while_state,
+                               int64_t wait_ms) {
+  Impl& m = *impl_;
+  wait_ms = std::min(wait_ms, m.options.max_wait_ms);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (true) {
+    uint64_t seen;
+    {
+      std::lock_guard<std::mutex> lock(m.change_mu);
+      seen = m.generation;
+    }
+    ASSIGN_OR_RETURN(Plan p, m.store.plans().Get(plan_id));
+    if (wait_ms <= 0 || p.state != while_state) return p;
+    std::unique_lock<std::mutex> lock(m.change_mu);
+    if (!m.changed.wait_until(lock, deadline, [&] { return m.generation != seen; })) return p;
+  }
+}
+
+StatusOr<Json> PlanEngine::Detail(const Plan& plan) {
+  Impl& m = *impl_;
+  Json j = PlanJson(plan);
+  if (!plan.decision_id.empty()) {
+    auto d = m.store.decisions().Get(plan.decision_id);
+    if (d.ok()) {
+      const Json& t = d->trace;
+      j["decision"] = {
+          {"decision_id", d->decision_id},
+          {"step", d->step},
+          {"input", d->material.is_object() ? d->material.value("input", Json()) : Json()},
+          {"output", d->output},
+          {"provider", d->provider},
+          {"model", d->model},
+          {"prompt_version", d->prompt_version},
+          {"status", d->status},
+          {"decided_by", d->decided_by},
+          {"cost_usd", t.is_object() ? t.value("cost_usd", 0.0) : 0.0},
+          {"attempts", t.is_object() && t.contains("attempts") && t["attempts"].is_array()
+                           ? t["attempts"].size()
+                           : 0},
+          {"created_at_ms", d->created_at_ms}};
+    }
+  }
+  Json work = Json::array();
+  for (size_t i = 0; i < plan.actions.size(); ++i) {
+    const Json& a = plan.actions[i];
+    Json w = {{"index", i}, {"kind", a.is_object() ? a.value("kind", "") : ""}};
+    auto item = m.WorkOf(a);
+    if (item.ok()) {
+      w["work_id"] = item->work_id;
+      w["state"] = WorkStateName(item->state);
+      w["attempt"] = item->attempt;
+      if (item->state == WorkState::kDone) w["result"] = item->result;
+      if (!item->external_ref.empty()) w["external_ref"] = item->external_ref;
+      if (!item->last_error.empty()) w["last_error"] = item->last_error;
+    } else {
+      w["state"] = "not_started";
+    }
+    work.push_back(std::move(w));
+  }
+  j["work"] = std::move(work);
+  return j;
+}
+
+StatusOr<size_t> PlanEngine::ExpireDue() {
+  Impl& m = *impl_;
+  ASSIGN_OR_RETURN(std::vector<Plan> waiting,
+                   m.store.plans().ByState("awaiting_approval", m.options.expiry_batch));
+  const int64_t now = m.clock.NowMillis();
+  size_t changed = 0;
+  for (const Plan& p : waiting) {
+    int64_t deadline = p.approval.value("expires_at_ms", int64_t{0});
+    if (deadline <= 0 || deadline > now) continue;
+    if (p.approval.value("on_timeout", "expire") == "escalate") {
+      if (p.approval.value("escalated", false)) continue;
+      auto esc = m.Transition(
+          p.plan_id, "awaiting_approval", "awaiting_approval", kSystemActor, "approval overdue",
+          {{"escalated", true}},
+          [](Plan& q) {
+            q.approval["escalated"] = true;
+            return Status::Ok();
+          },
+          "plan.escalated");
+      if (!esc.ok()) continue;  // changed meanwhile
+      Notification n;
+      n.event_id = p.plan_id + ":approval_overdue";
+      n.kind = "approval_overdue";
+      n.subject_id = p.plan_id;
+      n.reason = "plan " + p.plan_id + " has waited past its approval timeout";
+      n.command = "idem approve " + p.plan_id;
+      n.link = "/ui/#/plans/" + p.plan_id;
+      m.notifier.Notify(n);
+      ++changed;
+      continue;
+    }
+    auto expired = m.Transition(p.plan_id, "awaiting_approval", "expired", kSystemActor,
+                                "approval timed out", {});
+    if (expired.ok()) {
+      m.metrics.plans_expired.Inc();
+      ++changed;
+    }
+  }
+  return changed;
+}
+
+Json PlanJson(const Plan& plan) {
+  Json j = plan.ToJson();
+  j["run_id"] = plan.plan_id;
+  return j;
+}
+
+}  // namespace idem

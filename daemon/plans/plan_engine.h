@@ -1,0 +1,150 @@
+// PlanEngine: plans that wait for a human (R14, R21, R35).
+//
+// A decision whose output carries actions (the step's `plan.pointer`)
+// becomes a plan when it is decided, before anything happens. Approval
+// policies (config `approval` on a step or an action kind; ApprovalPolicy in
+// config.h) decide whether a human must approve it first:
+//   require: never | always | when (a JSONLogic rule over
+//   {plan, action, args, decision, input}; truthy = needs approval).
+// The plan needs approval when any of its actions does; each such action
+// adds a reason the operator reads.
+//
+// Lifecycle (every change is a compare-and-set in the store, recorded in the
+// plan's history with actor, time and note, and appended to the audit chain
+// in the same atomic write):
+//   proposed ----------------------------> applying -> applied
+//   awaiting_approval -> approved -------> applying -> partially_failed
+//                     -> rejected | expired
+// `applying` with work still retrying stays applying until a later apply.
+//
+// Every way in is gated: Apply (POST /v1/plans/{id}/apply), GateAction
+// (POST /v1/actions/{kind}, each item of /v1/runs, client claims of a kind
+// whose policy needs approval). A gated call makes (once, keyed by the
+// work_id of its args) a one-action plan awaiting approval and returns it;
+// the same call after approval goes on with the approved (possibly edited)
+// args; after rejection or expiry it is refused.
+//
+// Separation of duties: the token that created a plan cannot approve or
+// reject it (PermissionDenied), admin included. Without configured tokens
+// every caller is "anonymous" and the rule cannot hold; it is then not
+// enforced, and the audit event says so.
+//
+// Errors: NotFound (no such plan), FailedPrecondition (the plan is not in a
+// state that allows the call; the message names the state),
+// PermissionDenied, InvalidArgument (an edit, with the field "/edits/<i>/...").
+//
+// Thread-safety: all methods may be called concurrently. Two approvals of
+// one plan race on the store's compare-and-set: one wins, the other gets
+// FailedPrecondition; the journal applies each action once either way.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/apply/apply_engine.h"
+#include "daemon/config/config.h"
+#include "daemon/core/env.h"
+#include "daemon/core/status.h"
+#include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+
+inline constexpr const char* kPlanStates[] = {"proposed", "awaiting_approval", "approved",
+                                              "rejected", "expired",           "applying",
+                                              "applied",  "partially_failed"};
+
+// The outcome of one plan action's application.
+struct PlanActionResult {
+  size_t index = 0;
+  std::string kind;
+  StatusOr<ActionOutcome> outcome = Status(Code::kInternal, "not run");
+};
+
+struct PlanApplyResult {
+  Plan plan;
+  std::vector<PlanActionResult> actions;
+  bool moving = false;  // some action retrying or busy: not a final answer
+};
+
+// What GateAction decided for one call.
+struct Gate {
+  bool allowed = true;  // false: the call must not execute now
+  Plan plan;            // set when the kind is gated (plan_id non-empty)
+  Json args;            // the args to execute: the approved (edited) ones
+};
+
+struct PlanEngineOptions {
+  size_t expiry_batch = 1000;  // awaiting plans looked at per ExpireDue
+  int64_t max_wait_ms = 60'000;
+};
+
+class PlanEngine {
+ public:
+  // Checks every policy's `when` rule (InvalidArgument with the config
+  // pointer of the policy). The references must outlive the engine.
+  static StatusOr<std::unique_ptr<PlanEngine>> Create(const Config& config, Store& store,
+                                                      ApplyEngine& apply, StableClock& clock,
+                                                      Metrics& metrics, Notifier& notifier,
+                                                      PlanEngineOptions options = {});
+  ~PlanEngine();
+
+  // The plan of a decision whose step has a plan pointer and whose output
+  // holds a non-empty action list; NotFound when there is none. Made on the
+  // first call (by `caller`) and returned as stored afterwards.
+  StatusOr<Plan> ProposeFromDecision(const Decision& decision, const std::string& caller);
+
+  // Gate for executing `kind` with `args` now (origin "action" or "run").
+  // Ungated kinds: allowed, no plan. Gated: the call's plan, allowed only
+  // once approved (args then the approved ones); FailedPrecondition once
+  // rejected or expired.
+  StatusOr<Gate> GateAction(const ActionConfig& kind, const Json& args, const std::string& origin,
+                            const std::string& caller);
+
+  // `args` against `kind`'s args_schema (OK when it has none):
+  // InvalidArgument with the field `at` + the failing pointer.
+  Status CheckArgs(const ActionConfig& kind, const Json& args, const std::string& at) const;
+
+  // Applies a plan that needs no approval or was approved: each action is
+  // submitted to the journal (executed once however often this is called).
+  // `id` is a plan id or the decision id it came from.
+  StatusOr<PlanApplyResult> Apply(const std::string& id, const std::string& actor,
+                                  const std::string& request_id);
+
+  // awaiting_approval -> approved (edits: [{path, value}], a JSON pointer
+  // into the actions under /<i>/args), then applied at once (actions of
+  // client-executed kinds are left for their clients' claims).
+  StatusOr<PlanApplyResult> Approve(const std::string& plan_id, const std::string& actor,
+                                    const std::string& comment, const Json& edits,
+                                    const std::string& request_id);
+  // proposed | awaiting_approval -> rejected; `reason` must not be empty.
+  StatusOr<Plan> Reject(const std::string& plan_id, const std::string& actor,
+                        const std::string& reason);
+
+  // The plan; when `wait_ms` > 0 and its state is `while_state`, waits up to
+  // wait_ms (capped by options.max_wait_ms) for a change first.
+  StatusOr<Plan> Get(const std::string& plan_id, const std::string& while_state = "",
+                     int64_t wait_ms = 0);
+
+  // The plan with its decision and each action's journal state (the
+  // operator's detail view).
+  StatusOr<Json> Detail(const Plan& plan);
+
+  // Approval timeouts: expires (or escalates, once) awaiting plans whose
+  // deadline passed; returns how many it changed. Called by the scheduler.
+  StatusOr<size_t> ExpireDue();
+
+  struct Impl;
+
+ private:
+  explicit PlanEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// JSON of a plan for the API: the stored plan plus its run_id.
+Json PlanJson(const Plan& plan);
+
+}  // namespace idem
