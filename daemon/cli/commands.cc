@@ -256,7 +256,7 @@ std::string RenderPlan(const Json& plan, const Style& style, int64_t now_ms) {
 
   const Json& reasons = Member(approval, "reasons");
   if (reasons.is_array() && !reasons.empty()) {
-    out += "\n" + style.Paint("Needs approval:", Color::kBold) + "\n";
+    out += "\n" + style.Paint("Approval reasons:", Color::kBold) + "\n";
     for (const Json& r : reasons) {
       out += "  #" + Str(r, "index") + " " + Str(r, "kind") + ": " + Str(r, "reason") + "\n";
     }
@@ -328,7 +328,7 @@ int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t
   while (items.size() < limit) {
     size_t page = std::min<size_t>(limit - items.size(), 100);
     std::string path = "/v1/plans?limit=" + std::to_string(page);
-    if (!state.empty() && state != "all") path += "&state=" + UrlEncode(state);
+    if (!state.empty()) path += "&state=" + UrlEncode(state);
     if (!cursor.empty()) path += "&cursor=" + UrlEncode(cursor);
     StatusOr<ApiAnswer> a = api.Call("GET", path);
     if (!a.ok()) return ReportUnreachable(o, a.status());
@@ -347,7 +347,7 @@ int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t
     return kExitOk;
   }
   if (items.empty()) {
-    std::string which = state.empty() || state == "all" ? "" : " " + state;
+    std::string which = state.empty() ? "" : " " + state;
     Print(o.out, "no plans" + which + "\n");
     return kExitOk;
   }
@@ -391,6 +391,20 @@ int PostVerdict(DaemonClient& api, const Output& o, const std::string& verb,
   Print(o.out, done + " " + plan_id +
                    (state.empty() ? "" : ": now " + o.style.Paint(state, StateColor(state))) +
                    "\n");
+  // An approval applies at once: what each action did.
+  const Json& results = Member(a->body, "results");
+  if (results.is_array() && !results.empty()) {
+    Table t({"#", "KIND", "STATE", "RESULT"});
+    t.SetMaxWidth(3, 80);
+    for (const Json& r : results) {
+      std::string rs = Str(r, "state");
+      std::string what = Str(r, "error");
+      if (what.empty()) what = Str(r, "external_ref");
+      if (what.empty()) what = Str(r, "last_error");
+      t.AddRow({Str(r, "index"), Str(r, "kind"), {rs, StateColor(rs)}, what});
+    }
+    Print(o.out, t.Render(o.style));
+  }
   return kExitOk;
 }
 

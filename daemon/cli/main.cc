@@ -217,7 +217,10 @@ int main(int argc, char** argv) {
   std::string plans_state = "awaiting_approval";
   size_t plans_limit = 50;
   auto* plans_ls = plans->add_subcommand("ls", "List plans, newest first");
-  plans_ls->add_option("--state", plans_state, "awaiting_approval (default), applied, ..., or all")
+  plans_ls
+      ->add_option("--state", plans_state,
+                   "proposed, awaiting_approval (default), approved, rejected, expired, applying, "
+                   "applied or partially_failed")
       ->default_val("awaiting_approval");
   plans_ls->add_option("--limit", plans_limit, "At most this many")
       ->default_val(50)

@@ -24,6 +24,7 @@ const char* kRules = R"(default:
 
 const char* kAgent = "agent-secret";
 const char* kOperator = "operator-secret";
+const char* kBoth = "both-secret";  // agent and operator: may propose, may approve others' plans
 
 struct Fixture {
   std::unique_ptr<FakeEffectorServer> target = FakeEffectorServer::Start();
@@ -41,7 +42,7 @@ struct Fixture {
     };
     const std::string extra =
         "auth:\n  tokens:\n" + token("agent-1", kAgent, "agent") +
-        token("op-1", kOperator, "operator") +
+        token("op-1", kOperator, "operator") + token("both-1", kBoth, "agent, operator") +
         "actions:\n"
         "  send_invoice:\n"
         "    identity: {fields: [/invoice_id], version: v1}\n"
@@ -67,10 +68,10 @@ struct Fixture {
     return RunCli(args, "", {{"IDEM_TOKEN", token}});
   }
   // An agent asks for an invoice: the policy holds it as a plan.
-  std::string Propose(const std::string& invoice_id, int amount) {
+  std::string Propose(const std::string& invoice_id, int amount, const char* token = kAgent) {
     Json body = {{"args", {{"invoice_id", invoice_id}, {"amount", amount}}}};
     auto res = client->Post("/v1/actions/send_invoice",
-                            {{"Authorization", std::string("Bearer ") + kAgent},
+                            {{"Authorization", std::string("Bearer ") + token},
                              {"Idempotency-Key", "\"" + invoice_id + "\""}},
                             body.dump(), "application/json");
     REQUIRE(res);
@@ -155,6 +156,17 @@ TEST_CASE("idem approve applies a plan once; a second approve exits 4") {
   Json shown = Json::parse(f.Cli({"plans", "show", plan_id, "--json"}).out);
   CHECK(shown["approved_by"] == "op-1");
   CHECK(shown["comment"] == "looks right");
+}
+
+TEST_CASE("idem approve by the plan's own creator exits 5 (separation of duties)") {
+  Fixture f;
+  const std::string plan_id = f.Propose("INV-7", 120, kBoth);
+  CliResult own = f.Cli({"approve", plan_id}, kBoth);
+  CHECK(own.exit_code == 5);
+  CHECK(own.err.find("HTTP 403") != std::string::npos);
+  CHECK(f.Invoices().empty());
+  CHECK(f.Cli({"approve", plan_id}).exit_code == 0);  // another operator may
+  CHECK(f.Invoices().size() == 1);
 }
 
 TEST_CASE("idem approve --edit applies the edited arguments") {

@@ -184,9 +184,9 @@ TEST_CASE("plans ls --limit stops paging and says there is more") {
   };
   DaemonClient api("http://h", "", http);
   Captured c;
-  CHECK(PlansLs(api, c.Make(), "all", 1) == kExitOk);
+  CHECK(PlansLs(api, c.Make(), "applied", 1) == kExitOk);
   CHECK(http.seen.size() == 1);
-  CHECK(http.seen[0].url == "http://h/v1/plans?limit=1");  // "all": no state filter
+  CHECK(http.seen[0].url == "http://h/v1/plans?limit=1&state=applied");
   CHECK(HeaderOf(http.seen[0], "Authorization").empty());
   CHECK(c.Out().find("plan_abc") != std::string::npos);
   CHECK(c.Out().find("(more: raise --limit)") != std::string::npos);
@@ -197,6 +197,8 @@ TEST_CASE("approve posts the edits with a fresh Idempotency-Key each time") {
   http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
     Json p = SamplePlan();
     p["state"] = "applied";
+    p["results"] = Json::parse(R"([{"index": 0, "kind": "refund", "state": "done",
+                                    "external_ref": "re_77"}])");
     return JsonAnswer(200, p);
   };
   DaemonClient api("http://h", "op", http);
@@ -213,7 +215,10 @@ TEST_CASE("approve posts the edits with a fresh Idempotency-Key each time") {
   CHECK(k1.size() > 2);
   CHECK(k1.front() == '"');
   CHECK(k1 != HeaderOf(http.seen[1], "Idempotency-Key"));
-  CHECK(c.Out().find("approved plan_abc: now applied") != std::string::npos);
+  CHECK(
+      c.Out().find(
+          "approved plan_abc: now applied\n#  KIND    STATE  RESULT\n0  refund  done   re_77\n") !=
+      std::string::npos);
 }
 
 TEST_CASE("a bad --edit is a usage error and sends nothing") {
