@@ -206,6 +206,11 @@ TEST_CASE("idem audit verify passes after approvals and exits 6 once an event is
   CHECK(v["ok"] == true);
   CHECK(v["checked"].get<int>() >= 2);  // at least the approval and the rejection
 
+  REQUIRE(f.daemon->Stop() == 0);  // intact across a restart
+  f.Start();
+  CliResult restarted = f.Cli({"audit", "verify"});
+  CHECK_MESSAGE(restarted.exit_code == 0, (restarted.out + restarted.err));
+
   REQUIRE(f.daemon->Stop() == 0);
   ForgeAuditActor(f.dir.path() + "/data", 1);
   f.Start();
