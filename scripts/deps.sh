@@ -8,8 +8,9 @@ pkgs=(
   libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
   libkainjow-mustache-dev
 )
-# The clang build (-Wthread-safety) and the libFuzzer targets.
-if [ "${IDEM_DEPS_E2E:-0}" = 1 ]; then pkgs+=(clang-14 libclang-rt-14-dev); fi
+# The clang build (-Wthread-safety), the libFuzzer targets and the browser
+# test of the operator page (tests/e2e/ui_approvals.mjs drives Debian's chromium).
+if [ "${IDEM_DEPS_E2E:-0}" = 1 ]; then pkgs+=(clang-14 libclang-rt-14-dev chromium); fi
 if [ "${IDEM_DEPS_BENCH:-0}" = 1 ]; then pkgs+=(wrk); fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -25,9 +26,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The JSONLogic differential test (ctest -L e2e) runs json-logic-js under
-# Node; install the pinned version from tests/e2e/package-lock.json.
+# Node and the browser test drives chromium with playwright-core; install the
+# pinned versions from tests/e2e/package-lock.json.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ "${IDEM_DEPS_E2E:-0}" = 1 ] && [ ! -d "$root/tests/e2e/node_modules" ]; then
+if [ "${IDEM_DEPS_E2E:-0}" = 1 ] && { [ ! -d "$root/tests/e2e/node_modules/json-logic-js" ] ||
+                                       [ ! -d "$root/tests/e2e/node_modules/playwright-core" ]; }; then
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     echo "idem: installing nodejs npm" >&2
     sudo=""

@@ -27,6 +27,10 @@ echo "== normal build"
 build build all -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build && ctest --output-on-failure -j2)
 
+echo "== browser e2e"
+# The operator page in headless Chromium (screenshots in build/e2e-artifacts).
+node tests/e2e/ui_approvals.mjs build/idem
+
 if [ "${IDEM_TEST_QUICK:-0}" != 1 ]; then
   echo "== clang-14 build of everything with -Wthread-safety -Werror"
   scripts/clang_build.sh

@@ -249,6 +249,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
 
   AddWorkRoutes(deps, routes);
   AddAuditRoutes(deps, routes);
+  AddUiRoutes(deps, routes);
+  auto table = std::make_shared<std::vector<Route>>();  // filled once complete
+  AddMcpRoutes(deps, table, routes);
 
   // /openapi.json documents every route, itself included.
   auto doc = std::make_shared<Json>();  // shared: filled after the table is complete
@@ -262,6 +265,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                          }});
   for (Route& r : routes) CompileRoute(r);
   *doc = BuildOpenApi(routes);
+  *table = routes;
   return routes;
 }
 

@@ -5,6 +5,7 @@
 // Thread-safety: the handlers are thread-safe; the deps must outlive them.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "daemon/apply/apply_engine.h"
@@ -37,6 +38,15 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // The audit log, paged, and its verification (api_audit.cc).
 void AddAuditRoutes(ApiDeps deps, std::vector<Route>& routes);
+
+// The MCP endpoint (api_mcp.cc): its tools run the routes of `table`,
+// which the caller fills with the finished route table.
+void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
+                  std::vector<Route>& routes);
+
+// The operator web page (/ui/, its files from daemon/ui) and GET
+// /v1/steps/{name}, which its escalation form reads (ui_routes.cc).
+void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);

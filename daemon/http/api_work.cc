@@ -251,6 +251,8 @@ struct ClaimRoute {
         metrics.work_claimed.Inc();
         Json body = WorkBody(r.item);
         body["lease_token"] = r.item.lease_token;
+        // A gated kind's claimer executes the args an operator approved.
+        if (kind->approval) body["args"] = r.item.args;
         return RouteResponse{201, std::move(body), {}};
       }
       case ClaimOutcome::kDone:

@@ -93,6 +93,12 @@ std::optional<Refusal> RequestGuard::CheckSource(const http1::Request& req) cons
   size_t origins = req.HeaderCount("Origin");
   if (origins == 0) return std::nullopt;  // not a browser
   std::string origin = Lower(http1::TrimOws(req.HeaderValue("Origin")));
+  // The daemon's own page (/ui/): a browser sends Origin on its same-origin
+  // POSTs too, and that origin is the Host just checked.
+  std::string self = Lower(http1::TrimOws(req.HeaderValue("Host")));
+  if (origins == 1 && (origin == "http://" + self || origin == "https://" + self)) {
+    return std::nullopt;
+  }
   if (origins > 1 || origin == "null" || !Contains(allowed_origins_, origin)) {
     return Forbidden("requests from web origin '" + origin +
                          "' are refused; list trusted origins in server.allowed_origins",

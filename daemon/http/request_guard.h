@@ -16,7 +16,11 @@
 //   other name is 403 with pointer "header:Host": a rebinding page sends its
 //   own name, which is not on the list.
 // Origin (cross-site requests): a request without Origin comes from a
-//   non-browser client (curl, SDKs) and passes. An Origin must equal one of
+//   non-browser client (curl, SDKs) and passes. The daemon's own origin
+//   passes: http:// or https:// followed by the Host header that passed the
+//   check above (the operator page at /ui/, whose same-origin POSTs carry
+//   Origin; a rebinding page never gets here, its Host is refused). Any
+//   other Origin must equal one of
 //   server.allowed_origins (scheme://host[:port], case-insensitive); any
 //   other, "null" (sandboxed frames, file: pages) or more than one Origin
 //   header is 403 with pointer "header:Origin". Browsers send Origin on

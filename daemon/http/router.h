@@ -28,12 +28,13 @@ enum class KeyPolicy { kNone, kOptional, kRequired };
 struct RequestContext {
   std::string method;
   std::string path;
-  std::string caller;                        // auth token name, or "anonymous"
-  std::string request_id;                    // X-Request-Id (accepted or generated)
-  std::vector<std::string> params;           // path parameters, in pattern order
-  std::map<std::string, std::string> query;  // query parameters (last wins)
-  Json body;                                 // parsed body (null when none)
-  std::string idempotency_key;               // "" when absent
+  std::string caller;                          // auth token name, or "anonymous"
+  std::string request_id;                      // X-Request-Id (accepted or generated)
+  std::vector<std::string> params;             // path parameters, in pattern order
+  std::map<std::string, std::string> query;    // query parameters (last wins)
+  Json body;                                   // parsed body (null when none)
+  std::string idempotency_key;                 // "" when absent
+  std::map<std::string, std::string> headers;  // the route's request_headers (lower-case names)
 };
 
 struct RouteResponse {
@@ -45,6 +46,10 @@ struct RouteResponse {
   // Idempotency-Key; a retry with the key runs again and reports the work's
   // state then. A 202 is always treated so.
   bool transient = false;
+  // Non-empty: `body` is a string sent as it is, with this Content-Type
+  // (MCP's JSON-RPC and SSE answers, the operator page's files). A raw_text
+  // route leaving it empty sends the metrics exposition format.
+  std::string content_type = {};
 };
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;
@@ -80,6 +85,9 @@ struct Route {
   bool is_public = false;                // no auth (health probes, the API description)
   RouteHandler handler;
   std::optional<JournalLane> journal_lane;
+  // Request headers the handler reads (lower-case names), copied into
+  // RequestContext::headers.
+  std::vector<std::string> request_headers;
 
   std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;

@@ -334,6 +334,9 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   }
 
   for (const auto& [k, v] : req.query) ctx.query[k] = v;
+  for (const std::string& h : route.request_headers) {
+    if (req.HasHeader(h)) ctx.headers[h] = req.HeaderValue(h);
+  }
 
   if (!route.request_schema.empty()) {
     if (auto refused = RequestGuard::CheckContentType(req)) {
@@ -393,7 +396,10 @@ void HttpServer::Respond(const Route& route, const RouteResponse& r, http1::Resp
   for (const auto& [k, v] : r.headers) res.SetHeader(k, v);
   if (r.status >= 500) deps_.metrics.http_errors_5xx.Inc();
   if (r.status >= 400 && r.status < 500) deps_.metrics.http_errors_4xx.Inc();
-  if (route.raw_text && r.body.is_string()) {
+  if (!r.content_type.empty() && r.body.is_string()) {
+    res.status = r.status;
+    res.SetContent(r.body.get<std::string>(), r.content_type);
+  } else if (route.raw_text && r.body.is_string()) {
     res.status = r.status;
     res.SetContent(r.body.get<std::string>(), "text/plain; version=0.0.4");
   } else {

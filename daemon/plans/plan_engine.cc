@@ -244,7 +244,7 @@ struct PlanEngine::Impl {
       return InvalidArgument("edits must be a list of {path, value}", "/edits");
     static const std::regex kPath(R"(^/(0|[1-9][0-9]{0,5})/args(/.*)?$)");
     Json out = actions;
-    std::vector<bool> touched(actions.size(), false);
+    std::vector<int> touched(actions.size(), -1);  // the last edit of each action
     for (size_t i = 0; i < edits.size(); ++i) {
       const std::string at = "/edits/" + std::to_string(i);
       const Json& e = edits[i];
@@ -273,17 +273,17 @@ struct PlanEngine::Impl {
         return InvalidArgument(std::string("not a usable JSON pointer: ") + ex.what(),
                                at + "/path");
       }
-      touched[index] = true;
+      touched[index] = static_cast<int>(i);
     }
     for (size_t i = 0; i < out.size(); ++i) {
-      if (!touched[i]) continue;
+      if (touched[i] < 0) continue;
+      const std::string at = "/edits/" + std::to_string(touched[i]) + "/value";
       const std::string kind = out[i].value("kind", "");
       auto kit = config.actions.find(kind);
       if (kit == config.actions.end()) continue;  // reported when applied
       const Json& args = out[i]["args"];
       if (!args.is_object()) {
-        return InvalidArgument("action " + std::to_string(i) + "'s args must be an object",
-                               "/edits");
+        return InvalidArgument("action " + std::to_string(i) + "'s args must be an object", at);
       }
       auto sit = args_schemas.find(kind);
       if (sit != args_schemas.end()) {
@@ -291,14 +291,14 @@ struct PlanEngine::Impl {
         if (!valid.ok()) {
           return InvalidArgument("the edited args of action " + std::to_string(i) + " (" + kind +
                                      ") break its args_schema: " + valid.message(),
-                                 "/edits");
+                                 at);
         }
       }
       auto id = ActionWorkId(kit->second, args);
       if (!id.ok()) {
         return InvalidArgument("the edited args of action " + std::to_string(i) +
                                    " lack the kind's identity: " + id.status().message(),
-                               "/edits");
+                               at);
       }
     }
     return out;

@@ -81,8 +81,34 @@ TEST_CASE("a browser Origin must be on the allow-list; no Origin is a non-browse
   CHECK(StatusOf(g->CheckSource(With({host,
                                       {"Origin", "https://console.example.com"},
                                       {"Origin", "https://evil.example"}}))) == 403);
-  // Without a configured list every Origin is refused, the daemon's own included.
-  CHECK(StatusOf(Guard()->CheckSource(With({host, {"Origin", "http://127.0.0.1:7411"}}))) == 403);
+  // Without a configured list every other Origin is refused.
+  CHECK(StatusOf(Guard()->CheckSource(With({host, {"Origin", "https://console.example.com"}}))) ==
+        403);
+}
+
+TEST_CASE("the daemon's own origin passes: the /ui/ page posts same-origin") {
+  auto g = Guard({"idem.internal"});
+  const http1::Field host{"Host", "127.0.0.1:7411"};
+  CHECK(StatusOf(g->CheckSource(With({host, {"Origin", "http://127.0.0.1:7411"}}))) == 0);
+  CHECK(StatusOf(g->CheckSource(
+            With({{"Host", "Localhost:7411"}, {"Origin", "http://localhost:7411"}}))) == 0);
+  CHECK(StatusOf(g->CheckSource(
+            With({{"Host", "idem.internal"}, {"Origin", "https://idem.internal"}}))) == 0);
+  // Another port of the same machine is another origin (another server's page).
+  auto other_port = g->CheckSource(With({host, {"Origin", "http://127.0.0.1:8080"}}));
+  CHECK(StatusOf(other_port) == 403);
+  CHECK(PointerOf(other_port) == "header:Origin");
+  CHECK(StatusOf(g->CheckSource(With({host, {"Origin", "http://localhost:7411"}}))) == 403);
+  CHECK(StatusOf(g->CheckSource(With({host, {"Origin", "ftp://127.0.0.1:7411"}}))) == 403);
+  // A rebinding page sends its own name as Host and Origin: the Host check refuses it.
+  auto rebound =
+      g->CheckSource(With({{"Host", "evil.example:7411"}, {"Origin", "http://evil.example:7411"}}));
+  CHECK(StatusOf(rebound) == 403);
+  CHECK(PointerOf(rebound) == "header:Host");
+  // Two Origins stay refused even when one is the daemon's.
+  CHECK(StatusOf(g->CheckSource(With(
+            {host, {"Origin", "http://127.0.0.1:7411"}, {"Origin", "https://evil.example"}}))) ==
+        403);
 }
 
 TEST_CASE("a JSON body must come as application/json, else 415") {

@@ -107,4 +107,77 @@ TEST_CASE("the sweep deletes plans finished before the cutoff and keeps the rest
 }
 
 }  // namespace
+TEST_CASE("a plan change and its audit event are one write: a refused change audits nothing") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  AuditEvent created;
+  created.actor = "agent-1";
+  created.action = "plan.awaiting_approval";
+  Plan waiting = MakePlan("plan_a", kT0);
+  waiting.state = "awaiting_approval";
+  REQUIRE(s.Put(waiting, &created).ok());
+  AuditEvent approved;
+  approved.actor = "op-1";
+  approved.action = "plan.approved";
+  approved.detail = {{"comment", "fine"}};
+  PlanChange change{.from = "awaiting_approval",
+                    .to = "approved",
+                    .actor = "op-1",
+                    .note = "fine",
+                    .now_ms = kT0 + 1,
+                    .mutate =
+                        [](Plan& p) {
+                          p.approved_by = "op-1";
+                          return Status::Ok();
+                        },
+                    .audit = &approved};
+  StatusOr<Plan> p = s.Change("plan_a", change);
+  REQUIRE(p.ok());
+  CHECK(p->approved_by == "op-1");
+  // The second approval loses the compare-and-set and leaves no event.
+  CHECK(s.Change("plan_a", change).status().code() == Code::kFailedPrecondition);
+  // A mutation that refuses writes nothing either.
+  PlanChange refused{.from = "approved",
+                     .to = "applying",
+                     .now_ms = kT0 + 2,
+                     .mutate = [](Plan&) { return InvalidArgument("no", "/edits/0/value"); },
+                     .audit = &approved};
+  CHECK(s.Change("plan_a", refused).status().field() == "/edits/0/value");
+  CHECK(s.Get("plan_a")->state == "approved");
+  auto events = store->audit().Scan(1, 10);
+  REQUIRE(events.ok());
+  REQUIRE(events->size() == 2);
+  CHECK((*events)[0].action == "plan.awaiting_approval");
+  CHECK((*events)[0].detail["plan_id"] == "plan_a");
+  CHECK((*events)[1].action == "plan.approved");
+  CHECK((*events)[1].detail["from"] == "awaiting_approval");
+  CHECK((*events)[1].detail["to"] == "approved");
+  CHECK((*events)[1].detail["comment"] == "fine");
+  CHECK(store->audit().Verify().ok());
+}
+
+TEST_CASE("plans of one state page newest first with a cursor") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  for (int i = 0; i < 5; ++i) REQUIRE(s.Put(MakePlan("plan_" + std::to_string(i), kT0 + i)).ok());
+  REQUIRE(s.Put(MakePlan("plan_other", kT0 + 9)).ok());
+  REQUIRE(s.Transition("plan_other", "proposed", "applied", "a", "", kT0 + 10).ok());
+  std::vector<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    StatusOr<PlanPage> page = s.List("proposed", 2, cursor);
+    REQUIRE(page.ok());
+    for (const Plan& p : page->items) seen.push_back(p.plan_id);
+    cursor = page->next_cursor;
+    ++pages;
+  } while (!cursor.empty() && pages < 10);
+  CHECK(pages == 3);
+  CHECK(seen == std::vector<std::string>{"plan_4", "plan_3", "plan_2", "plan_1", "plan_0"});
+  CHECK(s.List("proposed", 2, "not-hex").status().code() == Code::kInvalidArgument);
+  CHECK(s.List("applied", 10, "")->items.size() == 1);
+}
+
 }  // namespace idem

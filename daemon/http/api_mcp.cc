@@ -1,0 +1,368 @@
+// /mcp: the MCP endpoint (daemon/mcp/mcp.h) over the v1 API. Every tool
+// call runs the REST route it stands for (its request schema, its handler,
+// so the same engines, policies and journal): a call retried by an agent
+// after a timeout is the same work. Tool calls are also deduplicated under
+// an Idempotency-Key derived from the tool name and JCS(arguments) (or
+// _meta.idempotencyKey when the client sends one), scoped per caller: a
+// retry replays the stored result, like the REST API's Idempotency-Key.
+#include <map>
+#include <memory>
+
+#include "daemon/core/crypto.h"
+#include "daemon/core/json.h"
+#include "daemon/core/json_schema.h"
+#include "daemon/http/api.h"
+#include "daemon/http/api_schemas.h"
+#include "daemon/mcp/mcp.h"
+
+namespace idem {
+namespace {
+
+constexpr int64_t kToolKeyLeaseMs = 60'000;
+
+// One tool: its MCP description and the REST route it runs.
+struct Tool {
+  Json spec;
+  std::string method;
+  std::string path;                       // with {placeholders} filled from the arguments
+  std::function<Json(const Json&)> body;  // REST body from the arguments
+  std::unique_ptr<JsonSchema> input;
+  std::string kind;  // do_<kind>: the action kind
+};
+
+Json Obj(Json properties, std::vector<std::string> required) {
+  return {{"type", "object"}, {"properties", std::move(properties)}, {"required", required}};
+}
+
+class ApiToolbox final : public McpToolbox {
+ public:
+  ApiToolbox(ApiDeps deps, std::shared_ptr<const std::vector<Route>> routes)
+      : deps_(deps), routes_(std::move(routes)) {
+    Build();
+  }
+
+  const std::vector<Json>& Tools() const override { return specs_; }
+
+  Json Call(const std::string& name, const Json& arguments, const Json& meta,
+            const std::string& caller, const std::string& request_id) override {
+    auto it = tools_.find(name);
+    if (it == tools_.end()) return Json();
+    const Tool& tool = it->second;
+    std::vector<SchemaError> errors = tool.input->Errors(arguments);
+    if (!errors.empty()) {
+      return ToolError("invalid arguments: " +
+                       (errors[0].pointer.empty() ? std::string("(the arguments)")
+                                                  : "argument " + errors[0].pointer) +
+                       ": " + errors[0].message + ". Fix it and call again.");
+    }
+    // The key: the client's, or the tool and its canonical arguments.
+    auto canonical = CanonicalJson(arguments);
+    if (!canonical.ok()) return ToolError(canonical.status().message());
+    std::string key = meta.is_object() && meta.value("idempotencyKey", Json()).is_string()
+                          ? meta["idempotencyKey"].get<std::string>()
+                          : Sha256Hex(name + "\n" + *canonical);
+    const std::string scope = caller + " MCP " + name;
+    const std::string fingerprint = Sha256Hex(*canonical);
+    const int64_t now = deps_.clock.NowMillis();
+    auto begun = deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
+                                               deps_.config.idempotency.window_ms, kToolKeyLeaseMs);
+    if (!begun.ok()) return ToolError("idem's store: " + begun.status().message());
+    switch (begun->outcome) {
+      case BeginOutcome::kReplay: {
+        auto stored = ParseJson(begun->record.response_body, JsonLimits{});
+        if (stored.ok()) return *stored;
+        return ToolError("the stored result could not be read");
+      }
+      case BeginOutcome::kMismatch:
+        return ToolError("this idempotency key was used with other arguments");
+      case BeginOutcome::kInFlight:
+        return ToolError("the same call is still running; call again in a few seconds");
+      case BeginOutcome::kNew:
+        break;
+    }
+    bool final_answer = true;
+    Json result = Run(tool, arguments, caller, request_id, &final_answer);
+    if (final_answer) {
+      (void)deps_.store.idem_keys().Finish(scope, key, fingerprint, 200, result.dump(),
+                                           "application/json", deps_.clock.NowMillis());
+    } else {
+      (void)deps_.store.idem_keys().Release(scope, key, fingerprint);
+    }
+    return result;
+  }
+
+ private:
+  static Json ToolError(const std::string& text) {
+    return {{"content", Json::array({{{"type", "text"}, {"text", text}}})}, {"isError", true}};
+  }
+
+  static Json ToolResult(Json structured) {
+    std::string text = structured.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return {{"content", Json::array({{{"type", "text"}, {"text", text}}})},
+            {"structuredContent", std::move(structured)},
+            {"isError", false}};
+  }
+
+  const Route* Find(const std::string& method, const std::string& path,
+                    std::vector<std::string>* params) const {
+    for (const Route& r : *routes_) {
+      params->clear();
+      if (r.method == method && MatchPath(r, path, params)) return &r;
+    }
+    return nullptr;
+  }
+
+  // Runs the tool's REST route as the caller; *final_answer false when the
+  // answer reports work still moving (it is then not stored).
+  Json Run(const Tool& tool, const Json& args, const std::string& caller,
+           const std::string& request_id, bool* final_answer) {
+    std::string path = tool.path;
+    for (const char* field : {"plan_id", "decision_id", "work_id"}) {
+      std::string hole = std::string("{") + field + "}";
+      size_t at = path.find(hole);
+      if (at != std::string::npos) path.replace(at, hole.size(), args.value(field, ""));
+    }
+    RequestContext ctx;
+    const Route* route = Find(tool.method, path, &ctx.params);
+    if (route == nullptr) return ToolError("no such record: " + path);
+    ctx.method = tool.method;
+    ctx.path = path;
+    ctx.caller = caller;
+    ctx.request_id = request_id;
+    ctx.body = tool.body ? tool.body(args) : Json();
+    if (!route->request_schema.empty()) {
+      auto sit = schemas_.find(route->request_schema);
+      if (sit != schemas_.end()) {
+        Status valid = sit->second->Validate(ctx.body);
+        if (!valid.ok()) {
+          return ToolError("invalid arguments: " + valid.message() + " (at " + valid.field() + ")");
+        }
+      }
+    }
+    StatusOr<RouteResponse> out = route->handler(ctx);
+    if (!out.ok()) {
+      *final_answer = out.status().code() != Code::kUnavailable;
+      std::string where = out.status().field().empty() ? "" : " (at " + out.status().field() + ")";
+      return ToolError(out.status().message() + where);
+    }
+    if (out->transient || out->status == 202) *final_answer = false;
+    Json body = out->body;
+    if (out->status >= 400) {
+      std::string detail = body.is_object() ? body.value("detail", "") : "";
+      std::string where = body.is_object() ? body.value("pointer", "") : "";
+      return ToolError(detail + (where.empty() ? "" : " (at " + where + ")"));
+    }
+    if (!tool.kind.empty() && body.is_object()) {
+      body["outcome"] = out->status == 201   ? "created"
+                        : out->status == 200 ? "already_done"
+                        : body.contains("plan_id") && !body.contains("work_id")
+                            ? "awaiting_approval"
+                            : "retrying";
+    }
+    return ToolResult(std::move(body));
+  }
+
+  void Add(Tool tool) {
+    std::string name = tool.spec["name"];
+    auto compiled = JsonSchema::Create(tool.spec["inputSchema"]);
+    if (!compiled.ok()) return;  // a step whose schema valijson refuses: left out
+    tool.input = std::move(compiled).value();
+    specs_.push_back(tool.spec);
+    tools_.emplace(name, std::move(tool));
+  }
+
+  void Build() {
+    for (const auto& [name, text] : ApiSchemaTexts()) {
+      auto parsed = ParseJson(text, JsonLimits{});
+      if (!parsed.ok()) continue;
+      auto compiled = JsonSchema::Create(*parsed);
+      if (compiled.ok()) schemas_[name] = std::move(compiled).value();
+    }
+    const Json any_object = {{"type", "object"}};
+    for (const auto& [name, step] : deps_.config.steps) {
+      Tool t;
+      t.method = "POST";
+      t.path = "/v1/decide";
+      const std::string step_name = name;
+      t.body = [step_name](const Json& a) {
+        Json b = {{"step", step_name}, {"input", a.value("input", Json::object())}};
+        if (a.contains("cache")) b["cache"] = a["cache"];
+        return b;
+      };
+      Json output = step.output_schema.is_object() ? step.output_schema : any_object;
+      t.spec = {
+          {"name", "decide_" + name},
+          {"title", "Decide " + name},
+          {"description",
+           "Decide the step '" + name + "' (model " + step.model +
+               ") for an input: the cached decision for the same input, or a new validated one. "
+               "Deterministic per input; safe to call again."},
+          {"inputSchema",
+           Obj({{"input", {{"type", "object"}, {"description", "the step's input"}}},
+                {"cache",
+                 {{"type", "string"},
+                  {"enum", {"default", "refresh", "only"}},
+                  {"description",
+                   "default: cached if any; refresh: ask again; only: cache only"}}}},
+               {"input"})},
+          {"outputSchema", Obj({{"status", {{"type", "string"}}},
+                                {"decision_id", {{"type", "string"}}},
+                                {"output", output},
+                                {"cache", {{"type", "string"}}},
+                                {"plan", any_object}},
+                               {"status"})},
+          {"annotations", {{"readOnlyHint", false}, {"idempotentHint", true}}}};
+      Add(std::move(t));
+    }
+    for (const auto& [name, kind] : deps_.config.actions) {
+      Tool t;
+      t.method = "POST";
+      t.path = "/v1/actions/" + name;
+      t.kind = name;
+      t.body = [](const Json& a) { return Json{{"args", a}}; };
+      Json input = kind.args_schema.is_object() ? kind.args_schema : any_object;
+      if (!input.contains("type")) input["type"] = "object";
+      std::string identity;
+      for (const auto& f : kind.identity_fields) identity += (identity.empty() ? "" : ", ") + f;
+      t.spec = {
+          {"name", "do_" + name},
+          {"title", "Do " + name},
+          {"description",
+           "Execute the action '" + name +
+               "' exactly once per unit of work (identity: " + identity +
+               "). Calling again with the same identity never repeats the effect: it returns "
+               "outcome already_done with the original result. outcome awaiting_approval means "
+               "a human must approve first: call again later with the same arguments."},
+          {"inputSchema", input},
+          {"outputSchema",
+           Obj({{"outcome",
+                 {{"type", "string"},
+                  {"enum", {"created", "already_done", "awaiting_approval", "retrying"}}}},
+                {"work_id", {{"type", "string"}}},
+                {"state", {{"type", "string"}}},
+                {"result", Json::object()},
+                {"external_ref", {{"type", "string"}}},
+                {"plan_id", {{"type", "string"}}}},
+               {"outcome"})},
+          {"annotations",
+           {{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", true}}}};
+      Add(std::move(t));
+    }
+    auto builtin = [&](std::string name, std::string description, std::string method,
+                       std::string path, Json input, std::function<Json(const Json&)> body,
+                       bool read_only) {
+      Tool t;
+      t.method = std::move(method);
+      t.path = std::move(path);
+      t.body = std::move(body);
+      t.spec = {{"name", name},
+                {"description", description},
+                {"inputSchema", std::move(input)},
+                {"outputSchema", any_object},
+                {"annotations", {{"readOnlyHint", read_only}, {"idempotentHint", true}}}};
+      Add(std::move(t));
+    };
+    auto pass = [](const Json& a) { return a; };
+    auto without = [](const char* field) {
+      return [field](const Json& a) {
+        Json b = a;
+        b.erase(field);
+        return b;
+      };
+    };
+    builtin("claim_work",
+            "Claim client-executed work (a kind without an effector) before doing it: created "
+            "means you own it until locked_until_ms and must complete_work or fail_work; "
+            "already done work returns its original result.",
+            "POST", "/v1/work/claim",
+            Obj({{"kind", {{"type", "string"}}},
+                 {"identity", any_object},
+                 {"args", any_object},
+                 {"lease", {{"type", "string"}, {"description", "e.g. 30s"}}}},
+                {"kind", "identity"}),
+            pass, false);
+    builtin("complete_work", "Record that claimed work is done, with its result.", "POST",
+            "/v1/work/{work_id}/complete",
+            Obj({{"work_id", {{"type", "string"}}},
+                 {"lease_token", {{"type", "string"}}},
+                 {"result", Json::object()},
+                 {"external_ref", {{"type", "string"}}}},
+                {"work_id", "lease_token"}),
+            without("work_id"), false);
+    builtin("fail_work", "Record that claimed work failed (retryable or not).", "POST",
+            "/v1/work/{work_id}/fail",
+            Obj({{"work_id", {{"type", "string"}}},
+                 {"lease_token", {{"type", "string"}}},
+                 {"error", {{"type", "string"}}},
+                 {"retryable", {{"type", "boolean"}}}},
+                {"work_id", "lease_token"}),
+            without("work_id"), false);
+    builtin("get_plan",
+            "Read a plan: its approval state (awaiting_approval, approved, rejected, expired, "
+            "applied...), its actions and each action's journal state.",
+            "GET", "/v1/plans/{plan_id}", Obj({{"plan_id", {{"type", "string"}}}}, {"plan_id"}),
+            nullptr, true);
+    builtin("get_decision", "Read a stored decision with its trace.", "GET",
+            "/v1/decisions/{decision_id}",
+            Obj({{"decision_id", {{"type", "string"}}}}, {"decision_id"}), nullptr, true);
+  }
+
+  ApiDeps deps_;
+  std::shared_ptr<const std::vector<Route>> routes_;
+  std::map<std::string, std::unique_ptr<JsonSchema>> schemas_;
+  std::vector<Json> specs_;
+  std::map<std::string, Tool> tools_;
+};
+
+}  // namespace
+
+void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
+                  std::vector<Route>& routes) {
+  auto toolbox = std::make_shared<ApiToolbox>(deps, std::move(table));
+  auto protocol = std::make_shared<McpProtocol>(*toolbox, McpOptions{});
+  StableClock* clock = &deps.clock;
+  auto handler = [toolbox, protocol, clock](RequestContext& ctx) -> StatusOr<RouteResponse> {
+    McpHttpRequest req;
+    req.method = ctx.method;
+    auto header = [&ctx](const char* name) {
+      auto it = ctx.headers.find(name);
+      return it == ctx.headers.end() ? std::string() : it->second;
+    };
+    req.accept = header("accept");
+    req.session_id = header("mcp-session-id");
+    req.protocol_version = header("mcp-protocol-version");
+    req.caller = ctx.caller;
+    req.request_id = ctx.request_id;
+    req.body = ctx.body;
+    McpHttpResponse r = protocol->Handle(req, clock->NowMillis());
+    RouteResponse out{r.status, std::move(r.body), std::move(r.headers)};
+    out.content_type = r.content_type;
+    return out;
+  };
+  const std::vector<std::string> headers = {"accept", "mcp-session-id", "mcp-protocol-version"};
+  routes.push_back(Route{.method = "POST",
+                         .pattern = "/mcp",
+                         .summary = "MCP (Streamable HTTP): JSON-RPC initialize, ping, "
+                                    "tools/list, tools/call over idem's steps and action kinds.",
+                         .request_schema = "mcp.request",
+                         .responses = {{200, ""}, {202, ""}, {400, ""}, {404, ""}, {406, ""}},
+                         .roles = {"agent"},
+                         .handler = handler,
+                         .request_headers = headers});
+  routes.push_back(Route{.method = "GET",
+                         .pattern = "/mcp",
+                         .summary = "MCP: 405, this server opens no server-to-client stream.",
+                         .responses = {{405, ""}},
+                         .roles = {"agent"},
+                         .handler = handler,
+                         .request_headers = headers});
+  routes.push_back(Route{.method = "DELETE",
+                         .pattern = "/mcp",
+                         .summary = "MCP: end the session named by Mcp-Session-Id.",
+                         .responses = {{200, ""}, {404, ""}},
+                         .roles = {"agent"},
+                         .handler = handler,
+                         .request_headers = headers});
+}
+
+}  // namespace idem

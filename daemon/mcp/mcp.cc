@@ -1,0 +1,262 @@
+#include "daemon/mcp/mcp.h"
+
+#include <algorithm>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "daemon/core/crypto.h"
+
+namespace idem {
+namespace {
+
+constexpr const char* kSupportedVersions[] = {"2025-11-25", "2025-06-18", "2025-03-26",
+                                              "2024-11-05"};
+
+bool Supported(const std::string& v) {
+  for (const char* s : kSupportedVersions) {
+    if (v == s) return true;
+  }
+  return false;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+Json RpcError(const Json& id, int code, const std::string& message) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
+}
+
+Json RpcResult(const Json& id, Json result) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
+}
+
+// A transport-level refusal: an HTTP status with a JSON-RPC error body
+// (id null), as the specification's examples answer them.
+McpHttpResponse Refuse(int status, int code, const std::string& message) {
+  McpHttpResponse r;
+  r.status = status;
+  r.body = RpcError(nullptr, code, message).dump();
+  return r;
+}
+
+bool ValidId(const Json& id) { return id.is_string() || id.is_number_integer(); }
+
+}  // namespace
+
+struct McpProtocol::Impl {
+  Impl(McpToolbox& toolbox, McpOptions options) : toolbox(toolbox), options(std::move(options)) {}
+
+  McpToolbox& toolbox;
+  McpOptions options;
+
+  struct Session {
+    std::string id;
+    std::string version;
+    std::string caller;
+    int64_t last_used_ms = 0;
+  };
+  mutable std::mutex mu;
+  std::list<Session> lru;  // most recently used first
+  std::unordered_map<std::string, std::list<Session>::iterator> sessions;
+
+  // The session's negotiated version, touched; "" when unknown or expired.
+  std::string Touch(const std::string& id, int64_t now) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return "";
+    if (now - it->second->last_used_ms > options.session_idle_ms) {
+      lru.erase(it->second);
+      sessions.erase(it);
+      return "";
+    }
+    it->second->last_used_ms = now;
+    lru.splice(lru.begin(), lru, it->second);
+    return it->second->version;
+  }
+
+  std::string Open(const std::string& version, const std::string& caller, int64_t now) {
+    std::lock_guard<std::mutex> lock(mu);
+    while (sessions.size() >= options.max_sessions && !lru.empty()) {
+      sessions.erase(lru.back().id);
+      lru.pop_back();
+    }
+    std::string id = RandomHex(16);
+    lru.push_front(Session{id, version, caller, now});
+    sessions[id] = lru.begin();
+    return id;
+  }
+
+  bool Close(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return false;
+    lru.erase(it->second);
+    sessions.erase(it);
+    return true;
+  }
+
+  // One JSON-RPC message; null for a notification or a response (no answer).
+  Json Dispatch(const Json& msg, const McpHttpRequest& req, std::string* new_session, int64_t now) {
+    if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0") {
+      return RpcError(msg.is_object() && msg.contains("id") ? msg["id"] : Json(), -32600,
+                      "not a JSON-RPC 2.0 message");
+    }
+    if (!msg.contains("method")) return Json();  // a response to us: nothing asked
+    if (!msg["method"].is_string()) return RpcError(Json(), -32600, "method must be a string");
+    const std::string method = msg["method"];
+    if (!msg.contains("id")) return Json();  // a notification: accepted, nothing to say
+    const Json& id = msg["id"];
+    if (!ValidId(id)) return RpcError(Json(), -32600, "id must be a string or an integer");
+    const Json params = msg.value("params", Json::object());
+    if (!params.is_object()) return RpcError(id, -32602, "params must be an object");
+
+    if (method == "initialize") {
+      std::string asked = params.value("protocolVersion", "");
+      std::string version = Supported(asked) ? asked : kMcpLatestVersion;
+      *new_session = Open(version, req.caller, now);
+      return RpcResult(
+          id, {{"protocolVersion", version},
+               {"capabilities", {{"tools", {{"listChanged", false}}}}},
+               {"serverInfo", {{"name", options.server_name}, {"version", options.server_version}}},
+               {"instructions",
+                "idem runs LLM decisions and their effects exactly once. decide_<step> tools "
+                "return cached or new validated decisions; do_<kind> tools execute an action "
+                "once per unit of work (calling again with the same arguments returns the "
+                "original result, never a second effect). A result with state "
+                "awaiting_approval waits for a human: call again later with the same "
+                "arguments for the outcome, or read it with get_plan."}});
+    }
+    if (method == "ping") return RpcResult(id, Json::object());
+    if (method == "tools/list") {
+      const std::vector<Json>& tools = toolbox.Tools();
+      size_t start = 0;
+      if (params.contains("cursor")) {
+        const Json& c = params["cursor"];
+        char* end = nullptr;
+        std::string text = c.is_string() ? c.get<std::string>() : "";
+        unsigned long v = std::strtoul(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || v >= tools.size()) {
+          return RpcError(id, -32602, "invalid cursor");
+        }
+        start = v;
+      }
+      size_t stop = std::min(tools.size(), start + options.tools_page_size);
+      Json list = Json::array();
+      for (size_t i = start; i < stop; ++i) list.push_back(tools[i]);
+      Json result = {{"tools", std::move(list)}};
+      if (stop < tools.size()) result["nextCursor"] = std::to_string(stop);
+      return RpcResult(id, std::move(result));
+    }
+    if (method == "tools/call") {
+      if (!params.contains("name") || !params["name"].is_string()) {
+        return RpcError(id, -32602, "tools/call needs params.name");
+      }
+      Json arguments = params.value("arguments", Json::object());
+      if (!arguments.is_object()) return RpcError(id, -32602, "arguments must be an object");
+      Json meta = params.value("_meta", Json::object());
+      Json result = toolbox.Call(params["name"], arguments, meta, req.caller, req.request_id);
+      if (result.is_null()) {
+        return RpcError(id, -32602, "unknown tool: " + params["name"].get<std::string>());
+      }
+      return RpcResult(id, std::move(result));
+    }
+    return RpcError(id, -32601, "method not found: " + method);
+  }
+};
+
+McpProtocol::McpProtocol(McpToolbox& toolbox, McpOptions options)
+    : impl_(std::make_unique<Impl>(toolbox, std::move(options))) {}
+McpProtocol::~McpProtocol() = default;
+
+size_t McpProtocol::session_count() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->sessions.size();
+}
+
+McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
+  Impl& m = *impl_;
+  if (req.method == "GET") {
+    McpHttpResponse r = Refuse(405, -32000, "this server opens no server-to-client stream");
+    r.headers.push_back({"Allow", "POST, DELETE"});
+    return r;
+  }
+  if (req.method == "DELETE") {
+    if (req.session_id.empty()) return Refuse(400, -32000, "Mcp-Session-Id header required");
+    if (!m.Close(req.session_id)) return Refuse(404, -32001, "session not found");
+    McpHttpResponse r;
+    r.body = "{}";
+    return r;
+  }
+  if (req.method != "POST") return Refuse(405, -32000, "method not allowed");
+
+  const std::string accept = Lower(req.accept);
+  const bool json_ok = accept.find("application/json") != std::string::npos ||
+                       accept.find("*/*") != std::string::npos ||
+                       accept.find("application/*") != std::string::npos;
+  const bool sse_ok = accept.find("text/event-stream") != std::string::npos;
+  if (!json_ok && !sse_ok) {
+    return Refuse(406, -32000, "Accept must name application/json or text/event-stream");
+  }
+
+  const bool batch = req.body.is_array();
+  std::vector<Json> messages;
+  if (batch) {
+    if (req.body.empty()) return Refuse(400, -32600, "an empty batch");
+    if (req.body.size() > m.options.max_batch) {
+      return Refuse(413, -32600,
+                    "at most " + std::to_string(m.options.max_batch) + " messages per batch");
+    }
+    for (const Json& j : req.body) messages.push_back(j);
+  } else {
+    messages.push_back(req.body);
+  }
+  bool initializing = false;
+  for (const Json& msg : messages) {
+    if (msg.is_object() && msg.value("method", Json()).is_string() &&
+        msg["method"] == "initialize") {
+      initializing = true;
+    }
+  }
+  if (initializing && messages.size() > 1) {
+    return Refuse(400, -32600, "initialize must be sent alone");
+  }
+  if (!initializing) {
+    if (req.session_id.empty()) {
+      return Refuse(400, -32000, "Mcp-Session-Id header required (send initialize first)");
+    }
+    std::string version = m.Touch(req.session_id, now_ms);
+    if (version.empty()) return Refuse(404, -32001, "session not found: initialize again");
+    if (!req.protocol_version.empty() && !Supported(req.protocol_version)) {
+      return Refuse(400, -32000, "unsupported MCP-Protocol-Version " + req.protocol_version);
+    }
+  }
+
+  std::string new_session;
+  Json answers = Json::array();
+  for (const Json& msg : messages) {
+    Json a = m.Dispatch(msg, req, &new_session, now_ms);
+    if (!a.is_null()) answers.push_back(std::move(a));
+  }
+  McpHttpResponse r;
+  if (!new_session.empty()) r.headers.push_back({"Mcp-Session-Id", new_session});
+  if (answers.empty()) {
+    r.status = 202;
+    r.body.clear();
+    return r;
+  }
+  std::string payload = batch ? answers.dump(-1, ' ', false, Json::error_handler_t::replace)
+                              : answers[0].dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (!json_ok) {
+    r.content_type = "text/event-stream";
+    r.headers.push_back({"Cache-Control", "no-store"});
+    r.body = "event: message\ndata: " + payload + "\n\n";
+  } else {
+    r.body = std::move(payload);
+  }
+  return r;
+}
+
+}  // namespace idem

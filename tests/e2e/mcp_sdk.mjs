@@ -1,0 +1,213 @@
+// End-to-end: idem's /mcp endpoint driven by the official MCP TypeScript SDK
+// (@modelcontextprotocol/sdk, pinned in package-lock.json): Client +
+// StreamableHTTPClientTransport against a real daemon, with a fake effector
+// (a plain HTTP server here that counts effects per Idempotency-Key).
+//
+// Usage: node tests/e2e/mcp_sdk.mjs path/to/idem
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, writeFileSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { createServer } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join, dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import assert from 'node:assert/strict';
+
+const idem = process.argv[2];
+if (!idem) throw new Error('usage: node mcp_sdk.mjs path/to/idem');
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const sha = (s) => createHash('sha256').update(s).digest('hex');
+
+// --- the fake effector: one effect per Idempotency-Key (level 1) ----------
+const effects = new Map(); // key -> {status, body}
+const bodies = [];
+const effector = createServer((req, res) => {
+  let data = '';
+  req.on('data', (c) => (data += c));
+  req.on('end', () => {
+    const key = req.headers['idempotency-key'];
+    if (!effects.has(key)) {
+      bodies.push(JSON.parse(data));
+      effects.set(key, { id: 'ext-' + effects.size });
+    }
+    res.writeHead(201, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(effects.get(key)));
+  });
+});
+await new Promise((r) => effector.listen(0, '127.0.0.1', r));
+const effectorUrl = `http://127.0.0.1:${effector.address().port}`;
+
+// --- the daemon ----------------------------------------------------------
+const dir = mkdtempSync(join(tmpdir(), 'idem-mcp-'));
+const agentToken = 'agent-secret', operatorToken = 'op-secret';
+writeFileSync(join(dir, 'rules.yaml'), `default:
+  output: '{"category":"question","priority":"low","summary":"s","actions":[]}'
+`);
+writeFileSync(join(dir, 'refund.args.json'), JSON.stringify({
+  type: 'object', additionalProperties: false, required: ['order_id', 'amount'],
+  properties: { order_id: { type: 'string' }, amount: { type: 'number', minimum: 0 } },
+}));
+writeFileSync(join(dir, 'idem.yaml'), `server:
+  listen: 127.0.0.1:0
+store:
+  path: ${dir}/data
+auth:
+  tokens:
+    - {name: agent-1, sha256: ${sha(agentToken)}, roles: [agent]}
+    - {name: op-1, sha256: ${sha(operatorToken)}, roles: [operator]}
+providers:
+  demo: {type: scripted, rules: ${dir}/rules.yaml}
+steps:
+  triage_ticket:
+    provider: demo
+    model: demo-1
+    temperature: 0
+    prompt: {template: ${repo}/config/prompts/triage_ticket.mustache, version: v1}
+    output_schema: ${repo}/schemas/examples/triage_ticket.v1.json
+actions:
+  send_reply:
+    identity: {fields: [/ticket_id, /text], version: v1}
+    window: 24h
+    on_duplicate: return_original
+    effector: {http: {method: POST, url: "${effectorUrl}/replies", idempotency: header}}
+  refund:
+    identity: {fields: [/order_id], version: v1}
+    window: forever
+    on_duplicate: return_original
+    args_schema: ${dir}/refund.args.json
+    effector: {http: {method: POST, url: "${effectorUrl}/refunds", idempotency: header}}
+    approval: {when: {">": [{"var": "args.amount"}, 100]}, reason: refunds over 100 need a human}
+`);
+const portFile = join(dir, 'port');
+const daemon = spawn(idem, ['serve', '--config', join(dir, 'idem.yaml'), '--port-file', portFile,
+  '--log-level', 'warn'], { stdio: ['ignore', 'inherit', 'inherit'] });
+let port = 0;
+for (let i = 0; i < 200 && !port; i++) {
+  await new Promise((r) => setTimeout(r, 50));
+  if (existsSync(portFile)) port = Number(readFileSync(portFile, 'utf8').trim()) || 0;
+}
+assert.ok(port, 'the daemon did not start');
+const base = `http://127.0.0.1:${port}`;
+
+let failed = false;
+try {
+  const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+    requestInit: { headers: { Authorization: `Bearer ${agentToken}` } },
+  });
+  const client = new Client({ name: 'idem-e2e', version: '1.0.0' });
+  await client.connect(transport);
+  assert.ok(transport.sessionId, 'a session id was issued');
+
+  // Tools: one per step, one per action kind, and the built-ins.
+  const { tools } = await client.listTools();
+  const names = tools.map((t) => t.name).sort();
+  for (const n of ['decide_triage_ticket', 'do_send_reply', 'do_refund', 'claim_work',
+    'complete_work', 'fail_work', 'get_plan', 'get_decision']) {
+    assert.ok(names.includes(n), `tool ${n} listed (${names})`);
+  }
+  const refundTool = tools.find((t) => t.name === 'do_refund');
+  assert.deepEqual(refundTool.inputSchema.required, ['order_id', 'amount']);
+  assert.equal(refundTool.annotations.idempotentHint, true);
+
+  // A decide tool: structuredContent matches the declared outputSchema
+  // (the SDK validates it).
+  const decided = await client.callTool({ name: 'decide_triage_ticket',
+    arguments: { input: { ticket_id: 'T-1', text: 'how do I reset my password?' } } });
+  assert.equal(decided.isError, false);
+  assert.equal(decided.structuredContent.output.category, 'question');
+  assert.match(decided.content[0].text, /decision_id/);
+
+  // An action tool twice: one effect; the second says already_done with
+  // the first result.
+  const args = { ticket_id: 'T-1', text: 'hello' };
+  const first = await client.callTool({ name: 'do_send_reply', arguments: args });
+  assert.equal(first.isError, false, JSON.stringify(first));
+  assert.equal(first.structuredContent.outcome, 'created');
+  // A new session (as after an agent restart) retries the same call.
+  const client2 = new Client({ name: 'idem-e2e-2', version: '1.0.0' });
+  await client2.connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+    requestInit: { headers: { Authorization: `Bearer ${agentToken}` } } }));
+  const second = await client2.callTool({ name: 'do_send_reply', arguments: args,
+    _meta: { idempotencyKey: 'retry-after-timeout' } });
+  assert.equal(second.structuredContent.outcome, 'already_done');
+  assert.equal(second.structuredContent.external_ref, first.structuredContent.external_ref);
+  assert.equal(effects.size, 1, 'one effect at the fake effector');
+
+  // Bad arguments: an isError result naming the field.
+  const bad = await client.callTool({ name: 'do_refund',
+    arguments: { order_id: 'O-1', amount: 'lots' } });
+  assert.equal(bad.isError, true);
+  assert.match(bad.content[0].text, /amount/);
+
+  // A call whose plan needs approval: awaiting_approval at once, no effect.
+  const big = { order_id: 'O-2', amount: 500 };
+  const waiting = await client.callTool({ name: 'do_refund', arguments: big });
+  assert.equal(waiting.isError, false, JSON.stringify(waiting));
+  assert.equal(waiting.structuredContent.outcome, 'awaiting_approval');
+  const planId = waiting.structuredContent.plan_id;
+  const plan = await client.callTool({ name: 'get_plan', arguments: { plan_id: planId } });
+  assert.equal(plan.structuredContent.state, 'awaiting_approval');
+  assert.equal(effects.size, 1);
+
+  // An operator approves over REST (an edited amount); the same call then
+  // returns the outcome.
+  const approved = await fetch(`${base}/v1/plans/${planId}/approve`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${operatorToken}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ comment: 'ok', edits: [{ path: '/0/args/amount', value: 450 }] }),
+  });
+  assert.equal(approved.status, 200, await approved.clone().text());
+  assert.equal(effects.size, 2);
+  const outcome = await client.callTool({ name: 'do_refund', arguments: big });
+  assert.equal(outcome.isError, false, JSON.stringify(outcome));
+  assert.equal(outcome.structuredContent.outcome, 'already_done');
+  assert.equal(effects.size, 2, 'approval applied it once; the call did not repeat it');
+  assert.equal(bodies[1].amount, 450, 'the edited amount went out');
+
+  // Protocol faults are JSON-RPC errors; an unknown tool is -32602.
+  await assert.rejects(client.callTool({ name: 'no_such_tool', arguments: {} }),
+    (e) => e.code === -32602);
+  await client.ping();
+
+  // A wrong Origin is refused before anything runs.
+  const evil = await fetch(`${base}/mcp`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${agentToken}`, 'Content-Type': 'application/json',
+      Accept: 'application/json, text/event-stream', Origin: 'http://evil.example',
+      'Mcp-Session-Id': transport.sessionId, 'MCP-Protocol-Version': '2025-11-25' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/list' }),
+  });
+  assert.equal(evil.status, 403);
+
+  // Ending the session: later requests under it are 404.
+  const sid = transport.sessionId;
+  const alive = await fetch(`${base}/mcp`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${agentToken}`, 'Content-Type': 'application/json',
+      Accept: 'application/json', 'Mcp-Session-Id': sid },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 10, method: 'ping' }),
+  });
+  assert.equal(alive.status, 200);
+  await transport.terminateSession();
+  const gone = await fetch(`${base}/mcp`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${agentToken}`, 'Content-Type': 'application/json',
+      Accept: 'application/json', 'Mcp-Session-Id': sid },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 11, method: 'ping' }),
+  });
+  assert.equal(gone.status, 404);
+  await client.close();
+  await client2.close();
+  console.log('mcp_sdk: all checks passed');
+} catch (e) {
+  failed = true;
+  console.error('mcp_sdk: FAILED:', e);
+} finally {
+  daemon.kill('SIGTERM');
+  effector.close();
+  await new Promise((r) => daemon.once('exit', r));
+  rmSync(dir, { recursive: true, force: true });
+}
+process.exit(failed ? 1 : 0);

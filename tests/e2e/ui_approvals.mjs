@@ -1,0 +1,349 @@
+// End-to-end test of the operator page (/ui/) in a real browser: headless
+// Chromium (Debian's `chromium`) driven by playwright-core (pinned in
+// package-lock.json).
+//
+//   node tests/e2e/ui_approvals.mjs build/idem
+//
+// It starts the daemon with two tokens (an agent and an operator), an
+// action kind `refund` that always needs approval and whose effector is a
+// fake HTTP server in this process, and a step that escalates. The agent
+// creates three plans through POST /v1/actions/refund (each 202, nothing
+// sent). In the browser the operator signs in, approves plan 1, edits and
+// approves plan 2, rejects plan 3 and resolves the escalation through its
+// schema-checked form, and replays a dead letter (a flaky action whose only
+// attempt failed). Then the fake effector must have received plan 1's args
+// once, plan 2's edited args once and plan 3 never.
+//
+// Screenshots go to build/e2e-artifacts/ (IDEM_E2E_ARTIFACTS overrides);
+// IDEM_UPDATE_DOCS_IMG=1 also copies the queue to docs/img/ui-queue.png.
+// Exit code 0 when every check passed, 1 otherwise.
+import {spawn} from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import {fileURLToPath} from 'node:url';
+import {chromium} from 'playwright-core';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const binary = path.resolve(process.argv[2] || path.join(root, 'build/idem'));
+const artifacts = path.resolve(process.env.IDEM_E2E_ARTIFACTS || path.join(root, 'build/e2e-artifacts'));
+const chromiumPath = process.env.IDEM_CHROMIUM || '/usr/bin/chromium';
+const started = Date.now();
+
+const AGENT = 'agent-secret-' + crypto.randomBytes(8).toString('hex');
+const OPERATOR = 'operator-secret-' + crypto.randomBytes(8).toString('hex');
+const sha = (s) => crypto.createHash('sha256').update(s).digest('hex');
+
+let failures = 0;
+function check(ok, what) {
+  console.log((ok ? 'ok   ' : 'FAIL ') + what);
+  if (!ok) failures++;
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+async function until(what, fn, ms = 10000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error('timed out waiting for ' + what);
+    await sleep(100);
+  }
+}
+
+// ------------------------------------------------------------ fake effector
+// Speaks what the daemon's http effector expects (tests/fakes/fake_effector.h):
+// POST /refunds -> 201 {"id", ...body}; records every call. POST /flaky
+// fails its first call (500), so that action becomes a dead letter to replay.
+const calls = [];
+const effector = http.createServer((req, res) => {
+  let data = '';
+  req.on('data', (c) => { data += c; });
+  req.on('end', () => {
+    let body = null;
+    try { body = JSON.parse(data); } catch { body = data; }
+    calls.push({method: req.method, path: req.url, headers: req.headers, body});
+    if (req.url === '/flaky' && calls.filter((c) => c.path === '/flaky').length === 1) {
+      res.writeHead(500, {'Content-Type': 'application/json'});
+      res.end('{"error":"down for a moment"}');
+      return;
+    }
+    const id = 'rf_' + calls.length;
+    res.writeHead(201, {'Content-Type': 'application/json'});
+    res.end(JSON.stringify({id, ...(typeof body === 'object' && body ? body : {})}));
+  });
+});
+await new Promise((r) => effector.listen(0, '127.0.0.1', r));
+const effectorUrl = `http://127.0.0.1:${effector.address().port}`;
+
+// ------------------------------------------------------------ the daemon
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-ui-e2e-'));
+// The model always answers a refund with low priority, which the step's value
+// checks forbid: one attempt, then an escalation.
+fs.writeFileSync(path.join(dir, 'rules.yaml'), `default:
+  output: '{"category":"refund","priority":"low","summary":"wants money back","actions":[]}'
+`);
+const config = `server:
+  listen: 127.0.0.1:0
+  threads: 16
+store:
+  engine: rocksdb
+  path: ${dir}/data
+auth:
+  tokens:
+    - {name: agent-1, sha256: ${sha(AGENT)}, roles: [agent]}
+    - {name: op-1, sha256: ${sha(OPERATOR)}, roles: [operator]}
+providers:
+  demo:
+    type: scripted
+    rules: ${dir}/rules.yaml
+steps:
+  triage_ticket:
+    provider: demo
+    model: demo-1
+    temperature: 0
+    prompt:
+      template: ${root}/config/prompts/triage_ticket.mustache
+      version: v1
+    output_schema: ${root}/schemas/examples/triage_ticket.v1.json
+    checks: ${root}/policies/triage_ticket.yaml
+    attempts: 1
+    fallback: [escalate]
+    timeout: 30s
+    cache:
+      window: forever
+actions:
+  refund:
+    identity: {fields: [/order_id], version: v1}
+    window: 24h
+    on_duplicate: return_original
+    effector: {http: {method: POST, url: "${effectorUrl}/refunds", idempotency: header}}
+    retry: {attempts: 3, base: 10ms, cap: 50ms, timeout: 5s}
+    approval: {require: always, reason: "refunds need a human"}
+  flaky_ping:
+    identity: {fields: [/ping_id], version: v1}
+    window: 24h
+    on_duplicate: return_original
+    effector: {http: {method: POST, url: "${effectorUrl}/flaky", idempotency: header}}
+    retry: {attempts: 1, base: 10ms, cap: 50ms, timeout: 5s}
+`;
+fs.writeFileSync(path.join(dir, 'idem.yaml'), config);
+const portFile = path.join(dir, 'port');
+const log = fs.openSync(path.join(dir, 'daemon.log'), 'w');
+const daemon = spawn(binary, ['serve', '--config', path.join(dir, 'idem.yaml'), '--listen', '127.0.0.1:0',
+                              '--data', path.join(dir, 'data'), '--port-file', portFile],
+                     {stdio: ['ignore', log, log]});
+let daemonExited = null;
+daemon.on('exit', (code, sig) => { daemonExited = {code, sig}; });
+
+let browser = null;
+async function cleanup() {
+  if (browser) await browser.close().catch(() => {});
+  if (!daemonExited) {
+    daemon.kill('SIGTERM');
+    await until('the daemon to stop', () => daemonExited, 10000).catch(() => daemon.kill('SIGKILL'));
+  }
+  effector.close();
+}
+
+async function main() {
+  const port = await until('the daemon port file', () => {
+    if (daemonExited) throw new Error('the daemon exited: ' + fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8'));
+    try { return Number(fs.readFileSync(portFile, 'utf8').trim()) || null; } catch { return null; }
+  }, 20000);
+  const base = `http://127.0.0.1:${port}`;
+  await until('/healthz', async () => (await fetch(base + '/healthz').catch(() => null))?.ok, 20000);
+
+  const call = async (method, p, token, body, headers = {}) => {
+    const res = await fetch(base + p, {
+      method,
+      headers: {Authorization: 'Bearer ' + token, ...(body ? {'Content-Type': 'application/json'} : {}), ...headers},
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const text = await res.text();
+    let json = null;
+    try { json = JSON.parse(text); } catch { json = text; }
+    return {status: res.status, body: json, headers: res.headers};
+  };
+
+  // The page's own answers: public, never cached, a strict CSP.
+  const page0 = await fetch(base + '/ui/');
+  check(page0.status === 200 && page0.headers.get('content-type').startsWith('text/html'), 'GET /ui/ is HTML');
+  check(page0.headers.get('cache-control') === 'no-store', '/ui/ is Cache-Control: no-store');
+  check(/default-src 'none'/.test(page0.headers.get('content-security-policy') || '') &&
+        /script-src 'self'/.test(page0.headers.get('content-security-policy') || ''), '/ui/ has a strict CSP');
+  check(page0.headers.get('x-content-type-options') === 'nosniff', '/ui/ is nosniff');
+  const js = await fetch(base + '/ui/app.js');
+  check(js.status === 200 && js.headers.get('content-type').startsWith('text/javascript'), '/ui/app.js is JavaScript');
+  const redirect = await fetch(base + '/ui', {redirect: 'manual'});
+  check([301, 302, 307, 308].includes(redirect.status) && redirect.headers.get('location') === '/ui/', 'GET /ui redirects to /ui/');
+  check((await fetch(base + '/ui/nope.js')).status === 404, 'an unknown /ui/ file is 404');
+
+  // Three refunds as the agent: each waits for a human, nothing is sent.
+  const orders = [
+    {order_id: 'A-1', amount: 120, currency: 'EUR'},
+    {order_id: 'B-2', amount: 250, currency: 'EUR'},
+    {order_id: 'C-3', amount: 999, currency: 'EUR'},
+  ];
+  const plans = [];
+  for (const args of orders) {
+    const r = await call('POST', '/v1/actions/refund', AGENT, {args}, {'Idempotency-Key': '"ui-e2e-' + args.order_id + '"'});
+    check(r.status === 202 && typeof r.body.plan_id === 'string', `POST /v1/actions/refund ${args.order_id} -> 202 with a plan id (got ${r.status})`);
+    if (r.status !== 202) throw new Error('cannot go on without plans: ' + JSON.stringify(r.body));
+    plans.push(r.body.plan_id);
+  }
+  check(calls.length === 0, 'nothing reached the effector before approval');
+
+  // A dead letter: the only attempt of a flaky ping fails.
+  await call('POST', '/v1/actions/flaky_ping', AGENT, {args: {ping_id: 'P-1'}}, {'Idempotency-Key': '"ui-e2e-ping"'});
+  const dead = await until('the dead letter', async () => {
+    const r = await call('GET', '/v1/dead-letters', OPERATOR);
+    return r.body.items?.length === 1 ? r.body.items[0] : null;
+  });
+
+  // An escalation: the step's only attempt fails its checks.
+  const esc = await call('POST', '/v1/decide', AGENT, {step: 'triage_ticket', input: {ticket_id: '42', text: 'refund please'}});
+  check(esc.status === 200 && esc.body.status === 'escalated', 'the decide escalates');
+  const step = await call('GET', '/v1/steps/triage_ticket', OPERATOR);
+  check(step.status === 200 && step.body.output_schema?.properties?.priority !== undefined, 'GET /v1/steps/{name} has the output schema');
+
+  // ---------------------------------------------------------- the browser
+  fs.mkdirSync(artifacts, {recursive: true});
+  browser = await chromium.launch({executablePath: chromiumPath, headless: true});
+  const context = await browser.newContext({viewport: {width: 1280, height: 860}});
+  const page = await context.newPage();
+  const pageErrors = [];
+  page.on('pageerror', (e) => pageErrors.push('pageerror: ' + e.message));
+  page.on('console', (m) => { if (m.type() === 'error') pageErrors.push('console: ' + m.text()); });
+  page.setDefaultTimeout(10000);
+
+  await page.goto(base + '/ui/');
+  // A wrong token is refused readably, then the operator's is taken.
+  await page.fill('#token', 'not-a-token');
+  await page.press('#token', 'Enter');
+  await page.waitForSelector('.problem');
+  check((await page.textContent('.problem')).includes('401'), 'a wrong token shows the 401 problem');
+  pageErrors.length = 0;  // the browser logs the refused request itself
+  await page.fill('#token', OPERATOR);
+  await page.press('#token', 'Enter');
+  for (const id of plans) await page.waitForSelector(`tr[data-plan="${id}"]`);
+  check(true, 'the queue lists the three plans');
+  check((await page.textContent('#queue')).includes('refunds need a human'), 'the queue shows the policy reason');
+  const stored = await page.evaluate(() => sessionStorage.getItem('idem.token'));
+  check(stored === OPERATOR, 'the token is kept in sessionStorage');
+  await page.screenshot({path: path.join(artifacts, 'ui-queue.png')});
+
+  // Plan 1: approve with a comment.
+  await page.click(`a[href="#/plans/${plans[0]}"]`);
+  await page.waitForSelector('#approve');
+  check((await page.textContent('main')).includes('"order_id": "A-1"'), 'the detail shows the action args');
+  await page.screenshot({path: path.join(artifacts, 'ui-plan.png'), fullPage: true});
+  // With the keyboard only: type the comment, Tab to Approve, Enter.
+  await page.focus('#approve-comment');
+  await page.keyboard.type('ok, known customer');
+  await page.keyboard.press('Tab');
+  check(await page.evaluate(() => document.activeElement.id) === 'approve', 'Tab from the comment reaches Approve');
+  await page.keyboard.press('Enter');
+  await page.waitForSelector('h1 + .badge:not(.state-awaiting_approval)');
+  const p1 = await call('GET', '/v1/plans/' + plans[0], OPERATOR);
+  check(['approved', 'applying', 'applied'].includes(p1.body.state) && p1.body.approved_by === 'op-1' &&
+        p1.body.comment === 'ok, known customer', `plan 1 approved by op-1 with the comment (state ${p1.body.state})`);
+
+  // Plan 2: edit the amount, then approve; the detail then shows the diff.
+  await page.goto(base + '/ui/#/plans/' + plans[1]);
+  await page.waitForSelector('#edit');
+  await page.click('#edit');
+  await page.fill('#edit-args-0', JSON.stringify({order_id: 'B-2', amount: 90, currency: 'EUR'}, null, 2));
+  await page.click('#approve-edited');
+  await page.waitForSelector('table.diff');
+  const diffText = await page.textContent('table.diff');
+  check(diffText.includes('/0/args/amount') && diffText.includes('250') && diffText.includes('90'),
+        'plan 2 detail shows the edit as a diff');
+  await page.screenshot({path: path.join(artifacts, 'ui-plan-edited.png'), fullPage: true});
+
+  // Plan 3: reject; an empty reason is refused in the page first.
+  await page.goto(base + '/ui/#/plans/' + plans[2]);
+  await page.waitForSelector('#reject');
+  await page.click('#reject');
+  await page.waitForSelector('.outcome .error');
+  await page.fill('#reject-reason', 'amount too high for this order');
+  await page.click('#reject');
+  await page.waitForSelector('h1 + .badge.state-rejected');
+  check(true, 'plan 3 shows rejected');
+
+  // A second approve of plan 1 (another tab's stale page) is a readable 409.
+  const again = await call('POST', `/v1/plans/${plans[0]}/approve`, OPERATOR, {});
+  check(again.status === 409, 'approving plan 1 again is 409');
+
+  // The escalation: a schema-invalid answer is caught in the browser, a valid one resolves it.
+  await page.goto(base + '/ui/#/escalations');
+  await page.waitForSelector('section.escalation textarea');
+  const bad = {category: 'refund', priority: 'urgent', summary: 'refund approved', actions: []};
+  await page.fill('section.escalation textarea', JSON.stringify(bad));
+  await page.click('button.resolve');
+  await page.waitForSelector('.check .error');
+  check((await page.textContent('.check')).includes('/priority'), 'the form names the invalid field (/priority) before sending');
+  const stillOpen = await call('GET', '/v1/escalations?state=open', OPERATOR);
+  check(stillOpen.body.items?.length === 1, 'the invalid answer was not sent');
+  const good = {category: 'refund', priority: 'high', summary: 'refund approved by ops', actions: []};
+  await page.fill('section.escalation textarea', JSON.stringify(good, null, 2));
+  await page.click('button.resolve');
+  await page.waitForSelector('text=No open escalations.');
+  const open = await call('GET', '/v1/escalations?state=open', OPERATOR);
+  check(open.body.items?.length === 0, 'the escalation is resolved');
+  const after = await call('POST', '/v1/decide', AGENT, {step: 'triage_ticket', input: {ticket_id: '42', text: 'refund please'}});
+  check(after.body.status === 'decided' && after.body.decided_by === 'human' && after.body.output?.priority === 'high',
+        "the human's answer is now the decision");
+
+  // The dead letter: replayed from its page, the effector now takes it.
+  await page.goto(base + '/ui/#/dead-letters');
+  await page.waitForSelector(`button.replay[data-work="${dead.work_id}"]`);
+  await page.click(`button.replay[data-work="${dead.work_id}"]`);
+  await page.waitForSelector('text=No dead letters.');
+  const pings = calls.filter((c) => c.path === '/flaky');
+  check(pings.length === 2 && pings[1].body.ping_id === 'P-1', `the replay reached the effector (${pings.length} calls in all)`);
+
+  // Back to the queue: empty.
+  await page.goto(base + '/ui/#/plans');
+  await page.waitForSelector('text=No plan awaits approval.');
+  check(true, 'the queue is empty after the three decisions');
+  // The queue on a phone, for the README's reviewers.
+  await page.setViewportSize({width: 390, height: 844});
+  await page.goto(base + '/ui/#/plans?state=applied');
+  await page.waitForSelector(`tr[data-plan="${plans[0]}"]`);
+  await page.screenshot({path: path.join(artifacts, 'ui-phone.png')});
+  check(pageErrors.length === 0, 'no script error or CSP violation in the page' + (pageErrors.length ? ': ' + pageErrors.join(' | ') : ''));
+
+  // ---------------------------------------------------------- at the effector
+  const forOrder = (id) => calls.filter((c) => c.path === '/refunds' && c.body && c.body.order_id === id);
+  await until('both approved refunds at the effector', () => forOrder('A-1').length >= 1 && forOrder('B-2').length >= 1);
+  await sleep(500);  // a duplicate would land now
+  const a = forOrder('A-1'), b = forOrder('B-2'), c = forOrder('C-3');
+  check(a.length === 1 && a[0].body.amount === 120, `plan 1's args reached the effector once (${a.length})`);
+  check(b.length === 1 && b[0].body.amount === 90, `plan 2's edited args reached the effector once (${b.length}, amount ${b[0]?.body.amount})`);
+  check(c.length === 0, `plan 3 never reached the effector (${c.length})`);
+  const refunds = calls.filter((c) => c.path === '/refunds').length;
+  check(refunds === 2, `two refunds in all (${refunds})`);
+  const p2 = await call('GET', '/v1/plans/' + plans[1], OPERATOR);
+  check(p2.body.original_actions?.[0]?.args?.amount === 250 && p2.body.actions?.[0]?.args?.amount === 90,
+        'plan 2 keeps both versions');
+
+  if (process.env.IDEM_UPDATE_DOCS_IMG === '1') {
+    fs.mkdirSync(path.join(root, 'docs/img'), {recursive: true});
+    fs.copyFileSync(path.join(artifacts, 'ui-queue.png'), path.join(root, 'docs/img/ui-queue.png'));
+  }
+}
+
+try {
+  await main();
+} catch (e) {
+  failures++;
+  console.log('FAIL ' + (e.stack || e));
+  try { console.log('daemon log (tail):\n' + fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8').split('\n').slice(-30).join('\n')); } catch {}
+} finally {
+  await cleanup();
+  fs.rmSync(dir, {recursive: true, force: true});
+}
+console.log(`${failures ? 'FAILED' : 'passed'}: ui_approvals in ${((Date.now() - started) / 1000).toFixed(1)} s; screenshots in ${artifacts}`);
+process.exit(failures ? 1 : 0);

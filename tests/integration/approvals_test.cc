@@ -1,0 +1,340 @@
+// Plans that wait for a human (issue 10): policies gate every way in, and
+// only an operator's approval lets the effects happen — once.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "daemon/core/crypto.h"
+#include "tests/fakes/fake_effector.h"
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+using fakes::FakeEffectorServer;
+
+const char* kAgent = "agent-secret";
+const char* kOperator = "op-secret";
+const char* kOperator2 = "op2-secret";
+const char* kAdmin = "admin-secret";
+
+// The scripted model triages every ticket as a refund with one reply.
+const char* kRules = R"(default:
+  output: '{"category":"refund","priority":"high","summary":"s","actions":[{"kind":"send_reply","args":{"ticket_id":"{{input.ticket_id}}","text":"refund on its way"}}]}'
+)";
+
+struct Fixture {
+  std::unique_ptr<FakeEffectorServer> target = FakeEffectorServer::Start();
+  TempDir dir;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<httplib::Client> client;
+
+  Fixture() {
+    REQUIRE(target != nullptr);
+    auto token = [](const char* name, const char* secret, const char* roles) {
+      return std::string("    - {name: ") + name + ", sha256: " + Sha256Hex(secret) + ", roles: [" +
+             roles + "]}\n";
+    };
+    // The step's plans wait when the model says refund (a policy file);
+    // refunds over 100 wait (inline); wires always wait, 1 s at most;
+    // shipments are client-executed and always wait.
+    std::string step_policy = dir.File("refund_replies.yaml",
+                                       "description: replies promising refunds\n"
+                                       "when: {\"==\": [{\"var\": \"decision.output.category\"}, "
+                                       "\"refund\"]}\n"
+                                       "reason: replies about refunds are read by a human\n");
+    std::string refund_schema = dir.File(
+        "refund.args.json",
+        R"({"type":"object","required":["order_id","amount"],"properties":{"order_id":{"type":"string"},"amount":{"type":"number","maximum":10000}}})");
+    std::string effector = "    effector: {http: {method: POST, url: \"" + target->base_url() +
+                           "/records\", idempotency: header}}\n";
+    std::string extra =
+        "    plan: {pointer: /actions}\n"
+        "    approval: " +
+        step_policy +
+        "\n"
+        "actions:\n"
+        "  send_reply:\n"
+        "    identity: {fields: [/ticket_id, /text], version: v1}\n"
+        "    window: 24h\n"
+        "    on_duplicate: return_original\n" +
+        effector +
+        "  refund:\n"
+        "    identity: {fields: [/order_id], version: v1}\n"
+        "    window: forever\n"
+        "    on_duplicate: return_original\n"
+        "    args_schema: " +
+        refund_schema + "\n" + effector +
+        "    approval: {when: {\">\": [{\"var\": \"args.amount\"}, 100]}, reason: "
+        "refunds over 100 need a human}\n"
+        "  wire:\n"
+        "    identity: {fields: [/wire_id], version: v1}\n"
+        "    window: forever\n"
+        "    on_duplicate: return_original\n" +
+        effector +
+        "    approval: {require: always, reason: every wire, timeout: 1s}\n"
+        "  ship:\n"
+        "    identity: {fields: [/parcel], version: v1}\n"
+        "    window: forever\n"
+        "    on_duplicate: return_original\n"
+        "    approval: {require: always, reason: shipments are checked}\n"
+        "auth:\n  tokens:\n" +
+        token("agent-1", kAgent, "agent") + token("op-1", kOperator, "operator") +
+        token("op-2", kOperator2, "operator") + token("root", kAdmin, "admin");
+    std::string config = WriteTestConfig(dir, kRules, extra);
+    std::string err;
+    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    client = daemon->Client();
+  }
+
+  httplib::Result Post(const std::string& path, const Json& body, const char* token,
+                       const std::string& key = "") {
+    httplib::Headers h = {{"Authorization", std::string("Bearer ") + token}};
+    if (!key.empty()) h.emplace("Idempotency-Key", key);
+    return client->Post(path.c_str(), h, body.dump(), "application/json");
+  }
+  httplib::Result Get(const std::string& path, const char* token = kOperator) {
+    return client->Get(path.c_str(), {{"Authorization", std::string("Bearer ") + token}});
+  }
+  // The plan of a gated refund call (202), made by the agent.
+  std::string GatedRefund(const std::string& order, double amount) {
+    auto r = Post("/v1/actions/refund", {{"args", {{"order_id", order}, {"amount", amount}}}},
+                  kAgent, "\"" + order + "-call\"");
+    REQUIRE(r);
+    REQUIRE_MESSAGE(r->status == 202, r->body);
+    return Json::parse(r->body)["plan_id"];
+  }
+  int64_t Effects() { return target->stats().effects; }
+};
+
+Json J(const httplib::Result& r) {
+  REQUIRE(r);
+  return Json::parse(r->body);
+}
+
+}  // namespace
+
+TEST_CASE("a plan that needs approval is not applied until approved, by any of the four ways in") {
+  Fixture f;
+  // 1. A decision's plan, applied through /v1/plans/{id}/apply.
+  auto d =
+      f.Post("/v1/decide", {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-1"}}}}, kAgent);
+  REQUIRE(d->status == 200);
+  Json plan = J(d)["plan"];
+  CHECK(plan["state"] == "awaiting_approval");
+  CHECK(plan["approval_required"] == true);
+  CHECK(plan["reasons"][0]["reason"] == "replies about refunds are read by a human");
+  const std::string decision_id = J(d)["decision_id"];
+  auto applied = f.Post("/v1/plans/" + decision_id + "/apply", Json::object(), kAgent, "\"ap-1\"");
+  REQUIRE(applied->status == 202);
+  CHECK(J(applied)["state"] == "awaiting_approval");
+
+  // 2. A direct action call: 202 with the plan, the same plan on a retry.
+  std::string refund_plan = f.GatedRefund("O-1", 500);
+  auto retried = f.Post("/v1/actions/refund", {{"args", {{"order_id", "O-1"}, {"amount", 500}}}},
+                        kAgent, "\"O-1-retry\"");
+  REQUIRE(retried->status == 202);
+  CHECK(J(retried)["plan_id"] == refund_plan);
+  // Under the threshold the policy lets it through at once.
+  auto small = f.Post("/v1/actions/refund", {{"args", {{"order_id", "O-2"}, {"amount", 40}}}},
+                      kAgent, "\"O-2-call\"");
+  CHECK(small->status == 201);
+
+  // 3. A run: the small item executes, the large one waits.
+  Json run = {
+      {"run_id", "r-1"},
+      {"kind", "refund"},
+      {"items", {{{"order_id", "O-3"}, {"amount", 20}}, {{"order_id", "O-4"}, {"amount", 900}}}}};
+  auto r = f.Post("/v1/runs", run, kAgent, "\"run-1\"");
+  REQUIRE(r->status == 200);
+  CHECK(J(r)["counts"]["executed"] == 1);
+  CHECK(J(r)["counts"]["awaiting_approval"] == 1);
+  const std::string run_plan = J(r)["items"][1]["plan_id"];
+
+  // 4. A client claim of a gated client-executed kind.
+  Json claim = {{"kind", "ship"}, {"identity", {{"parcel", "P-1"}}}, {"args", {{"to", "Oslo"}}}};
+  auto c = f.Post("/v1/work/claim", claim, kAgent);
+  REQUIRE(c->status == 202);
+  const std::string claim_plan = J(c)["plan_id"];
+  CHECK(f.Post("/v1/work/claim", claim, kAgent)->status == 202);
+
+  // Only the two ungated refunds touched the outside world.
+  CHECK(f.Effects() == 2);
+  auto queue = J(f.Get("/v1/plans?state=awaiting_approval"));
+  CHECK(queue["items"].size() == 4);
+
+  // Approvals by an operator let each through, once.
+  const std::string decision_plan = plan["plan_id"];
+  for (const std::string& id : {decision_plan, refund_plan, run_plan, claim_plan}) {
+    auto a = f.Post("/v1/plans/" + id + "/approve", {{"comment", "ok"}}, kOperator);
+    REQUIRE_MESSAGE(a->status == 200, a->body);
+  }
+  CHECK(J(f.Get("/v1/plans/" + decision_plan))["state"] == "applied");
+  CHECK(J(f.Get("/v1/plans/" + refund_plan))["state"] == "applied");
+  CHECK(f.Effects() == 5);  // the reply, O-1, O-4
+  // The agent's same call now gets the outcome, without a second effect.
+  auto after = f.Post("/v1/actions/refund", {{"args", {{"order_id", "O-1"}, {"amount", 500}}}},
+                      kAgent, "\"O-1-after\"");
+  CHECK(after->status == 200);
+  CHECK(J(after)["duplicate"] == true);
+  CHECK(f.Post("/v1/plans/" + decision_id + "/apply", Json::object(), kAgent, "\"ap-2\"")->status ==
+        200);
+  CHECK(f.Effects() == 5);
+  // The client may claim the approved shipment now.
+  auto claimed = f.Post("/v1/work/claim", claim, kAgent);
+  CHECK(claimed->status == 201);
+  CHECK(J(claimed)["args"]["to"] == "Oslo");
+}
+
+TEST_CASE("a rejected plan is never applied, and a rejection needs a reason") {
+  Fixture f;
+  std::string id = f.GatedRefund("O-9", 700);
+  CHECK(f.Post("/v1/plans/" + id + "/reject", Json::object(), kOperator)->status == 400);
+  auto rejected = f.Post("/v1/plans/" + id + "/reject", {{"reason", "duplicate order"}}, kOperator);
+  REQUIRE(rejected->status == 200);
+  CHECK(J(rejected)["state"] == "rejected");
+  CHECK(J(rejected)["rejected_by"] == "op-1");
+  auto again = f.Post("/v1/actions/refund", {{"args", {{"order_id", "O-9"}, {"amount", 700}}}},
+                      kAgent, "\"O-9-again\"");
+  CHECK(again->status == 409);
+  CHECK(again->body.find("duplicate order") != std::string::npos);
+  CHECK(f.Post("/v1/plans/" + id + "/apply", Json::object(), kOperator, "\"ap\"")->status == 409);
+  CHECK(f.Post("/v1/plans/" + id + "/approve", Json::object(), kOperator)->status == 409);
+  CHECK(f.Effects() == 0);
+}
+
+TEST_CASE("approving twice at once applies the plan once") {
+  Fixture f;
+  std::string id = f.GatedRefund("O-5", 300);
+  std::atomic<int> ok{0}, conflict{0};
+  std::vector<std::thread> threads;
+  for (const char* token : {kOperator, kOperator2, kOperator, kOperator2}) {
+    threads.emplace_back([&, token] {
+      auto c = f.daemon->Client();
+      auto r =
+          c->Post(("/v1/plans/" + id + "/approve").c_str(),
+                  {{"Authorization", std::string("Bearer ") + token}}, "{}", "application/json");
+      if (r && r->status == 200) ok++;
+      if (r && r->status == 409) conflict++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(ok == 1);
+  CHECK(conflict == 3);
+  CHECK(f.Effects() == 1);
+}
+
+TEST_CASE("an edited plan is applied with the edited args, and the plan keeps both versions") {
+  Fixture f;
+  std::string id = f.GatedRefund("O-6", 500);
+  // An edit that breaks the kind's args_schema is refused with its place.
+  auto bad = f.Post("/v1/plans/" + id + "/approve",
+                    {{"edits", {{{"path", "/0/args/amount"}, {"value", "lots"}}}}}, kOperator);
+  REQUIRE(bad->status == 400);
+  CHECK(J(bad)["pointer"] == "/edits/0/value");
+  CHECK(f.Post("/v1/plans/" + id + "/approve",
+               {{"edits", {{{"path", "/0/kind"}, {"value", "wire"}}}}}, kOperator)
+            ->status == 400);
+  auto ok = f.Post(
+      "/v1/plans/" + id + "/approve",
+      {{"comment", "partial refund"}, {"edits", {{{"path", "/0/args/amount"}, {"value", 90}}}}},
+      kOperator);
+  REQUIRE_MESSAGE(ok->status == 200, ok->body);
+  Json p = J(ok);
+  CHECK(p["state"] == "applied");
+  CHECK(p["actions"][0]["args"]["amount"] == 90);
+  CHECK(p["original_actions"][0]["args"]["amount"] == 500);
+  CHECK(p["comment"] == "partial refund");
+  REQUIRE(f.Effects() == 1);
+  Json sent = Json::parse(f.target->calls().back().body);
+  CHECK(sent["amount"] == 90);
+}
+
+TEST_CASE("a plan nobody approves within its timeout expires and is never applied") {
+  Fixture f;
+  auto r =
+      f.Post("/v1/actions/wire", {{"args", {{"wire_id", "W-1"}, {"to", "x"}}}}, kAgent, "\"w-1\"");
+  REQUIRE(r->status == 202);
+  const std::string id = J(r)["plan_id"];
+  std::string state;
+  for (int i = 0; i < 60 && state != "expired"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    state = J(f.Get("/v1/plans/" + id))["state"];
+  }
+  CHECK(state == "expired");
+  CHECK(f.Post("/v1/plans/" + id + "/approve", Json::object(), kOperator)->status == 409);
+  CHECK(f.Post("/v1/actions/wire", {{"args", {{"wire_id", "W-1"}, {"to", "x"}}}}, kAgent, "\"w-2\"")
+            ->status == 409);
+  CHECK(f.Effects() == 0);
+}
+
+TEST_CASE("an agent token cannot approve, and the token that created a plan cannot approve it") {
+  Fixture f;
+  std::string id = f.GatedRefund("O-7", 250);
+  CHECK(f.Post("/v1/plans/" + id + "/approve", Json::object(), kAgent)->status == 403);
+  // An admin may approve anything except what it created itself.
+  auto own = f.Post("/v1/actions/refund", {{"args", {{"order_id", "O-8"}, {"amount", 600}}}},
+                    kAdmin, "\"O-8\"");
+  REQUIRE(own->status == 202);
+  const std::string own_id = J(own)["plan_id"];
+  auto denied = f.Post("/v1/plans/" + own_id + "/approve", Json::object(), kAdmin);
+  CHECK(denied->status == 403);
+  CHECK(denied->body.find("separation of duties") != std::string::npos);
+  CHECK(f.Effects() == 0);
+  auto approved = f.Post("/v1/plans/" + own_id + "/approve", Json::object(), kOperator);
+  REQUIRE(approved->status == 200);
+  Json p = J(approved);
+  CHECK(p["approved_by"] == "op-1");
+  CHECK(p["created_by"] == "root");
+  bool recorded = false;
+  for (const Json& h : p["history"]) {
+    recorded = recorded || (h["to"] == "approved" && h["actor"] == "op-1");
+  }
+  CHECK(recorded);
+  CHECK(f.Effects() == 1);
+}
+
+TEST_CASE("an agent waiting on its plan is answered when an operator approves it") {
+  Fixture f;
+  std::string id = f.GatedRefund("O-10", 150);
+  std::thread approver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto c = f.daemon->Client();
+    c->Post(("/v1/plans/" + id + "/approve").c_str(),
+            {{"Authorization", std::string("Bearer ") + kOperator}}, "{}", "application/json");
+  });
+  auto start = std::chrono::steady_clock::now();
+  auto waited = f.Get("/v1/plans/" + id + "?wait=20s", kAgent);
+  auto took = std::chrono::steady_clock::now() - start;
+  approver.join();
+  REQUIRE(waited->status == 200);
+  CHECK(J(waited)["state"] != "awaiting_approval");
+  CHECK(took < std::chrono::seconds(10));
+  CHECK(f.Get("/v1/plans/" + id + "?wait=2h", kAgent)->status == 400);
+}
+
+TEST_CASE("the approval queue pages newest first") {
+  Fixture f;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(f.GatedRefund("Q-" + std::to_string(i), 200 + i));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Json first = J(f.Get("/v1/plans?state=awaiting_approval&limit=2"));
+  REQUIRE(first["items"].size() == 2);
+  CHECK(first["items"][0]["plan_id"] == ids[2]);
+  CHECK(first["items"][1]["plan_id"] == ids[1]);
+  REQUIRE(first.contains("next_cursor"));
+  Json second = J(f.Get("/v1/plans?state=awaiting_approval&limit=2&cursor=" +
+                        first["next_cursor"].get<std::string>()));
+  REQUIRE(second["items"].size() == 1);
+  CHECK(second["items"][0]["plan_id"] == ids[0]);
+  CHECK_FALSE(second.contains("next_cursor"));
+  CHECK(f.Get("/v1/plans?state=nonsense")->status == 400);
+  CHECK(f.Get("/v1/plans?cursor=zz")->status == 400);
+}
+
+}  // namespace idem::testing

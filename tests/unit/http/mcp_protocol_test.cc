@@ -1,0 +1,210 @@
+// The MCP Streamable HTTP transport (daemon/mcp/mcp.h) without a network:
+// sessions, version negotiation, batches, Accept, paging, JSON-RPC errors.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "daemon/mcp/mcp.h"
+
+namespace idem {
+namespace {
+
+class CountingToolbox final : public McpToolbox {
+ public:
+  explicit CountingToolbox(int n) {
+    for (int i = 0; i < n; ++i) {
+      tools_.push_back({{"name", "t" + std::to_string(i)},
+                        {"description", "d"},
+                        {"inputSchema", {{"type", "object"}}}});
+    }
+  }
+  const std::vector<Json>& Tools() const override { return tools_; }
+  Json Call(const std::string& name, const Json& arguments, const Json&, const std::string& caller,
+            const std::string&) override {
+    if (name.empty() || name[0] != 't') return Json();
+    ++calls;
+    last_caller = caller;
+    return {{"content", Json::array({{{"type", "text"}, {"text", arguments.dump()}}})},
+            {"isError", false}};
+  }
+  int calls = 0;
+  std::string last_caller;
+
+ private:
+  std::vector<Json> tools_;
+};
+
+McpHttpRequest Post(Json body, std::string session = "") {
+  McpHttpRequest r;
+  r.method = "POST";
+  r.accept = "application/json, text/event-stream";
+  r.session_id = std::move(session);
+  r.caller = "agent-1";
+  r.body = std::move(body);
+  return r;
+}
+
+Json Rpc(int id, const std::string& method, Json params = Json::object()) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}};
+}
+
+std::string SessionOf(const McpHttpResponse& r) {
+  for (const auto& [k, v] : r.headers) {
+    if (k == "Mcp-Session-Id") return v;
+  }
+  return "";
+}
+
+struct Fixture {
+  CountingToolbox tools{5};
+  McpProtocol mcp{tools, McpOptions{.max_sessions = 3,
+                                    .session_idle_ms = 1000,
+                                    .tools_page_size = 2,
+                                    .max_batch = 4,
+                                    .server_name = "idem",
+                                    .server_version = "test"}};
+  std::string Initialize(const std::string& version = "2025-11-25", int64_t now = 0) {
+    McpHttpResponse r = mcp.Handle(Post(Rpc(1, "initialize", {{"protocolVersion", version}})), now);
+    REQUIRE(r.status == 200);
+    return SessionOf(r);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("initialize issues a session and negotiates a supported protocol version") {
+  Fixture f;
+  McpHttpResponse r =
+      f.mcp.Handle(Post(Rpc(1, "initialize", {{"protocolVersion", "2025-03-26"}})), 0);
+  REQUIRE(r.status == 200);
+  Json j = Json::parse(r.body);
+  CHECK(j["result"]["protocolVersion"] == "2025-03-26");
+  CHECK(j["result"]["capabilities"].contains("tools"));
+  CHECK_FALSE(SessionOf(r).empty());
+  // A version this server does not know is answered with the latest.
+  McpHttpResponse other =
+      f.mcp.Handle(Post(Rpc(1, "initialize", {{"protocolVersion", "1999-01-01"}})), 0);
+  CHECK(Json::parse(other.body)["result"]["protocolVersion"] == kMcpLatestVersion);
+}
+
+TEST_CASE("requests after initialize need a live session") {
+  Fixture f;
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping")), 0).status == 400);
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), "nope"), 0).status == 404);
+  std::string sid = f.Initialize();
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), sid), 10).status == 200);
+  // Idle past session_idle_ms: gone, the client must initialize again.
+  CHECK(f.mcp.Handle(Post(Rpc(3, "ping"), sid), 5000).status == 404);
+}
+
+TEST_CASE("DELETE ends a session and GET opens no stream") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  McpHttpRequest del;
+  del.method = "DELETE";
+  del.session_id = sid;
+  CHECK(f.mcp.Handle(del, 0).status == 200);
+  CHECK(f.mcp.Handle(del, 0).status == 404);
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), sid), 0).status == 404);
+  McpHttpRequest get;
+  get.method = "GET";
+  CHECK(f.mcp.Handle(get, 0).status == 405);
+}
+
+TEST_CASE("sessions are bounded: the least recently used is dropped first") {
+  Fixture f;
+  std::string a = f.Initialize(), b = f.Initialize(), c = f.Initialize();
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), a), 1).status == 200);  // a is fresh now
+  std::string d = f.Initialize();
+  CHECK(f.mcp.session_count() == 3);
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), b), 2).status == 404);
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), a), 2).status == 200);
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), d), 2).status == 200);
+}
+
+TEST_CASE("an unsupported MCP-Protocol-Version header is refused") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  McpHttpRequest r = Post(Rpc(2, "ping"), sid);
+  r.protocol_version = "2030-01-01";
+  CHECK(f.mcp.Handle(r, 0).status == 400);
+  r.protocol_version = "2025-06-18";
+  CHECK(f.mcp.Handle(r, 0).status == 200);
+}
+
+TEST_CASE("notifications alone are accepted with 202 and no body") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  McpHttpResponse r =
+      f.mcp.Handle(Post({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}, sid), 0);
+  CHECK(r.status == 202);
+  CHECK(r.body.empty());
+}
+
+TEST_CASE("a batch is answered with one answer per request, in order") {
+  Fixture f;
+  std::string sid = f.Initialize("2025-03-26");
+  Json batch = Json::array({Rpc(1, "ping"),
+                            {{"jsonrpc", "2.0"}, {"method", "notifications/x"}},
+                            Rpc(2, "nope"),
+                            Rpc(3, "tools/call", {{"name", "t1"}, {"arguments", {{"a", 1}}}})});
+  McpHttpResponse r = f.mcp.Handle(Post(batch, sid), 0);
+  REQUIRE(r.status == 200);
+  Json j = Json::parse(r.body);
+  REQUIRE(j.size() == 3);
+  CHECK(j[0]["id"] == 1);
+  CHECK(j[1]["error"]["code"] == -32601);
+  CHECK(j[2]["result"]["isError"] == false);
+  CHECK(f.tools.calls == 1);
+  CHECK(f.tools.last_caller == "agent-1");
+  Json too_many = Json::array();
+  for (int i = 0; i < 5; ++i) too_many.push_back(Rpc(i, "ping"));
+  CHECK(f.mcp.Handle(Post(too_many, sid), 0).status == 413);
+  CHECK(f.mcp.Handle(Post(Json::array(), sid), 0).status == 400);
+}
+
+TEST_CASE("tools/list pages with nextCursor and refuses a cursor it did not make") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  std::vector<std::string> names;
+  Json params = Json::object();
+  for (int page = 0; page < 5; ++page) {
+    Json j = Json::parse(f.mcp.Handle(Post(Rpc(page, "tools/list", params), sid), 0).body);
+    for (const Json& t : j["result"]["tools"]) names.push_back(t["name"]);
+    if (!j["result"].contains("nextCursor")) break;
+    params = {{"cursor", j["result"]["nextCursor"]}};
+  }
+  CHECK(names == std::vector<std::string>{"t0", "t1", "t2", "t3", "t4"});
+  Json bad = Json::parse(f.mcp.Handle(Post(Rpc(9, "tools/list", {{"cursor", "zz"}}), sid), 0).body);
+  CHECK(bad["error"]["code"] == -32602);
+}
+
+TEST_CASE("protocol faults are JSON-RPC errors with the codes the specification names") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  auto code = [&](const Json& msg) {
+    return Json::parse(f.mcp.Handle(Post(msg, sid), 0).body)["error"]["code"].get<int>();
+  };
+  CHECK(code({{"jsonrpc", "1.0"}, {"id", 1}, {"method", "ping"}}) == -32600);
+  CHECK(code({{"jsonrpc", "2.0"}, {"id", Json::array()}, {"method", "ping"}}) == -32600);
+  CHECK(code(Rpc(1, "resources/list")) == -32601);
+  CHECK(code(Rpc(1, "tools/call", {{"name", "unknown"}})) == -32602);
+  CHECK(code(Rpc(1, "tools/call", {{"arguments", {}}})) == -32602);
+  CHECK(code(Rpc(1, "tools/call", {{"name", "t1"}, {"arguments", "x"}})) == -32602);
+}
+
+TEST_CASE("Accept decides between JSON and one SSE event, and must name one of them") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  McpHttpRequest r = Post(Rpc(2, "ping"), sid);
+  r.accept = "text/event-stream";
+  McpHttpResponse sse = f.mcp.Handle(r, 0);
+  CHECK(sse.content_type == "text/event-stream");
+  CHECK(sse.body.rfind("event: message\ndata: {", 0) == 0);
+  CHECK(sse.body.substr(sse.body.size() - 2) == "\n\n");
+  r.accept = "text/html";
+  CHECK(f.mcp.Handle(r, 0).status == 406);
+}
+
+}  // namespace idem
