@@ -190,10 +190,14 @@ int main(int argc, char** argv) {
   std::string url = "http://127.0.0.1:7411";
   bool json_out = false;
   app.fallthrough();
-  app.add_option("--url", url, "The daemon's URL, for the client subcommands (env IDEM_URL)")
+  app.add_option("--url", url, "The daemon's URL, for the client subcommands")
       ->envname("IDEM_URL")
       ->default_val("http://127.0.0.1:7411");
   app.add_flag("--json", json_out, "Client subcommands: print the daemon's JSON, for scripts");
+  app.footer(
+      "Client subcommands send the bearer token in IDEM_TOKEN. Exit codes: 0 ok, 1 usage, "
+      "2 daemon unreachable, 3 not found, 4 conflict, 5 forbidden, 6 audit chain broken, "
+      "7 other error.");
 
   auto* dlq = app.add_subcommand("dlq", "Dead letters: work whose attempts ran out");
   dlq->require_subcommand(1);
