@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -25,9 +26,12 @@ using namespace idem::bench;
 
 namespace {
 
-void Row(const char* name, int conns, const LoadResult& r) {
-  std::printf("%-40s %5d %12.0f %10.0f %10.0f %8ld\n", name, conns, r.requests_per_s, r.p50_us,
-              r.p99_us, r.errors);
+// `cpu_ms`: the daemon's CPU time over the row.
+void Row(const char* name, int conns, const LoadResult& r, double cpu_ms) {
+  const double cpu_us_per_op =
+      r.requests > 0 ? cpu_ms * 1000.0 / static_cast<double>(r.requests) : 0;
+  std::printf("%-40s %5d %12.0f %10.0f %10.0f %8ld %10.1f\n", name, conns, r.requests_per_s,
+              r.p50_us, r.p99_us, r.errors, cpu_us_per_op);
 }
 
 std::string Claim(const std::string& identity) {
@@ -50,11 +54,18 @@ int main(int argc, char** argv) {
   const int port = daemon.port;
   std::printf("idem bench_work_http: %.0f s per row, %u cores, store sync=true\n\n", seconds,
               std::thread::hardware_concurrency());
-  std::printf("%-40s %5s %12s %10s %10s %8s\n", "row", "conns", "req/s", "p50 us", "p99 us",
-              "errors");
+  std::printf("%-40s %5s %12s %10s %10s %8s %10s\n", "row", "conns", "req/s", "p50 us", "p99 us",
+              "errors", "cpu us/op");
+  // Runs one row and prints it with the daemon's CPU time per operation.
+  auto measured = [&](const char* name, int conns, const std::function<LoadResult()>& load) {
+    const double cpu_before = daemon.CpuMillis();
+    LoadResult r = load();
+    Row(name, conns, r, daemon.CpuMillis() - cpu_before);
+    return r;
+  };
   if (wanted(64)) {
-    Row("GET /healthz (bare HTTP reference)", 64,
-        RunLoad(port, GetRequest("/healthz"), 64, seconds));
+    measured("GET /healthz (bare HTTP reference)", 64,
+             [&] { return RunLoad(port, GetRequest("/healthz"), 64, seconds); });
   }
   // New work at 1, 16 and 64 connections: every operation claims a unique
   // identity (one durable write), then, with `follow_up`, completes it.
@@ -63,15 +74,16 @@ int main(int argc, char** argv) {
     for (int conns : {1, 16, 64}) {
       if (!wanted(conns)) continue;
       const uint64_t offset = base;
-      LoadResult r = RunLoadGen(
-          port,
-          [offset, text](uint64_t seq) {
-            return Claim(R"({"ticket_id":)" + std::to_string(offset + seq) + R"(,"text":")" + text +
-                         R"("})");
-          },
-          conns, seconds, 2, follow_up);
+      LoadResult r = measured(name, conns, [&] {
+        return RunLoadGen(
+            port,
+            [offset, text](uint64_t seq) {
+              return Claim(R"({"ticket_id":)" + std::to_string(offset + seq) + R"(,"text":")" +
+                           text + R"("})");
+            },
+            conns, seconds, 2, follow_up);
+      });
       base += static_cast<uint64_t>(r.requests + r.errors) + 1'000'000;
-      Row(name, conns, r);
     }
   };
   new_work_rows("POST /v1/work/claim (new work, fsync)", "bench", nullptr);
@@ -103,6 +115,7 @@ int main(int argc, char** argv) {
   const std::string dup = Claim(R"({"ticket_id":-1,"text":"dup"})");
   for (int conns : {1, 64})
     if (wanted(conns))
-      Row("POST /v1/work/claim (duplicate of done)", conns, RunLoad(port, dup, conns, seconds));
+      measured("POST /v1/work/claim (duplicate of done)", conns,
+               [&] { return RunLoad(port, dup, conns, seconds); });
   return 0;
 }

@@ -17,10 +17,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -197,7 +199,9 @@ inline std::string GetRequest(const std::string& path) {
 }
 
 // The real daemon binary in its own process on the default config, with a
-// fresh store in a temp folder, on a free loopback port.
+// fresh store in a temp folder, on a free loopback port. Environment:
+// IDEM_BENCH_BINARY runs another daemon binary; IDEM_BENCH_KEEP keeps the
+// folder (store and daemon.log) afterwards.
 struct BenchDaemon {
   std::string dir;
   pid_t pid = -1;
@@ -214,9 +218,12 @@ struct BenchDaemon {
       const std::string log = dir + "/daemon.log";
       if (std::freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
       dup2(1, 2);
-      execl(IDEM_BINARY, IDEM_BINARY, "serve", "--config", config.c_str(), "--listen",
-            "127.0.0.1:0", "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(),
-            "--log-level", "warn", static_cast<char*>(nullptr));
+      // IDEM_BENCH_BINARY: another build of the daemon, for a before/after.
+      const char* binary = std::getenv("IDEM_BENCH_BINARY");
+      if (binary == nullptr) binary = IDEM_BINARY;
+      execl(binary, binary, "serve", "--config", config.c_str(), "--listen", "127.0.0.1:0",
+            "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(), "--log-level",
+            "warn", static_cast<char*>(nullptr));
       _exit(127);
     }
     for (int i = 0; i < 2000 && port == 0; ++i) {
@@ -226,6 +233,27 @@ struct BenchDaemon {
     }
     if (port == 0) std::fprintf(stderr, "daemon did not start; see %s/daemon.log\n", dir.c_str());
     return port != 0;
+  }
+
+  // CPU time (user + system) the daemon has used so far, in milliseconds;
+  // -1 if unreadable. On a shared machine, CPU per operation varies far less
+  // than operations per second.
+  double CpuMillis() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t close = stat.rfind(')');  // the command name may hold spaces
+    if (close == std::string::npos) return -1;
+    std::vector<std::string> fields;
+    size_t at = close + 2;
+    while (at < stat.size() && fields.size() < 13) {
+      size_t space = stat.find(' ', at);
+      if (space == std::string::npos) space = stat.size();
+      fields.push_back(stat.substr(at, space - at));
+      at = space + 1;
+    }
+    if (fields.size() < 13) return -1;  // fields 14 and 15: utime, stime in ticks
+    const double ticks = std::atof(fields[11].c_str()) + std::atof(fields[12].c_str());
+    return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
   }
 
   void Stop() {
@@ -240,7 +268,8 @@ struct BenchDaemon {
   ~BenchDaemon() {
     Stop();
     std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    if (!dir.empty() && std::getenv("IDEM_BENCH_KEEP") == nullptr)
+      std::filesystem::remove_all(dir, ec);
   }
 };
 

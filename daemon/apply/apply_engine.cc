@@ -26,6 +26,7 @@ struct KindRuntime {
   const ActionConfig* action = nullptr;
   std::unique_ptr<Effector> effector;  // null: client-executed work
   int64_t lease_ms = 0;
+  bool internal = false;  // idem's own kind: run by the workers, refused by Submit
 };
 
 WorkItem Scrubbed(WorkItem item) {
@@ -68,12 +69,16 @@ class JournalEffectContext final : public EffectContext {
 
 class ApplyEngineImpl final : public ApplyEngine {
  public:
-  ApplyEngineImpl(Journal& journal, StableClock& clock, Metrics& metrics, ApplyOptions options,
+  ApplyEngineImpl(const Config& config, Journal& journal, StableClock& clock, Metrics& metrics,
+                  ApplyOptions options,
+                  std::unique_ptr<std::map<std::string, ActionConfig>> internal_actions,
                   std::map<std::string, KindRuntime> kinds)
-      : journal_(journal),
+      : config_(config),
+        journal_(journal),
         clock_(clock),
         metrics_(metrics),
-        options_(options),
+        options_(std::move(options)),
+        internal_actions_(std::move(internal_actions)),
         kinds_(std::move(kinds)) {}
   ~ApplyEngineImpl() override { Stop(); }
 
@@ -102,6 +107,8 @@ class ApplyEngineImpl final : public ApplyEngine {
   // Marks dead an item whose kind this daemon cannot run (not configured).
   void BuryUnknownKind(const WorkItem& item);
   void ReconcileKind(const std::string& name, const KindRuntime& kind, ReconcileReport& report);
+  // Tells options_.notifier that `dead` became a dead letter.
+  void NotifyDead(const WorkItem& dead);
 
   bool TryMarkInFlight(const std::string& work_id) EXCLUDES(mu_) {
     MutexLock lock(mu_);
@@ -121,10 +128,13 @@ class ApplyEngineImpl final : public ApplyEngine {
   }
   void WorkerLoop();
 
+  const Config& config_;
   Journal& journal_;
   StableClock& clock_;
   Metrics& metrics_;
   const ApplyOptions options_;
+  // The internal kinds' configs, which kinds_ points into (map nodes are stable).
+  const std::unique_ptr<std::map<std::string, ActionConfig>> internal_actions_;
   const std::map<std::string, KindRuntime> kinds_;
 
   mutable Mutex mu_;
@@ -160,7 +170,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::Submit(const std::string& kind_name, co
                                                 const std::string& run_id,
                                                 const std::string& request_id) {
   const KindRuntime* kind = FindKind(kind_name);
-  if (kind == nullptr) {
+  if (kind == nullptr || kind->internal) {
     return Status(Code::kNotFound, "unknown action kind '" + kind_name + "'", "/kind");
   }
   if (!kind->effector) {
@@ -217,7 +227,10 @@ StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,
       return ActionOutcome{ActionOutcomeKind::kBusy, Scrubbed(std::move(claim->item))};
     case ClaimOutcome::kDead:
       // The claim itself buried it when a crashed holder had used the last attempt.
-      if (claim->item.updated_at_ms == request.now_ms) metrics_.work_dead.Inc();
+      if (claim->item.updated_at_ms == request.now_ms) {
+        metrics_.work_dead.Inc();
+        NotifyDead(claim->item);
+      }
       return ActionOutcome{ActionOutcomeKind::kDead, Scrubbed(std::move(claim->item))};
   }
   return Internal("unknown claim outcome");
@@ -291,6 +304,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
               {"kind", claimed.kind},
               {"attempt", claimed.attempt},
               {"error", failed->last_error}});
+    NotifyDead(*failed);
     return ActionOutcome{ActionOutcomeKind::kDead, std::move(failed).value()};
   }
   metrics_.work_failed.Inc();
@@ -352,8 +366,41 @@ void ApplyEngineImpl::BuryUnknownKind(const WorkItem& item) {
       journal_.Fail(item.work_id, claim->item.lease_token,
                     "action kind '" + item.kind + "' is not configured in this daemon",
                     /*retryable=*/false, 0, req.now_ms);
-  if (dead.ok()) metrics_.work_dead.Inc();
+  if (dead.ok()) {
+    metrics_.work_dead.Inc();
+    NotifyDead(*dead);
+  }
 }
+
+void ApplyEngineImpl::NotifyDead(const WorkItem& dead) {
+  if (options_.notifier == nullptr) return;
+  const KindRuntime* kind = FindKind(dead.kind);
+  // A notification that died must not notify about itself (a channel that
+  // is down would otherwise feed itself); its death is logged instead.
+  if ((kind != nullptr && kind->internal) || dead.kind.starts_with("idem.")) return;
+  options_.notifier->Notify(DeadLetterNotification(dead, config_));
+}
+
+}  // namespace
+
+Notification DeadLetterNotification(const WorkItem& dead, const Config& config) {
+  Notification n;
+  n.event_id = "dead_letter:" + dead.work_id + ":" + std::to_string(dead.updated_at_ms);
+  n.kind = "dead_letter";
+  n.subject_id = dead.work_id;
+  std::string error = dead.last_error;
+  if (error.size() > 500) error = error.substr(0, 500) + "...";
+  n.reason = "work of kind " + dead.kind + " failed after " + std::to_string(dead.attempt) +
+             " attempt(s): " + error;
+  n.command = "idem dlq replay " + dead.work_id;
+  const std::string& base = config.notifications.link_base;
+  if (!base.empty()) n.link = base + "/ui/#/dead-letters";
+  n.detail = {{"work_kind", dead.kind}, {"attempts", dead.attempt}, {"last_error", error}};
+  if (!dead.run_id.empty()) n.detail["run_id"] = dead.run_id;
+  return n;
+}
+
+namespace {
 
 StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
   if (max_items == 0) return size_t{0};
@@ -518,16 +565,28 @@ StatusOr<std::unique_ptr<ApplyEngine>> ApplyEngine::Create(const Config& config,
     return InvalidArgument("apply options: poll interval and batch must be positive");
   }
   std::map<std::string, KindRuntime> kinds;
-  for (const auto& [name, action] : config.actions) {
+  auto add = [&](const ActionConfig& action, bool internal) -> Status {
     KindRuntime kind;
     kind.action = &action;
+    kind.internal = internal;
     ASSIGN_OR_RETURN(kind.effector, MakeEffector(action, http, clock.env()));
     int64_t budget = kind.effector ? kind.effector->AttemptBudgetMs() : action.retry.timeout_ms;
     kind.lease_ms = std::max<int64_t>(1, budget + options.lease_margin_ms);
-    kinds.emplace(name, std::move(kind));
+    kinds.emplace(action.name, std::move(kind));
+    return Status::Ok();
+  };
+  for (const auto& entry : config.actions) RETURN_IF_ERROR(add(entry.second, false));
+  auto internal = std::make_unique<std::map<std::string, ActionConfig>>();
+  for (const ActionConfig& action : options.internal_kinds) {
+    if (config.actions.count(action.name) > 0 || internal->count(action.name) > 0) {
+      return InvalidArgument("action kind '" + action.name + "' is one of idem's own kinds",
+                             "/actions/" + action.name);
+    }
+    const ActionConfig& stored = internal->emplace(action.name, action).first->second;
+    RETURN_IF_ERROR(add(stored, true));
   }
-  return std::unique_ptr<ApplyEngine>(
-      new ApplyEngineImpl(journal, clock, metrics, options, std::move(kinds)));
+  return std::unique_ptr<ApplyEngine>(new ApplyEngineImpl(config, journal, clock, metrics, options,
+                                                          std::move(internal), std::move(kinds)));
 }
 
 }  // namespace idem

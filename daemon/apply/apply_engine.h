@@ -40,6 +40,20 @@
 // returns that error from Submit and records nothing more: the lease then
 // expires and the workers finish the work, as after a crash.
 //
+// Internal kinds (ApplyOptions::internal_kinds): action kinds idem itself
+// runs, such as its notifications (daemon/plans/journal_notifier.h). The
+// workers run their work like any other, but Submit refuses them (NotFound,
+// as for an unknown kind), so no API caller can run one; their work enters
+// the journal through Journal::Enqueue.
+//
+// Dead letters: when an attempt (Submit, Replay or a worker), a claim or the
+// burial of an unconfigured kind makes an item dead, the engine calls
+// ApplyOptions::notifier with kind "dead_letter" (event_id
+// "dead_letter:<work_id>:<time of death>", command `idem dlq replay
+// <work_id>`), except for internal kinds (a dead notification must not
+// notify about itself). A crash between the death and the call loses that
+// one message (the death is durable, the call is not).
+//
 // All time comes from the StableClock; jitter from its Env.
 //
 // Thread-safety: all methods may be called concurrently; Stop once (later
@@ -57,6 +71,7 @@
 #include "daemon/core/http_client.h"
 #include "daemon/core/status.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -92,7 +107,17 @@ struct ApplyOptions {
   size_t batch = 64;               // items per Due() read
   int64_t lease_margin_ms = 1'000;
   size_t reconcile_limit = 10'000;  // done items checked per kind and pass
+  // Kinds idem runs for itself (see above); their names must not collide
+  // with config.actions (InvalidArgument at Create).
+  std::vector<ActionConfig> internal_kinds;
+  // Told about dead letters; null: nobody is. Must outlive the engine.
+  Notifier* notifier = nullptr;
 };
+
+// The "dead_letter" notification of `dead` (see Dead letters above), for
+// every place that makes work dead (the engine; clients' POST
+// /v1/work/{id}/fail).
+Notification DeadLetterNotification(const WorkItem& dead, const Config& config);
 
 class ApplyEngine {
  public:

@@ -6,6 +6,7 @@
 #include <set>
 #include <string_view>
 
+#include "daemon/apply/telegram_effector.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "providers/errors.h"
@@ -276,6 +277,14 @@ StatusOr<std::unique_ptr<Effector>> MakeEffector(const ActionConfig& action, Htt
                                                  Env& env) {
   if (action.effector.is_null() || (action.effector.is_object() && action.effector.empty())) {
     return std::unique_ptr<Effector>();
+  }
+  if (action.effector.is_object() && action.effector.size() == 1 &&
+      action.effector.contains("telegram")) {
+    // idem's own notification kind (daemon/plans/journal_notifier.h); the
+    // config schema lets no user-written action reach this.
+    ASSIGN_OR_RETURN(std::unique_ptr<TelegramEffector> telegram,
+                     TelegramEffector::Create(action, http, env));
+    return std::unique_ptr<Effector>(std::move(telegram));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<HttpEffector> effector, HttpEffector::Create(action, http, env));
   return std::unique_ptr<Effector>(std::move(effector));

@@ -160,6 +160,46 @@ struct ActionConfig {
   Json args_schema;                        // the parsed schema (null when none)
 };
 
+// A webhook sender (R29): POST /v1/inbox/<name> (daemon/http/api_inbox.cc).
+struct InboxSource {
+  std::string name;
+  std::string id_pointer;                        // the event id: a JSON pointer into the body...
+  std::string id_header;                         // ...or a header (lower case)
+  std::string signature_header;                  // lower case; "" : no signature (loopback only)
+  std::string signature_env;                     // the secret's environment variable
+  std::string signature_scheme = "hmac_sha256";  // or token
+  std::string signature_prefix;                  // e.g. "sha256="
+  std::string decide_step;                       // on_event: one of these three
+  std::string action_kind;
+  bool record_only = false;
+  std::string payload_pointer;  // the input or args inside the body ("" : all of it)
+  int64_t window_ms = 7LL * 24 * 3600 * 1000;
+};
+
+// `notifications` (optional): where idem tells humans that something waits
+// for them (daemon/plans/notifier.h). Secrets are never in the file or here:
+// header values keep their `${VAR}` references (expanded from the
+// environment when the daemon starts), and the Telegram bot token is named
+// by an environment variable.
+struct WebhookNotifyConfig {
+  std::string url;  // http(s) URL; POSTed one JSON object per notification
+  // {name, value} as written; `${VAR}` is expanded at start-up.
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+struct TelegramNotifyConfig {
+  std::string base_url = "https://api.telegram.org";  // without a trailing '/'
+  std::string bot_token_env;                          // the variable holding the token
+  std::string chat_id;                                // as text (a number, or "@channel")
+};
+
+struct NotificationsConfig {
+  std::string link_base;  // "http://host:port" for links in messages; "" none
+  std::optional<WebhookNotifyConfig> webhook;
+  std::optional<TelegramNotifyConfig> telegram;
+  bool any() const { return webhook.has_value() || telegram.has_value(); }
+};
+
 struct Config {
   std::string source_path;  // the file it came from
   std::string base_dir;     // its directory
@@ -170,8 +210,10 @@ struct Config {
   std::map<std::string, ProviderConfig> providers;
   std::map<std::string, StepConfig> steps;
   std::map<std::string, ActionConfig> actions;
+  std::map<std::string, InboxSource> inbox;
   // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
   Json prices = Json::object();
+  NotificationsConfig notifications;
 };
 
 // Reads, validates and resolves the config at `path`.

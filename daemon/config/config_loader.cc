@@ -98,6 +98,11 @@ class Resolver {
                             "a name must start with a letter and hold only letters, digits, "
                             "_ . and - (at most 64 characters)");
         }
+        if (std::string_view(section) == "actions" && name.starts_with("idem.")) {
+          return doc_.Error("/actions" + Token(name),
+                            "names starting with idem. are reserved for idem's own action kinds "
+                            "(notifications)");
+        }
       }
     }
     if (root.contains("server")) RETURN_IF_ERROR(Server(root["server"]));
@@ -117,7 +122,11 @@ class Resolver {
         RETURN_IF_ERROR(Action(name, node));
       }
     }
+    if (root.contains("inbox")) {
+      for (const auto& [name, node] : root["inbox"].items()) RETURN_IF_ERROR(Inbox(name, node));
+    }
     if (root.contains("prices")) config_.prices = root["prices"];
+    if (root.contains("notifications")) RETURN_IF_ERROR(Notifications(root["notifications"]));
     return Status::Ok();
   }
 
@@ -448,6 +457,106 @@ class Resolver {
       ASSIGN_OR_RETURN(a.args_schema, SchemaFile(at + "/args_schema", a.args_schema_path));
     }
     config_.actions[name] = std::move(a);
+    return Status::Ok();
+  }
+
+  Status Inbox(const std::string& name, const Json& node) {
+    const std::string at = "/inbox" + Token(name);
+    if (!IsName(name)) return doc_.Error(at, "a source name is letters, digits, _ . -");
+    InboxSource s;
+    s.name = name;
+    auto lower = [](std::string v) {
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return v;
+    };
+    s.id_pointer = node["event_id"].value("pointer", "");
+    s.id_header = lower(node["event_id"].value("header", ""));
+    if (node.contains("signature")) {
+      const Json& sig = node["signature"];
+      s.signature_header = lower(sig["header"]);
+      s.signature_env = sig["secret_env"];
+      s.signature_scheme = sig.value("scheme", s.signature_scheme);
+      s.signature_prefix = sig.value("prefix", "");
+    }
+    const Json& on = node["on_event"];
+    s.payload_pointer = on.value("pointer", "");
+    if (on.contains("decide")) {
+      s.decide_step = on["decide"];
+      if (!config_.steps.count(s.decide_step)) {
+        return doc_.Error(at + "/on_event/decide", "no step named " + s.decide_step);
+      }
+    } else if (on.contains("action")) {
+      s.action_kind = on["action"];
+      if (!config_.actions.count(s.action_kind)) {
+        return doc_.Error(at + "/on_event/action", "no action kind named " + s.action_kind);
+      }
+    } else {
+      s.record_only = true;
+    }
+    if (node.contains("window")) {
+      ASSIGN_OR_RETURN(s.window_ms, Duration(at + "/window", node["window"], true));
+    }
+    config_.inbox[name] = std::move(s);
+    return Status::Ok();
+  }
+
+  // `${VAR}` references in a header value must be well formed (the values
+  // themselves are read from the environment at start-up, never here).
+  Status CheckEnvReferences(const std::string& pointer, const std::string& value) {
+    size_t pos = 0;
+    while ((pos = value.find("${", pos)) != std::string::npos) {
+      size_t end = value.find('}', pos);
+      if (end == std::string::npos) return doc_.Error(pointer, "has an unclosed '${'");
+      std::string_view var(value.data() + pos + 2, end - pos - 2);
+      bool ok = !var.empty() && !std::isdigit(static_cast<unsigned char>(var[0]));
+      for (char c : var) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+      if (!ok) {
+        return doc_.Error(
+            pointer,
+            "${" + std::string(var) + "} is not an environment variable name (letters, digits, _)");
+      }
+      pos = end + 1;
+    }
+    return Status::Ok();
+  }
+
+  static std::string WithoutTrailingSlash(std::string url) {
+    while (url.ends_with("/")) url.pop_back();
+    return url;
+  }
+
+  Status Notifications(const Json& node) {
+    NotificationsConfig& n = config_.notifications;
+    n.link_base = WithoutTrailingSlash(node.value("link_base", ""));
+    if (node.contains("webhook")) {
+      const Json& w = node["webhook"];
+      WebhookNotifyConfig webhook;
+      webhook.url = w["url"];
+      const Json no_headers = Json::object();
+      const Json& headers = w.contains("headers") ? w["headers"] : no_headers;
+      for (const auto& [name, value] : headers.items()) {
+        const std::string at = "/notifications/webhook/headers" + Token(name);
+        if (name.empty() || name.find_first_of(" :\r\n\t") != std::string::npos) {
+          return doc_.Error(at, "is not a header name");
+        }
+        const std::string text = value.get<std::string>();
+        if (text.find_first_of("\r\n") != std::string::npos) {
+          return doc_.Error(at, "must not contain CR or LF");
+        }
+        RETURN_IF_ERROR(CheckEnvReferences(at, text));
+        webhook.headers.emplace_back(name, text);
+      }
+      n.webhook = std::move(webhook);
+    }
+    if (node.contains("telegram")) {
+      const Json& t = node["telegram"];
+      TelegramNotifyConfig telegram;
+      telegram.base_url = WithoutTrailingSlash(t.value("base_url", telegram.base_url));
+      telegram.bot_token_env = t["bot_token_env"];
+      const Json& chat = t["chat_id"];
+      telegram.chat_id = chat.is_string() ? chat.get<std::string>() : chat.dump();
+      n.telegram = std::move(telegram);
+    }
     return Status::Ok();
   }
 

@@ -98,13 +98,14 @@ class DecideEngineImpl final : public DecideEngine {
  public:
   DecideEngineImpl(const Config& config, DecisionStore& decisions, EscalationStore& escalations,
                    std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-                   Metrics& metrics)
+                   Metrics& metrics, Notifier* notifier)
       : config_(config),
         store_(decisions),
         escalations_(escalations),
         providers_(std::move(providers)),
         clock_(clock),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        notifier_(notifier) {}
 
   Status Init() {
     for (const auto& [step_name, step] : config_.steps) {
@@ -468,6 +469,7 @@ class DecideEngineImpl final : public DecideEngine {
                    {"cost_usd", total_cost},
                    {"request_id", req.request_id}};
     RETURN_IF_ERROR(escalations_.Put(esc));
+    NotifyEscalation(esc);
     ChainOutcome out;
     out.escalated = true;
     out.escalation = std::move(esc);
@@ -485,6 +487,24 @@ class DecideEngineImpl final : public DecideEngine {
     clock_.env().SleepMillis(std::max<int64_t>(0, std::min(sleep_ms, left)));
   }
 
+  // Tells a human that `esc` waits for an answer (after it is stored).
+  void NotifyEscalation(const Escalation& esc) {
+    if (notifier_ == nullptr) return;
+    const std::string& link_base = config_.notifications.link_base;
+    const std::string api = link_base.empty() ? "http://" + config_.server.listen : link_base;
+    Notification n;
+    n.event_id = "escalation:" + esc.escalation_id;
+    n.kind = "escalation";
+    n.subject_id = esc.escalation_id;
+    n.reason = esc.context.value("summary", "step " + esc.step + " escalated");
+    n.command = "curl -X POST " + api + "/v1/escalations/" + esc.escalation_id +
+                "/resolve -H \"Authorization: Bearer $IDEM_TOKEN\" -H \"Content-Type: "
+                "application/json\" -d '{\"output\": {...}}'";
+    if (!link_base.empty()) n.link = link_base + "/ui/#/escalations";
+    n.detail = {{"step", esc.step}, {"decision_key", esc.decision_key}};
+    notifier_->Notify(n);
+  }
+
   static constexpr size_t kMaxRawInTrace = 16 * 1024;
 
   const Config& config_;
@@ -493,6 +513,7 @@ class DecideEngineImpl final : public DecideEngine {
   std::map<std::string, std::unique_ptr<Provider>> providers_;
   StableClock& clock_;
   Metrics& metrics_;
+  Notifier* const notifier_;  // may be null
   std::map<std::string, CompiledStep> steps_;
   Mutex flights_mu_;
   std::map<std::string, std::shared_ptr<Flight>> flights_ GUARDED_BY(flights_mu_);
@@ -552,9 +573,9 @@ double CallCostUsd(const Config& config, const std::string& model, int64_t input
 StatusOr<std::unique_ptr<DecideEngine>> DecideEngine::Create(
     const Config& config, DecisionStore& decisions, EscalationStore& escalations,
     std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-    Metrics& metrics) {
+    Metrics& metrics, Notifier* notifier) {
   auto engine = std::make_unique<DecideEngineImpl>(config, decisions, escalations,
-                                                   std::move(providers), clock, metrics);
+                                                   std::move(providers), clock, metrics, notifier);
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<DecideEngine>(std::move(engine));
 }

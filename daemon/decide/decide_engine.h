@@ -41,6 +41,7 @@
 #include "daemon/core/identity.h"
 #include "daemon/core/status.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
 #include "daemon/store/store.h"
 #include "providers/provider.h"
 
@@ -77,10 +78,14 @@ class DecideEngine {
   // a step or fallback names must be present (InvalidArgument otherwise).
   // Value-check files are loaded here (InvalidArgument with file and line).
   // `config`, the stores, `clock` and `metrics` must outlive the engine.
+  // `notifier` (may be null; must outlive the engine) is told about each
+  // escalation the engine stores: kind "escalation", event_id
+  // "escalation:<escalation_id>", the summary as the reason, the resolve
+  // call as the command and <link_base>/ui/#/escalations as the link.
   static StatusOr<std::unique_ptr<DecideEngine>> Create(
       const Config& config, DecisionStore& decisions, EscalationStore& escalations,
       std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-      Metrics& metrics);
+      Metrics& metrics, Notifier* notifier = nullptr);
 
   virtual StatusOr<DecideResult> Decide(const DecideRequest& request) = 0;
   virtual StatusOr<StepKey> KeyFor(const std::string& step, const Json& input) const = 0;

@@ -14,6 +14,7 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/plans/notifier.h"
 #include "daemon/plans/plan_engine.h"
 #include "daemon/store/store.h"
 
@@ -27,6 +28,7 @@ struct ApiDeps {
   Metrics& metrics;
   StableClock& clock;
   PlanEngine& plans;
+  Notifier& notifier;  // awaiting_approval / approval_overdue / escalation / dead_letter
 };
 
 // Every route, /openapi.json included (documenting all of them).
@@ -47,6 +49,9 @@ void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
 // The operator web page (/ui/, its files from daemon/ui) and GET
 // /v1/steps/{name}, which its escalation form reads (ui_routes.cc).
 void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
+
+// POST /v1/inbox/{source}: webhook events processed once each (api_inbox.cc).
+void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);

@@ -311,6 +311,7 @@ struct FailRoute {
   const Config& config;
   StableClock& clock;
   Metrics& metrics;
+  Notifier& notifier;
 
   StatusOr<JournalOp> prepare(RequestContext& ctx) const {
     JournalOp op;
@@ -341,7 +342,11 @@ struct FailRoute {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(failed));
     if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
     metrics.work_failed.Inc();
-    if (r.item.state == WorkState::kDead) metrics.work_dead.Inc();
+    if (r.item.state == WorkState::kDead && !r.repeated) {
+      metrics.work_dead.Inc();
+      // One journal write, on a rare path (the work's last failure).
+      notifier.Notify(DeadLetterNotification(r.item, config));
+    }
     return RouteResponse{200, WorkBody(r.item), {}};
   }
 };
@@ -396,7 +401,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .handler = HandlerOf(complete, journal),
             .journal_lane = complete});
 
-  const JournalLane fail = LaneOf(FailRoute{deps.config, deps.clock, deps.metrics});
+  const JournalLane fail = LaneOf(FailRoute{deps.config, deps.clock, deps.metrics, deps.notifier});
   routes.push_back(
       Route{.method = "POST",
             .pattern = "/v1/work/{id}/fail",

@@ -6,6 +6,7 @@
 #include "daemon/http/api.h"
 #include "daemon/http/request_guard.h"
 #include "daemon/obs/log.h"
+#include "daemon/plans/journal_notifier.h"
 #include "providers/registry.h"
 #include "providers/schema_lint.h"
 
@@ -90,6 +91,21 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
   if (!options.data_override.empty()) d->config_.store.path = options.data_override;
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
+  for (const auto& [name, src] : d->config_.inbox) {
+    if (src.signature_header.empty() && !IsLoopbackHost(listen.first)) {
+      return FailedPrecondition("inbox." + name +
+                                " has no signature, and the daemon listens beyond loopback: "
+                                "anyone could post events; configure inbox." +
+                                name + ".signature");
+    }
+    if (!src.signature_env.empty()) {
+      const char* secret = std::getenv(src.signature_env.c_str());
+      if (secret == nullptr || *secret == '\0') {
+        return FailedPrecondition("inbox." + name + ".signature.secret_env: " + src.signature_env +
+                                  " is not set");
+      }
+    }
+  }
   if (!IsLoopbackHost(listen.first) && d->config_.auth.tokens.empty()) {
     // Without tokens every caller may do everything: only this machine may be a caller.
     return InvalidArgument("server.listen " + d->config_.server.listen +
@@ -123,21 +139,36 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     if (!p.ok()) return p.status().Annotate("provider " + name);
     providers.emplace(name, std::move(p).value());
   }
-  ASSIGN_OR_RETURN(
-      d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(), d->store_->escalations(),
-                                       std::move(providers), *d->clock_, d->metrics_));
+  // Notifications are journal work of idem's own kinds, delivered by the
+  // apply workers (daemon/plans/journal_notifier.h).
+  ApplyOptions apply_options;
+  if (d->config_.notifications.any()) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<JournalNotifier> notifier,
+        JournalNotifier::Create(d->config_.notifications, d->store_->journal(), *d->clock_));
+    apply_options.internal_kinds = notifier->kinds();
+    d->notifier_ = std::move(notifier);
+  } else {
+    d->notifier_ = std::make_unique<NullNotifier>();
+  }
+  apply_options.notifier = d->notifier_.get();
 
-  ASSIGN_OR_RETURN(d->apply_, ApplyEngine::Create(d->config_, d->store_->journal(),
-                                                  *d->http_client_, *d->clock_, d->metrics_));
+  ASSIGN_OR_RETURN(d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(),
+                                                    d->store_->escalations(), std::move(providers),
+                                                    *d->clock_, d->metrics_, d->notifier_.get()));
+
+  ASSIGN_OR_RETURN(
+      d->apply_, ApplyEngine::Create(d->config_, d->store_->journal(), *d->http_client_, *d->clock_,
+                                     d->metrics_, apply_options));
   // Work left running by a crashed process, and failed work whose retry time
   // came, is picked up by the workers.
   d->apply_->StartWorkers(kApplyWorkers);
 
-  d->notifier_ = std::make_unique<NullNotifier>();
   ASSIGN_OR_RETURN(d->plans_, PlanEngine::Create(d->config_, *d->store_, *d->apply_, *d->clock_,
                                                  d->metrics_, *d->notifier_));
 
-  ApiDeps api{d->config_, *d->store_, *d->decide_, *d->apply_, d->metrics_, *d->clock_, *d->plans_};
+  ApiDeps api{d->config_,  *d->store_, *d->decide_, *d->apply_,
+              d->metrics_, *d->clock_, *d->plans_,  *d->notifier_};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));

@@ -50,6 +50,9 @@ class Daemon {
   const Config& config() const { return config_; }
   Store& store() { return *store_; }
   Metrics& metrics() { return metrics_; }
+  // Tells humans what waits for them (config `notifications`; a
+  // NullNotifier without it). Valid until the Daemon is destroyed.
+  Notifier& notifier() { return *notifier_; }
   void Stop();
 
  private:
@@ -61,9 +64,9 @@ class Daemon {
   std::unique_ptr<Store> store_;
   Metrics metrics_;
   std::unique_ptr<HttpClient> http_client_;  // outlives the providers that use it
+  std::unique_ptr<Notifier> notifier_;       // outlives the engines that call it
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
-  std::unique_ptr<Notifier> notifier_;
   std::unique_ptr<PlanEngine> plans_;
   std::unique_ptr<HttpServer> server_;
   std::string host_;

@@ -642,7 +642,14 @@ class EventServer::Loop {
         }
         Inflight done = std::move(inflight_[i]);
         inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
-        FinishBatch(done);
+        // A batch that answered something may have released the locks the
+        // skipped requests wait for; with none in flight, the next batch
+        // waits for its locks instead of skipping.
+        if (FinishBatch(done) > 0 || inflight_.empty()) Requeue();
+        progress = true;
+      }
+      if (!retry_.empty() && inflight_.empty()) {
+        Requeue();
         progress = true;
       }
       if (!batch_.empty() && inflight_.size() < kMaxInflight) {
@@ -678,8 +685,15 @@ class EventServer::Loop {
     return out;
   }
 
-  // Blocks if the write is still in flight.
-  void FinishBatch(Inflight& b) {
+  // The skipped requests join the next batch.
+  void Requeue() {
+    for (Pending& p : retry_) batch_.push_back(std::move(p));
+    retry_.clear();
+  }
+
+  // Blocks if the write is still in flight. Returns how many requests it
+  // answered.
+  size_t FinishBatch(Inflight& b) {
     std::vector<Exchange*> exchanges = Exchanges(b.round);
     try {
       server_.callbacks_.batch_lane->Finish(std::move(b.ticket), exchanges);
@@ -690,19 +704,22 @@ class EventServer::Loop {
         ex->answered = true;
       }
     }
-    Answer(b.round);
+    return Answer(b.round);
   }
 
-  // Writes the answers of a finished batch; unanswered requests wait for
-  // the next one.
-  void Answer(std::vector<Pending>& round) {
+  // Writes the answers of a finished batch; unanswered requests (skipped:
+  // their lock was busy) wait in retry_. Returns how many were answered.
+  size_t Answer(std::vector<Pending>& round) {
+    size_t answered = 0;
     for (Pending& p : round) {
       if (p.exchange->answered) {
         Finish(p.id, p.exchange->response, p.keep_alive, p.minor_version);
+        ++answered;
       } else {
-        batch_.push_back(std::move(p));
+        retry_.push_back(std::move(p));
       }
     }
+    return answered;
   }
 
   // A refused request: its answer, then the connection closes.
@@ -741,7 +758,13 @@ class EventServer::Loop {
   uint64_t next_id_ = 2;  // 0 and 1 are the listen and wake tags
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   static constexpr size_t kMaxInflight = 4;
-  std::vector<Pending> batch_;      // prepared, waiting for the next batch
+  std::vector<Pending> batch_;  // prepared, waiting for the next batch
+  // Skipped by a batch because a batch in flight held their store lock.
+  // They join a batch again once a batch in flight has answered (and may
+  // have released it), or none is left in flight; not at once, which only
+  // found the lock still held, round after round: 270,000 empty rounds in
+  // 8 s of claim + complete, each with its store read and eventfd write.
+  std::vector<Pending> retry_;
   std::vector<Inflight> inflight_;  // begun, oldest first
   size_t max_buffered_ = 0;
   bool listening_ = false;              // the listening socket is in ep_

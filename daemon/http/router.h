@@ -35,6 +35,7 @@ struct RequestContext {
   Json body;                                   // parsed body (null when none)
   std::string idempotency_key;                 // "" when absent
   std::map<std::string, std::string> headers;  // the route's request_headers (lower-case names)
+  std::string raw_body;                        // Route::raw_body routes only: the bytes as sent
 };
 
 struct RouteResponse {
@@ -88,6 +89,10 @@ struct Route {
   // Request headers the handler reads (lower-case names), copied into
   // RequestContext::headers.
   std::vector<std::string> request_headers;
+  // The handler takes the body as sent (RequestContext::raw_body), in the
+  // sender's content type: no Content-Type check, no JSON parsing here
+  // (webhook senders sign the exact bytes).
+  bool raw_body = false;
 
   std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;

@@ -114,6 +114,107 @@ class HttpServer::KeyWaiters {
   std::map<std::string, Entry> entries_;  // node-based: an Entry never moves
 };
 
+// Keeps the Idempotency-Keys of running handlers theirs: a handler that
+// runs longer than idempotency.lease (a long /v1/runs) would otherwise lose
+// its key to a retry, which would start the same work a second time. One
+// thread for the whole server wakes every lease/3 and extends the lease of
+// each key held for at least that long (IdemKeyStore::ExtendLease), so a
+// lease is renewed while a third of it is still left. A key whose holder
+// stops renewing (the process hangs, the disk refuses the write) can still
+// be taken over once its lease runs out.
+class HttpServer::LeaseRenewer {
+  struct Held {
+    std::string scope;
+    std::string key;
+    std::string fingerprint;
+    std::string request_id;
+    int64_t lease_until_ms = 0;
+  };
+
+ public:
+  LeaseRenewer(IdemKeyStore& keys, StableClock& clock, Metrics& metrics, int64_t lease_ms)
+      : keys_(keys),
+        clock_(clock),
+        metrics_(metrics),
+        lease_ms_(lease_ms),
+        interval_ms_(std::max<int64_t>(1, lease_ms / 3)) {}
+  ~LeaseRenewer() { Stop(); }
+  LeaseRenewer(const LeaseRenewer&) = delete;
+  LeaseRenewer& operator=(const LeaseRenewer&) = delete;
+
+  // The caller holds (scope, key) until `lease_until_ms` (its Begin was
+  // kNew). Returns the ticket to Drop once the handler has returned.
+  uint64_t Hold(const RequestContext& ctx, const std::string& fingerprint, int64_t lease_until_ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable() && !stopped_) thread_ = std::thread([this] { Loop(); });
+    uint64_t ticket = ++next_ticket_;
+    held_[ticket] =
+        Held{ctx.caller, ctx.idempotency_key, fingerprint, ctx.request_id, lease_until_ms};
+    return ticket;
+  }
+
+  // Before the key is finished, released or forgotten. A renewal already on
+  // its way is then refused by the store (the key is no longer in progress).
+  void Drop(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.erase(ticket);
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopped_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [&] { return stopped_; });
+      if (stopped_) break;
+      const int64_t now = clock_.NowMillis();
+      std::vector<std::pair<uint64_t, Held>> due;
+      for (const auto& entry : held_) {
+        // Held for an interval or more since its lease was last set.
+        if (entry.second.lease_until_ms - now <= lease_ms_ - interval_ms_) due.push_back(entry);
+      }
+      if (due.empty()) continue;
+      lock.unlock();
+      for (auto& entry : due) {
+        const Held& h = entry.second;
+        Status st = keys_.ExtendLease(h.scope, h.key, h.fingerprint, h.request_id, now, lease_ms_);
+        if (st.ok()) {
+          entry.second.lease_until_ms = now + lease_ms_;
+        } else if (st.code() != Code::kFailedPrecondition) {  // that one: the handler ended
+          metrics_.idem_key_store_errors.Inc();
+          LogEvent(LogLevel::kWarn, "idempotency_lease_renewal_failed",
+                   {{"request_id", h.request_id}, {"error", st.ToString()}});
+        }
+      }
+      lock.lock();
+      for (const auto& entry : due) {
+        auto it = held_.find(entry.first);
+        if (it != held_.end()) it->second.lease_until_ms = entry.second.lease_until_ms;
+      }
+    }
+  }
+
+  IdemKeyStore& keys_;
+  StableClock& clock_;
+  Metrics& metrics_;
+  const int64_t lease_ms_;
+  const int64_t interval_ms_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Held> held_;
+  uint64_t next_ticket_ = 0;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
 StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
   size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 >= listen.size()) {
@@ -137,7 +238,9 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
     : deps_(deps),
       routes_(std::move(routes)),
       schemas_(std::move(schemas)),
-      waiters_(std::make_unique<KeyWaiters>()) {
+      waiters_(std::make_unique<KeyWaiters>()),
+      renewer_(std::make_unique<LeaseRenewer>(deps_.idem_keys, deps_.clock, deps_.metrics,
+                                              deps_.config.idempotency.lease_ms)) {
   const ServerConfig& sc = deps_.config.server;
   EventServerOptions options;
   options.workers = std::max(2, sc.threads);
@@ -214,6 +317,7 @@ bool HttpServer::Drain(int64_t timeout_ms) {
 
 void HttpServer::Stop() {
   if (server_) server_->Stop();
+  if (renewer_) renewer_->Stop();  // after the handlers: their keys stay theirs until then
 }
 
 void HttpServer::Fail(http1::Response& res, const Status& st, const std::string& request_id,
@@ -337,6 +441,7 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   for (const std::string& h : route.request_headers) {
     if (req.HasHeader(h)) ctx.headers[h] = req.HeaderValue(h);
   }
+  if (route.raw_body) ctx.raw_body = req.body;
 
   if (!route.request_schema.empty()) {
     if (auto refused = RequestGuard::CheckContentType(req)) {
@@ -599,7 +704,9 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
     return Fail(res, fp, ctx.request_id);
   }
 
+  const uint64_t held = renewer_->Hold(ctx, fingerprint, begun->record.lease_until_ms);
   RouteResponse out = run();
+  renewer_->Drop(held);
   if (IsValidationFailure(out.status)) {
     (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);
   } else if (IsTransient(out)) {

@@ -9,7 +9,9 @@
 //   -> body: Content-Type application/json (415), size limit (413), JSON with depth limit
 //   (400/413), schema (400)
 //   -> Idempotency-Key record: replay / 422 / 409 / wait / new
-//   -> handler -> response stored under the key (5xx included) unless it is
+//   -> handler (its key's lease renewed every lease/3 while it runs, so a
+//      retry of a long request is 409 or waits instead of running it twice)
+//   -> response stored under the key (5xx included) unless it is
 //      a validation failure (400, 404, 413, 415, 422), which forgets the key
 //      so a corrected retry can reuse it, or not final (202, or
 //      RouteResponse::transient: the work still moves), which releases the
@@ -76,6 +78,7 @@ class HttpServer : private BatchLane {
  private:
   struct CompiledSchemas;
   class KeyWaiters;
+  class LeaseRenewer;
 
   HttpServer(ServerDeps deps, std::vector<Route> routes, std::unique_ptr<CompiledSchemas> schemas);
   // The route for the request's method and path (params filled), or null
@@ -107,7 +110,8 @@ class HttpServer : private BatchLane {
   std::unique_ptr<CompiledSchemas> schemas_;
   RequestGuard guard_;  // configured by Start, before the first request
   std::unique_ptr<EventServer> server_;
-  std::unique_ptr<KeyWaiters> waiters_;  // Prefer: wait on a key in flight
+  std::unique_ptr<KeyWaiters> waiters_;    // Prefer: wait on a key in flight
+  std::unique_ptr<LeaseRenewer> renewer_;  // the keys of running handlers
 };
 
 // "host:port" -> parts. InvalidArgument when malformed.

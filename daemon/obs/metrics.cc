@@ -80,6 +80,8 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(plans_expired, "Plans whose approval timed out.");
   IDEM_METRIC(plans_applied, "Plans whose every action is done.");
   IDEM_METRIC(plans_partially_failed, "Plans applied with some action failed or dead.");
+  IDEM_METRIC(inbox_events, "Webhook events processed (new event ids).");
+  IDEM_METRIC(inbox_duplicates, "Webhook deliveries of an event already processed or running.");
   IDEM_METRIC(store_errors, "Store errors.");
 #undef IDEM_METRIC
   return out;

@@ -67,6 +67,9 @@ struct Metrics {
   Counter plans_expired;
   Counter plans_applied;
   Counter plans_partially_failed;
+
+  Counter inbox_events;      // new webhook events processed
+  Counter inbox_duplicates;  // repeated deliveries answered without running again
   Counter store_errors;
 
   std::string RenderPrometheus() const;

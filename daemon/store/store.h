@@ -158,6 +158,17 @@ class IdemKeyStore {
   // FailedPrecondition if it is completed or has another fingerprint.
   virtual Status Release(const std::string& scope, const std::string& key,
                          const std::string& fingerprint) = 0;
+  // Pushes the lease of an in_progress record to now_ms + lease_ms while its
+  // handler still runs, so that a retry during a long request stays
+  // kInFlight instead of taking the key over. Only the holder may: the
+  // record must be in progress, unexpired, with this fingerprint and
+  // request_id, written by this store's instance; otherwise
+  // FailedPrecondition (the request ended, or its key was taken over).
+  // Never shortens a lease. Not synced to disk: a restart releases this
+  // instance's keys whatever their lease. InvalidArgument if lease_ms <= 0.
+  virtual Status ExtendLease(const std::string& scope, const std::string& key,
+                             const std::string& fingerprint, const std::string& request_id,
+                             int64_t now_ms, int64_t lease_ms) = 0;
   // Releases every in_progress record owned by this store's instance: at
   // start-up they are orphans of a process that is gone (kill -9), so a
   // retry need not wait for the lease. Scans every record; returns how many

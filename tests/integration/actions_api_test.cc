@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "tests/fakes/fake_effector.h"
@@ -19,7 +20,8 @@ struct Fixture {
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
 
-  Fixture() {
+  // `extra_yaml`: more top-level config after the actions.
+  explicit Fixture(const std::string& extra_yaml = "") {
     REQUIRE(target != nullptr);
     target->SetBusinessKeyField("/invoice_id");
     const std::string rules = R"(default:
@@ -41,7 +43,7 @@ struct Fixture {
         "    window: 24h\n"
         "    on_duplicate: return_original\n"
         "    effector: {http: {method: POST, url: \"" +
-        target->base_url() + "/replies\", idempotency: header}}\n";
+        target->base_url() + "/replies\", idempotency: header}}\n" + extra_yaml;
     std::string config = WriteTestConfig(dir, rules, actions);
     std::string err;
     daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
@@ -102,6 +104,35 @@ TEST_CASE("a resubmitted run does no work that is already done") {
   CHECK(f.target->stats().effects == 6);
   auto listed = f.client->Get("/v1/runs/nightly-1");
   CHECK(J(listed)["counts"]["done"] == 6);
+}
+
+TEST_CASE("a retry of a run that outlasts its key's lease is answered in progress, not run again") {
+  Fixture f("idempotency:\n  lease: 300ms\n");
+  f.target->SetLatencyMs(1500);  // the one effect takes five leases
+  Json run = {{"run_id", "long-1"},
+              {"kind", "send_invoice"},
+              {"items", Json::array({{{"invoice_id", "L-1"}}})}};
+  auto first = std::async(std::launch::async, [&] {
+    auto c = f.daemon->Client();
+    return c->Post("/v1/runs", {{"Idempotency-Key", "\"long\""}}, run.dump(), "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  auto retry = f.Post("/v1/runs", run, "\"long\"");
+  REQUIRE(retry);
+  CHECK(retry->status == 409);
+  CHECK(J(retry)["detail"].get<std::string>().find("still in progress") != std::string::npos);
+  auto original = first.get();
+  REQUIRE(original);
+  CHECK(original->status == 200);
+  CHECK(J(original)["counts"]["executed"] == 1);
+  CHECK(f.target->stats().effects == 1);
+  CHECK(MetricValue(*f.client, "idem_key_in_flight_total") >= 1);
+  // Once it ended, the key replays the run's answer.
+  auto later = f.Post("/v1/runs", run, "\"long\"");
+  REQUIRE(later);
+  CHECK(later->status == 200);
+  CHECK(later->get_header_value("Idempotent-Replayed") == "true");
+  CHECK(later->body == original->body);
 }
 
 TEST_CASE("applying a decision's plan executes each action once, however often it is applied") {

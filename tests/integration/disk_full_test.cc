@@ -2,7 +2,6 @@
 // working, /readyz says not ready, and everything recovers by itself once
 // space returns. Needs root (a small tmpfs is mounted); skipped otherwise.
 #include <doctest/doctest.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,51 +12,12 @@
 #include <thread>
 
 #include "tests/integration/harness.h"
+#include "tests/support/small_filesystem.h"
 
 namespace idem::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A tmpfs of `size` mounted for the test; unmounted (lazily, so a daemon
-// still holding files cannot keep it) on destruction.
-class SmallFilesystem {
- public:
-  explicit SmallFilesystem(const std::string& size) {
-    char tmpl[] = "/tmp/idem-small-fs-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return;
-    path_ = tmpl;
-    std::string opts = "size=" + size;
-    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) == 0;
-  }
-  ~SmallFilesystem() {
-    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
-    if (!path_.empty()) ::rmdir(path_.c_str());
-  }
-  SmallFilesystem(const SmallFilesystem&) = delete;
-  SmallFilesystem& operator=(const SmallFilesystem&) = delete;
-  bool mounted() const { return mounted_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  bool mounted_ = false;
-};
-
-void FillUp(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  REQUIRE(f != nullptr);
-  std::string block(64 * 1024, '\0');
-  while (std::fwrite(block.data(), 1, block.size(), f) == block.size()) {
-  }
-  while (std::fwrite(block.data(), 1, 512, f) == 512) {
-  }
-  std::fclose(f);
-}
-
-const char* kRules = R"(default:
-  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
-)";
 
 const char* kActions = R"(actions:
   send_invoice:
@@ -87,7 +47,7 @@ TEST_CASE("a full disk answers writes 503 and /readyz 503, serves reads, and rec
     return;
   }
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string config = WriteTestConfig(dir, kQuestionRules, kActions);
   std::string err;
   auto daemon = DaemonProcess::Start({config, fs.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);

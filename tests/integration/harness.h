@@ -77,6 +77,12 @@ struct CliResult {
 CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "",
                  const std::map<std::string, std::string>& env = {});
 
+// Scripted-provider rules that answer every decide with the same plain
+// question and no actions: for tests about everything but the decision.
+inline constexpr char kQuestionRules[] = R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+)";
+
 // A config file in `dir` for the demo step (scripted provider) plus
 // whatever YAML `extra` adds at the top level; paths are absolute.
 std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,

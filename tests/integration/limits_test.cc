@@ -18,10 +18,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const char* kRules = R"(default:
-  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
-)";
-
 // A TCP connection to 127.0.0.1:port that only connects; -1 on failure.
 int RawConnect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -47,7 +43,7 @@ bool Healthy(const DaemonProcess& d) {
 
 TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinning") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules);
+  std::string config = WriteTestConfig(dir, kQuestionRules);
   DaemonArgs args{config, dir.path() + "/data", {}, {}};
   args.max_open_files = 96;  // soft and hard: the daemon cannot raise it
   std::string err;
@@ -83,7 +79,7 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
 
 TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules);
+  std::string config = WriteTestConfig(dir, kQuestionRules);
   std::string err;
   auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);

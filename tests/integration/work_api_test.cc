@@ -16,10 +16,6 @@
 namespace idem::testing {
 namespace {
 
-const char* kRules = R"(default:
-  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
-)";
-
 const char* kActions = R"(actions:
   send_invoice:
     identity: {fields: [/invoice_id], version: v1}
@@ -34,7 +30,7 @@ const char* kActions = R"(actions:
 
 struct Fixture {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string config = WriteTestConfig(dir, kQuestionRules, kActions);
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
   Fixture() {
@@ -150,7 +146,7 @@ void KillMidLoadAndRestart(std::unique_ptr<DaemonProcess>& daemon, const std::st
 
 TEST_CASE("every claim answered 201 survives a kill -9 that lands while claims are in flight") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string config = WriteTestConfig(dir, kQuestionRules, kActions);
   std::string err;
   auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
@@ -199,7 +195,7 @@ TEST_CASE("every claim answered 201 survives a kill -9 that lands while claims a
 TEST_CASE(
     "every complete answered 200 survives a kill -9 that lands while completes are in flight") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string config = WriteTestConfig(dir, kQuestionRules, kActions);
   std::string err;
   auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
@@ -500,7 +496,7 @@ TEST_CASE("a claim whose identity holds an integer beyond 2^53 is a 400 naming t
 
 TEST_CASE("idem key --step prints the v2 material with step and prompt hash") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kRules, kActions);
+  std::string config = WriteTestConfig(dir, kQuestionRules, kActions);
   CliResult r = RunCli({"key", "--config", config, "--step", "triage_ticket"},
                        R"({"ticket_id":42,"text":"refund please"})");
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);

@@ -128,19 +128,27 @@ Status RocksIdemKeyStore::Finish(const std::string& scope, const std::string& ke
   return db_.Commit(batch, /*durable=*/true);
 }
 
-Status RocksIdemKeyStore::Abandon(const std::string& scope, const std::string& key,
-                                  const std::string& fingerprint) {
-  std::string record_key = RecordKey(scope, key);
-  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+StatusOr<std::optional<IdemRecord>> RocksIdemKeyStore::LoadHeld(const std::string& record_key,
+                                                                const std::string& key,
+                                                                const std::string& fingerprint) {
   ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
-  if (!current) return Status::Ok();
+  if (!current) return std::optional<IdemRecord>();
   if (current->fingerprint != fingerprint) {
     return FailedPrecondition("idempotency key '" + key + "' belongs to another request");
   }
   if (current->state == IdemRecord::State::kCompleted) {
     return FailedPrecondition("idempotency key '" + key + "' is completed");
   }
-  if (current->state == IdemRecord::State::kReleased) return Status::Ok();
+  if (current->state == IdemRecord::State::kReleased) return std::optional<IdemRecord>();
+  return current;
+}
+
+Status RocksIdemKeyStore::Abandon(const std::string& scope, const std::string& key,
+                                  const std::string& fingerprint) {
+  std::string record_key = RecordKey(scope, key);
+  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, LoadHeld(record_key, key, fingerprint));
+  if (!current) return Status::Ok();
   RecordBatch batch(db_);
   if (current->ran) {
     IdemRecord next = *current;
@@ -157,15 +165,8 @@ Status RocksIdemKeyStore::Release(const std::string& scope, const std::string& k
                                   const std::string& fingerprint) {
   std::string record_key = RecordKey(scope, key);
   MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
-  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, LoadHeld(record_key, key, fingerprint));
   if (!current) return Status::Ok();
-  if (current->fingerprint != fingerprint) {
-    return FailedPrecondition("idempotency key '" + key + "' belongs to another request");
-  }
-  if (current->state == IdemRecord::State::kCompleted) {
-    return FailedPrecondition("idempotency key '" + key + "' is completed");
-  }
-  if (current->state == IdemRecord::State::kReleased) return Status::Ok();
   IdemRecord next = *current;
   next.state = IdemRecord::State::kReleased;
   next.ran = true;
@@ -173,6 +174,30 @@ Status RocksIdemKeyStore::Release(const std::string& scope, const std::string& k
   RecordBatch batch(db_);
   Stage(batch, record_key, current, &next);
   return db_.Commit(batch, /*durable=*/true);
+}
+
+Status RocksIdemKeyStore::ExtendLease(const std::string& scope, const std::string& key,
+                                      const std::string& fingerprint, const std::string& request_id,
+                                      int64_t now_ms, int64_t lease_ms) {
+  if (lease_ms <= 0) return InvalidArgument("lease_ms must be positive", "/lease_ms");
+  std::string record_key = RecordKey(scope, key);
+  MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+  ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
+  if (!current || Expired(*current, now_ms) || current->state != IdemRecord::State::kInProgress) {
+    return FailedPrecondition("idempotency key '" + key + "' is not in progress");
+  }
+  if (current->fingerprint != fingerprint || current->owner != owner_ ||
+      current->request_id != request_id) {
+    return FailedPrecondition("idempotency key '" + key + "' is held by another request");
+  }
+  if (current->lease_until_ms >= now_ms + lease_ms) return Status::Ok();
+  IdemRecord next = *current;
+  next.lease_until_ms = now_ms + lease_ms;
+  RecordBatch batch(db_);
+  Stage(batch, record_key, current, &next);
+  // Not synced: a lease only matters while this process lives; after a crash
+  // the restart releases the key whatever its lease says.
+  return db_.Commit(batch, /*durable=*/false);
 }
 
 StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {

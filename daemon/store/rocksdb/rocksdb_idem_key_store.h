@@ -36,6 +36,9 @@ class RocksIdemKeyStore final : public IdemKeyStore {
                  const std::string& fingerprint) override;
   Status Release(const std::string& scope, const std::string& key,
                  const std::string& fingerprint) override;
+  Status ExtendLease(const std::string& scope, const std::string& key,
+                     const std::string& fingerprint, const std::string& request_id, int64_t now_ms,
+                     int64_t lease_ms) override;
   StatusOr<size_t> ReleaseOwnInProgress() override;
   StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) override;
   StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
@@ -46,6 +49,12 @@ class RocksIdemKeyStore final : public IdemKeyStore {
 
  private:
   StatusOr<std::optional<IdemRecord>> Load(const std::string& record_key);
+  // The in_progress record that Abandon or Release may end: nullopt when
+  // there is nothing to end (absent or already released); FailedPrecondition
+  // when it is completed or bound to another fingerprint.
+  StatusOr<std::optional<IdemRecord>> LoadHeld(const std::string& record_key,
+                                               const std::string& key,
+                                               const std::string& fingerprint);
   // Stages `after` (or the deletion when null), moving the expiry entry.
   void Stage(RecordBatch& batch, const std::string& record_key,
              const std::optional<IdemRecord>& before, const IdemRecord* after);

@@ -121,6 +121,7 @@ struct Fixture {
     std::filesystem::remove_all(dir, ec);
   }
   StepConfig& step() { return config.steps["triage"]; }
+  Notifier* notifier = nullptr;
   void Build() {
     std::map<std::string, std::unique_ptr<Provider>> providers;
     auto a = std::make_unique<QueueProvider>();
@@ -130,7 +131,7 @@ struct Fixture {
     providers["main"] = std::move(a);
     providers["backup"] = std::move(b);
     engine = std::move(DecideEngine::Create(config, store->decisions(), store->escalations(),
-                                            std::move(providers), clock, metrics))
+                                            std::move(providers), clock, metrics, notifier))
                  .value();
   }
   StatusOr<DecideResult> Decide(const Json& input = {{"text", "refund please"}}) {
@@ -412,6 +413,42 @@ TEST_CASE("raw output and summaries cut at their byte limits stay storable UTF-8
   const std::string summary = r->escalation.context["summary"];
   CHECK(IsValidUtf8(summary));
   CHECK(summary.find("\xC3\xA9...") != std::string::npos);
+}
+
+// Records what the engine tells humans.
+class RecordingNotifier final : public Notifier {
+ public:
+  void Notify(const Notification& n) override { sent.push_back(n); }
+  std::vector<Notification> sent;
+};
+
+TEST_CASE("a new escalation notifies once with the resolve call and the page's link") {
+  Fixture f;
+  RecordingNotifier notes;
+  f.notifier = &notes;
+  f.config.notifications.link_base = "http://ops.example:7411";
+  f.step().fallback = Json::array({"escalate"});
+  f.Build();
+  f.primary->Push(Answer({{"category", "weather"}, {"priority", "high"}}));
+  auto r = f.Decide();
+  REQUIRE(r.ok());
+  REQUIRE(r->escalated);
+  REQUIRE(notes.sent.size() == 1);
+  const Notification& n = notes.sent[0];
+  const std::string id = r->escalation.escalation_id;
+  CHECK(n.kind == "escalation");
+  CHECK(n.event_id == "escalation:" + id);
+  CHECK(n.subject_id == id);
+  CHECK(n.reason == r->escalation.context["summary"].get<std::string>());
+  CHECK(n.command.find("http://ops.example:7411/v1/escalations/" + id + "/resolve") !=
+        std::string::npos);
+  CHECK(n.link == "http://ops.example:7411/ui/#/escalations");
+  CHECK(n.detail["step"] == "triage");
+
+  // The retry that finds the open escalation is not a new event.
+  auto again = f.Decide();
+  REQUIRE(again->escalated);
+  CHECK(notes.sent.size() == 1);
 }
 
 }  // namespace idem

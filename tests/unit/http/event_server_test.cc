@@ -592,6 +592,114 @@ TEST_CASE("a deferred exchange does not hold up other connections' lane requests
   CHECK(lane.violations() == 0);
 }
 
+// A lane whose "hold" request keeps a lock until Release(), as a batch
+// waiting for its fsync keeps its store locks; a "wait" request needs that
+// lock. Begun while other batches are in flight, a "wait" whose lock is
+// held is left for later (as the journal's kSkipBusy does), its ticket
+// ready at once; begun with none in flight, it waits for the lock.
+class LockLane : public BatchLane {
+ public:
+  class Gate : public Ticket {
+   public:
+    explicit Gate(const std::atomic<bool>& open) : open_(open) {}
+    bool Ready() const override { return open_.load(); }
+
+   private:
+    const std::atomic<bool>& open_;
+  };
+
+  bool Wants(const http1::Request& req) const override { return req.path == "/lane"; }
+  void Prepare(Exchange& ex) override {
+    auto state = std::make_shared<LaneState>();
+    state->body = ex.request.body;
+    ex.state = std::move(state);
+  }
+  std::unique_ptr<Ticket> Begin(std::span<Exchange*> batch, std::function<void()> wake,
+                                bool others_pending) override {
+    for (Exchange* ex : batch) {
+      if (static_cast<LaneState*>(ex->state.get())->body == "hold") {
+        std::lock_guard<std::mutex> lock(mu_);
+        hold_wake_ = wake;
+        hold_begun_ = true;
+        return std::make_unique<Gate>(released_);
+      }
+    }
+    ++wait_begins_;
+    if (!others_pending) {  // may wait for the lock
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return released_.load(); });
+    }
+    wake();  // the journal too reports a batch that writes nothing at once
+    return std::make_unique<Gate>(always_);
+  }
+  void Finish(std::unique_ptr<Ticket>, std::span<Exchange*> batch) override {
+    for (Exchange* ex : batch) {
+      auto* state = static_cast<LaneState*>(ex->state.get());
+      if (state->body == "wait" && !released_.load()) continue;  // its lock was busy
+      ex->response.status = 200;
+      ex->response.SetContent("done " + state->body, "text/plain");
+      ex->answered = true;
+    }
+  }
+
+  void Release() {
+    std::function<void()> wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+      wake = hold_wake_;
+    }
+    cv_.notify_all();
+    if (wake) wake();
+  }
+  bool hold_begun() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hold_begun_;
+  }
+  int wait_begins() const { return wait_begins_.load(); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> hold_wake_;
+  bool hold_begun_ = false;
+  std::atomic<bool> released_{false};
+  std::atomic<bool> always_{true};
+  std::atomic<int> wait_begins_{0};
+};
+
+TEST_CASE(
+    "a lane request whose lock a batch in flight holds is begun again after it, not in a loop") {
+  LockLane lane;
+  EventServerOptions options = TestOptions();
+  options.loops = 1;  // both requests on the loop whose batch holds the lock
+  Running s(EchoCallbacks(&lane), options);
+  Client holder(s.port());
+  Client waiter(s.port());
+  REQUIRE(holder.ok());
+  REQUIRE(waiter.ok());
+  REQUIRE(holder.Send(Post("/lane", "hold")));
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (!lane.hold_begun() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(lane.hold_begun());
+  REQUIRE(waiter.Send(Post("/lane", "wait")));
+  // The hold batch's "fsync" takes 200 ms; beginning the waiter again
+  // meanwhile only finds the lock still held (the old loop did it
+  // hundreds of thousands of times a second).
+  std::this_thread::sleep_for(200ms);
+  CHECK(lane.wait_begins() == 1);
+  lane.Release();
+  std::optional<Reply> held = holder.Read();
+  std::optional<Reply> waited = waiter.Read();
+  REQUIRE(held);
+  REQUIRE(waited);
+  CHECK(held->body == "done hold");
+  CHECK(waited->body == "done wait");
+  CHECK(lane.wait_begins() == 2);  // once skipped, once after the hold batch
+}
+
 TEST_CASE("a Prepare that answers at once is answered without Begin") {
   TestLane lane;
   Running s(EchoCallbacks(&lane));

@@ -1,5 +1,7 @@
 // Prefer: wait on an Idempotency-Key in flight: the waiter sleeps until the
 // key's holder ends (or its deadline), instead of re-reading the store.
+// And the holder keeps its key while its handler runs, however long
+// (the lease renewal): a retry is never a second run.
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -24,11 +26,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The store's keys, counting Begin calls.
+// The store's keys, counting Begin and ExtendLease calls; renewals can be
+// made to fail as a refused disk write would.
 class CountingIdemKeys final : public IdemKeyStore {
  public:
   explicit CountingIdemKeys(IdemKeyStore& inner) : inner_(inner) {}
   std::atomic<int> begins{0};
+  std::atomic<int> extends{0};
+  std::atomic<bool> refuse_renewals{false};
 
   StatusOr<BeginResult> Begin(const std::string& scope, const std::string& key,
                               const std::string& fingerprint, const std::string& request_id,
@@ -48,6 +53,13 @@ class CountingIdemKeys final : public IdemKeyStore {
   Status Release(const std::string& scope, const std::string& key,
                  const std::string& fingerprint) override {
     return inner_.Release(scope, key, fingerprint);
+  }
+  Status ExtendLease(const std::string& scope, const std::string& key,
+                     const std::string& fingerprint, const std::string& request_id, int64_t now_ms,
+                     int64_t lease_ms) override {
+    ++extends;
+    if (refuse_renewals) return Status(Code::kUnavailable, "the disk refused the write");
+    return inner_.ExtendLease(scope, key, fingerprint, request_id, now_ms, lease_ms);
   }
   StatusOr<size_t> ReleaseOwnInProgress() override { return inner_.ReleaseOwnInProgress(); }
   StatusOr<IdemRecord> Get(const std::string& scope, const std::string& key) override {
@@ -211,8 +223,54 @@ TEST_CASE("a Prefer: wait duplicate is answered 409 at its deadline while the ke
   CHECK(first.get().status == 200);
 }
 
-TEST_CASE("a Prefer: wait duplicate takes the key over when the holder's lease runs out") {
+TEST_CASE("a retry of a request running past its key's lease is in flight, not run again") {
   SlowServer s(/*lease_ms=*/300);
+  auto first = std::async(std::launch::async, [&] { return Post(s.port, "k-long", ""); });
+  s.AwaitEntered();
+  std::this_thread::sleep_for(1000ms);  // more than three leases
+  Reply retry = Post(s.port, "k-long", "");
+  CHECK(retry.status == 409);
+  CHECK(retry.head.find("Retry-After: 1") != std::string::npos);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    CHECK(s.runs_started == 1);
+  }
+  CHECK(s.keys->extends.load() >= 3);  // renewed about every 100 ms
+  s.Release();
+  Reply original = first.get();
+  CHECK(original.status == 200);
+  Reply later = Post(s.port, "k-long", "");
+  CHECK(later.status == 200);
+  CHECK(later.head.find("Idempotent-Replayed: true") != std::string::npos);
+  CHECK(later.body == original.body);
+  CHECK(s.runs == 1);
+}
+
+TEST_CASE("a Prefer: wait retry of a request running past its key's lease gets its answer") {
+  SlowServer s(/*lease_ms=*/300);
+  auto first = std::async(std::launch::async, [&] { return Post(s.port, "k-long-wait", ""); });
+  s.AwaitEntered();
+  auto waiter =
+      std::async(std::launch::async, [&] { return Post(s.port, "k-long-wait", "wait=10"); });
+  std::this_thread::sleep_for(1000ms);
+  CHECK(waiter.wait_for(0s) == std::future_status::timeout);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    CHECK(s.runs_started == 1);
+  }
+  s.Release();
+  Reply original = first.get();
+  Reply waited = waiter.get();
+  CHECK(original.status == 200);
+  CHECK(waited.status == 200);
+  CHECK(waited.head.find("Idempotent-Replayed: true") != std::string::npos);
+  CHECK(waited.body == original.body);
+  CHECK(s.runs == 1);
+}
+
+TEST_CASE("a Prefer: wait duplicate takes the key over when the holder's lease is not renewed") {
+  SlowServer s(/*lease_ms=*/300);
+  s.keys->refuse_renewals = true;  // a holder that cannot renew (disk refused, process hung)
   auto first = std::async(std::launch::async, [&] { return Post(s.port, "k-stuck", ""); });
   s.AwaitEntered();
   auto started = std::chrono::steady_clock::now();

@@ -215,6 +215,58 @@ TEST_CASE("abandoning a retaken key keeps it bound to the payload that once ran"
   CHECK(MustBegin(s, "k1", "fp-a", kT0 + 3).outcome == BeginOutcome::kNew);
 }
 
+TEST_CASE("extending a held key's lease keeps a retry in flight past the first lease") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  const std::string scope = "tok:POST /v1/apply";
+  MustBegin(s, "long", "fp-a", kT0);
+  REQUIRE(s.ExtendLease(scope, "long", "fp-a", "req-1", kT0 + kLease / 2, kLease).ok());
+  CHECK(s.Get(scope, "long").value().lease_until_ms == kT0 + kLease / 2 + kLease);
+  // Past the first lease, a retry is still in flight, not a takeover.
+  CHECK(MustBegin(s, "long", "fp-a", kT0 + kLease).outcome == BeginOutcome::kInFlight);
+  // A renewal never shortens the lease.
+  REQUIRE(s.ExtendLease(scope, "long", "fp-a", "req-1", kT0 + kLease / 2, 1).ok());
+  CHECK(s.Get(scope, "long").value().lease_until_ms == kT0 + kLease / 2 + kLease);
+  // Once the extended lease is over too, the key is taken over.
+  CHECK(MustBegin(s, "long", "fp-a", kT0 + kLease / 2 + kLease).outcome == BeginOutcome::kNew);
+}
+
+TEST_CASE("only the holder of a key in progress may extend its lease") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  const std::string scope = "tok:POST /v1/apply";
+  auto refused = [&](const std::string& key, const std::string& fp, const std::string& rid) {
+    Status st = s.ExtendLease(scope, key, fp, rid, kT0 + 1, kLease);
+    return st.code() == Code::kFailedPrecondition;
+  };
+  CHECK(refused("absent", "fp-a", "req-1"));
+  MustBegin(s, "k", "fp-a", kT0);
+  CHECK(refused("k", "fp-b", "req-1"));  // another payload
+  CHECK(refused("k", "fp-a", "req-2"));  // another request
+  CHECK(s.ExtendLease(scope, "k", "fp-a", "req-1", kT0 + 1, 0).code() == Code::kInvalidArgument);
+  REQUIRE(s.Release(scope, "k", "fp-a").ok());
+  CHECK(refused("k", "fp-a", "req-1"));  // released: the handler ended
+  MustBegin(s, "done", "fp-a", kT0);
+  REQUIRE(MustFinish(s, "done", "fp-a", kT0 + 1).ok());
+  CHECK(refused("done", "fp-a", "req-1"));  // completed
+  // A key another request took over after the lease ran out.
+  MustBegin(s, "stale", "fp-a", kT0);
+  StatusOr<BeginResult> taken =
+      s.Begin(scope, "stale", "fp-a", "req-9", kT0 + kLease, kTtl, kLease);
+  REQUIRE(taken.ok());
+  REQUIRE(taken->outcome == BeginOutcome::kNew);
+  CHECK(refused("stale", "fp-a", "req-1"));
+  // Another instance's key (the store folder changed hands).
+  MustBegin(s, "theirs", "fp-a", kT0);
+  REQUIRE(store->meta().Put("store.instance_id", "inst_other").ok());
+  store.reset();
+  store = OpenStore(dir.path());
+  CHECK(store->idem_keys().ExtendLease(scope, "theirs", "fp-a", "req-1", kT0 + 1, kLease).code() ==
+        Code::kFailedPrecondition);
+}
+
 TEST_CASE("reopening a store releases its own keys in progress and leaves others' leases") {
   TempDir dir;
   const std::string scope = "tok:POST /v1/apply";

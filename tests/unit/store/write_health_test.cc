@@ -2,7 +2,6 @@
 // WriteHealth reports it, and the store recovers by itself once writes can
 // succeed again (rocksdb_database.h).
 #include <doctest/doctest.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +13,7 @@
 #include <thread>
 
 #include "daemon/core/failpoints.h"
+#include "tests/support/small_filesystem.h"
 #include "tests/unit/store/store_test_util.h"
 
 namespace idem::testing {
@@ -64,42 +64,6 @@ TEST_CASE("a failing disk fails writes Unavailable, keeps reads, and recovers by
   // Nobody writes: the recovery's probe alone finds out that writes work.
   CHECK(Eventually([&] { return store->WriteHealth().ok(); }, 4000ms));
   CHECK(store->journal().Claim(ClaimReq("w-during", kT0)).ok());
-}
-
-// A tmpfs of a few MiB mounted for the test (root only); unmounted on
-// destruction whatever happened.
-class SmallFilesystem {
- public:
-  explicit SmallFilesystem(const std::string& size) {
-    char tmpl[] = "/tmp/idem-small-fs-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return;
-    path_ = tmpl;
-    std::string opts = "size=" + size;
-    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) == 0;
-  }
-  ~SmallFilesystem() {
-    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
-    if (!path_.empty()) ::rmdir(path_.c_str());
-  }
-  bool mounted() const { return mounted_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  bool mounted_ = false;
-};
-
-// Writes zeros to `path` until the filesystem is full.
-void FillUp(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  REQUIRE(f != nullptr);
-  std::string block(64 * 1024, '\0');
-  while (std::fwrite(block.data(), 1, block.size(), f) == block.size()) {
-  }
-  // A partial block may still fit.
-  while (std::fwrite(block.data(), 1, 512, f) == 512) {
-  }
-  std::fclose(f);
 }
 
 TEST_CASE("a full disk fails writes Unavailable, keeps reads, and recovers once space returns") {

@@ -1,0 +1,203 @@
+// POST /v1/inbox/{source}: webhook senders (R29). Each event is processed
+// once however often it is delivered: the event id (a JSON pointer into the
+// body or a header, per source) is begun as a key in the IdemKeyStore under
+// the scope "inbox <source>" before anything runs. A new event runs the
+// source's on_event (decide a step, run an action kind, or only record it)
+// and its answer is stored; a duplicate, or a delivery that arrives while
+// the first is still running, answers 200 at once with duplicate: true and
+// runs nothing. A failure that a retry may fix (a provider or the store
+// down) forgets the event, so the sender's retry processes it.
+//
+// Signature: hmac_sha256 (the header carries the hex HMAC-SHA-256 of the
+// raw body with the secret from the source's environment variable, after an
+// optional prefix such as "sha256=") or token (the header carries the secret
+// itself, as Telegram's X-Telegram-Bot-Api-Secret-Token does); compared in
+// constant time. A bad or missing signature is 401 and recorded nowhere. A
+// source without a signature is served only while the daemon listens on
+// loopback (checked at start-up, daemon.cc).
+//
+// The route takes the sender's content type and no bearer token or browser
+// Origin rules: the signature is its authentication.
+#include <cstdlib>
+
+#include "daemon/core/crypto.h"
+#include "daemon/core/json.h"
+#include "daemon/http/api.h"
+
+namespace idem {
+namespace {
+
+constexpr int64_t kInboxLeaseMs = 120'000;
+
+std::string Lower(std::string v) {
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v;
+}
+
+std::string Header(const RequestContext& ctx, const std::string& name) {
+  auto it = ctx.headers.find(name);
+  return it == ctx.headers.end() ? std::string() : it->second;
+}
+
+Status CheckSignature(const InboxSource& src, const RequestContext& ctx) {
+  if (src.signature_header.empty()) return Status::Ok();
+  const char* secret = std::getenv(src.signature_env.c_str());
+  if (secret == nullptr || *secret == '\0') {
+    return Unavailable("inbox " + src.name + ": its signature secret is not set");
+  }
+  std::string sent = Header(ctx, src.signature_header);
+  bool ok = false;
+  if (src.signature_scheme == "token") {
+    ok = !sent.empty() && ConstantTimeEquals(sent, secret);
+  } else if (sent.size() > src.signature_prefix.size() &&
+             sent.compare(0, src.signature_prefix.size(), src.signature_prefix) == 0) {
+    ok = ConstantTimeEquals(Lower(sent.substr(src.signature_prefix.size())),
+                            HmacSha256Hex(secret, ctx.raw_body));
+  }
+  if (!ok) {
+    return Status(Code::kUnauthenticated, "the event's signature does not match",
+                  "header:" + src.signature_header);
+  }
+  return Status::Ok();
+}
+
+// What a new event does; the answer's body.
+StatusOr<Json> Process(const ApiDeps& deps, const InboxSource& src, const Json& payload,
+                       const std::string& event_id, const std::string& request_id) {
+  const std::string actor = "inbox:" + src.name;
+  Json out = {{"source", src.name}, {"event_id", event_id}, {"duplicate", false}};
+  if (src.record_only) {
+    out["outcome"] = "recorded";
+    return out;
+  }
+  if (!src.decide_step.empty()) {
+    DecideRequest req;
+    req.step = src.decide_step;
+    req.input = payload;
+    req.request_id = request_id;
+    ASSIGN_OR_RETURN(DecideResult r, deps.decide.Decide(req));
+    if (r.escalated) {
+      out["outcome"] = "escalated";
+      out["escalation_id"] = r.escalation.escalation_id;
+      return out;
+    }
+    out["outcome"] = "decided";
+    out["decision_id"] = r.decision.decision_id;
+    out["output"] = r.decision.output;
+    auto sit = deps.config.steps.find(src.decide_step);
+    if (sit != deps.config.steps.end() && !sit->second.plan_pointer.empty()) {
+      auto plan = deps.plans.ProposeFromDecision(r.decision, actor);
+      if (plan.ok()) out["plan"] = {{"plan_id", plan->plan_id}, {"state", plan->state}};
+    }
+    return out;
+  }
+  const ActionConfig& kind = deps.config.actions.at(src.action_kind);
+  RETURN_IF_ERROR(deps.plans.CheckArgs(kind, payload, src.payload_pointer));
+  ASSIGN_OR_RETURN(Gate gate, deps.plans.GateAction(kind, payload, "action", actor));
+  if (!gate.allowed) {
+    out["outcome"] = "awaiting_approval";
+    out["plan_id"] = gate.plan.plan_id;
+    return out;
+  }
+  ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Submit(kind.name, gate.args, "", request_id));
+  out["outcome"] = o.kind == ActionOutcomeKind::kExecuted    ? "executed"
+                   : o.kind == ActionOutcomeKind::kDuplicate ? "already_done"
+                   : o.kind == ActionOutcomeKind::kRetrying  ? "retrying"
+                   : o.kind == ActionOutcomeKind::kBusy      ? "busy"
+                                                             : "dead";
+  out["work_id"] = o.item.work_id;
+  return out;
+}
+
+}  // namespace
+
+void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
+  std::vector<std::string> headers;
+  for (const auto& [name, src] : deps.config.inbox) {
+    if (!src.id_header.empty()) headers.push_back(src.id_header);
+    if (!src.signature_header.empty()) headers.push_back(src.signature_header);
+  }
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/inbox/{source}",
+      .summary = "A webhook event from a configured sender: processed once per event id "
+                 "(200 with duplicate: true for a repeat); 401 for a bad signature.",
+      .responses = {{200, "inbox.response"}, {400, "problem"}, {401, "problem"}, {404, "problem"}},
+      .is_public = true,
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        auto sit = deps.config.inbox.find(ctx.params[0]);
+        if (sit == deps.config.inbox.end()) {
+          return Status(Code::kNotFound, "no inbox source named '" + ctx.params[0] + "'",
+                        "path:source");
+        }
+        const InboxSource& src = sit->second;
+        RETURN_IF_ERROR(CheckSignature(src, ctx));
+        JsonLimits limits;
+        limits.max_bytes = deps.config.server.max_body_bytes;
+        limits.max_depth = deps.config.server.max_json_depth;
+        Json body;
+        if (!ctx.raw_body.empty()) {
+          auto parsed = ParseJson(ctx.raw_body, limits);
+          if (!parsed.ok()) return parsed.status().WithField("");
+          body = std::move(parsed).value();
+        }
+        std::string event_id;
+        if (!src.id_header.empty()) {
+          event_id = Header(ctx, src.id_header);
+          if (event_id.empty()) {
+            return InvalidArgument("the event id header is missing", "header:" + src.id_header);
+          }
+        } else {
+          Json::json_pointer ptr(src.id_pointer);
+          if (!body.is_object() || !body.contains(ptr) ||
+              !(body.at(ptr).is_string() || body.at(ptr).is_number_integer())) {
+            return InvalidArgument("the event has no id (a string or an integer) here",
+                                   src.id_pointer);
+          }
+          const Json& id = body.at(ptr);
+          event_id = id.is_string() ? id.get<std::string>() : id.dump();
+        }
+        if (event_id.empty() || event_id.size() > 255) {
+          return InvalidArgument("an event id is 1 to 255 characters", src.id_pointer);
+        }
+        Json payload = body;
+        if (!src.payload_pointer.empty()) {
+          Json::json_pointer ptr(src.payload_pointer);
+          if (!body.is_object() || !body.contains(ptr)) {
+            return InvalidArgument("the event has nothing here", src.payload_pointer);
+          }
+          payload = body.at(ptr);
+        }
+        IdemKeyStore& keys = deps.store.idem_keys();
+        const std::string scope = "inbox " + src.name;
+        const std::string fingerprint = "event";  // the id alone names the event
+        ASSIGN_OR_RETURN(BeginResult begun,
+                         keys.Begin(scope, event_id, fingerprint, ctx.request_id,
+                                    deps.clock.NowMillis(), src.window_ms, kInboxLeaseMs));
+        if (begun.outcome != BeginOutcome::kNew) {
+          Json dup = {{"source", src.name}, {"event_id", event_id}, {"duplicate", true}};
+          if (begun.outcome == BeginOutcome::kReplay) {
+            auto first = ParseJson(begun.record.response_body, JsonLimits{});
+            if (first.ok()) dup["first"] = *first;
+          } else {
+            dup["state"] = "in_progress";
+          }
+          deps.metrics.inbox_duplicates.Inc();
+          return RouteResponse{200, std::move(dup), {}};
+        }
+        StatusOr<Json> out = Process(deps, src, payload, event_id, ctx.request_id);
+        if (!out.ok()) {
+          // Not processed: the sender's retry must find the event new.
+          (void)keys.Abandon(scope, event_id, fingerprint);
+          return out.status();
+        }
+        RETURN_IF_ERROR(keys.Finish(scope, event_id, fingerprint, 200, out->dump(),
+                                    "application/json", deps.clock.NowMillis()));
+        deps.metrics.inbox_events.Inc();
+        return RouteResponse{200, std::move(out).value(), {}};
+      },
+      .request_headers = headers,
+      .raw_body = true});
+}
+
+}  // namespace idem

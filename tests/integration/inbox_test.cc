@@ -1,0 +1,151 @@
+// The inbox (R29): webhook events processed once per event id, however
+// often and however concurrently they are delivered; bad signatures refused
+// and recorded nowhere.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "daemon/core/crypto.h"
+#include "tests/fakes/fake_effector.h"
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+using fakes::FakeEffectorServer;
+
+const char* kTelegramSecret = "tg-secret-123";
+const char* kHmacSecret = "hmac-secret-456";
+
+struct Fixture {
+  std::unique_ptr<FakeEffectorServer> target = FakeEffectorServer::Start();
+  TempDir dir;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<httplib::Client> client;
+
+  Fixture() {
+    REQUIRE(target != nullptr);
+    const std::string rules =
+        "default:\n  output: "
+        "'{\"category\":\"question\",\"priority\":\"low\",\"summary\":\"s\",\"actions\":[]}'\n";
+    std::string extra =
+        "actions:\n"
+        "  send_reply:\n"
+        "    identity: {fields: [/chat_id, /text], version: v1}\n"
+        "    window: 24h\n"
+        "    on_duplicate: return_original\n"
+        "    effector: {http: {method: POST, url: \"" +
+        target->base_url() +
+        "/replies\", idempotency: header}}\n"
+        "inbox:\n"
+        "  telegram:\n"
+        "    event_id: {pointer: /update_id}\n"
+        "    signature: {header: X-Telegram-Bot-Api-Secret-Token, secret_env: IDEM_TEST_TG, "
+        "scheme: token}\n"
+        "    on_event: {action: send_reply, pointer: /message}\n"
+        "  shop:\n"
+        "    event_id: {header: X-Event-Id}\n"
+        "    signature: {header: X-Signature, secret_env: IDEM_TEST_HMAC, prefix: \"sha256=\"}\n"
+        "    on_event: {decide: triage_ticket, pointer: /data}\n"
+        "  audit_log:\n"
+        "    event_id: {pointer: /id}\n"
+        "    on_event: {record: true}\n";
+    std::string config = WriteTestConfig(dir, rules, extra);
+    std::string err;
+    daemon =
+        DaemonProcess::Start({config,
+                              dir.path() + "/data",
+                              {},
+                              {{"IDEM_TEST_TG", kTelegramSecret}, {"IDEM_TEST_HMAC", kHmacSecret}}},
+                             &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    client = daemon->Client();
+  }
+
+  httplib::Result Telegram(httplib::Client& c, int update_id, const std::string& secret) {
+    Json update = {
+        {"update_id", update_id},
+        {"message", {{"chat_id", "c-1"}, {"text", "hello " + std::to_string(update_id)}}}};
+    return c.Post("/v1/inbox/telegram", {{"X-Telegram-Bot-Api-Secret-Token", secret}},
+                  update.dump(), "application/json");
+  }
+};
+
+Json J(const httplib::Result& r) {
+  REQUIRE(r);
+  return Json::parse(r->body);
+}
+
+}  // namespace
+
+TEST_CASE("the same inbox event delivered 50 times at once is processed once") {
+  Fixture f;
+  std::atomic<int> ok{0}, fresh{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 50; ++i) {
+    threads.emplace_back([&] {
+      auto c = f.daemon->Client();
+      auto r = f.Telegram(*c, 1001, kTelegramSecret);
+      if (r && r->status == 200) {
+        ok++;
+        if (Json::parse(r->body)["duplicate"] == false) fresh++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(ok == 50);
+  CHECK(fresh == 1);
+  CHECK(f.target->stats().effects == 1);
+  CHECK(f.target->stats().raw_calls == 1);
+  // A later redelivery answers with the first answer.
+  Json again = J(f.Telegram(*f.client, 1001, kTelegramSecret));
+  CHECK(again["duplicate"] == true);
+  CHECK(again["first"]["outcome"] == "executed");
+  CHECK(MetricValue(*f.client, "idem_inbox_events_total") == 1);
+}
+
+TEST_CASE("a bad signature is refused and recorded nowhere") {
+  Fixture f;
+  auto bad = f.Telegram(*f.client, 2002, "wrong");
+  REQUIRE(bad);
+  CHECK(bad->status == 401);
+  CHECK(J(bad)["pointer"] == "header:x-telegram-bot-api-secret-token");
+  CHECK(f.client->Post("/v1/inbox/telegram", R"({"update_id":2002})", "application/json")->status ==
+        401);
+  CHECK(f.target->stats().raw_calls == 0);
+  // The genuine delivery of the same event is new: the refused one left nothing.
+  Json good = J(f.Telegram(*f.client, 2002, kTelegramSecret));
+  CHECK(good["duplicate"] == false);
+  CHECK(f.target->stats().effects == 1);
+
+  // HMAC over the raw bytes, with the event id in a header.
+  const std::string body = R"({"data": {"ticket_id": "S-1", "text": "where is my parcel?"}})";
+  auto signed_post = [&](const std::string& sig, const std::string& id) {
+    return f.client->Post("/v1/inbox/shop", {{"X-Event-Id", id}, {"X-Signature", sig}}, body,
+                          "text/plain");
+  };
+  CHECK(signed_post("sha256=" + HmacSha256Hex("other", body), "evt_1")->status == 401);
+  CHECK(signed_post(HmacSha256Hex(kHmacSecret, body), "evt_1")->status == 401);  // no prefix
+  auto decided = signed_post("sha256=" + HmacSha256Hex(kHmacSecret, body), "evt_1");
+  REQUIRE(decided);
+  REQUIRE_MESSAGE(decided->status == 200, decided->body);
+  CHECK(J(decided)["outcome"] == "decided");
+  CHECK(J(decided)["output"]["category"] == "question");
+  CHECK(J(signed_post("sha256=" + HmacSha256Hex(kHmacSecret, body), "evt_1"))["duplicate"] == true);
+}
+
+TEST_CASE("an inbox event without its id, or for an unknown source, is refused") {
+  Fixture f;
+  auto no_id = f.client->Post("/v1/inbox/audit_log", R"({"what":"x"})", "application/json");
+  REQUIRE(no_id);
+  CHECK(no_id->status == 400);
+  CHECK(J(no_id)["pointer"] == "/id");
+  CHECK(f.client->Post("/v1/inbox/nope", R"({"id":"1"})", "application/json")->status == 404);
+  CHECK(f.client->Post("/v1/inbox/audit_log", "not json", "text/plain")->status == 400);
+  Json recorded = J(f.client->Post("/v1/inbox/audit_log", R"({"id":7})", "application/json"));
+  CHECK(recorded["outcome"] == "recorded");
+  CHECK(recorded["event_id"] == "7");
+}
+
+}  // namespace idem::testing
