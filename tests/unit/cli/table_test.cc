@@ -1,7 +1,11 @@
 #include "daemon/cli/table.h"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <string>
 
 namespace idem::cli {
@@ -71,15 +75,25 @@ TEST_CASE("ages and times are short and in UTC") {
   CHECK(UtcTime(now) == "2023-11-14 22:13:20Z");
 }
 
-TEST_CASE("NO_COLOR turns colour off even on a terminal") {
-  setenv("NO_COLOR", "1", 1);
-  CHECK_FALSE(UseColor(stdout));
+TEST_CASE("colour is used on a terminal, never with NO_COLOR or on a file") {
+  // A pseudo-terminal stands in for the operator's terminal.
+  int master = posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(master >= 0);
+  REQUIRE(grantpt(master) == 0);
+  REQUIRE(unlockpt(master) == 0);
+  std::FILE* tty = std::fopen(ptsname(master), "w");
+  REQUIRE(tty != nullptr);
   unsetenv("NO_COLOR");
-  // A file is never a terminal.
-  std::FILE* f = std::tmpfile();
-  REQUIRE(f != nullptr);
-  CHECK_FALSE(UseColor(f));
-  std::fclose(f);
+  CHECK(UseColor(tty));
+  setenv("NO_COLOR", "1", 1);
+  CHECK_FALSE(UseColor(tty));
+  unsetenv("NO_COLOR");
+  std::fclose(tty);
+  close(master);
+  std::FILE* file = std::tmpfile();  // a pipe or file is never coloured
+  REQUIRE(file != nullptr);
+  CHECK_FALSE(UseColor(file));
+  std::fclose(file);
 }
 
 }  // namespace
