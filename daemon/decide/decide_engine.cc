@@ -204,7 +204,8 @@ class DecideEngineImpl final : public DecideEngine {
       return ToResult(*outcome, false, true);
     }
 
-    StatusOr<ChainOutcome> outcome = RunChain(step, key, req);
+    StatusOr<ChainOutcome> outcome = RunChain(step, key, req, step.chain, step.config->temperature,
+                                              /*dry_run=*/false);
     {
       MutexLock lock(flights_mu_);
       flights_.erase(key.key.key);
@@ -314,8 +315,50 @@ class DecideEngineImpl final : public DecideEngine {
     return errors;
   }
 
+  StatusOr<Decision> Replay(const Decision& original, const ReplayOptions& o) override {
+    auto it = steps_.find(original.step);
+    if (it == steps_.end()) {
+      return FailedPrecondition("step " + original.step + " is no longer configured");
+    }
+    const CompiledStep& step = it->second;
+    if (!o.prompt_version.empty() && o.prompt_version != step.config->prompt.version) {
+      return Status(Code::kFailedPrecondition,
+                    "prompt version " + o.prompt_version + " is not loaded; step " + original.step +
+                        " has " + step.config->prompt.version,
+                    "/prompt_version");
+    }
+    std::string provider_name = o.provider.empty() ? original.provider : o.provider;
+    if (provider_name == "human" || provider_name.empty()) {
+      provider_name = step.chain.empty() ? "" : step.chain[0].provider_name;
+    }
+    auto pit = providers_.find(provider_name);
+    if (pit == providers_.end()) {
+      return Status(Code::kInvalidArgument, "no provider named '" + provider_name + "'",
+                    "/provider");
+    }
+    std::string model = !o.model.empty() ? o.model
+                        : original.provider == "human" || original.model.empty()
+                            ? step.config->model
+                            : original.model;
+    std::vector<Candidate> chain = {Candidate{provider_name, pit->second.get(), model}};
+    StepKey key;
+    key.key.key = original.decision_key;
+    key.key.canonical = original.material.dump();
+    key.normalized_input =
+        original.material.is_object() ? original.material.value("input", Json()) : Json();
+    DecideRequest req;
+    req.step = original.step;
+    req.request_id = o.request_id;
+    ASSIGN_OR_RETURN(
+        ChainOutcome out,
+        RunChain(step, key, req, chain, o.temperature ? o.temperature : step.config->temperature,
+                 /*dry_run=*/true));
+    return std::move(out.decision);
+  }
+
   StatusOr<ChainOutcome> RunChain(const CompiledStep& step, const StepKey& key,
-                                  const DecideRequest& req) {
+                                  const DecideRequest& req, const std::vector<Candidate>& chain,
+                                  std::optional<double> temperature, bool dry_run) {
     const StepConfig& cfg = *step.config;
     Json context = {{"input", key.normalized_input}, {"step", cfg.name}, {"model", cfg.model}};
     ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(cfg.prompt.text, context));
@@ -330,8 +373,8 @@ class DecideEngineImpl final : public DecideEngine {
     double total_cost = 0;
     bool deadline_hit = false;
 
-    for (size_t link = 0; link < step.chain.size() && !deadline_hit; ++link) {
-      const Candidate& cand = step.chain[link];
+    for (size_t link = 0; link < chain.size() && !deadline_hit; ++link) {
+      const Candidate& cand = chain[link];
       std::string repair_feedback;
       for (int attempt = 1; attempt <= attempts; ++attempt) {
         int64_t now = clock_.NowMillis();
@@ -344,7 +387,7 @@ class DecideEngineImpl final : public DecideEngine {
         ProviderRequest preq;
         preq.step = cfg.name;
         preq.model = cand.model;
-        preq.temperature = cfg.temperature;
+        preq.temperature = temperature;
         preq.system_prompt = cfg.system_prompt;
         preq.prompt = prompt;
         preq.input = key.normalized_input;
@@ -422,7 +465,9 @@ class DecideEngineImpl final : public DecideEngine {
                    {"latency_ms", d.created_at_ms - started_ms},
                    {"request_id", req.request_id}};
         ChainOutcome out;
-        if (req.cache == CacheMode::kRefresh) {
+        if (dry_run) {
+          out.decision = std::move(d);
+        } else if (req.cache == CacheMode::kRefresh) {
           RETURN_IF_ERROR(store_.Replace(d));
           out.decision = std::move(d);
         } else {
@@ -438,7 +483,7 @@ class DecideEngineImpl final : public DecideEngine {
               {"request_id", req.request_id},
               {"attempts", trace.size()},
               {"error", last_error.ToString()}});
-    if (!step.escalate) {
+    if (!step.escalate || dry_run) {
       return Status(Code::kUnavailable,
                     "step " + cfg.name + " found no valid decision after " +
                         std::to_string(trace.size()) + " attempts: " + last_error.message(),

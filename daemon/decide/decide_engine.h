@@ -34,6 +34,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "daemon/config/config.h"
@@ -64,6 +65,16 @@ struct DecideResult {
   bool joined = false;  // answered by a concurrent identical request's run
 };
 
+// What a replay changes (empty: as configured). A provider must be one the
+// config declares; prompt_version must be the step's loaded version.
+struct ReplayOptions {
+  std::string provider;
+  std::string model;
+  std::optional<double> temperature;
+  std::string prompt_version;
+  std::string request_id;
+};
+
 // The key material a step and input would be cached under, for `idem key`.
 struct StepKey {
   KeyMaterial key;
@@ -89,6 +100,14 @@ class DecideEngine {
 
   virtual StatusOr<DecideResult> Decide(const DecideRequest& request) = 0;
   virtual StatusOr<StepKey> KeyFor(const std::string& step, const Json& input) const = 0;
+
+  // Decides `original`'s step again with its recorded (canonical) input,
+  // changed as `options` say: attempts, repair and validation as usual, but
+  // no fallback chain, no escalation and nothing stored (the cache is
+  // untouched). The result carries the original's decision_key and
+  // material and a fresh decision_id; its trace has every attempt.
+  // Unavailable (with the last error) when no attempt gave a valid output.
+  virtual StatusOr<Decision> Replay(const Decision& original, const ReplayOptions& options) = 0;
 
   // A human's answer to an open escalation: validated like a model's output
   // (schema and value checks; InvalidArgument with the field otherwise),

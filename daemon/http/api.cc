@@ -2,6 +2,8 @@
 
 #include <memory>
 
+#include "daemon/core/json_diff.h"
+
 namespace idem {
 namespace {
 
@@ -164,6 +166,60 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
               return RouteResponse{200, d.ToJson(), {}};
             }});
 
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/decisions/{id}/replay",
+      .summary = "Decide again with the recorded input (optionally another provider, model or "
+                 "temperature): {original, replayed, diff}; the cache is untouched unless "
+                 "promote: true (audited).",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "decision.replay.request",
+      .responses = {{200, "decision.replay"},
+                    {400, "problem"},
+                    {404, "problem"},
+                    {409, "problem"},
+                    {503, "problem"}},
+      .roles = {"agent", "operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(Decision original, deps.store.decisions().Get(ctx.params[0]));
+        ReplayOptions o;
+        o.provider = ctx.body.value("provider", "");
+        o.model = ctx.body.value("model", "");
+        o.prompt_version = ctx.body.value("prompt_version", "");
+        if (ctx.body.contains("temperature")) o.temperature = ctx.body["temperature"].get<double>();
+        o.request_id = ctx.request_id;
+        Json body = {{"original", DecisionSummary(original)}};
+        StatusOr<Decision> replayed = deps.decide.Replay(original, o);
+        if (!replayed.ok()) {
+          if (replayed.status().code() != Code::kUnavailable) return replayed.status();
+          // The replay found no valid output: a finding, not a failure of the call.
+          body["replayed"] = {{"status", "failed"}, {"error", replayed.status().message()}};
+          body["diff"] = nullptr;
+          return RouteResponse{200, std::move(body), {}};
+        }
+        body["replayed"] = DecisionSummary(*replayed);
+        body["replayed"]["cost_usd"] = replayed->trace.value("cost_usd", 0.0);
+        body["replayed"]["attempts"] = replayed->trace.value("attempts", Json::array());
+        body["diff"] = JsonDiff(original.output, replayed->output);
+        if (ctx.body.value("promote", false)) {
+          // The replayed answer becomes the cached decision for the key.
+          RETURN_IF_ERROR(deps.store.decisions().Replace(*replayed));
+          AuditEvent event;
+          event.at_ms = deps.clock.NowMillis();
+          event.actor = ctx.caller;
+          event.action = "decision.promoted";
+          event.detail = {{"original_decision_id", original.decision_id},
+                          {"decision_id", replayed->decision_id},
+                          {"decision_key", original.decision_key},
+                          {"provider", replayed->provider},
+                          {"model", replayed->model},
+                          {"diff", body["diff"]}};
+          RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
+          body["promoted"] = true;
+        }
+        return RouteResponse{200, std::move(body), {}};
+      }});
+
   routes.push_back(Route{.method = "GET",
                          .pattern = "/v1/decisions",
                          .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
@@ -267,6 +323,12 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   for (Route& r : routes) CompileRoute(r);
   *doc = BuildOpenApi(routes);
   *table = routes;
+  // The table is for looking routes up, not for running /mcp itself: its
+  // copy of the MCP handlers (which own the toolbox that owns the table)
+  // would make a cycle that is never freed.
+  for (Route& r : *table) {
+    if (r.pattern == "/mcp") r.handler = nullptr;
+  }
   return routes;
 }
 

@@ -112,6 +112,31 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
       if (!schema.empty()) resp["content"] = {{type, {{"schema", Ref(schema)}}}};
       op["responses"][std::to_string(status)] = resp;
     }
+    // What the pipeline around every handler may answer (server.cc), so a
+    // client generated from this document knows every status it can get.
+    auto common = [&op](int status, const char* why) {
+      std::string key = std::to_string(status);
+      if (op["responses"].contains(key)) return;
+      op["responses"][key] = {
+          {"description", why},
+          {"content", {{"application/problem+json", {{"schema", Ref("problem")}}}}}};
+    };
+    if (!r.is_public) {
+      common(401, "no valid bearer token (when auth.tokens is configured)");
+      common(403, "the token lacks the route's role, or Origin / Host is refused");
+    }
+    if (!r.request_schema.empty()) {
+      common(400, "the body is not JSON or breaks the request schema (pointer names the field)");
+      common(413, "the body is larger than server.max_body_bytes");
+      common(415, "Content-Type is not application/json");
+    }
+    if (r.key_policy != KeyPolicy::kNone) {
+      common(409, "the same Idempotency-Key is still in progress");
+      common(422, "the Idempotency-Key was used with another payload");
+    }
+    common(503,
+           "every handler busy and the queue full, draining, or the store refuses writes "
+           "(Retry-After)");
     doc["paths"][r.pattern][Lower(r.method)] = op;
   }
   return doc;

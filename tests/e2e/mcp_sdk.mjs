@@ -207,7 +207,12 @@ try {
 } finally {
   daemon.kill('SIGTERM');
   effector.close();
-  await new Promise((r) => daemon.once('exit', r));
+  const code = await new Promise((r) => daemon.once('exit', (c) => r(c)));
+  if (code !== 0) {
+    // A clean stop exits 0 (under AddressSanitizer a leak makes it non-zero).
+    failed = true;
+    console.error(`mcp_sdk: FAILED: the daemon exited with ${code} after SIGTERM`);
+  }
   rmSync(dir, { recursive: true, force: true });
 }
 process.exit(failed ? 1 : 0);

@@ -259,6 +259,20 @@ TEST_CASE("openapi documents every route with its body schemas") {
            ["$ref"] == "#/components/schemas/decide.request");
   CHECK(doc["components"]["schemas"].contains("decide.request"));
   CHECK(doc["components"]["schemas"].contains("problem"));
+  // Every status the pipeline around a handler may answer is documented.
+  const Json& decide = doc["paths"]["/v1/decide"]["post"]["responses"];
+  for (const char* status : {"200", "400", "401", "403", "409", "413", "415", "422", "503"}) {
+    CAPTURE(status);
+    CHECK(decide.contains(status));
+  }
+  const Json& health = doc["paths"]["/healthz"]["get"]["responses"];
+  CHECK_FALSE(health.contains("401"));  // public
+  CHECK(health.contains("503"));
+  for (const char* path : {"/v1/plans", "/v1/plans/{id}/approve", "/mcp", "/v1/inbox/{source}",
+                           "/v1/decisions/{id}/replay", "/ui/"}) {
+    CAPTURE(path);
+    CHECK(doc["paths"].contains(path));
+  }
 }
 
 TEST_CASE("a request id is accepted, echoed and generated when absent") {

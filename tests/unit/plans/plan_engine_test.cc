@@ -1,0 +1,156 @@
+// PlanEngine with a fake clock: approval timeouts (expire, escalate once),
+// fail-closed rules, and what Apply refuses.
+#include "daemon/plans/plan_engine.h"
+
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <vector>
+
+#include "tests/unit/apply/apply_test_util.h"
+
+namespace idem::testing {
+namespace {
+
+class RecordingNotifier final : public Notifier {
+ public:
+  void Notify(const Notification& n) override {
+    std::lock_guard<std::mutex> lock(mu);
+    sent.push_back(n);
+  }
+  std::vector<Notification> Sent() {
+    std::lock_guard<std::mutex> lock(mu);
+    return sent;
+  }
+  std::mutex mu;
+  std::vector<Notification> sent;
+};
+
+struct PlanHarness : ApplyHarness {
+  RecordingNotifier notifier;
+  std::unique_ptr<PlanEngine> plans;
+
+  // A kind gated by `approval`, executed by the fake effector.
+  void Kind(const std::string& name, ApprovalPolicy approval) {
+    ActionConfig& k =
+        AddKind(name, {"/id"},
+                Json{{"url", Url("/records")}, {"method", "POST"}, {"idempotency", "header"}});
+    k.approval = std::move(approval);
+  }
+  PlanEngine& Plans() {
+    if (!plans) {
+      auto made = PlanEngine::Create(config_, *store_, engine(), clock_, metrics_, notifier);
+      REQUIRE_MESSAGE(made.ok(), made.status().ToString());
+      plans = std::move(made).value();
+    }
+    return *plans;
+  }
+  Plan Gated(const std::string& kind, const Json& args) {
+    auto gate = Plans().GateAction(config_.actions.at(kind), args, "action", "agent-1");
+    REQUIRE_MESSAGE(gate.ok(), gate.status().ToString());
+    REQUIRE_FALSE(gate->allowed);
+    return gate->plan;
+  }
+};
+
+ApprovalPolicy Always(int64_t timeout_ms, const std::string& on_timeout) {
+  ApprovalPolicy p;
+  p.require = "always";
+  p.reason = "every one";
+  p.timeout_ms = timeout_ms;
+  p.on_timeout = on_timeout;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("an approval that times out expires the plan; one not yet due stays") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  Plan due = h.Gated("wire", {{"id", "w-1"}});
+  h.env_.Advance(30'000);
+  Plan later = h.Gated("wire", {{"id", "w-2"}});
+  h.env_.Advance(30'001);
+  auto changed = h.Plans().ExpireDue();
+  REQUIRE(changed.ok());
+  CHECK(*changed == 1);
+  CHECK(h.store_->plans().Get(due.plan_id)->state == "expired");
+  CHECK(h.store_->plans().Get(later.plan_id)->state == "awaiting_approval");
+  // Nothing can approve or apply it now.
+  CHECK(h.Plans().Approve(due.plan_id, "op-1", "", Json(), "r").status().code() ==
+        Code::kFailedPrecondition);
+  CHECK(h.Plans().Apply(due.plan_id, "op-1", "r").status().code() == Code::kFailedPrecondition);
+  CHECK(h.fake().stats().raw_calls == 0);
+  // The audit chain holds the expiry, by idem.
+  auto events = h.store_->audit().Scan(1, 100);
+  REQUIRE(events.ok());
+  bool expired = false;
+  for (const AuditEvent& e : *events) {
+    expired = expired || (e.action == "plan.expired" && e.actor == "idem" &&
+                          e.detail["plan_id"] == due.plan_id);
+  }
+  CHECK(expired);
+}
+
+TEST_CASE("an overdue plan whose policy escalates is notified once and keeps waiting") {
+  PlanHarness h;
+  h.Kind("wire", Always(1'000, "escalate"));
+  Plan p = h.Gated("wire", {{"id", "w-1"}});
+  REQUIRE(h.notifier.Sent().size() == 1);  // awaiting_approval
+  CHECK(h.notifier.Sent()[0].kind == "awaiting_approval");
+  CHECK(h.notifier.Sent()[0].command.find("idem approve " + p.plan_id) != std::string::npos);
+  h.env_.Advance(1'001);
+  CHECK(*h.Plans().ExpireDue() == 1);
+  CHECK(*h.Plans().ExpireDue() == 0);  // once
+  auto now = h.store_->plans().Get(p.plan_id);
+  CHECK(now->state == "awaiting_approval");
+  CHECK(now->approval["escalated"] == true);
+  auto sent = h.notifier.Sent();
+  REQUIRE(sent.size() == 2);
+  CHECK(sent[1].kind == "approval_overdue");
+  CHECK(sent[1].event_id == p.plan_id + ":approval_overdue");
+  // It can still be approved, and then it is applied once.
+  auto approved = h.Plans().Approve(p.plan_id, "op-1", "late but fine", Json(), "r");
+  REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
+  CHECK(approved->plan.state == "applied");
+  CHECK(h.fake().stats().effects == 1);
+}
+
+TEST_CASE("a rule that cannot be evaluated gates the action instead of letting it through") {
+  PlanHarness h;
+  ApprovalPolicy p;
+  p.require = "when";
+  p.source = "policies/broken.yaml";
+  // Statically fine, but past the evaluation budget for a long list.
+  p.when = Json::parse(R"({"some": [{"var": "args.list"}, {"==": [{"var": ""}, -1]}]})");
+  h.Kind("spend", p);
+  h.Plans();
+  Json list = Json::array();
+  for (int i = 0; i < 200'000; ++i) list.push_back(0);
+  Plan gated = h.Gated("spend", {{"id", "s-1"}, {"list", list}});
+  CHECK(gated.approval["reasons"][0]["reason"].get<std::string>().find("could not be evaluated") !=
+        std::string::npos);
+}
+
+TEST_CASE("a plan's own creator cannot approve it, and an edit outside args is refused") {
+  PlanHarness h;
+  AuthToken t;
+  t.name = "agent-1";
+  t.sha256 = std::string(64, 'a');
+  t.roles = {"agent"};
+  h.config_.auth.tokens.push_back(t);
+  h.Kind("wire", Always(60'000, "expire"));
+  Plan p = h.Gated("wire", {{"id", "w-1"}});
+  CHECK(h.Plans().Approve(p.plan_id, "agent-1", "", Json(), "r").status().code() ==
+        Code::kPermissionDenied);
+  auto bad = h.Plans().Approve(p.plan_id, "op-1", "",
+                               Json::array({{{"path", "/0/kind"}, {"value", "other"}}}), "r");
+  CHECK(bad.status().field() == "/edits/0/path");
+  auto missing = h.Plans().Approve(p.plan_id, "op-1", "",
+                                   Json::array({{{"path", "/3/args/id"}, {"value", "x"}}}), "r");
+  CHECK(missing.status().field() == "/edits/0/path");
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "awaiting_approval");
+  CHECK(h.fake().stats().raw_calls == 0);
+}
+
+}  // namespace idem::testing
