@@ -2,21 +2,24 @@
 //
 // Tools that must work with the daemon down read the config or stdin
 // directly: canon, key, contracts. The rest talk to the daemon's HTTP API.
-#include <httplib.h>
 #include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 
 #include "daemon/apply/work_identity.h"
+#include "daemon/cli/cli.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/http_client.h"
 #include "daemon/core/json.h"
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/daemon.h"
@@ -144,40 +147,6 @@ int Key(const std::string& config_path, const std::string& step, const std::stri
   return 0;
 }
 
-// A thin client of the daemon's API: the URL from --url, a bearer token
-// from IDEM_TOKEN (never a flag: flags show up in `ps`).
-struct ApiClient {
-  std::string url = "http://127.0.0.1:7411";
-
-  // Prints the answer (stdout when 2xx, else stderr); exit code 0 on 2xx,
-  // 1 on another status, 2 when the daemon cannot be reached. `out`, when
-  // given, receives the HTTP status and the parsed body.
-  int Call(const std::string& method, const std::string& path, const std::string& body,
-           const std::string& idempotency_key, std::pair<int, Json>* out = nullptr) {
-    httplib::Client client(url);
-    client.set_connection_timeout(5, 0);
-    client.set_read_timeout(60, 0);
-    httplib::Headers headers;
-    if (const char* token = std::getenv("IDEM_TOKEN"); token != nullptr && *token != '\0') {
-      headers.emplace("Authorization", std::string("Bearer ") + token);
-    }
-    if (!idempotency_key.empty()) headers.emplace("Idempotency-Key", idempotency_key);
-    httplib::Result res = method == "GET"
-                              ? client.Get(path.c_str(), headers)
-                              : client.Post(path.c_str(), headers, body, "application/json");
-    if (!res) {
-      std::fprintf(stderr, "idem: cannot reach the daemon at %s (%s)\n", url.c_str(),
-                   httplib::to_string(res.error()).c_str());
-      return 2;
-    }
-    auto parsed = ParseJson(res->body);
-    if (out != nullptr) *out = {res->status, parsed.ok() ? *parsed : Json()};
-    std::string text = parsed.ok() ? parsed->dump(2) : res->body;
-    std::fprintf(res->status < 300 ? stdout : stderr, "%s\n", text.c_str());
-    return res->status < 300 ? 0 : 1;
-  }
-};
-
 }  // namespace
 }  // namespace idem
 
@@ -215,9 +184,20 @@ int main(int argc, char** argv) {
   contracts->add_option("--config", contracts_config, "Config file")
       ->default_val("config/idem.yaml");
 
-  ApiClient api;
-  app.add_option("--url", api.url, "The daemon's URL, for the client subcommands")
+  // Client subcommands: the daemon's URL from --url or IDEM_URL, the token
+  // from IDEM_TOKEN only (flags show up in `ps`). Global options may follow
+  // the subcommand (`idem plans ls --json`).
+  std::string url = "http://127.0.0.1:7411";
+  bool json_out = false;
+  app.fallthrough();
+  app.add_option("--url", url, "The daemon's URL, for the client subcommands")
+      ->envname("IDEM_URL")
       ->default_val("http://127.0.0.1:7411");
+  app.add_flag("--json", json_out, "Client subcommands: print the daemon's JSON, for scripts");
+  app.footer(
+      "Client subcommands send the bearer token in IDEM_TOKEN. Exit codes: 0 ok, 1 usage, "
+      "2 daemon unreachable, 3 not found, 4 conflict, 5 forbidden, 6 audit chain broken, "
+      "7 other error.");
 
   auto* dlq = app.add_subcommand("dlq", "Dead letters: work whose attempts ran out");
   dlq->require_subcommand(1);
@@ -236,28 +216,98 @@ int main(int argc, char** argv) {
 
   auto* escalations = app.add_subcommand("escalations", "List open escalations");
 
-  CLI11_PARSE(app, argc, argv);
+  auto* plans = app.add_subcommand("plans", "Plans: the actions a decision proposed");
+  plans->require_subcommand(1);
+  std::string plans_state = "awaiting_approval";
+  size_t plans_limit = 50;
+  auto* plans_ls = plans->add_subcommand("ls", "List plans, newest first");
+  plans_ls
+      ->add_option("--state", plans_state,
+                   "proposed, awaiting_approval (default), approved, rejected, expired, applying, "
+                   "applied or partially_failed")
+      ->default_val("awaiting_approval");
+  plans_ls->add_option("--limit", plans_limit, "At most this many")
+      ->default_val(50)
+      ->check(CLI::Range(1, 10000));
+  std::string plan_id;
+  auto* plans_show = plans->add_subcommand("show", "One plan: actions, decision, work, history");
+  plans_show->add_option("plan_id", plan_id, "The plan_id")->required();
 
-  if (dlq_ls->parsed()) return api.Call("GET", "/v1/dead-letters", "", "");
-  if (dlq_replay->parsed()) {
-    // Each invocation is a new operator intention, so it gets its own key: a
-    // second replay of an item that died again must replay it again, not
-    // get the first one's answer back.
-    const std::string replay_key = "cli-replay-" + RandomHex(8);
-    std::pair<int, Json> answer{0, Json()};
-    int rc = api.Call("POST", "/v1/dead-letters/" + dlq_id + "/replay", "{}",
-                      "\"" + replay_key + "\"", &answer);
-    if (answer.first != 0) {
-      std::string state = answer.second.is_object() ? answer.second.value("state", "") : "";
-      std::fprintf(stderr, "idem: replay of %s (Idempotency-Key %s): HTTP %d%s%s\n", dlq_id.c_str(),
-                   replay_key.c_str(), answer.first, state.empty() ? "" : ", state ",
-                   state.c_str());
-    }
-    return rc;
+  std::vector<std::string> approve_edits;
+  std::string approve_comment;
+  auto* approve = app.add_subcommand("approve", "Approve a plan awaiting approval (it is applied)");
+  approve->add_option("plan_id", plan_id, "The plan_id")->required();
+  approve
+      ->add_option("--edit", approve_edits,
+                   "PATH=VALUE: change an argument first; PATH is a JSON pointer into the "
+                   "actions (/0/args/amount), VALUE JSON or else a string. Repeatable")
+      ->take_all()
+      ->allow_extra_args(false);
+  approve->add_option("--comment", approve_comment, "Recorded with the approval");
+
+  std::string reject_reason;
+  auto* reject = app.add_subcommand("reject", "Reject a plan awaiting approval (never applied)");
+  reject->add_option("plan_id", plan_id, "The plan_id")->required();
+  reject->add_option("--reason", reject_reason, "Why (shown to the agent, kept in the audit)")
+      ->required();
+
+  auto* audit = app.add_subcommand("audit", "The hash-chained audit log");
+  audit->require_subcommand(1);
+  auto* audit_verify = audit->add_subcommand(
+      "verify",
+      "Check the chain: asks the daemon and recomputes every event here (exit 6 if broken)");
+
+  // Usage errors exit 1 (README, "CLI"); --help exits 0.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? cli::kExitOk : cli::kExitUsage;
   }
-  if (work->parsed()) return api.Call("GET", "/v1/work/" + work_id, "", "");
-  if (decision->parsed()) return api.Call("GET", "/v1/decisions/" + decision_id, "", "");
-  if (escalations->parsed()) return api.Call("GET", "/v1/escalations?state=open", "", "");
+
+  const bool client_command = dlq->parsed() || work->parsed() || decision->parsed() ||
+                              escalations->parsed() || plans->parsed() || approve->parsed() ||
+                              reject->parsed() || audit->parsed();
+  if (client_command) {
+    std::unique_ptr<HttpClient> http = MakeCurlHttpClient();
+    const char* token = std::getenv("IDEM_TOKEN");
+    cli::DaemonClient api(url, token == nullptr ? "" : token, *http);
+    cli::Output out;
+    out.json = json_out;
+    out.style.color = !json_out && cli::UseColor(stdout);
+    out.now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+    if (plans_ls->parsed()) return cli::PlansLs(api, out, plans_state, plans_limit);
+    if (plans_show->parsed()) return cli::PlansShow(api, out, plan_id);
+    if (approve->parsed()) return cli::Approve(api, out, plan_id, approve_edits, approve_comment);
+    if (reject->parsed()) return cli::Reject(api, out, plan_id, reject_reason);
+    if (audit_verify->parsed()) return cli::AuditVerify(api, out);
+    if (dlq_ls->parsed()) return cli::PrintCall(api, out, "GET", "/v1/dead-letters");
+    if (dlq_replay->parsed()) {
+      // Each invocation is a new operator intention, so it gets its own key: a
+      // second replay of an item that died again must replay it again, not
+      // get the first one's answer back.
+      const std::string replay_key = "cli-replay-" + RandomHex(8);
+      auto answer = api.Call("POST", "/v1/dead-letters/" + dlq_id + "/replay", Json::object(),
+                             "\"" + replay_key + "\"");
+      if (!answer.ok()) {
+        std::fprintf(stderr, "idem: %s\n", answer.status().message().c_str());
+        return cli::kExitUnreachable;
+      }
+      std::string text = answer->body.is_null() ? answer->text : answer->body.dump(2);
+      std::fprintf(answer->status < 300 ? stdout : stderr, "%s\n", text.c_str());
+      std::string state = answer->body.is_object() ? answer->body.value("state", "") : "";
+      std::fprintf(stderr, "idem: replay of %s (Idempotency-Key %s): HTTP %d%s%s\n", dlq_id.c_str(),
+                   replay_key.c_str(), answer->status, state.empty() ? "" : ", state ",
+                   state.c_str());
+      return cli::ExitCodeForHttp(answer->status);
+    }
+    if (work->parsed()) return cli::PrintCall(api, out, "GET", "/v1/work/" + work_id);
+    if (decision->parsed()) return cli::PrintCall(api, out, "GET", "/v1/decisions/" + decision_id);
+    if (escalations->parsed()) {
+      return cli::PrintCall(api, out, "GET", "/v1/escalations?state=open");
+    }
+  }
 
   if (serve->parsed()) {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
@@ -270,7 +320,7 @@ int main(int argc, char** argv) {
   if (key->parsed()) {
     if (key_step.empty() && key_kind.empty()) {
       std::fprintf(stderr, "idem key: give --step or --kind\n");
-      return 2;
+      return cli::kExitUsage;
     }
     return Key(key_config, key_step, key_kind);
   }
@@ -280,5 +330,5 @@ int main(int argc, char** argv) {
     std::fputs(DescribeContracts(*config).c_str(), stdout);
     return 0;
   }
-  return 2;
+  return cli::kExitUsage;
 }

@@ -304,6 +304,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
       }});
 
   AddWorkRoutes(deps, routes);
+  AddAuditRoutes(deps, routes);
   AddUiRoutes(deps, routes);
   AddInboxRoutes(deps, routes);
   auto table = std::make_shared<std::vector<Route>>();  // filled once complete

@@ -38,6 +38,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps);
 // leases, reconciliation (api_work.cc).
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes);
 
+// The audit log, paged, and its verification (api_audit.cc).
+void AddAuditRoutes(ApiDeps deps, std::vector<Route>& routes);
+
 // The MCP endpoint (api_mcp.cc): its tools run the routes of `table`,
 // which the caller fills with the finished route table.
 void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,

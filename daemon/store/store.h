@@ -455,17 +455,72 @@ struct AuditEvent {
   Json detail = Json::object();
   std::string prev_hash;  // hash of the previous event (hex), "" for the first
   std::string hash;       // sha256(prev_hash + JCS(event without hash))
+
+  // The stored and wire form (GET /v1/audit items): every field above.
+  Json ToJson() const;
+  static StatusOr<AuditEvent> FromJson(const Json& j);
+};
+
+// The chain rule: sha256_hex(prev_hash + JCS(the event without `hash`)).
+// Shared by the store and by `idem audit verify`, which recomputes the chain
+// from GET /v1/audit on the client side.
+StatusOr<std::string> AuditChainHash(const AuditEvent& e);
+
+// Walks a chain event by event from seq 1 and remembers the first break:
+// a seq that is not the next one (removed or reordered events), a prev_hash
+// that does not link, a hash that does not match the content (modified).
+// Finish then checks that the chain ends at the head the writer recorded
+// (events removed from the end). Not thread-safe: one walk per object.
+class AuditChainCheck {
+ public:
+  // The next event, in the order found. False once the chain is broken.
+  bool Add(const AuditEvent& e);
+  // Records a break found by the caller (an undecodable record, an event
+  // stored under another seq); the first break wins.
+  void Fail(uint64_t seq, std::string why);
+  // After the last event: the chain must end at head_seq, whose hash is
+  // head_hash (skipped when empty).
+  bool Finish(uint64_t head_seq, const std::string& head_hash);
+
+  bool ok() const { return broken_seq_ == 0; }
+  uint64_t checked() const { return checked_; }        // events that linked
+  uint64_t broken_seq() const { return broken_seq_; }  // 0 while ok
+  const std::string& detail() const { return detail_; }
+  // OK, or Internal "audit chain broken at seq N: why".
+  Status ToStatus() const;
+
+ private:
+  uint64_t checked_ = 0;
+  std::string last_hash_;
+  uint64_t broken_seq_ = 0;
+  std::string detail_;
+};
+
+// What AuditLog::Check found.
+struct AuditVerification {
+  bool ok = true;
+  uint64_t checked = 0;     // events that linked
+  uint64_t head_seq = 0;    // the last event appended (as recorded with the appends)
+  std::string head_hash;    // its hash
+  uint64_t broken_seq = 0;  // the first broken seq when !ok
+  std::string detail;       // why, when !ok
 };
 
 class AuditLog {
  public:
   virtual ~AuditLog() = default;
   // Appends, filling seq (1, 2, ...), prev_hash and hash; returns seq.
-  // Appends are serialized (the chain is a sequence).
+  // Appends are serialized (the chain is a sequence). The head (seq and
+  // hash of the last event) is written in the same atomic batch, so events
+  // removed from the end are detected, across restarts too.
   virtual StatusOr<uint64_t> Append(AuditEvent event) = 0;
   virtual StatusOr<std::vector<AuditEvent>> Scan(uint64_t from_seq, size_t limit) = 0;
-  // Recomputes the chain; Internal with the first broken seq.
-  virtual Status Verify() = 0;
+  // Recomputes the chain at one point in time (appends may continue) and
+  // compares its end with the head. A broken chain is a result, not an
+  // error; errors are reading failures (Unavailable).
+  virtual StatusOr<AuditVerification> Check() = 0;
+  // Check as a Status: Internal "audit chain broken at seq N: why".
+  Status Verify();
 };
 
 // ------------------------------------------------------------- named leases

@@ -154,7 +154,8 @@ bool DaemonProcess::WaitExit(int timeout_ms) {
   return false;
 }
 
-CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text) {
+CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text,
+                 const std::map<std::string, std::string>& env) {
   TempDir dir;
   std::string in = dir.File("stdin", stdin_text);
   std::string out = dir.path() + "/stdout", err = dir.path() + "/stderr";
@@ -166,6 +167,7 @@ CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_
     dup2(i, 0);
     dup2(o, 1);
     dup2(e, 2);
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
     std::vector<std::string> argv_s = {IDEM_BINARY};
     for (const auto& a : args) argv_s.push_back(a);
     std::vector<char*> argv;

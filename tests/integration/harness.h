@@ -73,7 +73,9 @@ struct CliResult {
   std::string out;
   std::string err;
 };
-CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "");
+// `env` is added to the child's environment (e.g. IDEM_TOKEN).
+CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                 const std::map<std::string, std::string>& env = {});
 
 // Scripted-provider rules that answer every decide with the same plain
 // question and no actions: for tests about everything but the decision.

@@ -2,9 +2,12 @@
 //
 // Family "audit" holds BE8(seq) -> AuditEvent JSON (with hash). Each event's
 // hash = sha256_hex(prev_hash + JCS(event without hash)), so changing,
-// removing or reordering a stored event breaks every later link; Verify
-// recomputes the chain and also checks that it ends at the last event this
-// process appended (a truncated tail).
+// removing or reordering a stored event breaks every later link. Each append
+// also writes the head, meta "audit.head" = {"seq","hash"} of the new event,
+// in the same atomic batch; Check recomputes the chain (AuditChainCheck) and
+// compares its end with that head, so events removed from the end are
+// detected after a restart too. A log with events but no head record was
+// tampered with (every append writes one) and fails Check at seq 1.
 //
 // Appends are serialized by one mutex held across the durable write: the
 // chain is a sequence, and releasing earlier could let event N+1 reach the
@@ -36,7 +39,7 @@ class RocksAuditLog final : public AuditLog {
   // log's lock; it may refuse (its error is returned, nothing written).
   StatusOr<uint64_t> AppendWith(AuditEvent event, const std::function<Status(RecordBatch&)>& also);
   StatusOr<std::vector<AuditEvent>> Scan(uint64_t from_seq, size_t limit) override;
-  Status Verify() override;
+  StatusOr<AuditVerification> Check() override;
 
  private:
   explicit RocksAuditLog(RocksDatabase& db) : db_(db) {}
@@ -45,6 +48,8 @@ class RocksAuditLog final : public AuditLog {
   Mutex mu_;
   uint64_t last_seq_ GUARDED_BY(mu_) = 0;
   std::string last_hash_ GUARDED_BY(mu_);
+  // Events on disk but no head record at open; cleared by the next append.
+  bool head_missing_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace idem::rocks

@@ -1,0 +1,110 @@
+// The operator's client commands of `idem`: plans, approve, reject, audit
+// verify (and the older dlq, work, decision, escalations), talking to the
+// daemon's HTTP API through the daemon's own libcurl HttpClient.
+//
+// Connection: the URL from --url or IDEM_URL (default
+// http://127.0.0.1:7411); the bearer token from IDEM_TOKEN only, never a
+// flag (flags show up in `ps`).
+//
+// Output: on a terminal, aligned tables (colour only when stdout is a tty
+// and NO_COLOR is unset, table.h); with --json, the daemon's JSON (success
+// or problem body) on stdout for scripts. Human-readable errors go to
+// stderr.
+//
+// Exit codes (ExitCode) are the contract for scripts; README "CLI" lists
+// them. Every command returns one; none throws.
+//
+// Thread-safety: none needed (one command per process).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "daemon/cli/table.h"
+#include "daemon/core/http_client.h"
+#include "daemon/core/status.h"
+#include "daemon/store/store.h"
+
+namespace idem::cli {
+
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitUsage = 1,        // bad arguments, or a request the daemon refused as invalid (400/422)
+  kExitUnreachable = 2,  // no answer, or 502/503/504: the daemon is down or unavailable
+  kExitNotFound = 3,     // 404
+  kExitConflict = 4,     // 409: e.g. the plan is not awaiting approval
+  kExitForbidden = 5,    // 401/403: no or wrong token, a missing role, separation of duties
+  kExitAuditBroken = 6,  // `audit verify`: the chain is broken
+  kExitFailed = 7,       // any other error answer (500)
+};
+
+// The exit code for an HTTP status (2xx: kExitOk).
+int ExitCodeForHttp(int status);
+
+struct ApiAnswer {
+  int status = 0;
+  Json body;         // null when the body is not JSON
+  std::string text;  // the raw body
+};
+
+class DaemonClient {
+ public:
+  // `http` must outlive the client. `token` empty: no Authorization header.
+  DaemonClient(std::string url, std::string token, HttpClient& http);
+  // One request; `body` null sends none. Unavailable when the daemon cannot
+  // be reached (the message names the URL, never the token).
+  StatusOr<ApiAnswer> Call(const std::string& method, const std::string& path,
+                           const Json& body = Json(), const std::string& idempotency_key = "");
+  const std::string& url() const { return url_; }
+
+ private:
+  std::string url_;
+  std::string token_;
+  HttpClient& http_;
+};
+
+// Where a command writes and how.
+struct Output {
+  std::FILE* out = stdout;
+  std::FILE* err = stderr;
+  bool json = false;
+  Style style;  // colour for `out`
+  int64_t now_ms = 0;
+};
+
+// "PATH=VALUE" -> {"path": PATH, "value": VALUE}: PATH a JSON pointer into
+// the plan's actions ("/0/args/amount"), VALUE parsed as JSON, else taken
+// as a string ("90" -> 90, "true" -> true, "bob@x" -> "bob@x", "" -> "").
+// InvalidArgument when there is no '=' or PATH is not a JSON pointer.
+StatusOr<Json> ParseEdit(const std::string& arg);
+
+// The body of POST /v1/plans/{id}/approve.
+Json ApproveBody(const std::vector<Json>& edits, const std::string& comment);
+
+// Pure renderings (tested without a daemon).
+std::string RenderPlanList(const Json& items, const Style& style, int64_t now_ms);
+std::string RenderPlan(const Json& plan, const Style& style, int64_t now_ms);
+// One line for a problem answer: "HTTP 409 Conflict: detail (state rejected)".
+std::string DescribeProblem(const ApiAnswer& answer);
+
+// The commands; each returns an ExitCode.
+int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t limit);
+int PlansShow(DaemonClient& api, const Output& o, const std::string& plan_id);
+int Approve(DaemonClient& api, const Output& o, const std::string& plan_id,
+            const std::vector<std::string>& edits, const std::string& comment);
+int Reject(DaemonClient& api, const Output& o, const std::string& plan_id,
+           const std::string& reason);
+// Asks the daemon (GET /v1/audit/verify), then fetches every page of
+// GET /v1/audit and recomputes the chain here with the store's rule
+// (AuditChainCheck), so a daemon that lies about its own log is caught as
+// well. kExitAuditBroken when either finds a break; the first broken seq
+// is reported.
+int AuditVerify(DaemonClient& api, const Output& o);
+// GET/POST and print the JSON answer as is (the older client commands).
+int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
+              const std::string& path, const Json& body = Json(),
+              const std::string& idempotency_key = "");
+
+}  // namespace idem::cli

@@ -1,0 +1,383 @@
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "daemon/cli/cli.h"
+
+namespace idem::cli {
+namespace {
+
+// An HttpClient that answers from a function and records each request.
+class FakeHttp final : public HttpClient {
+ public:
+  std::function<StatusOr<HttpResponse>(const HttpRequest&)> answer;
+  std::vector<HttpRequest> seen;
+  StatusOr<HttpResponse> Send(const HttpRequest& r) override {
+    seen.push_back(r);
+    return answer(r);
+  }
+};
+
+HttpResponse JsonAnswer(int status, const Json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.headers = {{"content-type", status >= 400 ? "application/problem+json" : "application/json"}};
+  r.body = body.dump();
+  return r;
+}
+
+Json Problem(int status, const std::string& detail) {
+  return {{"type", "urn:idem:problem:x"}, {"title", "T"}, {"status", status}, {"detail", detail}};
+}
+
+std::string HeaderOf(const HttpRequest& r, const std::string& name) {
+  for (const auto& [n, v] : r.headers) {
+    if (n == name) return v;
+  }
+  return "";
+}
+
+// Captures what a command writes to out and err.
+struct Captured {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  ~Captured() {
+    std::fclose(out);
+    std::fclose(err);
+  }
+  Output Make(bool json = false) const {
+    Output o;
+    o.out = out;
+    o.err = err;
+    o.json = json;
+    o.now_ms = 1'700'000'100'000;
+    return o;
+  }
+  static std::string Read(std::FILE* f) {
+    std::fflush(f);
+    std::rewind(f);
+    std::string s;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    return s;
+  }
+  std::string Out() const { return Read(out); }
+  std::string Err() const { return Read(err); }
+};
+
+Json SamplePlan() {
+  return Json::parse(R"({
+    "plan_id": "plan_abc", "decision_id": "dec_1", "origin": "decision", "step": "triage_ticket",
+    "state": "awaiting_approval",
+    "actions": [{"kind": "refund", "args": {"amount": 150, "order": "o-1"}},
+                {"kind": "send_reply", "args": {"text": "sorry"}}],
+    "approval": {"required": true, "reasons": [{"index": 0, "kind": "refund",
+                 "reason": "refunds over 100 need a human"}], "expires_at_ms": 1700086400000,
+                 "on_timeout": "expire"},
+    "created_by": "agent-1", "history": [{"from": "proposed", "to": "awaiting_approval",
+    "actor": "agent-1", "note": "", "at_ms": 1700000000000}],
+    "created_at_ms": 1700000000000, "updated_at_ms": 1700000000000,
+    "decision": {"decision_id": "dec_1", "step": "triage_ticket", "input": {"ticket_id": 42},
+                 "output": {"category": "refund"}, "provider": "demo", "model": "demo-1",
+                 "prompt_version": "v1", "status": "ok", "cost_usd": 0.002, "attempts": 1,
+                 "created_at_ms": 1700000000000}
+  })");
+}
+
+TEST_CASE("an edit is a JSON pointer and a JSON value, else a string") {
+  CHECK(ParseEdit("/0/args/amount=90").value() == Json{{"path", "/0/args/amount"}, {"value", 90}});
+  CHECK(ParseEdit("/0/args/ok=true").value()["value"] == true);
+  CHECK(ParseEdit("/0/args/to=bob@example.com").value()["value"] == "bob@example.com");
+  CHECK(ParseEdit("/0/args/code=\"90\"").value()["value"] == "90");
+  CHECK(ParseEdit("/0/args/note=").value()["value"] == "");
+  CHECK(ParseEdit("/0/args/q=a=b").value() == Json{{"path", "/0/args/q"}, {"value", "a=b"}});
+  CHECK(ParseEdit("/0/args/list=[1,2]").value()["value"] == Json::array({1, 2}));
+  CHECK(ParseEdit("/0/args/a~1b=1").ok());
+  CHECK(ParseEdit("amount=90").status().code() == Code::kInvalidArgument);
+  CHECK(ParseEdit("/0/args/amount").status().code() == Code::kInvalidArgument);
+  CHECK(ParseEdit("/0/a~2=1").status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("the approve body carries the comment and edits only when given") {
+  CHECK(ApproveBody({}, "") == Json::object());
+  Json edit = {{"path", "/0/args/amount"}, {"value", 90}};
+  CHECK(ApproveBody({edit}, "ok by me") ==
+        Json{{"comment", "ok by me"}, {"edits", Json::array({edit})}});
+}
+
+TEST_CASE("HTTP statuses map to the documented exit codes") {
+  CHECK(ExitCodeForHttp(200) == 0);
+  CHECK(ExitCodeForHttp(202) == 0);
+  CHECK(ExitCodeForHttp(400) == 1);
+  CHECK(ExitCodeForHttp(401) == 5);
+  CHECK(ExitCodeForHttp(403) == 5);
+  CHECK(ExitCodeForHttp(404) == 3);
+  CHECK(ExitCodeForHttp(409) == 4);
+  CHECK(ExitCodeForHttp(503) == 2);
+  CHECK(ExitCodeForHttp(500) == 7);
+}
+
+TEST_CASE("the plan list is one aligned row per plan") {
+  Json item = SamplePlan();
+  item.erase("decision");
+  std::string text = RenderPlanList(Json::array({item}), Style{}, 1'700'000'300'000);
+  CHECK(text ==
+        "PLAN      STATE              ACTIONS             REASON                         "
+        "CREATED BY  AGE\n"
+        "plan_abc  awaiting_approval  refund, send_reply  refunds over 100 need a human  "
+        "agent-1     5m\n");
+}
+
+TEST_CASE("a plan's detail shows its actions, reasons, decision and history") {
+  std::string text = RenderPlan(SamplePlan(), Style{}, 1'700'000'300'000);
+  CHECK(text.find("plan:       plan_abc\n") != std::string::npos);
+  CHECK(text.find("state:      awaiting_approval\n") != std::string::npos);
+  CHECK(text.find("  #0 refund: refunds over 100 need a human\n") != std::string::npos);
+  CHECK(text.find("0  refund      {\"amount\":150,\"order\":\"o-1\"}\n") != std::string::npos);
+  CHECK(text.find("model:    demo/demo-1\n") != std::string::npos);
+  CHECK(text.find("input:    {\"ticket_id\":42}\n") != std::string::npos);
+  CHECK(text.find("History:") != std::string::npos);
+  CHECK(text.find("Original actions") == std::string::npos);  // not edited
+  CHECK(text.find('\033') == std::string::npos);
+  Json edited = SamplePlan();
+  edited["original_actions"] = edited["actions"];
+  edited["actions"][0]["args"]["amount"] = 90;
+  text = RenderPlan(edited, Style{true}, 1'700'000'300'000);
+  CHECK(text.find("Original actions") != std::string::npos);
+  CHECK(text.find("\033[33mawaiting_approval\033[0m") != std::string::npos);
+}
+
+TEST_CASE("plans ls follows cursors up to --limit and prints JSON for scripts") {
+  FakeHttp http;
+  http.answer = [](const HttpRequest& r) -> StatusOr<HttpResponse> {
+    Json p = SamplePlan();
+    if (r.url.find("cursor=c2") == std::string::npos) {
+      p["plan_id"] = "plan_1";
+      return JsonAnswer(200, {{"items", {p}}, {"next_cursor", "c2"}});
+    }
+    p["plan_id"] = "plan_2";
+    return JsonAnswer(200, {{"items", {p}}});
+  };
+  DaemonClient api("http://127.0.0.1:9/", "tok-1", http);
+  Captured c;
+  CHECK(PlansLs(api, c.Make(/*json=*/true), "awaiting_approval", 10) == kExitOk);
+  REQUIRE(http.seen.size() == 2);
+  CHECK(http.seen[0].method == "GET");
+  CHECK(http.seen[0].url == "http://127.0.0.1:9/v1/plans?limit=10&state=awaiting_approval");
+  CHECK(http.seen[1].url ==
+        "http://127.0.0.1:9/v1/plans?limit=9&state=awaiting_approval&cursor=c2");
+  CHECK(HeaderOf(http.seen[0], "Authorization") == "Bearer tok-1");
+  Json out = Json::parse(c.Out());
+  REQUIRE(out["items"].size() == 2);
+  CHECK(out["items"][1]["plan_id"] == "plan_2");
+}
+
+TEST_CASE("plans ls --limit stops paging and says there is more") {
+  FakeHttp http;
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return JsonAnswer(200, {{"items", {SamplePlan()}}, {"next_cursor", "more"}});
+  };
+  DaemonClient api("http://h", "", http);
+  Captured c;
+  CHECK(PlansLs(api, c.Make(), "applied", 1) == kExitOk);
+  CHECK(http.seen.size() == 1);
+  CHECK(http.seen[0].url == "http://h/v1/plans?limit=1&state=applied");
+  CHECK(HeaderOf(http.seen[0], "Authorization").empty());
+  CHECK(c.Out().find("plan_abc") != std::string::npos);
+  CHECK(c.Out().find("(more: raise --limit)") != std::string::npos);
+}
+
+TEST_CASE("approve posts the edits with a fresh Idempotency-Key each time") {
+  FakeHttp http;
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
+    Json p = SamplePlan();
+    p["state"] = "applied";
+    p["results"] = Json::parse(R"([{"index": 0, "kind": "refund", "state": "done",
+                                    "external_ref": "re_77"}])");
+    return JsonAnswer(200, p);
+  };
+  DaemonClient api("http://h", "op", http);
+  Captured c;
+  CHECK(Approve(api, c.Make(), "plan_abc", {"/0/args/amount=90"}, "halved") == kExitOk);
+  CHECK(Approve(api, c.Make(), "plan_abc", {}, "") == kExitOk);
+  REQUIRE(http.seen.size() == 2);
+  CHECK(http.seen[0].method == "POST");
+  CHECK(http.seen[0].url == "http://h/v1/plans/plan_abc/approve");
+  CHECK(Json::parse(http.seen[0].body) ==
+        Json::parse(R"({"comment":"halved","edits":[{"path":"/0/args/amount","value":90}]})"));
+  CHECK(HeaderOf(http.seen[0], "Content-Type") == "application/json");
+  std::string k1 = HeaderOf(http.seen[0], "Idempotency-Key");
+  CHECK(k1.size() > 2);
+  CHECK(k1.front() == '"');
+  CHECK(k1 != HeaderOf(http.seen[1], "Idempotency-Key"));
+  CHECK(
+      c.Out().find(
+          "approved plan_abc: now applied\n#  KIND    STATE  RESULT\n0  refund  done   re_77\n") !=
+      std::string::npos);
+}
+
+TEST_CASE("a bad --edit is a usage error and sends nothing") {
+  FakeHttp http;
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> { return HttpResponse{}; };
+  DaemonClient api("http://h", "", http);
+  Captured c;
+  CHECK(Approve(api, c.Make(), "plan_abc", {"amount=90"}, "") == kExitUsage);
+  CHECK(http.seen.empty());
+  CHECK(c.Err().find("JSON pointer") != std::string::npos);
+}
+
+TEST_CASE("approve and reject answers become exit codes with the problem on stderr") {
+  FakeHttp http;
+  int status = 409;
+  http.answer = [&status](const HttpRequest&) -> StatusOr<HttpResponse> {
+    Json p = Problem(status, "plan is not awaiting approval");
+    p["state"] = "applied";
+    return JsonAnswer(status, p);
+  };
+  DaemonClient api("http://h", "op", http);
+  {
+    Captured c;
+    CHECK(Approve(api, c.Make(), "plan_abc", {}, "") == kExitConflict);
+    CHECK(c.Err() ==
+          "idem: approve plan_abc: HTTP 409 T: plan is not awaiting approval (state applied)\n");
+    CHECK(c.Out().empty());
+  }
+  status = 403;
+  {
+    Captured c;
+    CHECK(Reject(api, c.Make(), "plan_abc", "no") == kExitForbidden);
+    CHECK(Json::parse(http.seen.back().body) == Json{{"reason", "no"}});
+  }
+  status = 404;
+  {
+    Captured c;
+    CHECK(Reject(api, c.Make(/*json=*/true), "plan_x", "no") == kExitNotFound);
+    CHECK(Json::parse(c.Out())["status"] == 404);  // the problem, for scripts
+  }
+}
+
+TEST_CASE("an unreachable daemon exits 2 and names the URL") {
+  FakeHttp http;
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return Unavailable("GET http://h/v1/plans: connection refused", true);
+  };
+  DaemonClient api("http://h", "secret-token", http);
+  Captured c;
+  CHECK(PlansShow(api, c.Make(), "plan_abc") == kExitUnreachable);
+  CHECK(c.Err().find("cannot reach the daemon at http://h") != std::string::npos);
+  CHECK(c.Err().find("secret-token") == std::string::npos);
+}
+
+// A daemon's audit log for the fake: `n` chained events.
+std::vector<AuditEvent> Chain(int n) {
+  std::vector<AuditEvent> out;
+  std::string prev;
+  for (int i = 1; i <= n; ++i) {
+    AuditEvent e;
+    e.seq = static_cast<uint64_t>(i);
+    e.at_ms = 1'700'000'000'000 + i;
+    e.actor = "op-1";
+    e.action = "plan.approved";
+    e.detail = Json{{"plan_id", "plan_" + std::to_string(i)}};
+    e.prev_hash = prev;
+    e.hash = AuditChainHash(e).value();
+    prev = e.hash;
+    out.push_back(e);
+  }
+  return out;
+}
+
+// Serves GET /v1/audit (pages of `page` events) and /v1/audit/verify.
+void ServeAudit(FakeHttp& http, const std::vector<AuditEvent>* events, const Json* verify,
+                size_t page) {
+  http.answer = [events, verify, page](const HttpRequest& r) -> StatusOr<HttpResponse> {
+    if (r.url.find("/v1/audit/verify") != std::string::npos) {
+      return JsonAnswer((*verify)["ok"] == true ? 200 : 409, *verify);
+    }
+    size_t from = std::stoul(r.url.substr(r.url.find("from_seq=") + 9));
+    Json items = Json::array();
+    uint64_t last = 0;
+    for (const AuditEvent& e : *events) {
+      if (e.seq >= from && items.size() < page) {
+        items.push_back(e.ToJson());
+        last = e.seq;
+      }
+    }
+    Json next = items.size() == page ? Json(last + 1) : Json(nullptr);
+    return JsonAnswer(200, {{"items", items}, {"next_from_seq", next}});
+  };
+}
+
+TEST_CASE("audit verify recomputes every page and agrees with an intact daemon") {
+  std::vector<AuditEvent> events = Chain(5);
+  Json verify = {{"ok", true}, {"checked", 5}, {"head_seq", 5}, {"head_hash", events[4].hash}};
+  FakeHttp http;
+  ServeAudit(http, &events, &verify, 2);
+  DaemonClient api("http://h", "op", http);
+  Captured c;
+  CHECK(AuditVerify(api, c.Make()) == kExitOk);
+  CHECK(http.seen.size() == 4);  // verify + pages 1-2, 3-4, 5
+  CHECK(c.Out().find("audit chain intact: 5 events, head seq 5") != std::string::npos);
+}
+
+TEST_CASE("audit verify finds a modified event even when the daemon says intact") {
+  std::vector<AuditEvent> events = Chain(4);
+  Json verify = {{"ok", true}, {"checked", 4}, {"head_seq", 4}, {"head_hash", events[3].hash}};
+  events[2].actor = "mallory";  // seq 3, served as is
+  FakeHttp http;
+  ServeAudit(http, &events, &verify, 100);
+  DaemonClient api("http://h", "op", http);
+  Captured c;
+  CHECK(AuditVerify(api, c.Make(/*json=*/true)) == kExitAuditBroken);
+  Json out = Json::parse(c.Out());
+  CHECK(out["ok"] == false);
+  CHECK(out["broken_seq"] == 3);
+  CHECK(out["client"]["broken_seq"] == 3);
+}
+
+TEST_CASE("audit verify finds events removed from the end against the daemon's head") {
+  std::vector<AuditEvent> events = Chain(4);
+  Json verify = {{"ok", true}, {"checked", 4}, {"head_seq", 4}, {"head_hash", events[3].hash}};
+  events.pop_back();
+  FakeHttp http;
+  ServeAudit(http, &events, &verify, 100);
+  DaemonClient api("http://h", "op", http);
+  Captured c;
+  CHECK(AuditVerify(api, c.Make()) == kExitAuditBroken);
+  CHECK(c.Out().find("audit chain BROKEN at seq 4") != std::string::npos);
+}
+
+TEST_CASE("audit verify ignores events appended after the daemon's check") {
+  std::vector<AuditEvent> events = Chain(4);
+  Json verify = {{"ok", true}, {"checked", 3}, {"head_seq", 3}, {"head_hash", events[2].hash}};
+  FakeHttp http;
+  ServeAudit(http, &events, &verify, 100);
+  DaemonClient api("http://h", "op", http);
+  Captured c;
+  CHECK(AuditVerify(api, c.Make()) == kExitOk);
+}
+
+TEST_CASE("audit verify reports the daemon's broken seq") {
+  std::vector<AuditEvent> events = Chain(3);
+  events.erase(events.begin() + 1);  // seq 2 removed
+  Json verify = Problem(409, "audit chain broken at seq 2: event missing");
+  verify["ok"] = false;
+  verify["broken_seq"] = 2;
+  FakeHttp http;
+  ServeAudit(http, &events, &verify, 100);
+  DaemonClient api("http://h", "op", http);
+  Captured c;
+  CHECK(AuditVerify(api, c.Make()) == kExitAuditBroken);
+  std::string out = c.Out();
+  CHECK(out.find("BROKEN at seq 2") != std::string::npos);
+  CHECK(out.find("daemon: audit chain broken at seq 2") != std::string::npos);
+  CHECK(out.find("client: seq 2: event missing") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace idem::cli
