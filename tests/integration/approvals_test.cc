@@ -251,6 +251,17 @@ TEST_CASE("an edited plan is applied with the edited args, and the plan keeps bo
   REQUIRE(f.Effects() == 1);
   Json sent = Json::parse(f.target->calls().back().body);
   CHECK(sent["amount"] == 90);
+  // The audit holds both versions and the approver's token name.
+  Json audit = J(f.Get("/v1/audit?from_seq=1&limit=100"));
+  bool both = false;
+  for (const Json& e : audit["items"]) {
+    if (e["action"] == "plan.approved" && e["detail"]["plan_id"] == id) {
+      both = e["actor"] == "op-1" && e["detail"]["original_actions"][0]["args"]["amount"] == 500 &&
+             e["detail"]["actions"][0]["args"]["amount"] == 90;
+    }
+  }
+  CHECK(both);
+  CHECK(J(f.Get("/v1/audit/verify"))["ok"] == true);
 }
 
 TEST_CASE("a plan nobody approves within its timeout expires and is never applied") {
