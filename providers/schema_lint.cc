@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdint>
 
+#include "daemon/core/json.h"
+
 namespace idem {
 namespace {
 
@@ -14,22 +16,8 @@ constexpr size_t kMaxTotalStringChars = 120'000;
 constexpr size_t kLargeEnumValues = 250;
 constexpr size_t kMaxLargeEnumChars = 15'000;
 
-std::string PointerToken(std::string_view token) {
-  std::string out;
-  for (char c : token) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::string Child(const std::string& pointer, std::string_view token) {
-  return pointer + "/" + PointerToken(token);
+  return pointer + "/" + JsonPointerToken(token);
 }
 
 bool IsObjectSchema(const Json& s) {

@@ -26,20 +26,6 @@ const std::string kTagFloat = "tag:yaml.org,2002:float";
 const std::string kTagBool = "tag:yaml.org,2002:bool";
 const std::string kTagNull = "tag:yaml.org,2002:null";
 
-std::string EscapeToken(std::string_view token) {
-  std::string out;
-  for (char c : token) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 bool IsNullWord(std::string_view s) {
   return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL";
 }
@@ -162,7 +148,7 @@ class Converter {
             doc_.lines[pointer + "/?"] = key_line;
             return doc_.Error(pointer + "/?", "a mapping key is not valid UTF-8");
           }
-          const std::string child = pointer + "/" + EscapeToken(name);
+          const std::string child = pointer + "/" + JsonPointerToken(name);
           doc_.lines[child] = key_line;
           if (out.contains(name)) return doc_.Error(child, "duplicate key '" + name + "'");
           Json value;

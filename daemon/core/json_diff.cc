@@ -2,30 +2,18 @@
 
 #include <string>
 
+#include "daemon/core/json.h"
+
 namespace idem {
 namespace {
 
 using Json = nlohmann::json;
 
-std::string Escape(const std::string& token) {
-  std::string out;
-  for (char c : token) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 void Walk(const Json& a, const Json& b, const std::string& at, int depth, Json& out) {
   if (a == b) return;
   if (depth > 0 && a.is_object() && b.is_object()) {
     for (auto it = a.begin(); it != a.end(); ++it) {
-      std::string p = at + "/" + Escape(it.key());
+      std::string p = at + "/" + JsonPointerToken(it.key());
       auto other = b.find(it.key());
       if (other == b.end()) {
         out["removed"].push_back({{"pointer", p}, {"value", it.value()}});
@@ -35,7 +23,8 @@ void Walk(const Json& a, const Json& b, const std::string& at, int depth, Json& 
     }
     for (auto it = b.begin(); it != b.end(); ++it) {
       if (!a.contains(it.key())) {
-        out["added"].push_back({{"pointer", at + "/" + Escape(it.key())}, {"value", it.value()}});
+        out["added"].push_back(
+            {{"pointer", at + "/" + JsonPointerToken(it.key())}, {"value", it.value()}});
       }
     }
     return;

@@ -101,20 +101,6 @@ std::string FoldCase(std::string_view s) {
   return out;
 }
 
-std::string EscapeToken(std::string_view token) {
-  std::string out;
-  for (char c : token) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 // {{x}} in an output template lands inside a JSON string literal.
 std::string EscapeForJsonString(const std::string& s) {
   std::string out;
@@ -274,7 +260,7 @@ Status CheckTemplates(const YamlDocument& doc, const std::string& at, const Json
   if (value.is_string()) return CheckTemplate(doc, at, value.get<std::string>());
   if (value.is_object()) {
     for (auto it = value.begin(); it != value.end(); ++it) {
-      RETURN_IF_ERROR(CheckTemplates(doc, at + "/" + EscapeToken(it.key()), *it));
+      RETURN_IF_ERROR(CheckTemplates(doc, at + "/" + JsonPointerToken(it.key()), *it));
     }
   } else if (value.is_array()) {
     for (size_t i = 0; i < value.size(); ++i) {
@@ -367,9 +353,10 @@ StatusOr<std::unique_ptr<ScriptedProvider::Rule>> ScriptedProvider::Rule::Compil
     if (match.contains("repair")) rule->repair = match["repair"].get<bool>();
     if (match.contains("input")) {
       for (const auto& [key, spec] : match["input"].items()) {
-        const std::string where = at + "/match/input/" + EscapeToken(key);
+        const std::string where = at + "/match/input/" + JsonPointerToken(key);
         Condition c;
-        const std::string pointer = !key.empty() && key[0] == '/' ? key : "/" + EscapeToken(key);
+        const std::string pointer =
+            !key.empty() && key[0] == '/' ? key : "/" + JsonPointerToken(key);
         try {
           c.pointer = Json::json_pointer(pointer);
         } catch (const std::exception& e) {
