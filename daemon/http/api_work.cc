@@ -479,20 +479,28 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         Json items = Json::array();
         std::map<std::string, int> counts;
         const Json& batch = ctx.body["items"];
+        // A failed item: a bad one refuses the whole run, its field ("/args/x")
+        // moved under "/items/<i>/x"; any other failure is that item's alone.
+        auto failed = [&items, &counts](size_t i, const Status& s) -> Status {
+          if (s.code() == Code::kInvalidArgument) {
+            return s.WithField("/items/" + std::to_string(i) +
+                               s.field().substr(std::min<size_t>(5, s.field().size())));
+          }
+          items.push_back({{"index", i}, {"error", s.ToString()}});
+          counts["error"]++;
+          return Status::Ok();
+        };
+        // Every item is checked before any runs: a bad one refuses the run whole.
         for (size_t i = 0; i < batch.size(); ++i) {
           RETURN_IF_ERROR(deps.plans.CheckArgs(*kind, batch[i], "/items/" + std::to_string(i)));
+          auto identity = ActionWorkId(*kind, batch[i]);
+          if (!identity.ok()) return failed(i, identity.status());
         }
         bool waiting = false;
         for (size_t i = 0; i < batch.size(); ++i) {
           auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller);
-          if (!gate.ok() && gate.status().code() == Code::kInvalidArgument) {
-            Status s = gate.status();
-            return s.WithField("/items/" + std::to_string(i) +
-                               s.field().substr(std::min<size_t>(5, s.field().size())));
-          }
           if (!gate.ok()) {
-            items.push_back({{"index", i}, {"error", gate.status().ToString()}});
-            counts["error"]++;
+            RETURN_IF_ERROR(failed(i, gate.status()));
             continue;
           }
           if (!gate->allowed) {
@@ -504,13 +512,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           }
           auto o = deps.apply.Submit(kind->name, gate->args, run_id, ctx.request_id);
           if (!o.ok()) {
-            Status s = o.status();
-            if (s.code() == Code::kInvalidArgument) {
-              return s.WithField("/items/" + std::to_string(i) +
-                                 s.field().substr(std::min<size_t>(5, s.field().size())));
-            }
-            items.push_back({{"index", i}, {"error", s.ToString()}});
-            counts["error"]++;
+            RETURN_IF_ERROR(failed(i, o.status()));
             continue;
           }
           int status = 0;

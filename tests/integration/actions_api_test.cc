@@ -104,6 +104,14 @@ TEST_CASE("a resubmitted run does no work that is already done") {
   CHECK(f.target->stats().effects == 6);
   auto listed = f.client->Get("/v1/runs/nightly-1");
   CHECK(J(listed)["counts"]["done"] == 6);
+  // An item without its identity refuses the run, naming the item's field.
+  Json bad = {{"run_id", "nightly-2"},
+              {"kind", "send_invoice"},
+              {"items", {{{"invoice_id", "R-9"}}, {{"amount", 1}}}}};
+  auto refused = f.Post("/v1/runs", bad, "\"run-3\"");
+  REQUIRE(refused->status == 400);
+  CHECK(J(refused)["pointer"] == "/items/1/invoice_id");
+  CHECK(f.target->stats().effects == 6);  // nothing of the refused run ran
 }
 
 TEST_CASE("a retry of a run that outlasts its key's lease is answered in progress, not run again") {
