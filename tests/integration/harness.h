@@ -40,7 +40,7 @@ struct DaemonArgs {
 class DaemonProcess {
  public:
   ~DaemonProcess();
-  // Starts the daemon and waits (up to 20 s) until it serves /healthz.
+  // Starts the daemon and waits (up to 60 s) until it serves /healthz.
   // Returns null (and fills *error with its stderr) if it exits instead.
   static std::unique_ptr<DaemonProcess> Start(const DaemonArgs& args, std::string* error = nullptr);
 
