@@ -25,7 +25,13 @@ git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
 echo "== normal build"
 build build all -DCMAKE_BUILD_TYPE=RelWithDebInfo
-(cd build && ctest --output-on-failure -j2)
+# The integration tests record every response they see (one JSONL file per
+# test process) for the OpenAPI check below.
+rm -rf build/responses
+(cd build && IDEM_RESPONSE_LOG="$PWD/responses" ctest --output-on-failure -j2)
+
+echo "== OpenAPI: every recorded response against /openapi.json (ajv)"
+node tests/e2e/openapi_check.mjs build/idem build/responses
 
 echo "== browser e2e"
 # The operator page in headless Chromium (screenshots in build/e2e-artifacts).

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -44,7 +45,38 @@ std::string ReadFile(const std::string& p) {
   return ss.str();
 }
 
+// IDEM_RESPONSE_LOG=dir: every response a harness client sees, one JSON
+// line each in dir/responses-<pid>.jsonl (one file per test process: ctest
+// runs several at once), for tests/e2e/openapi_check.mjs.
+void LogResponse(const httplib::Request& req, const httplib::Response& res) {
+  static std::mutex mu;
+  static std::string file = [] {
+    const char* dir = std::getenv("IDEM_RESPONSE_LOG");
+    if (dir == nullptr || *dir == '\0') return std::string();
+    fs::create_directories(dir);
+    return std::string(dir) + "/responses-" + std::to_string(getpid()) + ".jsonl";
+  }();
+  if (file.empty()) return;
+  std::string path = req.path;
+  size_t q = path.find('?');
+  Json line = {{"method", req.method},
+               {"path", path.substr(0, q)},
+               {"status", res.status},
+               {"content_type", res.get_header_value("Content-Type")},
+               {"body", res.body}};
+  for (const char* h : {"Retry-After", "Allow"}) {
+    if (res.has_header(h)) line["headers"][h] = res.get_header_value(h);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  std::ofstream(file, std::ios::app)
+      << line.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+}
+
 }  // namespace
+
+void RecordResponses(httplib::Client& client) {
+  if (std::getenv("IDEM_RESPONSE_LOG") != nullptr) client.set_logger(LogResponse);
+}
 
 long DaemonProcess::CpuMillis() const {
   std::string stat = ReadFile("/proc/" + std::to_string(pid_) + "/stat");
@@ -124,6 +156,7 @@ std::unique_ptr<httplib::Client> DaemonProcess::Client() const {
   auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
   c->set_connection_timeout(5, 0);
   c->set_read_timeout(30, 0);
+  RecordResponses(*c);
   return c;
 }
 

@@ -66,6 +66,10 @@ class DaemonProcess {
   std::string log_path_;
 };
 
+// With IDEM_RESPONSE_LOG=dir set, `client` appends every response it gets
+// to a JSON-lines file in dir (DaemonProcess::Client() does this already).
+void RecordResponses(httplib::Client& client);
+
 // Runs `idem <args>` to completion with `stdin_text`; returns exit code,
 // stdout and stderr.
 struct CliResult {
