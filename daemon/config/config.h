@@ -32,6 +32,13 @@ namespace idem {
 
 using Json = nlohmann::json;
 
+// A token bucket per caller (daemon/http/rate_limiter.h): past it, 429
+// with Retry-After. requests_per_s 0: off.
+struct RateLimitConfig {
+  double requests_per_s = 0;
+  int burst = 0;  // bucket size; 0 when unset: requests_per_s rounded up (at least 1)
+};
+
 struct ServerConfig {
   std::string listen = "127.0.0.1:7411";
   int threads = 64;
@@ -46,6 +53,7 @@ struct ServerConfig {
   // Host. Both lower case.
   std::vector<std::string> allowed_origins;
   std::vector<std::string> allowed_hosts;
+  RateLimitConfig rate_limit;
 };
 
 struct StoreConfig {

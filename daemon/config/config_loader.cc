@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -173,6 +174,12 @@ class Resolver {
     if (node.contains("drain_timeout")) {
       ASSIGN_OR_RETURN(s.drain_timeout_ms,
                        Duration("/server/drain_timeout", node["drain_timeout"], false));
+    }
+    if (node.contains("rate_limit")) {
+      const Json& rl = node["rate_limit"];
+      s.rate_limit.requests_per_s = rl["requests_per_s"].get<double>();
+      s.rate_limit.burst =
+          rl.value("burst", std::max(1, static_cast<int>(std::ceil(s.rate_limit.requests_per_s))));
     }
     for (const char* list : {"allowed_origins", "allowed_hosts"}) {
       std::vector<std::string>& out =

@@ -242,6 +242,10 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
       renewer_(std::make_unique<LeaseRenewer>(deps_.idem_keys, deps_.clock, deps_.metrics,
                                               deps_.config.idempotency.lease_ms)) {
   const ServerConfig& sc = deps_.config.server;
+  if (sc.rate_limit.requests_per_s > 0) {
+    limiter_ = std::make_unique<RateLimiter>(sc.rate_limit.requests_per_s,
+                                             std::max(1, sc.rate_limit.burst));
+  }
   EventServerOptions options;
   options.workers = std::max(2, sc.threads);
   // Two loops keep both cores busy while one of them waits for a batch's fsync.
@@ -410,6 +414,22 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
       }
     }
     ctx.caller = who->name;
+  }
+
+  // Per caller, after auth named it; probes and scrapes are never limited.
+  if (limiter_ != nullptr && !route.is_public && route.pattern != "/metrics") {
+    RateLimiter::Verdict v = limiter_->Take(ctx.caller, deps_.clock.NowMillis());
+    if (!v.allowed) {
+      deps_.metrics.http_rate_limited.Inc();
+      res.SetHeader("Retry-After", std::to_string((v.retry_after_ms + 999) / 1000));
+      Fail(res,
+           Status(Code::kResourceExhausted,
+                  "caller '" + ctx.caller + "' is past server.rate_limit; retry after " +
+                      std::to_string(v.retry_after_ms) + " ms",
+                  "", /*retryable=*/true),
+           ctx.request_id, 429);
+      return false;
+    }
   }
 
   // Idempotency-Key syntax first: a malformed or missing key is refused

@@ -5,6 +5,8 @@
 //   -> Host and Origin (request_guard.h; every route but the public ones)
 //   -> auth (Bearer token; the token's name scopes Idempotency-Keys, or
 //      without tokens the Idem-Caller header's name, else one shared scope)
+//   -> rate limit (server.rate_limit: a token bucket per caller, 429 with
+//      Retry-After; not the public routes nor /metrics)
 //   -> Idempotency-Key header syntax (400 before anything else)
 //   -> body: Content-Type application/json (415), size limit (413), JSON with depth limit
 //   (400/413), schema (400)
@@ -38,6 +40,7 @@
 #include "daemon/config/config.h"
 #include "daemon/core/env.h"
 #include "daemon/http/event_server.h"
+#include "daemon/http/rate_limiter.h"
 #include "daemon/http/request_guard.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
@@ -112,6 +115,7 @@ class HttpServer : private BatchLane {
   std::unique_ptr<EventServer> server_;
   std::unique_ptr<KeyWaiters> waiters_;    // Prefer: wait on a key in flight
   std::unique_ptr<LeaseRenewer> renewer_;  // the keys of running handlers
+  std::unique_ptr<RateLimiter> limiter_;   // null: server.rate_limit is off
 };
 
 // "host:port" -> parts. InvalidArgument when malformed.

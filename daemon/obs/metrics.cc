@@ -35,6 +35,7 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(http_connections_shed, "Connections refused past server.max_connections.");
   IDEM_METRIC(http_queue_full, "Requests answered 503: every handler busy and the queue full.");
   IDEM_METRIC(http_accept_paused, "Times accepting paused because descriptors ran out.");
+  IDEM_METRIC(http_rate_limited, "Requests answered 429: the caller was past server.rate_limit.");
   IDEM_METRIC(idem_key_new, "Idempotency-Keys seen for the first time.");
   IDEM_METRIC(idem_key_replayed,
               "Requests answered with a stored response (same key, same payload).");

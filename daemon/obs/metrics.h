@@ -31,6 +31,7 @@ struct Metrics {
   Counter http_connections_shed;  // past server.max_connections: 503 and closed
   Counter http_queue_full;        // every handler busy and the queue full: 503
   Counter http_accept_paused;     // accept() out of descriptors: accepting paused 100 ms
+  Counter http_rate_limited;      // a caller past server.rate_limit: 429
   // Idempotency-Key (R37)
   Counter idem_key_new;
   Counter idem_key_replayed;         // same key, same payload: stored response replayed

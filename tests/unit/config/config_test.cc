@@ -581,3 +581,35 @@ TEST_CASE("contracts state identity, window and duplicate response for each acti
 
 }  // namespace
 }  // namespace idem
+
+TEST_CASE("server.rate_limit is off by default and its burst defaults to one second's worth") {
+  ConfigDir dir;
+  auto config = dir.Load("# nothing here\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.rate_limit.requests_per_s == 0);
+
+  config = dir.Load("server:\n  rate_limit: {requests_per_s: 2.5}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.rate_limit.requests_per_s == 2.5);
+  CHECK(config->server.rate_limit.burst == 3);
+
+  config = dir.Load("server:\n  rate_limit: {requests_per_s: 50, burst: 200}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.rate_limit.burst == 200);
+}
+
+TEST_CASE("server.rate_limit refuses a rate of zero, a burst below one and a missing rate") {
+  ConfigDir dir;
+  auto config = dir.Load("server:\n  rate_limit: {requests_per_s: 0}\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("/server/rate_limit/requests_per_s") != std::string::npos);
+
+  config = dir.Load("server:\n  rate_limit: {requests_per_s: 5, burst: 0}\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("/server/rate_limit/burst") != std::string::npos);
+
+  config = dir.Load("server:\n  rate_limit: {burst: 5}\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("/server/rate_limit: missing required key "
+                                       "'requests_per_s'") != std::string::npos);
+}
