@@ -108,6 +108,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                          .pattern = "/metrics",
                          .summary = "Prometheus metrics (text format).",
                          .responses = {{200, ""}},
+                         .media = {{200, {{"text/plain", ""}}}},
                          .roles = {"agent", "operator"},
                          .raw_text = true,
                          .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
@@ -315,7 +316,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   routes.push_back(Route{.method = "GET",
                          .pattern = "/openapi.json",
                          .summary = "This API as an OpenAPI 3.1 document.",
-                         .responses = {{200, ""}},
+                         .responses = {{200, "openapi"}},
                          .is_public = true,
                          .handler = [doc](RequestContext&) -> StatusOr<RouteResponse> {
                            return RouteResponse{200, *doc, {}};

@@ -106,20 +106,30 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
     }
     for (const auto& [status, schema] : r.responses) {
       Json resp = {{"description", status < 300 ? "success" : "see the body"}};
-      std::string type = status >= 400 ? "application/problem+json"
-                         : r.raw_text  ? "text/plain"
-                                       : "application/json";
-      if (!schema.empty()) resp["content"] = {{type, {{"schema", Ref(schema)}}}};
+      std::string type = status >= 400 ? "application/problem+json" : "application/json";
+      if (!schema.empty()) resp["content"][type] = {{"schema", Ref(schema)}};
+      auto mit = r.media.find(status);
+      if (mit != r.media.end()) {
+        for (const auto& [media_type, media_schema] : mit->second) {
+          // No schema: a body that is not JSON, described by its type only.
+          resp["content"][media_type] =
+              media_schema.empty() ? Json::object() : Json{{"schema", Ref(media_schema)}};
+        }
+      }
       op["responses"][std::to_string(status)] = resp;
     }
     // What the pipeline around every handler may answer (server.cc), so a
     // client generated from this document knows every status it can get.
-    auto common = [&op](int status, const char* why) {
+    auto common = [&op](int status, const char* why, bool retry_after = false) {
       std::string key = std::to_string(status);
-      if (op["responses"].contains(key)) return;
-      op["responses"][key] = {
-          {"description", why},
-          {"content", {{"application/problem+json", {{"schema", Ref("problem")}}}}}};
+      Json& resp = op["responses"][key];
+      if (!resp.contains("description")) resp["description"] = why;
+      Json& problem = resp["content"]["application/problem+json"];
+      if (!problem.contains("schema")) problem["schema"] = Ref("problem");
+      if (retry_after) {
+        resp["headers"]["Retry-After"] = {{"description", "seconds to wait before trying again"},
+                                          {"schema", {{"type", "integer"}, {"minimum", 0}}}};
+      }
     };
     if (!r.is_public) {
       common(401, "no valid bearer token (when auth.tokens is configured)");
@@ -130,13 +140,18 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
       common(413, "the body is larger than server.max_body_bytes");
       common(415, "Content-Type is not application/json");
     }
+    if (!r.is_public && r.pattern != "/metrics") {
+      common(429, "the caller is past server.rate_limit (Retry-After)", true);
+    }
     if (r.key_policy != KeyPolicy::kNone) {
-      common(409, "the same Idempotency-Key is still in progress");
+      common(400, "the Idempotency-Key or Prefer header is malformed (pointer header:NAME)");
+      common(409, "the same Idempotency-Key is still in progress (Retry-After)", true);
       common(422, "the Idempotency-Key was used with another payload");
     }
     common(503,
            "every handler busy and the queue full, draining, or the store refuses writes "
-           "(Retry-After)");
+           "(Retry-After)",
+           true);
     doc["paths"][r.pattern][Lower(r.method)] = op;
   }
   return doc;

@@ -81,9 +81,14 @@ struct Route {
   KeyPolicy key_policy = KeyPolicy::kNone;
   std::string request_schema;            // schemas/api name, "" for none
   std::map<int, std::string> responses;  // status -> schemas/api name ("" for none)
-  std::vector<std::string> roles;        // any of these (or admin); none: any token
-  bool raw_text = false;                 // response body is text (metrics)
-  bool is_public = false;                // no auth (health probes, the API description)
+  // Per status, what the route answers besides the schema above (that one
+  // is application/json, problem+json from 400 on): media type (no
+  // parameters) -> schemas/api name, "" for a body that is not JSON (SSE,
+  // the operator page's files, metrics text). Documented in /openapi.json.
+  std::map<int, std::map<std::string, std::string>> media;
+  std::vector<std::string> roles;  // any of these (or admin); none: any token
+  bool raw_text = false;           // response body is text (metrics)
+  bool is_public = false;          // no auth (health probes, the API description)
   RouteHandler handler;
   std::optional<JournalLane> journal_lane;
   // Request headers the handler reads (lower-case names), copied into

@@ -21,6 +21,7 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes) {
                          .pattern = "/ui",
                          .summary = "Redirects to the operator page, /ui/.",
                          .responses = {{308, ""}},
+                         .media = {{308, {{"text/plain", ""}}}},
                          .raw_text = true,
                          .is_public = true,
                          .handler = [](RequestContext&) -> StatusOr<RouteResponse> {
@@ -34,7 +35,8 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes) {
                          .pattern = "/ui/",
                          .summary = "The operator page: approval queue, plans, dead letters, "
                                     "escalations (HTML; asks for a token).",
-                         .responses = {{200, ""}},
+                         .responses = {{200, ""}, {404, "problem"}},
+                         .media = {{200, {{"text/html", ""}}}},
                          .raw_text = true,
                          .is_public = true,
                          .handler = [](RequestContext&) -> StatusOr<RouteResponse> {
@@ -43,20 +45,23 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes) {
                            return UiAnswer(*f);
                          }});
 
-  routes.push_back(Route{.method = "GET",
-                         .pattern = "/ui/{file}",
-                         .summary = "A file of the operator page (app.js, style.css).",
-                         .responses = {{200, ""}, {404, "problem"}},
-                         .raw_text = true,
-                         .is_public = true,
-                         .handler = [](RequestContext& ctx) -> StatusOr<RouteResponse> {
-                           const UiFile* f = FindUiFile(ctx.params[0]);
-                           if (f == nullptr) {
-                             return NotFound("the operator page has no file '" + ctx.params[0] +
-                                             "'");
-                           }
-                           return UiAnswer(*f);
-                         }});
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/ui/{file}",
+      .summary = "A file of the operator page (app.js, style.css).",
+      .responses = {{200, ""}, {404, "problem"}},
+      .media =
+          {{200,
+            {{"text/html", ""}, {"text/javascript", ""}, {"text/css", ""}, {"image/svg+xml", ""}}}},
+      .raw_text = true,
+      .is_public = true,
+      .handler = [](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        const UiFile* f = FindUiFile(ctx.params[0]);
+        if (f == nullptr) {
+          return NotFound("the operator page has no file '" + ctx.params[0] + "'");
+        }
+        return UiAnswer(*f);
+      }});
 
   routes.push_back(
       Route{.method = "GET",
