@@ -579,9 +579,6 @@ TEST_CASE("contracts state identity, window and duplicate response for each acti
   CHECK(std::count(text.begin(), text.end(), '\n') == 4);
 }
 
-}  // namespace
-}  // namespace idem
-
 TEST_CASE("server.rate_limit is off by default and its burst defaults to one second's worth") {
   ConfigDir dir;
   auto config = dir.Load("# nothing here\n");
@@ -613,3 +610,6 @@ TEST_CASE("server.rate_limit refuses a rate of zero, a burst below one and a mis
   CHECK(config.status().message().find("/server/rate_limit: missing required key "
                                        "'requests_per_s'") != std::string::npos);
 }
+
+}  // namespace
+}  // namespace idem
