@@ -126,7 +126,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                           {404, "problem"},
                           {409, "problem"},
                           {422, "problem"},
-                          {503, "problem"}},
+                          {503, "problem"},
+                          {504, "problem"}},
             .roles = {"agent"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               DecideRequest req;
@@ -179,7 +180,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                     {400, "problem"},
                     {404, "problem"},
                     {409, "problem"},
-                    {503, "problem"}},
+                    {503, "problem"},
+                    {504, "problem"}},
       .roles = {"agent", "operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(Decision original, deps.store.decisions().Get(ctx.params[0]));

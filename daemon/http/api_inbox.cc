@@ -122,7 +122,13 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .pattern = "/v1/inbox/{source}",
       .summary = "A webhook event from a configured sender: processed once per event id "
                  "(200 with duplicate: true for a repeat); 401 for a bad signature.",
-      .responses = {{200, "inbox.response"}, {400, "problem"}, {401, "problem"}, {404, "problem"}},
+      .responses = {{200, "inbox.response"},
+                    {400, "problem"},
+                    {401, "problem"},
+                    {404, "problem"},
+                    {409, "problem"},
+                    {503, "problem"},
+                    {504, "problem"}},
       .is_public = true,
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         auto sit = deps.config.inbox.find(ctx.params[0]);

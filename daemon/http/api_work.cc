@@ -384,7 +384,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                           {202, "plan.awaiting"},
                           {400, "problem"},
                           {404, "problem"},
-                          {409, "problem"}},
+                          {409, "work.conflict"}},
             .roles = {"agent"},
             .handler = HandlerOf(claim, journal),
             .journal_lane = claim});
@@ -396,7 +396,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .summary = "Record that claimed work is done, with its result and external_ref.",
             .key_policy = KeyPolicy::kOptional,
             .request_schema = "work.complete.request",
-            .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
+            .responses = {{200, "work.item"}, {404, "problem"}, {409, "work.conflict"}},
             .roles = {"agent"},
             .handler = HandlerOf(complete, journal),
             .journal_lane = complete});
@@ -408,7 +408,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .summary = "Record that claimed work failed: retried later (retryable) or dead.",
             .key_policy = KeyPolicy::kOptional,
             .request_schema = "work.fail.request",
-            .responses = {{200, "work.item"}, {404, "problem"}, {409, "problem"}},
+            .responses = {{200, "work.item"}, {404, "problem"}, {409, "work.conflict"}},
             .roles = {"agent"},
             .handler = HandlerOf(fail, journal),
             .journal_lane = fail});
@@ -442,7 +442,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                     {202, "action.accepted"},
                     {400, "problem"},
                     {404, "problem"},
-                    {409, "problem"}},
+                    {409, "work.conflict"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(const ActionConfig* kind,
@@ -688,7 +688,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .summary = "Replay one dead letter (not the batch): it becomes due now with a fresh "
                  "attempt budget.",
       .key_policy = KeyPolicy::kRequired,
-      .responses = {{200, "work.item"}, {202, "work.item"}, {404, "problem"}, {409, "problem"}},
+      .responses =
+          {{200, "work.item"}, {202, "work.item"}, {404, "problem"}, {409, "work.conflict"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         // Requeue, and run it now when the daemon executes the kind.
@@ -713,7 +714,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "wrong token.",
       .key_policy = KeyPolicy::kOptional,
       .request_schema = "lease.request",
-      .responses = {{201, "lease"}, {200, "lease"}, {409, "problem"}},
+      .responses = {{201, "lease"}, {200, "lease"}, {409, "lease.conflict"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(int64_t ttl, DurationField(ctx.body, "ttl", 60'000, kMaxLeaseMs));

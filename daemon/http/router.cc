@@ -148,6 +148,7 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
       common(409, "the same Idempotency-Key is still in progress (Retry-After)", true);
       common(422, "the Idempotency-Key was used with another payload");
     }
+    common(500, "an internal error (a store read or write failed); the detail says what");
     common(503,
            "every handler busy and the queue full, draining, or the store refuses writes "
            "(Retry-After)",

@@ -13,7 +13,9 @@
 //     with another method: 405 problem+json);
 //   - the status is documented for that operation;
 //   - the Content-Type is one the status documents, and the body validates
-//     against that content's schema. Bodies of non-JSON content types (the
+//     against that content's schema, read closed: an object schema with
+//     `properties` and no word on others refuses fields it does not list,
+//     so an answer cannot grow undocumented fields. Bodies of non-JSON content types (the
 //     /mcp JSON-RPC and SSE answers, /ui files, /metrics text) are not
 //     validated; their content type still must be documented.
 // A 429 must carry Retry-After. Before the log it checks itself on made-up
@@ -67,12 +69,34 @@ async function fetchSpec() {
 const opaque = (type) => !/^application\/([a-z.+-]*\+)?json$/.test(type);
 const mediaType = (ct) => (ct || '').split(';')[0].trim().toLowerCase();
 
+// A copy of `schema` in which every object schema that lists `properties`
+// and says nothing of others refuses others: a field the daemon answers but
+// the spec does not describe is drift too. Free-form objects (no
+// `properties`: decision outputs, args, results) and schemas that allow
+// extra members on purpose (problem details' extension members) are left
+// as they are.
+function closed(schema) {
+  if (Array.isArray(schema)) return schema.map(closed);
+  if (schema === null || typeof schema !== 'object') return schema;
+  const out = {};
+  for (const [k, v] of Object.entries(schema)) {
+    // Property names are data, not schemas: keep the map, close its values.
+    out[k] = k === 'properties' || k === 'patternProperties'
+      ? Object.fromEntries(Object.entries(v).map(([n, s]) => [n, closed(s)]))
+      : closed(v);
+  }
+  if (out.properties && !('additionalProperties' in out) && !('patternProperties' in out)) {
+    out.additionalProperties = false;
+  }
+  return out;
+}
+
 class Checker {
   constructor(spec) {
     this.spec = spec;
     this.ajv = new Ajv2020({strict: false, allErrors: false, validateFormats: false});
     for (const [name, schema] of Object.entries(spec.components?.schemas || {})) {
-      this.ajv.addSchema(schema, '#/components/schemas/' + name);
+      this.ajv.addSchema(closed(schema), '#/components/schemas/' + name);
     }
     this.templates = Object.keys(spec.paths).map((t) => ({
       template: t,
@@ -164,6 +188,18 @@ class Checker {
 
 // ------------------------------------------------------------ run
 const spec = await fetchSpec();
+// While editing schemas/api: check against the files as they are now
+// instead of rebuilding the daemon for each change (the route table's
+// statuses still come from the binary).
+if (process.env.IDEM_OPENAPI_SCHEMA_DIR) {
+  const dir = process.env.IDEM_OPENAPI_SCHEMA_DIR;
+  for (const f of fs.readdirSync(dir).filter((n) => n.endsWith('.json'))) {
+    const s = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'));
+    delete s.$schema;
+    delete s.$id;
+    spec.components.schemas[f.slice(0, -5)] = s;
+  }
+}
 const checker = new Checker(spec);
 
 // The checker must be able to fail: made-up answers it has to refuse.
@@ -173,6 +209,8 @@ const mustFail = [
   {method: 'GET', path: '/healthz', status: 299, content_type: 'application/json', body: '{"status":"ok"}'},
   {method: 'GET', path: '/healthz', status: 200, content_type: 'application/json', body: '{"state":1}'},
   {method: 'GET', path: '/healthz', status: 200, content_type: 'text/html', body: '{"status":"ok"}'},
+  {method: 'GET', path: '/healthz', status: 200, content_type: 'application/json',
+   body: '{"status":"ok","undocumented":1}'},
   {method: 'PATCH', path: '/healthz', status: 404, content_type: 'application/problem+json', body: problem},
   {method: 'GET', path: '/no/such/route', status: 200, content_type: 'application/json', body: '{}'},
   {method: 'GET', path: '/v1/decisions/x', status: 404, content_type: 'application/problem+json', body: '{}'},
