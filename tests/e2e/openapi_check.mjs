@@ -21,7 +21,9 @@
 // A 429 must carry Retry-After. Before the log it checks itself on made-up
 // responses that must be refused, so a checker that passes everything fails.
 // Exit code 0 when every response conforms, 1 otherwise (the first failures
-// of each kind printed).
+// of each kind printed). IDEM_OPENAPI_VERBOSE=1 lists every (operation,
+// status) seen; IDEM_OPENAPI_SCHEMA_DIR=schemas/api checks against the
+// schema files as edited, without rebuilding the daemon.
 import {spawn} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -244,11 +246,14 @@ for (const f of files) {
 }
 
 const ops = Object.values(spec.paths).reduce((n, p) => n + Object.keys(p).length, 0);
+const pairs = Object.values(spec.paths).reduce(
+  (n, p) => n + Object.values(p).reduce((m, op) => m + Object.keys(op.responses || {}).length, 0), 0);
 const opsSeen = new Set([...seen.keys()].filter((k) => !k.startsWith('(')).map((k) =>
   k.split(' ').slice(0, 2).join(' ')));
 console.log(`${total} responses from ${files.length} file(s) in ${logDir}`);
 console.log(`${opsSeen.size} of ${ops} documented operations seen; ${seen.size} distinct ` +
-            `(operation, status) pairs; ${checker.opaque || 0} non-JSON bodies (type checked only)`);
+            `(operation, status) pairs seen of ${pairs} documented; ${checker.opaque || 0} non-JSON ` +
+            'bodies (type checked only)');
 if (process.env.IDEM_OPENAPI_VERBOSE) {
   for (const [k, n] of [...seen.entries()].sort()) console.log(`  ${String(n).padStart(6)}  ${k}`);
 }
