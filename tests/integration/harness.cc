@@ -36,14 +36,14 @@ std::string TempDir::File(const std::string& name, const std::string& content) c
   return p;
 }
 
-namespace {
-
 std::string ReadFile(const std::string& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 // IDEM_RESPONSE_LOG=dir: every response a harness client sees, one JSON
 // line each in dir/responses-<pid>.jsonl (one file per test process: ctest
