@@ -52,6 +52,9 @@ struct StoreConfig {
   std::string engine = "rocksdb";
   std::string path = "./var/idem";  // resolved against the config file's directory
   bool sync = true;
+  // Writes are refused (503) while the store's filesystem has less free
+  // space than this, so RocksDB never meets a full disk mid-write (0: off).
+  int64_t min_free_mb = 64;
 };
 
 struct AuthToken {

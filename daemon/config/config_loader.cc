@@ -191,6 +191,7 @@ class Resolver {
     s.engine = node.value("engine", s.engine);
     s.path = Path(node.value("path", s.path));
     s.sync = node.value("sync", s.sync);
+    s.min_free_mb = node.value("min_free_mb", s.min_free_mb);
     return Status::Ok();
   }
 

@@ -119,6 +119,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   StoreOptions so;
   so.path = d->config_.store.path;
   so.sync = d->config_.store.sync;
+  so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
   auto store = OpenRocksStore(so);
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();

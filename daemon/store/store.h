@@ -618,6 +618,9 @@ class MetaStore {
 struct StoreOptions {
   std::string path;
   bool sync = true;
+  // Below this much free space on the store's filesystem writes fail with
+  // Unavailable before reaching the engine (0: no check).
+  uint64_t min_free_bytes = 0;
 };
 
 // All the stores of one database. The Store owns the database; the

@@ -176,6 +176,13 @@ class RocksDatabase {
   // The recovery thread: while writes fail, Resume and probe once a second.
   void RecoveryLoop();
   void TryRecover();
+  // Before each group write: NoSpace when the filesystem would be left with
+  // less than options_.min_free_bytes. Looks (statvfs) at most every 10 ms
+  // unless the writes since the last look could have used up the headroom
+  // it saw.
+  rocksdb::Status AdmitWrite(size_t bytes);
+  // Free bytes on the store's filesystem (nullopt when statvfs fails).
+  std::optional<uint64_t> FreeBytes() const;
 
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -191,6 +198,11 @@ class RocksDatabase {
   std::condition_variable health_cv_;
   std::thread recovery_;
   std::atomic<bool> recovering_{false};  // the recovery thread is inside TryRecover
+
+  Mutex space_mu_;
+  int64_t space_checked_ms_ GUARDED_BY(space_mu_) = 0;
+  uint64_t space_free_ GUARDED_BY(space_mu_) = 0;   // free bytes at the last look
+  uint64_t space_since_ GUARDED_BY(space_mu_) = 0;  // bytes admitted since then
 };
 
 }  // namespace idem::rocks
