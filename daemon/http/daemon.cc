@@ -167,8 +167,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   ASSIGN_OR_RETURN(d->plans_, PlanEngine::Create(d->config_, *d->store_, *d->apply_, *d->clock_,
                                                  d->metrics_, *d->notifier_));
 
-  ApiDeps api{d->config_,  *d->store_, *d->decide_, *d->apply_,
-              d->metrics_, *d->clock_, *d->plans_,  *d->notifier_};
+  d->replays_ =
+      std::make_unique<ReplayJobs>(d->config_, d->store_->decisions(), *d->decide_, *d->clock_);
+  ApiDeps api{d->config_, *d->store_, *d->decide_,   *d->apply_,       d->metrics_,
+              *d->clock_, *d->plans_, *d->notifier_, d->replays_.get()};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
@@ -246,6 +248,7 @@ void Daemon::Stop() {
     }
     server_->Stop();
   }
+  if (replays_) replays_->Stop();  // running bulk replays end "failed: cancelled"
   if (apply_) apply_->Stop();
 }
 
