@@ -57,9 +57,11 @@ TEST_CASE("top_pointers_count_each_pointer_once_per_decision_most_first_ties_by_
   // removed in two and /summary added in one.
   s.Add(Changed("a", {{"category", "x"}, {"priority", "low"}},
                 {{"category", "y"}, {"priority", "high"}}));
-  s.Add(Changed("b", {{"category", "x"}, {"actions", {1}}}, {{"category", "z"}, {"actions", {}}}));
-  s.Add(Changed("c", {{"category", "x"}, {"actions", {1}}, {"priority", "low"}},
-                {{"category", "w"}, {"actions", {}}, {"priority", "mid"}, {"summary", "s"}}));
+  const Json one = Json::array({1}), none = Json::array();
+  s.Add(
+      Changed("b", {{"category", "x"}, {"actions", one}}, {{"category", "z"}, {"actions", none}}));
+  s.Add(Changed("c", {{"category", "x"}, {"actions", one}, {"priority", "low"}},
+                {{"category", "w"}, {"actions", none}, {"priority", "mid"}, {"summary", "s"}}));
   Json top = s.ToJson()["top_changed_pointers"];
   REQUIRE(top.size() == 4);
   CHECK(top[0] == Json{{"pointer", "/category"}, {"count", 3}});
