@@ -19,9 +19,8 @@ class PromptDir {
  public:
   PromptDir() {
     static std::atomic<int> counter{0};
-    root_ = fs::temp_directory_path() /
-            ("idem_prompt_versions_test_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter++));
+    root_ = fs::temp_directory_path() / ("idem_prompt_versions_test_" + std::to_string(::getpid()) +
+                                         "_" + std::to_string(counter++));
     fs::remove_all(root_);
     Write("conf/prompts/p.mustache", "Ticket: {{{input.text}}}\n");
     Write("conf/prompts/p2.mustache", "Version two. Ticket: {{{input.text}}}\n");
