@@ -108,7 +108,9 @@ TEST_CASE("a bulk replay of 1,000 decisions with a second prompt version summari
   }
   for (int i = 0; i < kDecisions; ++i) REQUIRE_MESSAGE(!ids[i].empty(), "decide " << i);
 
-  // The default prompt stays v1: a new input is decided with it.
+  // The default prompt stays v1: a new input is decided with it. (A later
+  // millisecond than every recorded one: the list orders ties by id.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
   Json fresh = J(c->Post(
       "/v1/decide", R"({"step":"triage_ticket","input":{"ticket_id":"N","text":"kind-change"}})",
       "application/json"));
