@@ -291,6 +291,10 @@ void ReplayJobs::Run(const std::shared_ptr<Job>& job) {
           break;
         }
         if (!keys.insert(d.decision_key).second) continue;  // superseded
+        // Only the cost of the trace is needed: raw outputs of up to 16 KB
+        // per attempt, times 10,000 decisions, would not fit in memory.
+        const double cost = d.trace.is_object() ? d.trace.value("cost_usd", 0.0) : 0.0;
+        d.trace = {{"cost_usd", cost}};
         selected.push_back(std::move(d));
         if (selected.size() >= r.limit) break;
       }

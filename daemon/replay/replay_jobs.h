@@ -11,7 +11,8 @@
 // `concurrency` replay threads (never on the HTTP server's threads). At most
 // `max_running` jobs run at once; Start refuses another with Aborted (HTTP
 // 409). Stop() cancels the running jobs (they end "failed", error
-// "cancelled") and joins every thread.
+// "cancelled"; a replay in flight finishes first) and joins every thread.
+// A job holds its selected decisions without their traces (only the cost).
 //
 // Results: kept in memory only, for the running jobs and the last
 // `max_finished` finished ones (older ones are forgotten; a restart forgets
