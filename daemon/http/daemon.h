@@ -84,7 +84,9 @@ class Daemon {
 // listing each problem with its pointer and fix.
 Status LintOutputSchemas(const Config& config);
 
-// Checks (and records) the hash of every step's prompt per version.
+// Checks (and records) the hash of every step's prompt per version; checks
+// (never records) each of a step's other prompt versions against the hash
+// recorded when that version was the default.
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change);
 
 }  // namespace idem

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <thread>
 
@@ -301,6 +303,42 @@ TEST_CASE("at most two bulk replays run at once and a repeated key returns the s
       c->Post("/v1/replays", R"({"step":"triage_ticket","limit":1})", "application/json")->status ==
       202);
   CHECK(daemon->Stop() == 0);
+}
+
+}  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("an other prompt version must be the prompt its name had when it was the default") {
+  TempDir dir;
+  const std::string src = IDEM_SOURCE_DIR;
+  const std::string v1 = src + "/config/prompts/triage_ticket.mustache";
+  std::string v2 = dir.File("v2.mustache", "PROMPT-V2 {{{input.text}}}\n");
+  std::string changed_v1 = dir.File("v1b.mustache", "another v1 {{{input.text}}}\n");
+  std::string config = WriteTestConfig(dir, kQuestionRules);
+  std::string err;
+  {
+    auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    CHECK(daemon->Stop() == 0);
+  }
+  // v2 becomes the default; v1 stays loadable for replays only as it was.
+  auto promote_v2 = [&](const std::string& v1_template) {
+    std::string text = WriteTestConfig(dir, kQuestionRules,
+                                       "    prompts:\n      v1: {template: " + v1_template + "}\n");
+    std::ifstream in(text);
+    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string from = "      template: " + v1 + "\n      version: v1\n";
+    REQUIRE(yaml.find(from) != std::string::npos);
+    yaml.replace(yaml.find(from), from.size(), "      template: " + v2 + "\n      version: v2\n");
+    return dir.File("idem.yaml", yaml);
+  };
+  auto refused = DaemonProcess::Start({promote_v2(changed_v1), dir.path() + "/data", {}, {}}, &err);
+  CHECK(refused == nullptr);
+  CHECK(err.find("prompts.v1") != std::string::npos);
+  auto served = DaemonProcess::Start({promote_v2(v1), dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(served != nullptr, err);
+  CHECK(served->Stop() == 0);
 }
 
 }  // namespace idem::testing
