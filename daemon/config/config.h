@@ -126,6 +126,11 @@ struct StepConfig {
   std::optional<double> temperature;  // unset: not sent, the provider's default applies
   std::string system_prompt;          // the step's `system` text; may be empty
   PromptConfig prompt;
+  // Other prompt versions (`prompts: {v2: {template}}`), by version: loaded
+  // and checked like `prompt` (their hash covers the step's system and
+  // tools too) but used only by a replay that names one
+  // (ReplayOptions::prompt_version); never by decide, never in a cache key.
+  std::map<std::string, PromptConfig> other_prompts;
   std::string output_schema_path;
   Json output_schema;  // the parsed schema
   Json tools = Json::array();

@@ -377,6 +377,36 @@ class Resolver {
       if (!prompt_hash.ok()) return doc_.Error(at + "/tools", prompt_hash.status().message());
       s.prompt.hash = std::move(prompt_hash).value();
     }
+    if (node.contains("prompts")) {
+      for (const auto& [version, other] : node["prompts"].items()) {
+        const std::string where = at + "/prompts" + Token(version);
+        if (version == s.prompt.version) {
+          return doc_.Error(where,
+                            "is the step's default prompt version (prompt.version); name "
+                            "another version here");
+        }
+        PromptConfig p;
+        p.version = version;
+        ASSIGN_OR_RETURN(p.template_path, ExistingFile(where + "/template", other["template"]));
+        auto other_text = ReadFileText(p.template_path);
+        if (!other_text.ok()) {
+          return doc_.Error(where + "/template", "cannot read " + p.template_path + ": " +
+                                                     other_text.status().message());
+        }
+        p.text = std::move(other_text).value();
+        p.sha256 = Sha256Hex(p.text);
+        kainjow::mustache::mustache other_compiled(p.text);
+        if (!other_compiled.is_valid()) {
+          return doc_.Error(where + "/template", p.template_path +
+                                                     " is not a valid mustache template: " +
+                                                     other_compiled.error_message());
+        }
+        auto other_hash = ComputePromptHash(p.text, s.system_prompt, s.tools);
+        if (!other_hash.ok()) return doc_.Error(where, other_hash.status().message());
+        p.hash = std::move(other_hash).value();
+        s.other_prompts.emplace(version, std::move(p));
+      }
+    }
     if (node.contains("input")) {
       const Json& input = node["input"];
       s.input.drop = input.value("drop", std::vector<std::string>{});

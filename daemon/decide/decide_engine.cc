@@ -204,8 +204,8 @@ class DecideEngineImpl final : public DecideEngine {
       return ToResult(*outcome, false, true);
     }
 
-    StatusOr<ChainOutcome> outcome = RunChain(step, key, req, step.chain, step.config->temperature,
-                                              /*dry_run=*/false);
+    StatusOr<ChainOutcome> outcome = RunChain(step, step.config->prompt, key, req, step.chain,
+                                              step.config->temperature, /*dry_run=*/false);
     {
       MutexLock lock(flights_mu_);
       flights_.erase(key.key.key);
@@ -321,11 +321,18 @@ class DecideEngineImpl final : public DecideEngine {
       return FailedPrecondition("step " + original.step + " is no longer configured");
     }
     const CompiledStep& step = it->second;
-    if (!o.prompt_version.empty() && o.prompt_version != step.config->prompt.version) {
-      return Status(Code::kFailedPrecondition,
-                    "prompt version " + o.prompt_version + " is not loaded; step " + original.step +
-                        " has " + step.config->prompt.version,
-                    "/prompt_version");
+    const PromptConfig* prompt = &step.config->prompt;
+    if (!o.prompt_version.empty() && o.prompt_version != prompt->version) {
+      auto other = step.config->other_prompts.find(o.prompt_version);
+      if (other == step.config->other_prompts.end()) {
+        std::string loaded = prompt->version;
+        for (const auto& entry : step.config->other_prompts) loaded += ", " + entry.first;
+        return Status(Code::kFailedPrecondition,
+                      "prompt version " + o.prompt_version + " is not loaded; step " +
+                          original.step + " has " + loaded,
+                      "/prompt_version");
+      }
+      prompt = &other->second;
     }
     std::string provider_name = o.provider.empty() ? original.provider : o.provider;
     if (provider_name == "human" || provider_name.empty()) {
@@ -349,19 +356,24 @@ class DecideEngineImpl final : public DecideEngine {
     DecideRequest req;
     req.step = original.step;
     req.request_id = o.request_id;
-    ASSIGN_OR_RETURN(
-        ChainOutcome out,
-        RunChain(step, key, req, chain, o.temperature ? o.temperature : step.config->temperature,
-                 /*dry_run=*/true));
+    ASSIGN_OR_RETURN(ChainOutcome out,
+                     RunChain(step, *prompt, key, req, chain,
+                              o.temperature ? o.temperature : step.config->temperature,
+                              /*dry_run=*/true, o.trace_out));
     return std::move(out.decision);
   }
 
-  StatusOr<ChainOutcome> RunChain(const CompiledStep& step, const StepKey& key,
-                                  const DecideRequest& req, const std::vector<Candidate>& chain,
-                                  std::optional<double> temperature, bool dry_run) {
+  // `prompt_config` is the step's prompt, or another loaded version (replay).
+  // `trace_out` (may be null) receives the attempts, tokens and cost however
+  // the run ends.
+  StatusOr<ChainOutcome> RunChain(const CompiledStep& step, const PromptConfig& prompt_config,
+                                  const StepKey& key, const DecideRequest& req,
+                                  const std::vector<Candidate>& chain,
+                                  std::optional<double> temperature, bool dry_run,
+                                  Json* trace_out = nullptr) {
     const StepConfig& cfg = *step.config;
     Json context = {{"input", key.normalized_input}, {"step", cfg.name}, {"model", cfg.model}};
-    ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(cfg.prompt.text, context));
+    ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(prompt_config.text, context));
 
     const int64_t started_ms = clock_.NowMillis();
     const int64_t deadline_ms = started_ms + cfg.timeout_ms;
@@ -372,6 +384,22 @@ class DecideEngineImpl final : public DecideEngine {
     int64_t total_in = 0, total_out = 0;
     double total_cost = 0;
     bool deadline_hit = false;
+    // Runs on every way out of this function.
+    struct TraceOut {
+      Json* out;
+      const Json& attempts;
+      const int64_t& in;
+      const int64_t& output;
+      const double& cost;
+      ~TraceOut() {
+        if (out != nullptr) {
+          *out = {{"attempts", attempts},
+                  {"input_tokens", in},
+                  {"output_tokens", output},
+                  {"cost_usd", cost}};
+        }
+      }
+    } trace_out_guard{trace_out, trace, total_in, total_out, total_cost};
 
     for (size_t link = 0; link < chain.size() && !deadline_hit; ++link) {
       const Candidate& cand = chain[link];
@@ -455,7 +483,7 @@ class DecideEngineImpl final : public DecideEngine {
         d.material = Json::parse(key.key.canonical, nullptr, false);
         d.provider = cand.provider_name;
         d.model = cand.model;
-        d.prompt_version = cfg.prompt.version;
+        d.prompt_version = prompt_config.version;
         d.created_at_ms = clock_.NowMillis();
         d.expires_at_ms = cfg.cache_window_ms == 0 ? 0 : d.created_at_ms + cfg.cache_window_ms;
         d.trace = {{"attempts", trace},

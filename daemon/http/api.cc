@@ -182,6 +182,18 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
       .roles = {"agent", "operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(Decision original, deps.store.decisions().Get(ctx.params[0]));
+        if (ctx.body.value("promote", false) && ctx.body.contains("prompt_version")) {
+          // The cache key covers the prompt: an answer to another version
+          // cannot stand in for this key's.
+          auto sit = deps.config.steps.find(original.step);
+          if (sit != deps.config.steps.end() &&
+              ctx.body["prompt_version"] != sit->second.prompt.version) {
+            return Status(Code::kFailedPrecondition,
+                          "a replay with another prompt version cannot be promoted: decisions "
+                          "are cached per prompt version; make it the step's prompt instead",
+                          "/promote");
+          }
+        }
         ReplayOptions o;
         o.provider = ctx.body.value("provider", "");
         o.model = ctx.body.value("model", "");
@@ -307,6 +319,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   AddAuditRoutes(deps, routes);
   AddUiRoutes(deps, routes);
   AddInboxRoutes(deps, routes);
+  AddReplayRoutes(deps, routes);
   auto table = std::make_shared<std::vector<Route>>();  // filled once complete
   AddMcpRoutes(deps, table, routes);
 

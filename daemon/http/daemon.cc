@@ -47,6 +47,25 @@ Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_cha
     LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
              {{"step", name}, {"version", step.prompt.version}});
   }
+  // Other prompt versions (replays only) are checked against what a version
+  // of that name was when it was the default, never recorded: a replay
+  // "with v1" must run the v1 that the v1 decisions were made with.
+  for (const auto& [name, step] : config.steps) {
+    for (const auto& [version, other] : step.other_prompts) {
+      ASSIGN_OR_RETURN(std::optional<std::string> stored,
+                       meta.Get("prompt_hash/" + name + "/" + version));
+      if (!stored || *stored == other.hash) continue;
+      if (!allow_change) {
+        return FailedPrecondition(
+            "step " + name + ": prompts." + version + " (the template " + other.template_path +
+            ", the system text or the tools) differs from the prompt that version " + version +
+            " was when decisions were made with it; name it another version, or start with "
+            "--allow-prompt-change");
+      }
+      LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
+               {{"step", name}, {"version", version}});
+    }
+  }
   for (const auto& [k, v] : to_record) RETURN_IF_ERROR(meta.Put(k, v));
   return Status::Ok();
 }
@@ -168,8 +187,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   ASSIGN_OR_RETURN(d->plans_, PlanEngine::Create(d->config_, *d->store_, *d->apply_, *d->clock_,
                                                  d->metrics_, *d->notifier_));
 
-  ApiDeps api{d->config_,  *d->store_, *d->decide_, *d->apply_,
-              d->metrics_, *d->clock_, *d->plans_,  *d->notifier_};
+  d->replays_ =
+      std::make_unique<ReplayJobs>(d->config_, d->store_->decisions(), *d->decide_, *d->clock_);
+  ApiDeps api{d->config_, *d->store_, *d->decide_,   *d->apply_,       d->metrics_,
+              *d->clock_, *d->plans_, *d->notifier_, d->replays_.get()};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
@@ -247,6 +268,7 @@ void Daemon::Stop() {
     }
     server_->Stop();
   }
+  if (replays_) replays_->Stop();  // running bulk replays end "failed: cancelled"
   if (apply_) apply_->Stop();
 }
 

@@ -28,6 +28,7 @@
 #include "daemon/obs/metrics.h"
 #include "daemon/plans/notifier.h"
 #include "daemon/plans/plan_engine.h"
+#include "daemon/replay/replay_jobs.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -68,6 +69,7 @@ class Daemon {
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
   std::unique_ptr<PlanEngine> plans_;
+  std::unique_ptr<ReplayJobs> replays_;  // destroyed (threads joined) before decide_
   std::unique_ptr<HttpServer> server_;
   std::string host_;
   int port_ = 0;
@@ -82,7 +84,9 @@ class Daemon {
 // listing each problem with its pointer and fix.
 Status LintOutputSchemas(const Config& config);
 
-// Checks (and records) the hash of every step's prompt per version.
+// Checks (and records) the hash of every step's prompt per version; checks
+// (never records) each of a step's other prompt versions against the hash
+// recorded when that version was the default.
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change);
 
 }  // namespace idem
