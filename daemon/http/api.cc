@@ -307,6 +307,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   AddAuditRoutes(deps, routes);
   AddUiRoutes(deps, routes);
   AddInboxRoutes(deps, routes);
+  AddOutboxRoutes(deps, routes);
   auto table = std::make_shared<std::vector<Route>>();  // filled once complete
   AddMcpRoutes(deps, table, routes);
 

@@ -53,6 +53,9 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
 // POST /v1/inbox/{source}: webhook events processed once each (api_inbox.cc).
 void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 
+// GET /v1/events and the outbox's dead letters (api_outbox.cc).
+void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes);
+
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);
