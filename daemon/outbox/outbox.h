@@ -60,6 +60,7 @@ class OutboxDispatcher {
     OutboxSubscriberConfig config;
     HttpHeaders headers;  // expanded; held in memory only
     std::thread thread;
+    int64_t next_replay_scan_ms = 0;  // its thread only
   };
   OutboxDispatcher(const OutboxConfig& config, OutboxStore& store, HttpClient& http,
                    StableClock& clock)

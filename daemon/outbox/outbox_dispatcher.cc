@@ -14,6 +14,7 @@ namespace idem {
 namespace {
 
 constexpr size_t kBatch = 64;
+constexpr int64_t kReplayScanMs = 1'000;
 
 // `${VAR}` in `value` replaced from the environment.
 StatusOr<std::string> Expand(const std::string& value, const std::string& field) {
@@ -172,6 +173,11 @@ bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
 }
 
 void OutboxDispatcher::ReplayRequested(Subscriber& s) {
+  // Replays are rare and operator-made: look for them about once a second,
+  // not at every poll.
+  const int64_t now = clock_.NowMillis();
+  if (now < s.next_replay_scan_ms) return;
+  s.next_replay_scan_ms = now + kReplayScanMs;
   StatusOr<std::vector<OutboxDeadLetter>> dead = store_.DeadLetters(s.config.name, 1'000);
   if (!dead.ok()) return;
   for (const OutboxDeadLetter& d : *dead) {

@@ -1,5 +1,6 @@
 #include "daemon/store/rocksdb/rocksdb_plan_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "daemon/core/crypto.h"
@@ -79,7 +80,8 @@ Status RocksPlanStore::Put(const Plan& plan, const AuditEvent* audit) {
       [&plan](RecordBatch& batch) {
         batch.PutJson(Family::kPlans, plan.plan_id, plan.ToJson());
         batch.Put(Family::kPlansByState, StateIndexKey(plan), "");
-        batch.AddOutboxEvent("plan." + plan.state, plan.plan_id, plan.updated_at_ms,
+        batch.AddOutboxEvent("plan." + plan.state, plan.plan_id,
+                             std::max(plan.updated_at_ms, plan.created_at_ms),
                              OutboxData(plan, "", plan.created_by));
       },
       audit, {{"plan_id", plan.plan_id}, {"to", plan.state}});
