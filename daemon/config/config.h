@@ -208,6 +208,23 @@ struct NotificationsConfig {
   bool any() const { return webhook.has_value() || telegram.has_value(); }
 };
 
+// `outbox` (optional): where idem pushes its outbox events (R29;
+// daemon/outbox/outbox.h). Events are written whether or not anyone
+// subscribes; GET /v1/events serves them to pullers.
+struct OutboxSubscriberConfig {
+  std::string name;
+  std::string url;  // http(s); POSTed one event (JSON) per call
+  // {name, value} as written; `${VAR}` is expanded at start-up.
+  std::vector<std::pair<std::string, std::string>> headers;
+  RetryConfig retry{.attempts = 5, .base_ms = 1'000, .cap_ms = 60'000, .timeout_ms = 10'000};
+};
+
+struct OutboxConfig {
+  std::map<std::string, OutboxSubscriberConfig> subscribers;
+  int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // kept after every subscriber passed them
+  int64_t poll_ms = 250;                          // how often subscribers look for new events
+};
+
 struct Config {
   std::string source_path;  // the file it came from
   std::string base_dir;     // its directory
@@ -222,6 +239,7 @@ struct Config {
   // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
   Json prices = Json::object();
   NotificationsConfig notifications;
+  OutboxConfig outbox;
 };
 
 // Reads, validates and resolves the config at `path`.

@@ -127,6 +127,7 @@ class Resolver {
     }
     if (root.contains("prices")) config_.prices = root["prices"];
     if (root.contains("notifications")) RETURN_IF_ERROR(Notifications(root["notifications"]));
+    if (root.contains("outbox")) RETURN_IF_ERROR(Outbox(root["outbox"]));
     return Status::Ok();
   }
 
@@ -587,6 +588,61 @@ class Resolver {
       const Json& chat = t["chat_id"];
       telegram.chat_id = chat.is_string() ? chat.get<std::string>() : chat.dump();
       n.telegram = std::move(telegram);
+    }
+    return Status::Ok();
+  }
+
+  Status Outbox(const Json& node) {
+    OutboxConfig& o = config_.outbox;
+    if (node.contains("retention")) {
+      ASSIGN_OR_RETURN(o.retention_ms, Duration("/outbox/retention", node["retention"], false));
+    }
+    if (node.contains("poll")) {
+      ASSIGN_OR_RETURN(o.poll_ms, Duration("/outbox/poll", node["poll"], false));
+    }
+    if (!node.contains("subscribers")) return Status::Ok();
+    for (const auto& [name, sub] : node["subscribers"].items()) {
+      const std::string at = "/outbox/subscribers" + Token(name);
+      if (!IsName(name)) {
+        return doc_.Error(at,
+                          "a name must start with a letter and hold only letters, digits, "
+                          "_ . and - (at most 64 characters)");
+      }
+      OutboxSubscriberConfig c;
+      c.name = name;
+      c.url = sub["url"];
+      const Json no_headers = Json::object();
+      const Json& headers = sub.contains("headers") ? sub["headers"] : no_headers;
+      for (const auto& [hname, value] : headers.items()) {
+        const std::string hat = at + "/headers" + Token(hname);
+        if (hname.empty() || hname.find_first_of(" :\r\n\t") != std::string::npos) {
+          return doc_.Error(hat, "is not a header name");
+        }
+        const std::string text = value.get<std::string>();
+        if (text.find_first_of("\r\n") != std::string::npos) {
+          return doc_.Error(hat, "must not contain CR or LF");
+        }
+        RETURN_IF_ERROR(CheckEnvReferences(hat, text));
+        c.headers.emplace_back(hname, text);
+      }
+      c.retry.attempts = sub.value("max_attempts", c.retry.attempts);
+      if (sub.contains("backoff")) {
+        const Json& b = sub["backoff"];
+        if (b.contains("base")) {
+          ASSIGN_OR_RETURN(c.retry.base_ms, Duration(at + "/backoff/base", b["base"], false));
+        }
+        if (b.contains("cap")) {
+          ASSIGN_OR_RETURN(c.retry.cap_ms, Duration(at + "/backoff/cap", b["cap"], false));
+        }
+      }
+      if (c.retry.cap_ms < c.retry.base_ms) {
+        return doc_.Error(at + "/backoff/cap", "must not be shorter than base (" +
+                                                   FormatDuration(c.retry.base_ms) + ")");
+      }
+      if (sub.contains("timeout")) {
+        ASSIGN_OR_RETURN(c.retry.timeout_ms, Duration(at + "/timeout", sub["timeout"], false));
+      }
+      o.subscribers.emplace(name, std::move(c));
     }
     return Status::Ok();
   }

@@ -320,6 +320,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   AddUiRoutes(deps, routes);
   AddInboxRoutes(deps, routes);
   AddReplayRoutes(deps, routes);
+  AddOutboxRoutes(deps, routes);
   auto table = std::make_shared<std::vector<Route>>();  // filled once complete
   AddMcpRoutes(deps, table, routes);
 

@@ -58,6 +58,8 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // POST /v1/replays, GET /v1/replays/{id}: bulk replay jobs (api_replay.cc).
 void AddReplayRoutes(ApiDeps deps, std::vector<Route>& routes);
+// GET /v1/events and the outbox's dead letters (api_outbox.cc).
+void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);

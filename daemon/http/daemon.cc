@@ -153,6 +153,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   RETURN_IF_ERROR(CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
 
   d->http_client_ = MakeCurlHttpClient();
+  ASSIGN_OR_RETURN(d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(),
+                                                        *d->http_client_, *d->clock_));
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
     auto p = MakeProvider(pc, *d->http_client_, env);
@@ -196,6 +198,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
   d->host_ = listen.first;
   d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });
+  d->outbox_->Start();
   LogEvent(LogLevel::kInfo, "started",
            {{"listen", d->host_ + ":" + std::to_string(d->port_)},
             {"store", so.path},
@@ -227,6 +230,7 @@ void Daemon::SweepLoop() {
     auto escalations =
         store_->escalations().SweepResolved(now - kFinishedRecordRetentionMs, 10'000);
     auto plans = store_->plans().SweepFinished(now - kFinishedRecordRetentionMs, 10'000);
+    auto events = outbox_->Sweep(now, 10'000);
     if (pass % (kSweepEveryPasses * kReconcileEverySweeps) == 0) {
       auto report = apply_->Reconcile();
       if (report.ok() && !report->findings.empty()) {
@@ -238,7 +242,7 @@ void Daemon::SweepLoop() {
     malloc_trim(0);
     auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
     if (count(keys) + count(work) + count(decisions) + count(leases) + count(escalations) +
-            count(plans) >
+            count(plans) + count(events) >
         0) {
       LogEvent(LogLevel::kDebug, "swept",
                {{"idempotency_keys", count(keys)},
@@ -246,7 +250,8 @@ void Daemon::SweepLoop() {
                 {"decisions", count(decisions)},
                 {"leases", count(leases)},
                 {"escalations", count(escalations)},
-                {"plans", count(plans)}});
+                {"plans", count(plans)},
+                {"outbox_events", count(events)}});
     }
     lock.lock();
   }
@@ -259,6 +264,7 @@ void Daemon::Stop() {
   }
   sweep_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
+  if (outbox_) outbox_->Stop();
   if (server_) {
     if (!server_->Drain(config().server.drain_timeout_ms)) {
       LogEvent(LogLevel::kWarn, "drain_timeout",

@@ -26,6 +26,7 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/server.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/outbox/outbox.h"
 #include "daemon/plans/notifier.h"
 #include "daemon/plans/plan_engine.h"
 #include "daemon/replay/replay_jobs.h"
@@ -71,6 +72,7 @@ class Daemon {
   std::unique_ptr<PlanEngine> plans_;
   std::unique_ptr<ReplayJobs> replays_;  // destroyed (threads joined) before decide_
   std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<OutboxDispatcher> outbox_;  // pushes outbox events to subscribers
   std::string host_;
   int port_ = 0;
   std::mutex sweep_mu_;

@@ -7,6 +7,7 @@
 #include <rocksdb/table.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -67,6 +68,10 @@ std::string_view ColumnFamilyName(Family f) {
       return "idem_in_progress";
     case Family::kDecisionsExpiry:
       return "decisions_expiry";
+    case Family::kOutbox:
+      return "outbox";
+    case Family::kOutboxDead:
+      return "outbox_dead";
     case Family::kCount:
       break;
   }
@@ -189,6 +194,23 @@ class RocksDatabase::ErrorListener : public rocksdb::EventListener {
  private:
   RocksDatabase& db_;
 };
+
+RecordBatch::~RecordBatch() {
+  if (!outbox_seqs_.empty()) db_.ReleaseOutboxSeqs(outbox_seqs_);
+}
+
+void RecordBatch::AddOutboxEvent(const std::string& type, const std::string& key, int64_t at_ms,
+                                 Json data) {
+  OutboxEvent e;
+  e.seq = db_.TakeOutboxSeq();
+  outbox_seqs_.push_back(e.seq);
+  e.event_id = OutboxEvent::IdFor(e.seq);
+  e.type = type;
+  e.key = key;
+  e.at_ms = at_ms;
+  e.data = std::move(data);
+  PutJson(Family::kOutbox, BigEndian8(e.seq), e.ToJson());
+}
 
 void RecordBatch::Put(Family f, std::string_view key, std::string_view value) {
   rocksdb::Status s = batch_.Put(db_.handle(f), ToSlice(key), ToSlice(value));
@@ -341,6 +363,19 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
       *raw, std::vector<rocksdb::ColumnFamilyHandle*>(self->handles_.begin(), self->handles_.end()),
       [db](const rocksdb::Status& written) { db->NoteWrite(written); },
       [db](size_t bytes) { return db->AdmitWrite(bytes); });
+  // The outbox sequence continues after the last event written, or after
+  // the last one retention deleted.
+  {
+    uint64_t last = 0;
+    std::unique_ptr<rocksdb::Iterator> it = self->NewIterator(Family::kOutbox, {});
+    it->SeekToLast();
+    if (it->Valid()) last = ReadBigEndian8(std::string_view(it->key().data(), it->key().size()));
+    RETURN_IF_ERROR(IteratorStatus(*it, "reading the outbox"));
+    ASSIGN_OR_RETURN(std::optional<std::string> swept, self->Get(Family::kMeta, kOutboxSweptKey));
+    if (swept) last = std::max(last, ReadBigEndian8(*swept));
+    MutexLock lock(self->outbox_mu_);
+    self->outbox_next_ = last + 1;
+  }
   self->recovery_ = std::thread([db] { db->RecoveryLoop(); });
   return self;
 }
@@ -400,7 +435,12 @@ Status RocksDatabase::Commit(RecordBatch& batch, bool durable) {
     NoteWriteFailure(fp.message());
     return fp;
   }
-  return Translate(group_commit_->Commit(batch.batch_, durable && options_.sync), "writing");
+  Status written =
+      Translate(group_commit_->Commit(batch.batch_, durable && options_.sync), "writing");
+  // Written (visible to readers) or failed for good: either way no longer in flight.
+  ReleaseOutboxSeqs(batch.outbox_seqs_);
+  batch.outbox_seqs_.clear();
+  return written;
 }
 
 StatusOr<std::shared_ptr<GroupCommit::Ticket>> RocksDatabase::CommitAsync(
@@ -411,7 +451,35 @@ StatusOr<std::shared_ptr<GroupCommit::Ticket>> RocksDatabase::CommitAsync(
     NoteWriteFailure(fp.message());
     return fp;
   }
+  if (!batch.outbox_seqs_.empty()) {
+    // Given back on the writing thread once the write is over.
+    std::vector<uint64_t> seqs = std::move(batch.outbox_seqs_);
+    batch.outbox_seqs_.clear();
+    on_done = [this, seqs = std::move(seqs), then = std::move(on_done)] {
+      ReleaseOutboxSeqs(seqs);
+      if (then) then();
+    };
+  }
   return group_commit_->Submit(batch.batch_, durable && options_.sync, std::move(on_done));
+}
+
+uint64_t RocksDatabase::TakeOutboxSeq() {
+  MutexLock lock(outbox_mu_);
+  uint64_t seq = outbox_next_++;
+  outbox_in_flight_.insert(seq);
+  return seq;
+}
+
+void RocksDatabase::ReleaseOutboxSeqs(const std::vector<uint64_t>& seqs) {
+  if (seqs.empty()) return;
+  MutexLock lock(outbox_mu_);
+  for (uint64_t s : seqs) outbox_in_flight_.erase(s);
+}
+
+uint64_t RocksDatabase::OutboxWatermark() {
+  MutexLock lock(outbox_mu_);
+  if (outbox_in_flight_.empty()) return outbox_next_ - 1;
+  return *outbox_in_flight_.begin() - 1;
 }
 
 Status RocksDatabase::WriteHealth() const {
