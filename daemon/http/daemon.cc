@@ -119,6 +119,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   StoreOptions so;
   so.path = d->config_.store.path;
   so.sync = d->config_.store.sync;
+  so.on_write_micros = [metrics = &d->metrics_](int64_t us) {
+    metrics->store_write.ObserveMicros(us);
+  };
   auto store = OpenRocksStore(so);
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();

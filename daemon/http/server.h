@@ -96,7 +96,10 @@ class HttpServer : private BatchLane {
   void Fail(http1::Response& res, const Status& st, const std::string& request_id,
             int status_override = 0) const;
 
-  void Handle(const http1::Request& req, http1::Response& res);  // a worker
+  // A worker; `found` is the request's route (null: none matched).
+  void Handle(const http1::Request& req, http1::Response& res, const Route*& found);
+  // The route's metric handles (metrics.h); null: the "unmatched" series.
+  const RouteMetrics& MetricsFor(const Route* route) const;
 
   // BatchLane: journal ops without an Idempotency-Key, on the event loops.
   bool Wants(const http1::Request& req) const override;
@@ -110,8 +113,10 @@ class HttpServer : private BatchLane {
   std::unique_ptr<CompiledSchemas> schemas_;
   RequestGuard guard_;  // configured by Start, before the first request
   std::unique_ptr<EventServer> server_;
-  std::unique_ptr<KeyWaiters> waiters_;    // Prefer: wait on a key in flight
-  std::unique_ptr<LeaseRenewer> renewer_;  // the keys of running handlers
+  std::unique_ptr<KeyWaiters> waiters_;      // Prefer: wait on a key in flight
+  std::unique_ptr<LeaseRenewer> renewer_;    // the keys of running handlers
+  std::vector<RouteMetrics> route_metrics_;  // by index in routes_
+  RouteMetrics unmatched_metrics_;
 };
 
 // "host:port" -> parts. InvalidArgument when malformed.

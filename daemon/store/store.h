@@ -618,6 +618,10 @@ class MetaStore {
 struct StoreOptions {
   std::string path;
   bool sync = true;
+  // Called (may be empty) after every write to the database with its
+  // duration in microseconds, on the writing thread with no lock held; must
+  // be cheap (the daemon feeds idem_store_write_seconds).
+  std::function<void(int64_t micros)> on_write_micros = {};
 };
 
 // All the stores of one database. The Store owns the database; the

@@ -338,7 +338,10 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   RocksDatabase* db = self.get();
   self->group_commit_ = std::make_unique<GroupCommit>(
       *raw, std::vector<rocksdb::ColumnFamilyHandle*>(self->handles_.begin(), self->handles_.end()),
-      [db](const rocksdb::Status& written) { db->NoteWrite(written); });
+      [db](const rocksdb::Status& written, int64_t micros) {
+        db->NoteWrite(written);
+        if (db->options_.on_write_micros) db->options_.on_write_micros(micros);
+      });
   self->recovery_ = std::thread([db] { db->RecoveryLoop(); });
   return self;
 }
