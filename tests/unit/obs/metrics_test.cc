@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -135,18 +136,23 @@ TEST_CASE("concurrent_observations_are_all_counted") {
   Metrics m;
   Histogram& h = m.store_write;
   Counter& c = m.decide_cache_hits.Declare({"s"});
+  constexpr int kThreads = 4, kEach = 2'000'000;
+  std::atomic<int> ready{0};
   std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&] {
-      for (int i = 0; i < 10'000; ++i) {
-        h.ObserveMicros(i % 3000);
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) {
+      }
+      for (int i = 0; i < kEach; ++i) {
+        h.ObserveMicros(i % 3);  // the same few buckets: the most contention
         c.Inc();
       }
     });
   }
   for (auto& t : threads) t.join();
-  CHECK(h.Read().count == 40'000);
-  CHECK(c.Get() == 40'000);
+  CHECK(h.Read().count == uint64_t{kThreads} * kEach);
+  CHECK(c.Get() == uint64_t{kThreads} * kEach);
 }
 
 // The README's table is the metrics reference: every family rendered must be
