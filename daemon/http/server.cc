@@ -263,11 +263,12 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   options.max_queue = sc.max_queue;
   options.idle_timeout_s = 30;
   EventServer::Callbacks callbacks;
-  callbacks.handler = [this](const http1::Request& req, http1::Response& res) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const Route* route = nullptr;
-    Handle(req, res, route);
-    MetricsFor(route).Observe(res.status, MicrosSince(t0));
+  callbacks.deferring_handler = [this](const http1::Request& req, http1::Response& res,
+                                       Deferral& deferral) {
+    Timing timing{nullptr, std::chrono::steady_clock::now(), false};
+    Handle(req, res, deferral, timing);
+    // A parked request is observed when its answer is written.
+    if (!timing.parked) MetricsFor(timing.route).Observe(res.status, MicrosSince(timing.started));
   };
   callbacks.batch_lane = this;
   callbacks.on_refusal = [this](EventServer::Refusal r) {
@@ -647,10 +648,12 @@ const RouteMetrics& HttpServer::MetricsFor(const Route* route) const {
   return route_metrics_[static_cast<size_t>(route - routes_.data())];
 }
 
-void HttpServer::Handle(const http1::Request& req, http1::Response& res, const Route*& found) {
+void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferral& deferral,
+                        Timing& timing) {
   Metrics& m = deps_.metrics;
   std::vector<std::string> params;
-  found = Find(req, params, res);
+  const Route* found = Find(req, params, res);
+  timing.route = found;
   if (found == nullptr) return;
   const Route& route = *found;
   RequestContext ctx;
@@ -660,7 +663,18 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, const R
 
   auto run = [&]() -> RouteResponse { return Finish(route, ctx, route.handler(ctx)); };
   if (ctx.idempotency_key.empty()) {
-    Respond(route, run(), res);
+    RouteResponse out = run();
+    if (out.long_poll == nullptr) return Respond(route, out, res);
+    // Parked: no worker waits. The answer is built when the poll resumes.
+    std::shared_ptr<const LongPoll> poll = std::move(out.long_poll);
+    Deferral::Resume resume = deferral.Park();
+    timing.parked = true;
+    poll->arm([this, r = &route, ctx, poll, resume, started = timing.started] {
+      resume([this, r, ctx, poll, started](http1::Response& answer) {
+        Respond(*r, Finish(*r, ctx, poll->answer()), answer);
+        MetricsFor(r).Observe(answer.status, MicrosSince(started));
+      });
+    });
     return;
   }
 
@@ -742,6 +756,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, const R
 
   const uint64_t held = renewer_->Hold(ctx, fingerprint, begun->record.lease_until_ms);
   RouteResponse out = run();
+  if (out.long_poll != nullptr) out = Finish(route, ctx, out.long_poll->answer());  // no parking
   renewer_->Drop(held);
   if (IsValidationFailure(out.status)) {
     (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);

@@ -29,6 +29,7 @@
 // pool (ServerConfig.threads), journal batches on its event loops.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <span>
@@ -96,8 +97,15 @@ class HttpServer : private BatchLane {
   void Fail(http1::Response& res, const Status& st, const std::string& request_id,
             int status_override = 0) const;
 
-  // A worker; `found` is the request's route (null: none matched).
-  void Handle(const http1::Request& req, http1::Response& res, const Route*& found);
+  // For the request metrics: the request's route (null: none matched),
+  // when it arrived, and whether Handle parked it (observed when answered).
+  struct Timing {
+    const Route* route;
+    std::chrono::steady_clock::time_point started;
+    bool parked;
+  };
+  // On a worker; `deferral` parks a long poll (RouteResponse::long_poll).
+  void Handle(const http1::Request& req, http1::Response& res, Deferral& deferral, Timing& timing);
   // The route's metric handles (metrics.h); null: the "unmatched" series.
   const RouteMetrics& MetricsFor(const Route* route) const;
 
