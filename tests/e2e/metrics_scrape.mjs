@@ -41,6 +41,11 @@ const effector = createServer((req, res) => {
   let data = '';
   req.on('data', (c) => (data += c));
   req.on('end', () => {
+    if (req.url.startsWith('/fail')) {
+      res.writeHead(400, { 'content-type': 'application/json' });
+      res.end('{"error":"refused"}');
+      return;
+    }
     const key = req.headers['idempotency-key'];
     if (!effects.has(key)) effects.set(key, { id: 'ext-' + effects.size });
     res.writeHead(201, { 'content-type': 'application/json' });
@@ -74,12 +79,19 @@ actions:
     window: 24h
     on_duplicate: return_original
     effector: {http: {method: POST, url: "${effectorUrl}/replies", idempotency: header}}
+  refused_reply:
+    identity: {fields: [/ticket_id], version: v1}
+    window: 24h
+    on_duplicate: return_original
+    effector: {http: {method: POST, url: "${effectorUrl}/fail", idempotency: header}}
 `);
 const portFile = join(dir, 'port');
 const daemon = spawn(idem, ['serve', '--config', join(dir, 'idem.yaml'), '--port-file', portFile,
   '--log-level', 'warn'], { stdio: ['ignore', 'inherit', 'inherit'] });
 let port = 0;
-for (let i = 0; i < 1200 && !port; i++) {
+let exited = false;
+daemon.once('exit', () => (exited = true));
+for (let i = 0; i < 1200 && !port && !exited; i++) {
   await new Promise((r) => setTimeout(r, 50));
   if (existsSync(portFile)) port = Number(readFileSync(portFile, 'utf8').trim()) || 0;
 }
@@ -180,6 +192,16 @@ try {
   assert.equal(moved('idem_effector_calls_total'), 1);
   assert.ok(moved('idem_store_write_seconds') > 0, 'store writes were timed');
   assert.equal(value(after, 'idem_dead_letters'), 0);
+
+  // The store-count gauges: a bounded scan redone when the last is older
+  // than 5 s. A 400 from the effector makes a dead letter at once.
+  const dead = await post('/v1/actions/refused_reply', { args: { ticket_id: 'T-9' } }, 'd-1');
+  assert.ok(dead.status >= 400, JSON.stringify(dead.body));
+  await new Promise((r) => setTimeout(r, 5200));
+  const later = await scrape();
+  assert.equal(value(later, 'idem_dead_letters'), 1, 'the dead-letter gauge counts it');
+  assert.equal(value(later, 'idem_work_dead_total') - value(after, 'idem_work_dead_total'), 1);
+  assert.equal(value(later, 'idem_plans', { state: 'awaiting_approval' }), 0);
   console.log('metrics_scrape: all checks passed');
 } catch (e) {
   failed = true;
