@@ -139,6 +139,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   so.path = d->config_.store.path;
   so.sync = d->config_.store.sync;
   so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
+  so.on_write_micros = [metrics = &d->metrics_](int64_t us) {
+    metrics->store_write.ObserveMicros(us);
+  };
   auto store = OpenRocksStore(so);
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();

@@ -63,8 +63,8 @@ class Daemon {
 
   Config config_;
   std::unique_ptr<StableClock> clock_;
+  Metrics metrics_;  // outlives the store, which reports its write times to it
   std::unique_ptr<Store> store_;
-  Metrics metrics_;
   std::unique_ptr<HttpClient> http_client_;  // outlives the providers that use it
   std::unique_ptr<Notifier> notifier_;       // outlives the engines that call it
   std::unique_ptr<DecideEngine> decide_;

@@ -685,6 +685,10 @@ struct StoreOptions {
   // Below this much free space on the store's filesystem writes fail with
   // Unavailable before reaching the engine (0: no check).
   uint64_t min_free_bytes = 0;
+  // Called (may be empty) after every write to the database with its
+  // duration in microseconds, on the writing thread with no lock held; must
+  // be cheap (the daemon feeds idem_store_write_seconds).
+  std::function<void(int64_t micros)> on_write_micros = {};
 };
 
 // All the stores of one database. The Store owns the database; the

@@ -361,7 +361,10 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   RocksDatabase* db = self.get();
   self->group_commit_ = std::make_unique<GroupCommit>(
       *raw, std::vector<rocksdb::ColumnFamilyHandle*>(self->handles_.begin(), self->handles_.end()),
-      [db](const rocksdb::Status& written) { db->NoteWrite(written); },
+      [db](const rocksdb::Status& written, int64_t micros) {
+        db->NoteWrite(written);
+        if (db->options_.on_write_micros) db->options_.on_write_micros(micros);
+      },
       [db](size_t bytes) { return db->AdmitWrite(bytes); });
   // The outbox sequence continues after the last event written, or after
   // the last one retention deleted.
