@@ -328,6 +328,7 @@ class EventServer::Loop {
     int64_t request_started = 0;              // when the request being read began (seconds)
     bool overflow = false;                    // read more than any acceptable request
     size_t parse_need = 0;                    // do not parse again before `in` holds this much
+    size_t head_scanned = 0;                  // of the head being read (http1::ParseResult)
   };
 
   struct Done {
@@ -548,9 +549,11 @@ class EventServer::Loop {
       // A body still arriving: not parsed again until it can be whole.
       if (c->in.size() < c->parse_need) return;
       auto exchange = std::make_unique<Exchange>();
-      http1::ParseResult r = http1::ParseRequest(c->in, o.limits, &exchange->request);
+      http1::ParseResult r =
+          http1::ParseRequest(c->in, o.limits, &exchange->request, c->head_scanned);
       if (r.status == http1::ParseStatus::kNeedMore) {
         c->parse_need = r.need;
+        c->head_scanned = r.head_scanned;
         if (r.wants_continue && !c->continue_sent) {
           c->continue_sent = true;
           c->out = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -564,6 +567,7 @@ class EventServer::Loop {
       }
       c->in.erase(0, r.consumed);
       c->parse_need = 0;
+      c->head_scanned = 0;
       c->request_started = c->in.empty() ? 0 : NowSeconds();
       c->continue_sent = false;
       const http1::Request& req = exchange->request;
