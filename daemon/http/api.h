@@ -28,7 +28,8 @@ struct ApiDeps {
   Metrics& metrics;
   StableClock& clock;
   PlanEngine& plans;
-  Notifier& notifier;  // awaiting_approval / approval_overdue / escalation / dead_letter
+  Notifier& notifier;           // awaiting_approval / approval_overdue / escalation / dead_letter
+  CostLedger* costs = nullptr;  // GET /v1/stats/cost (null: the route answers 503)
 };
 
 // Every route, /openapi.json included (documenting all of them).
@@ -52,6 +53,10 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // POST /v1/inbox/{source}: webhook events processed once each (api_inbox.cc).
 void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
+
+// Decisions as JSON Lines: GET /v1/decisions/export, POST
+// /v1/decisions/import; and GET /v1/stats/cost (api_decisions_io.cc).
+void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
