@@ -96,7 +96,9 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .responses = {{200, ""}, {400, "problem"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 500, 5000));
+        // A page holds at most 1000 decisions (each up to ~16 KiB of raw output in
+        // its trace), so one answer stays within tens of MiB.
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 500, 1000));
         ASSIGN_OR_RETURN(int64_t since, MillisParam(ctx, "since", 0));
         ASSIGN_OR_RETURN(DecisionPage page,
                          deps.store.decisions().List(QueryParam(ctx, "step"), "",
