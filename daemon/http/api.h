@@ -20,6 +20,8 @@
 
 namespace idem {
 
+class ReplayJobs;  // daemon/replay/replay_jobs.h
+
 struct ApiDeps {
   const Config& config;
   Store& store;
@@ -28,8 +30,9 @@ struct ApiDeps {
   Metrics& metrics;
   StableClock& clock;
   PlanEngine& plans;
-  Notifier& notifier;           // awaiting_approval / approval_overdue / escalation / dead_letter
-  CostLedger* costs = nullptr;  // GET /v1/stats/cost (null: the route answers 503)
+  Notifier& notifier;             // awaiting_approval / approval_overdue / escalation / dead_letter
+  ReplayJobs* replays = nullptr;  // bulk replay jobs; null: /v1/replays answers 503
+  CostLedger* costs = nullptr;    // GET /v1/stats/cost (null: the route answers 503)
 };
 
 // Every route, /openapi.json included (documenting all of them).
@@ -54,6 +57,10 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
 // POST /v1/inbox/{source}: webhook events processed once each (api_inbox.cc).
 void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 
+// POST /v1/replays, GET /v1/replays/{id}: bulk replay jobs (api_replay.cc).
+void AddReplayRoutes(ApiDeps deps, std::vector<Route>& routes);
+// GET /v1/events and the outbox's dead letters (api_outbox.cc).
+void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 // Decisions as JSON Lines: GET /v1/decisions/export, POST
 // /v1/decisions/import; and GET /v1/stats/cost (api_decisions_io.cc).
 void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes);

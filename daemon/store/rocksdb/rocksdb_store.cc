@@ -10,6 +10,7 @@
 #include "daemon/store/rocksdb/rocksdb_idem_key_store.h"
 #include "daemon/store/rocksdb/rocksdb_journal.h"
 #include "daemon/store/rocksdb/rocksdb_lease_store.h"
+#include "daemon/store/rocksdb/rocksdb_outbox_store.h"
 #include "daemon/store/rocksdb/rocksdb_plan_store.h"
 #include "daemon/store/store.h"
 
@@ -28,7 +29,8 @@ class RocksStore final : public Store {
         audit_(std::move(audit)),
         leases_(*db_),
         meta_(*db_),
-        escalations_(*db_) {}
+        escalations_(*db_),
+        outbox_(*db_) {}
 
   DecisionStore& decisions() override { return decisions_; }
   IdemKeyStore& idem_keys() override { return idem_keys_; }
@@ -38,6 +40,7 @@ class RocksStore final : public Store {
   LeaseStore& leases() override { return leases_; }
   MetaStore& meta() override { return meta_; }
   EscalationStore& escalations() override { return escalations_; }
+  OutboxStore& outbox() override { return outbox_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
 
  private:
@@ -51,6 +54,7 @@ class RocksStore final : public Store {
   rocks::RocksLeaseStore leases_;
   rocks::RocksMetaStore meta_;
   rocks::RocksEscalationStore escalations_;
+  rocks::RocksOutboxStore outbox_;
 };
 
 // The identity of this store's owner, made once per store folder. One
