@@ -200,6 +200,11 @@ struct NotificationsConfig {
   bool any() const { return webhook.has_value() || telegram.has_value(); }
 };
 
+struct LogConfig {
+  std::string level;   // log.level: debug | info | warn | error; "" = idem serve --log-level
+  bool access = true;  // log.access: an access log line per request
+};
+
 struct Config {
   std::string source_path;  // the file it came from
   std::string base_dir;     // its directory
@@ -207,6 +212,7 @@ struct Config {
   StoreConfig store;
   AuthConfig auth;
   IdempotencyConfig idempotency;
+  LogConfig log;
   std::map<std::string, ProviderConfig> providers;
   std::map<std::string, StepConfig> steps;
   std::map<std::string, ActionConfig> actions;

@@ -13,6 +13,7 @@
 #include "daemon/core/mutex.h"
 #include "daemon/decide/value_checks.h"
 #include "daemon/obs/log.h"
+#include "daemon/obs/trace.h"
 #include "providers/errors.h"
 
 namespace idem {
@@ -251,6 +252,7 @@ class DecideEngineImpl final : public DecideEngine {
     d.model = actor;
     d.prompt_version = step.config->prompt.version;
     d.created_at_ms = clock_.NowMillis();
+    d.trace_id = CurrentTraceId();
     d.expires_at_ms =
         step.config->cache_window_ms == 0 ? 0 : d.created_at_ms + step.config->cache_window_ms;
     d.trace = {{"escalation_id", esc.escalation_id},
@@ -457,6 +459,7 @@ class DecideEngineImpl final : public DecideEngine {
         d.model = cand.model;
         d.prompt_version = cfg.prompt.version;
         d.created_at_ms = clock_.NowMillis();
+        d.trace_id = CurrentTraceId();
         d.expires_at_ms = cfg.cache_window_ms == 0 ? 0 : d.created_at_ms + cfg.cache_window_ms;
         d.trace = {{"attempts", trace},
                    {"input_tokens", total_in},

@@ -41,8 +41,8 @@ bool ValidKey(std::string_view key) {
     char f = part.front();
     if (!((f >= 'a' && f <= 'z') || (digit_first && f >= '0' && f <= '9'))) return false;
     return std::all_of(part.begin(), part.end(), [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-             c == '*' || c == '/';
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '*' ||
+             c == '/';
     });
   };
   if (at == std::string_view::npos) return chars_ok(key, false, 256);
@@ -196,9 +196,7 @@ void TraceContext::AddHeaders(HttpHeaders& headers) const {
 const TraceContext* CurrentTrace() { return current_trace; }
 
 std::string CurrentTraceId() { return current_trace ? current_trace->trace_id : std::string(); }
-std::string CurrentRequestId() {
-  return current_trace ? current_trace->request_id : std::string();
-}
+std::string CurrentRequestId() { return current_trace ? current_trace->request_id : std::string(); }
 
 TraceScope::TraceScope(TraceContext context)
     : context_(std::move(context)), previous_(current_trace) {

@@ -66,6 +66,10 @@ std::string_view ColumnFamilyName(Family f) {
       return "idem_in_progress";
     case Family::kDecisionsExpiry:
       return "decisions_expiry";
+    case Family::kTraces:
+      return "traces";
+    case Family::kTracesByTime:
+      return "traces_by_time";
     case Family::kCount:
       break;
   }

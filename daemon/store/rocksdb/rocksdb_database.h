@@ -68,6 +68,8 @@ enum class Family : int {
   kEscalationsByTime,  // BE8(~created_at) | escalation_id -> ""
   kIdemInProgress,     // LP(scope) | key -> ""  (records in state in_progress)
   kDecisionsExpiry,    // BE8(expires_at) | decision_id -> ""  (decisions with a window)
+  kTraces,             // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON
+  kTracesByTime,       // BE8(at_ms) | trace_id | BE8(seq) -> ""
   kCount,
 };
 

@@ -11,6 +11,7 @@
 #include "daemon/store/rocksdb/rocksdb_journal.h"
 #include "daemon/store/rocksdb/rocksdb_lease_store.h"
 #include "daemon/store/rocksdb/rocksdb_plan_store.h"
+#include "daemon/store/rocksdb/rocksdb_trace_index.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -28,7 +29,8 @@ class RocksStore final : public Store {
         audit_(std::move(audit)),
         leases_(*db_),
         meta_(*db_),
-        escalations_(*db_) {}
+        escalations_(*db_),
+        traces_(*db_) {}
 
   DecisionStore& decisions() override { return decisions_; }
   IdemKeyStore& idem_keys() override { return idem_keys_; }
@@ -38,6 +40,7 @@ class RocksStore final : public Store {
   LeaseStore& leases() override { return leases_; }
   MetaStore& meta() override { return meta_; }
   EscalationStore& escalations() override { return escalations_; }
+  TraceIndex& traces() override { return traces_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
 
  private:
@@ -51,6 +54,7 @@ class RocksStore final : public Store {
   rocks::RocksLeaseStore leases_;
   rocks::RocksMetaStore meta_;
   rocks::RocksEscalationStore escalations_;
+  rocks::RocksTraceIndex traces_;  // last: its writer thread stops first
 };
 
 // The identity of this store's owner, made once per store folder. One

@@ -66,7 +66,8 @@ TEST_CASE("invalid_traceparent_starts_a_new_trace_and_drops_tracestate") {
 }
 
 TEST_CASE("valid_traceparent_is_continued_with_its_tracestate") {
-  TraceContext c = TraceContext::FromHeaders(kValid, " congo=t61rcWkgMzE , rojo=00f067aa0ba902b7", "r");
+  TraceContext c =
+      TraceContext::FromHeaders(kValid, " congo=t61rcWkgMzE , rojo=00f067aa0ba902b7", "r");
   CHECK(c.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736");
   CHECK(c.parent_id == "00f067aa0ba902b7");
   CHECK(c.span_id.size() == 16);
