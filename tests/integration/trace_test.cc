@@ -354,15 +354,29 @@ TEST_CASE("every_request_leaves_one_json_access_line_without_secrets") {
   CHECK(text.find("Bearer") == std::string::npos);
 }
 
-TEST_CASE("log_access_false_and_log_level_warn_silence_the_access_log") {
-  Fixture f("log:\n  level: warn\n  access: false\n");
+TEST_CASE("log_access_false_drops_the_access_lines_and_keeps_the_rest") {
+  Fixture f("log:\n  access: false\n");
+  auto c = f.Post("/v1/work/claim", {{"kind", "ship"}, {"identity", {{"parcel", "P-2"}}}}, kAgent);
+  REQUIRE(c);
+  CHECK(c->status == 201);
+  f.daemon->Stop();
+  bool started = false;
+  for (const Json& line : f.LogLines()) {
+    CHECK(line.value("event", "") != "access");
+    started = started || line.value("event", "") == "started";
+  }
+  CHECK(started);  // info lines other than access are still written
+}
+
+TEST_CASE("log_level_warn_drops_info_lines_the_access_log_included") {
+  Fixture f("log:\n  level: warn\n");
   auto c = f.Post("/v1/work/claim", {{"kind", "ship"}, {"identity", {{"parcel", "P-2"}}}}, kAgent);
   REQUIRE(c);
   CHECK(c->status == 201);
   f.daemon->Stop();
   for (const Json& line : f.LogLines()) {
-    CHECK(line.value("event", "") != "access");
     CHECK(line.value("level", "") != "info");
+    CHECK(line.value("event", "") != "access");
   }
 }
 
