@@ -140,6 +140,7 @@ class ApiToolbox final : public McpToolbox {
       }
     }
     StatusOr<RouteResponse> out = route->handler(ctx);
+    if (out.ok() && out->long_poll != nullptr) out = out->long_poll->answer();  // no parking here
     if (!out.ok()) {
       *final_answer = out.status().code() != Code::kUnavailable;
       std::string where = out.status().field().empty() ? "" : " (at " + out.status().field() + ")";

@@ -614,17 +614,34 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .responses = {{200, "plan"}, {400, "problem"}, {404, "problem"}},
       .roles = {"agent", "operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
         std::string wait = QueryParam(ctx, "wait");
+        int64_t wait_ms = 0;
         if (!wait.empty()) {
           auto ms = ParseDuration(wait);
           if (!ms.ok() || *ms > 60'000) {
             return InvalidArgument("wait is a duration of at most 60s, such as 30s", "query:wait");
           }
-          ASSIGN_OR_RETURN(p, deps.plans.Get(p.plan_id, p.state, *ms));
+          wait_ms = *ms;
         }
-        ASSIGN_OR_RETURN(Json body, deps.plans.Detail(p));
-        return RouteResponse{200, std::move(body), {}};
+        const uint64_t seen = deps.plans.Generation();  // before the read: no change is missed
+        ASSIGN_OR_RETURN(Plan p, deps.store.plans().Get(ctx.params[0]));
+        auto answer = [deps, id = p.plan_id]() -> StatusOr<RouteResponse> {
+          ASSIGN_OR_RETURN(Plan now, deps.store.plans().Get(id));
+          ASSIGN_OR_RETURN(Json body, deps.plans.Detail(now));
+          return RouteResponse{200, std::move(body), {}};
+        };
+        if (wait_ms <= 0) return answer();
+        // A long poll: answered when the plan changes or the wait ends,
+        // without a handler thread waiting (past the engine's bound on
+        // polls, at once).
+        auto poll = std::make_shared<LongPoll>();
+        poll->answer = answer;
+        poll->arm = [deps, id = p.plan_id, seen, wait_ms](std::function<void()> resume) {
+          if (!deps.plans.Watch(id, seen, wait_ms, resume)) resume();
+        };
+        RouteResponse out;
+        out.long_poll = std::move(poll);
+        return out;
       }});
 
   routes.push_back(Route{

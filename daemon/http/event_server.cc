@@ -44,15 +44,18 @@ int64_t NowMillis() {
 
 // A handler that throws must not take the daemon down: the request gets a
 // bare 500 (handlers turn their own errors into problem bodies).
+// False when it threw.
 template <typename F>
-void RunGuarded(http1::Response& res, F&& f) {
+bool RunGuarded(http1::Response& res, F&& f) {
   try {
     f();
+    return true;
   } catch (const std::exception&) {
     res = http1::Response();
     res.status = 500;
     res.SetContent(R"({"type":"about:blank","title":"Internal Server Error","status":500})",
                    "application/problem+json");
+    return false;
   }
 }
 
@@ -72,10 +75,14 @@ class EventServer::WorkerPool {
     // Set by the loop when the client hangs up while the task waits or
     // runs: a task whose client has gone is not started.
     std::shared_ptr<std::atomic<bool>> gone;
+    // Set: a parked request resumed; this builds its answer (the handler
+    // is not run again).
+    Deferral::Answer resume = {};
   };
 
-  WorkerPool(int threads, size_t max_queue, const Handler& handler)
-      : handler_(handler), max_queue_(max_queue) {
+  WorkerPool(int threads, size_t max_queue, const Callbacks& callbacks,
+             std::shared_ptr<Parking> parking)
+      : callbacks_(callbacks), parking_(std::move(parking)), max_queue_(max_queue) {
     for (int i = 0; i < threads; ++i) {
       workers_.push_back(std::make_unique<Worker>());
       threads_.emplace_back([this, w = workers_.back().get()] { Run(*w); });
@@ -146,8 +153,11 @@ class EventServer::WorkerPool {
   };
 
   void Run(Worker& w);
+  // The task's request through the handler; false when it was parked.
+  bool Serve(Task& task, http1::Response& res);
 
-  const Handler& handler_;
+  const Callbacks& callbacks_;
+  const std::shared_ptr<Parking> parking_;
   const size_t max_queue_;
   std::mutex mu_;
   std::condition_variable idle_cv_;
@@ -158,6 +168,47 @@ class EventServer::WorkerPool {
   bool rejecting_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::thread> threads_;
+};
+
+// Parked requests (Deferral), by token. Shared by the server, its workers
+// and every Resume handed out, which may outlive the server.
+struct EventServer::Parking {
+  struct Entry {
+    Loop* loop;
+    uint64_t conn_id;
+    bool keep_alive;
+    int minor_version;
+    std::shared_ptr<std::atomic<bool>> gone;
+  };
+  std::mutex mu;
+  bool refusing = false;  // Drain: parked requests get 503, and so do new parks
+  bool stopped = false;   // Stop: a Resume does nothing
+  uint64_t next = 1;
+  std::unordered_map<uint64_t, Entry> entries;
+  WorkerPool* pool = nullptr;
+};
+
+class EventServer::WorkerDeferral : public Deferral {
+ public:
+  WorkerDeferral(std::shared_ptr<Parking> parking, const WorkerPool::Task& task)
+      : parking_(std::move(parking)), task_(task) {}
+
+  Resume Park() override {
+    std::lock_guard<std::mutex> lock(parking_->mu);
+    if (token_ == 0) {
+      token_ = parking_->next++;
+      parking_->entries.emplace(token_,
+                                Parking::Entry{task_.loop, task_.conn_id, task_.request.keep_alive,
+                                               task_.request.minor_version, task_.gone});
+    }
+    return [p = parking_, t = token_](Answer answer) { ResumeParked(p, t, std::move(answer)); };
+  }
+  uint64_t token() const { return token_; }
+
+ private:
+  std::shared_ptr<Parking> parking_;
+  const WorkerPool::Task& task_;
+  uint64_t token_ = 0;
 };
 
 // -------------------------------------------------------------------- loops
@@ -232,13 +283,15 @@ class EventServer::Loop {
     (void)w;  // a full counter already means "wake up"
   }
 
-  // A task refused when the server began to drain: 503, then close.
-  void Reject(uint64_t id, int minor_version) {
+  // A task refused when the server began to drain: 503, then close (or,
+  // with keep_alive, a 503 for `why` on a connection that goes on).
+  void Reject(uint64_t id, int minor_version, const char* why = "the server is shutting down",
+              bool keep_alive = false) {
     http1::Response res;
     res.status = 503;
-    server_.callbacks_.error_handler(503, "the server is shutting down", res);
+    server_.callbacks_.error_handler(503, why, res);
     res.SetHeader("Retry-After", "1");
-    Complete(id, std::move(res), /*keep_alive=*/false, minor_version);
+    Complete(id, std::move(res), keep_alive, minor_version);
   }
 
   // From a worker: the answer for connection `id`.
@@ -275,6 +328,7 @@ class EventServer::Loop {
     int64_t request_started = 0;              // when the request being read began (seconds)
     bool overflow = false;                    // read more than any acceptable request
     size_t parse_need = 0;                    // do not parse again before `in` holds this much
+    size_t head_scanned = 0;                  // of the head being read (http1::ParseResult)
   };
 
   struct Done {
@@ -495,9 +549,11 @@ class EventServer::Loop {
       // A body still arriving: not parsed again until it can be whole.
       if (c->in.size() < c->parse_need) return;
       auto exchange = std::make_unique<Exchange>();
-      http1::ParseResult r = http1::ParseRequest(c->in, o.limits, &exchange->request);
+      http1::ParseResult r =
+          http1::ParseRequest(c->in, o.limits, &exchange->request, c->head_scanned);
       if (r.status == http1::ParseStatus::kNeedMore) {
         c->parse_need = r.need;
+        c->head_scanned = r.head_scanned;
         if (r.wants_continue && !c->continue_sent) {
           c->continue_sent = true;
           c->out = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -511,6 +567,7 @@ class EventServer::Loop {
       }
       c->in.erase(0, r.consumed);
       c->parse_need = 0;
+      c->head_scanned = 0;
       c->request_started = c->in.empty() ? 0 : NowSeconds();
       c->continue_sent = false;
       const http1::Request& req = exchange->request;
@@ -795,16 +852,63 @@ void EventServer::WorkerPool::Run(Worker& w) {
       }
     }
     http1::Response res;
-    if (task.gone == nullptr || !task.gone->load(std::memory_order_acquire)) {
-      RunGuarded(res, [&] { handler_(task.request, res); });
-    }  // else: nobody would read the answer; the loop closes the connection
-    task.loop->Complete(task.conn_id, std::move(res), task.request.keep_alive,
-                        task.request.minor_version);
+    if (Serve(task, res)) {
+      task.loop->Complete(task.conn_id, std::move(res), task.request.keep_alive,
+                          task.request.minor_version);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       --running_;
     }
     idle_cv_.notify_all();
+  }
+}
+
+bool EventServer::WorkerPool::Serve(Task& task, http1::Response& res) {
+  if (task.gone != nullptr && task.gone->load(std::memory_order_acquire)) {
+    return true;  // nobody would read the answer; the loop closes the connection
+  }
+  if (task.resume) {
+    RunGuarded(res, [&] { task.resume(res); });
+    return true;
+  }
+  if (!callbacks_.deferring_handler) {
+    RunGuarded(res, [&] { callbacks_.handler(task.request, res); });
+    return true;
+  }
+  WorkerDeferral deferral(parking_, task);
+  const bool ok =
+      RunGuarded(res, [&] { callbacks_.deferring_handler(task.request, res, deferral); });
+  if (deferral.token() == 0) return true;
+  // Parked: its Resume answers, unless the handler threw (its 500 goes out)
+  // or the server drains (503), whichever takes the entry first.
+  std::lock_guard<std::mutex> lock(parking_->mu);
+  if (ok && !parking_->refusing) return false;
+  if (parking_->entries.erase(deferral.token()) == 0) return false;  // resumed already
+  if (ok) {
+    task.loop->Reject(task.conn_id, task.request.minor_version);
+    return false;
+  }
+  return true;
+}
+
+void EventServer::ResumeParked(const std::shared_ptr<Parking>& parking, uint64_t token,
+                               Deferral::Answer answer) {
+  std::lock_guard<std::mutex> lock(parking->mu);  // Stop waits for this
+  if (parking->stopped) return;
+  auto it = parking->entries.find(token);
+  if (it == parking->entries.end()) return;  // answered already (or refused by Drain)
+  const Parking::Entry e = it->second;
+  parking->entries.erase(it);
+  WorkerPool::Task task{e.loop, e.conn_id, {}, e.gone, std::move(answer)};
+  task.request.keep_alive = e.keep_alive;
+  task.request.minor_version = e.minor_version;
+  if (parking->pool->Submit(task)) return;
+  if (parking->refusing) {
+    e.loop->Reject(e.conn_id, e.minor_version);
+  } else {
+    e.loop->Reject(e.conn_id, e.minor_version, "every handler is busy and the queue is full",
+                   e.keep_alive);
   }
 }
 
@@ -852,9 +956,11 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
 
   running_.store(true, std::memory_order_release);
   draining_.store(false, std::memory_order_release);
+  parking_ = std::make_shared<Parking>();
   workers_ = std::make_unique<WorkerPool>(std::max(1, options_.workers),
                                           static_cast<size_t>(std::max(0, options_.max_queue)),
-                                          callbacks_.handler);
+                                          callbacks_, parking_);
+  parking_->pool = workers_.get();
   for (int i = 0; i < std::max(1, options_.loops); ++i) {
     auto loop = std::make_unique<Loop>(*this, listen_fd_);
     if (!loop->ok()) {
@@ -874,6 +980,12 @@ bool EventServer::Drain(int64_t timeout_ms) {
   for (WorkerPool::Task& t : workers_->RejectQueued()) {
     t.loop->Reject(t.conn_id, t.request.minor_version);
   }
+  {
+    std::lock_guard<std::mutex> lock(parking_->mu);
+    parking_->refusing = true;
+    for (const auto& [token, e] : parking_->entries) e.loop->Reject(e.conn_id, e.minor_version);
+    parking_->entries.clear();
+  }
   bool idle = workers_->WaitIdle(NowMillis() + timeout_ms);
   // The loops write the last answers on their next round; give them one.
   for (auto& loop : loops_) loop->Wake();
@@ -882,6 +994,11 @@ bool EventServer::Drain(int64_t timeout_ms) {
 }
 
 void EventServer::Stop() {
+  if (parking_ != nullptr) {
+    std::lock_guard<std::mutex> lock(parking_->mu);
+    parking_->stopped = true;  // Resumes from now on (and after) do nothing
+    parking_->entries.clear();
+  }
   running_.store(false, std::memory_order_release);
   for (auto& loop : loops_) loop->Wake();
   for (std::thread& t : threads_) {

@@ -34,8 +34,13 @@
 //   - when accept() fails for lack of descriptors (EMFILE, ENFILE) the
 //     loops stop watching the listening socket for 100 ms instead of
 //     spinning on it; the connection waits in the backlog;
-//   - Drain(timeout) stops accepting, answers queued requests and new ones
-//     on open connections 503 (Retry-After, then close), and waits up to
+//   - a handler may park its request (Deferral) instead of holding its
+//     worker while it waits for an event (a long poll): the worker goes
+//     back to the pool, the connection stays busy (it reads no further
+//     request, and is not timed out as idle), and the answer is built on a
+//     worker when the handler's Resume is called;
+//   - Drain(timeout) stops accepting, answers queued and parked requests and
+//     new ones on open connections 503 (Retry-After, then close), and waits up to
 //     `timeout` for the handlers already running, whose answers still go
 //     out; Stop() then closes every connection, and returns after handlers
 //     still running have finished (their answers are dropped).
@@ -117,10 +122,33 @@ class BatchLane {
   virtual void Finish(std::unique_ptr<Ticket> ticket, std::span<Exchange*> batch) = 0;
 };
 
+// Lets a handler answer later without holding its worker (a long poll).
+class Deferral {
+ public:
+  // Fills the answer; runs on a worker thread.
+  using Answer = std::function<void(http1::Response&)>;
+  // Sends the answer: runs `answer` on a worker (when every worker is busy
+  // and the queue is full, the request gets 503 with Retry-After instead)
+  // and writes what it filled. Callable from any thread; only the first
+  // call counts. After Drain (the request was answered 503 then) or Stop it
+  // does nothing, so it may outlive the server.
+  using Resume = std::function<void(Answer)>;
+
+  virtual ~Deferral() = default;
+  // At most once, by the handler on its worker thread: whatever the handler
+  // leaves in its response is dropped, the worker goes back to the pool when
+  // the handler returns, and the request waits for Resume. Whoever holds
+  // Resume must call it (at a deadline at the latest): until then the
+  // connection stays busy.
+  virtual Resume Park() = 0;
+};
+
 class EventServer {
  public:
   // Runs on a worker thread; fills the response.
   using Handler = std::function<void(const http1::Request&, http1::Response&)>;
+  // The same, able to park the request (used instead of Handler when set).
+  using DeferringHandler = std::function<void(const http1::Request&, http1::Response&, Deferral&)>;
   // Builds the answer to a framing error (status from http1.h).
   using ErrorHandler =
       std::function<void(int status, const std::string& message, http1::Response&)>;
@@ -130,7 +158,8 @@ class EventServer {
 
   struct Callbacks {
     Handler handler;
-    BatchLane* batch_lane = nullptr;  // optional; must outlive the server
+    DeferringHandler deferring_handler;  // optional; replaces handler
+    BatchLane* batch_lane = nullptr;     // optional; must outlive the server
     ErrorHandler error_handler;
     std::function<void(Refusal)> on_refusal;  // optional
   };
@@ -154,6 +183,13 @@ class EventServer {
  private:
   class Loop;
   class WorkerPool;
+  struct Parking;
+  class WorkerDeferral;
+
+  // Deferral::Resume's work: the parked request `token` answered by
+  // `answer` on a worker (or refused when no worker can take it).
+  static void ResumeParked(const std::shared_ptr<Parking>& parking, uint64_t token,
+                           Deferral::Answer answer);
 
   void Refused(Refusal r) const {
     if (callbacks_.on_refusal) callbacks_.on_refusal(r);
@@ -163,6 +199,7 @@ class EventServer {
   Callbacks callbacks_;
   int listen_fd_ = -1;
   std::unique_ptr<WorkerPool> workers_;
+  std::shared_ptr<Parking> parking_;  // parked requests; shared with their Resumes
   std::vector<std::unique_ptr<Loop>> loops_;
   std::vector<std::thread> threads_;
   std::atomic<bool> running_{false};

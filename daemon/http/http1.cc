@@ -1,5 +1,6 @@
 #include "daemon/http/http1.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 
@@ -257,7 +258,8 @@ void Response::SetContent(std::string content, std::string_view content_type) {
   SetHeader("Content-Type", std::string(content_type));
 }
 
-ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out) {
+ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out,
+                         size_t head_scanned) {
   // RFC 9112 2.2: ignore empty lines before the request line.
   size_t start = 0;
   while (in.substr(start, 2) == "\r\n") {
@@ -267,9 +269,15 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
                             " empty lines before the request line");
     }
   }
-  size_t head_end = in.find("\r\n\r\n", start);
+  // Bytes before `from` were scanned by an earlier call: 3 back, for an end
+  // of head that straddles it, and back over an LF, for a CRLF it splits.
+  size_t from =
+      std::max(start, std::min(head_scanned, in.size()) > 3 ? std::min(head_scanned, in.size()) - 3
+                                                            : size_t{0});
+  while (from > start && in[from] == '\n') --from;
+  size_t head_end = in.find("\r\n\r\n", from);
   if (FindBareCrOrLf(in.substr(
-          start, head_end == std::string_view::npos ? std::string_view::npos : head_end - start)) !=
+          from, head_end == std::string_view::npos ? std::string_view::npos : head_end - from)) !=
       std::string_view::npos) {
     return Error(400, "a line in the request head ends in a bare CR or LF, not CRLF");
   }
@@ -280,7 +288,9 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
       return Error(431, "the request line and headers exceed " +
                             std::to_string(limits.max_head_bytes) + " bytes");
     }
-    return ParseResult{};
+    ParseResult more;
+    more.head_scanned = in.size();
+    return more;
   }
   if (head_end - start > limits.max_head_bytes) {
     return Error(431, "the request line and headers exceed " +

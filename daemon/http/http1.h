@@ -96,6 +96,11 @@ struct ParseResult {
   // many bytes (0: any more input may help). Lets a caller skip re-parsing
   // a large body on every read.
   size_t need = 0;
+  // kNeedMore before the end of the head: the input's first this many bytes
+  // hold no end of head and no bare CR or LF. Passed back to ParseRequest
+  // with more input, they are not scanned again (a head trickling in a
+  // byte at a time costs linear, not quadratic, work).
+  size_t head_scanned = 0;
   int error_status = 0;
   std::string error;  // what was wrong, for the problem body
 };
@@ -103,8 +108,10 @@ struct ParseResult {
 // Parses one request from the start of `in`. Call again with more input
 // after kNeedMore (the whole buffer, from the same start). At most
 // kMaxLeadingEmptyLines empty lines before the request line are skipped
-// (RFC 9112 2.2); more are a 400.
-ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out);
+// (RFC 9112 2.2); more are a 400. `head_scanned`: the previous kNeedMore's
+// ParseResult::head_scanned for the same (grown) input, or 0.
+ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out,
+                         size_t head_scanned = 0);
 
 // "HTTP/1.1 <status> <reason>" head, the fields, Content-Length, and
 // `Connection: close` when !keep_alive (or keep-alive for an HTTP/1.0 peer

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -53,6 +54,18 @@ struct RouteResponse {
   // (MCP's JSON-RPC and SSE answers, the operator page's files). A raw_text
   // route leaving it empty sends the metrics exposition format.
   std::string content_type = {};
+  // Set: a long poll. The answer waits for an event without holding a
+  // handler thread: the server parks the request and calls
+  // `long_poll->arm(resume)`, which must see that `resume` is called once,
+  // from any thread, at the event or at a deadline; `long_poll->answer`
+  // then builds the response on a handler thread. Routes without an
+  // Idempotency-Key only; elsewhere answer() runs at once.
+  std::shared_ptr<const struct LongPoll> long_poll = {};
+};
+
+struct LongPoll {
+  std::function<void(std::function<void()> resume)> arm;
+  std::function<StatusOr<RouteResponse>()> answer;
 };
 
 using RouteHandler = std::function<StatusOr<RouteResponse>(RequestContext&)>;

@@ -314,7 +314,8 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   options.max_queue = sc.max_queue;
   options.idle_timeout_s = 30;
   EventServer::Callbacks callbacks;
-  callbacks.handler = [this](const http1::Request& req, http1::Response& res) { Handle(req, res); };
+  callbacks.deferring_handler = [this](const http1::Request& req, http1::Response& res,
+                                       Deferral& deferral) { Handle(req, res, deferral); };
   callbacks.batch_lane = this;
   callbacks.on_refusal = [this](EventServer::Refusal r) {
     switch (r) {
@@ -698,7 +699,7 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
   }
 }
 
-void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
+void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferral& deferral) {
   Metrics& m = deps_.metrics;
   RequestContext ctx;
   AccessLine line(req, res, ctx);
@@ -714,7 +715,16 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
 
   auto run = [&]() -> RouteResponse { return Finish(route, ctx, route.handler(ctx)); };
   if (ctx.idempotency_key.empty()) {
-    Respond(route, run(), res);
+    RouteResponse out = run();
+    if (out.long_poll == nullptr) return Respond(route, out, res);
+    // Parked: no worker waits. The answer is built when the poll resumes.
+    std::shared_ptr<const LongPoll> poll = std::move(out.long_poll);
+    Deferral::Resume resume = deferral.Park();
+    poll->arm([this, r = &route, ctx, poll, resume] {
+      resume([this, r, ctx, poll](http1::Response& answer) {
+        Respond(*r, Finish(*r, ctx, poll->answer()), answer);
+      });
+    });
     return;
   }
 
@@ -800,6 +810,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res) {
 
   const uint64_t held = renewer_->Hold(ctx, fingerprint, begun->record.lease_until_ms);
   RouteResponse out = run();
+  if (out.long_poll != nullptr) out = Finish(route, ctx, out.long_poll->answer());  // no parking
   renewer_->Drop(held);
   if (IsValidationFailure(out.status)) {
     (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);

@@ -96,7 +96,8 @@ class HttpServer : private BatchLane {
   void Fail(http1::Response& res, const Status& st, const std::string& request_id,
             int status_override = 0) const;
 
-  void Handle(const http1::Request& req, http1::Response& res);  // a worker
+  // On a worker; `deferral` parks a long poll (RouteResponse::long_poll).
+  void Handle(const http1::Request& req, http1::Response& res, Deferral& deferral);
 
   // BatchLane: journal ops without an Idempotency-Key, on the event loops.
   bool Wants(const http1::Request& req) const override;

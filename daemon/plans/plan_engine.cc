@@ -1,12 +1,16 @@
 #include "daemon/plans/plan_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <thread>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/crypto.h"
@@ -34,6 +38,117 @@ struct Verdict {
   bool required() const { return !reasons.empty(); }
 };
 
+// Long polls on plans (PlanEngine::Watch), fired by a change of their plan,
+// by their deadline (a timer thread of their own), or at destruction.
+class PlanWatches {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  PlanWatches() : timer_([this] { RunTimer(); }) {}
+  ~PlanWatches() {
+    std::vector<std::function<void()>> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      for (auto& [id, w] : all_) left.push_back(std::move(w.fire));
+      all_.clear();
+      by_plan_.clear();
+      deadlines_.clear();
+    }
+    cv_.notify_all();
+    timer_.join();
+    for (auto& f : left) f();
+  }
+
+  uint64_t Generation() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return generation_;
+  }
+
+  bool Add(const std::string& plan_id, uint64_t seen, Clock::time_point deadline, size_t max,
+           std::function<void()> fire) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (all_.size() >= max) return false;
+      if (generation_ == seen && !stopping_) {
+        const uint64_t id = next_id_++;
+        all_.emplace(id, Entry{plan_id, std::move(fire)});
+        by_plan_.emplace(plan_id, id);
+        const bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
+        deadlines_.emplace(deadline, id);
+        if (earliest) cv_.notify_all();
+        return true;
+      }
+    }
+    fire();  // changed since the caller looked (or stopping): answer now
+    return true;
+  }
+
+  void Changed(const std::string& plan_id) {
+    std::vector<std::function<void()>> due;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++generation_;
+      auto [lo, hi] = by_plan_.equal_range(plan_id);
+      for (auto it = lo; it != hi; ++it) {
+        auto w = all_.find(it->second);
+        if (w == all_.end()) continue;
+        due.push_back(std::move(w->second.fire));
+        all_.erase(w);  // its deadline entry is skipped when it comes up
+      }
+      by_plan_.erase(lo, hi);
+    }
+    for (auto& f : due) f();
+  }
+
+ private:
+  struct Entry {
+    std::string plan_id;
+    std::function<void()> fire;
+  };
+
+  void RunTimer() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (deadlines_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto first = deadlines_.begin();
+      if (Clock::now() < first->first) {
+        cv_.wait_until(lock, first->first);
+        continue;
+      }
+      const uint64_t id = first->second;
+      deadlines_.erase(first);
+      auto w = all_.find(id);
+      if (w == all_.end()) continue;  // fired by a change already
+      std::function<void()> fire = std::move(w->second.fire);
+      auto [lo, hi] = by_plan_.equal_range(w->second.plan_id);
+      for (auto it = lo; it != hi; ++it) {
+        if (it->second == id) {
+          by_plan_.erase(it);
+          break;
+        }
+      }
+      all_.erase(w);
+      lock.unlock();
+      fire();
+      lock.lock();
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  uint64_t generation_ = 0;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, Entry> all_;
+  std::unordered_multimap<std::string, uint64_t> by_plan_;
+  std::multimap<Clock::time_point, uint64_t> deadlines_;  // may name fired polls
+  std::thread timer_;                                     // last: started once the rest is built
+};
+
 }  // namespace
 
 struct PlanEngine::Impl {
@@ -56,19 +171,9 @@ struct PlanEngine::Impl {
   PlanEngineOptions options;
   std::map<std::string, std::unique_ptr<JsonSchema>> args_schemas;  // kind -> compiled
 
-  // Plan changes, for Get(wait): waiters re-read their plan on each.
-  std::mutex change_mu;
-  std::condition_variable changed;
-  uint64_t generation = 0;
-  int waiters = 0;  // guarded by change_mu
+  PlanWatches watches;  // long polls on plans
 
-  void Changed() {
-    {
-      std::lock_guard<std::mutex> lock(change_mu);
-      ++generation;
-    }
-    changed.notify_all();
-  }
+  void Changed(const std::string& plan_id) { watches.Changed(plan_id); }
 
   bool AuthEnabled() const { return !config.auth.tokens.empty(); }
 
@@ -171,7 +276,7 @@ struct PlanEngine::Impl {
     } else {
       metrics.plans_proposed.Inc();
     }
-    Changed();
+    Changed(plan.plan_id);
     return plan;
   }
 
@@ -216,7 +321,7 @@ struct PlanEngine::Impl {
                       .mutate = std::move(mutate),
                       .audit = &event};
     ASSIGN_OR_RETURN(Plan p, store.plans().Change(plan_id, change));
-    Changed();
+    Changed(plan_id);
     return p;
   }
 
@@ -565,27 +670,16 @@ StatusOr<Plan> PlanEngine::Reject(const std::string& plan_id, const std::string&
   return rejected;
 }
 
-StatusOr<Plan> PlanEngine::Get(const std::string& plan_id, const std::string& while_state,
-                               int64_t wait_ms) {
+bool PlanEngine::Watch(const std::string& plan_id, uint64_t seen, int64_t wait_ms,
+                       std::function<void()> fire) {
   Impl& m = *impl_;
-  wait_ms = std::min(wait_ms, m.options.max_wait_ms);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
-  while (true) {
-    uint64_t seen;
-    {
-      std::lock_guard<std::mutex> lock(m.change_mu);
-      seen = m.generation;
-    }
-    ASSIGN_OR_RETURN(Plan p, m.store.plans().Get(plan_id));
-    if (wait_ms <= 0 || p.state != while_state) return p;
-    std::unique_lock<std::mutex> lock(m.change_mu);
-    if (m.waiters >= m.options.max_waiters) return p;  // busy: the caller polls
-    ++m.waiters;
-    bool woke = m.changed.wait_until(lock, deadline, [&] { return m.generation != seen; });
-    --m.waiters;
-    if (!woke) return p;
-  }
+  wait_ms = std::clamp<int64_t>(wait_ms, 0, m.options.max_wait_ms);
+  return m.watches.Add(plan_id, seen,
+                       std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
+                       static_cast<size_t>(std::max(0, m.options.max_waiters)), std::move(fire));
 }
+
+uint64_t PlanEngine::Generation() const { return impl_->watches.Generation(); }
 
 StatusOr<Json> PlanEngine::Detail(const Plan& plan) {
   Impl& m = *impl_;

@@ -80,9 +80,10 @@ struct Gate {
 struct PlanEngineOptions {
   size_t expiry_batch = 1000;  // awaiting plans looked at per ExpireDue
   int64_t max_wait_ms = 60'000;
-  // Waits (Get with wait_ms) running at once; past it a Get answers at once
-  // (the caller polls), so waiting agents cannot take every handler thread.
-  int max_waiters = 16;
+  // Long polls (Watch) registered at once; past it Watch refuses and the
+  // caller answers at once (the agent polls). A poll holds no thread, only
+  // its connection and a few bytes here.
+  int max_waiters = 4096;
 };
 
 class PlanEngine {
@@ -127,11 +128,17 @@ class PlanEngine {
   StatusOr<Plan> Reject(const std::string& plan_id, const std::string& actor,
                         const std::string& reason);
 
-  // The plan; when `wait_ms` > 0 and its state is `while_state`, waits up to
-  // wait_ms (capped by options.max_wait_ms) for a change first, unless
-  // options.max_waiters waits are running already (then it answers at once).
-  StatusOr<Plan> Get(const std::string& plan_id, const std::string& while_state = "",
-                     int64_t wait_ms = 0);
+  // A long poll on a plan that holds no thread: `fire` is called once, when
+  // the plan changes (on the changing thread, after its write), when
+  // `wait_ms` (capped by options.max_wait_ms) has passed (on the engine's
+  // timer thread), or when the engine is destroyed. `seen` is Generation()
+  // read before the caller read the plan: a change since then fires at once,
+  // inline. False, with nothing registered and `fire` not called, when
+  // options.max_waiters polls are registered already.
+  bool Watch(const std::string& plan_id, uint64_t seen, int64_t wait_ms,
+             std::function<void()> fire);
+  // Counts plan changes made through this engine.
+  uint64_t Generation() const;
 
   // The plan with its decision and each action's journal state (the
   // operator's detail view).

@@ -91,6 +91,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (p.status == ParseStatus::kError) {
     // An error seen early stays an error with more bytes.
     FUZZ_CHECK(r.status == ParseStatus::kError);
+  } else {
+    // Resumed where the prefix's head scan stopped: the same outcome as
+    // parsing the whole from the start.
+    FUZZ_CHECK(p.head_scanned <= cut);
+    Request resumed;
+    ParseResult q = ParseRequest(in, limits, &resumed, p.head_scanned);
+    FUZZ_CHECK(q.status == r.status);
+    FUZZ_CHECK(q.consumed == r.consumed);
+    FUZZ_CHECK(q.error_status == r.error_status);
+    if (q.status == ParseStatus::kComplete) FUZZ_CHECK(SameRequest(resumed, whole));
   }
   return 0;
 }

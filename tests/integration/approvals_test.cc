@@ -31,7 +31,8 @@ struct Fixture {
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
 
-  Fixture() {
+  // threads > 0: the daemon's handler threads (server.threads).
+  explicit Fixture(int threads = 0) {
     REQUIRE(target != nullptr);
     auto token = [](const char* name, const char* secret, const char* roles) {
       return std::string("    - {name: ") + name + ", sha256: " + Sha256Hex(secret) + ", roles: [" +
@@ -84,6 +85,13 @@ struct Fixture {
         token("agent-1", kAgent, "agent") + token("op-1", kOperator, "operator") +
         token("op-2", kOperator2, "operator") + token("root", kAdmin, "admin");
     std::string config = WriteTestConfig(dir, kRules, extra);
+    if (threads > 0) {
+      std::string text = ReadFile(config);
+      const std::string from = "  threads: 96\n";
+      REQUIRE(text.find(from) != std::string::npos);
+      text.replace(text.find(from), from.size(), "  threads: " + std::to_string(threads) + "\n");
+      config = dir.File("idem-threads.yaml", text);
+    }
     std::string err;
     daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
     REQUIRE_MESSAGE(daemon != nullptr, err);
@@ -325,6 +333,39 @@ TEST_CASE("an agent waiting on its plan is answered when an operator approves it
   CHECK(J(waited)["state"] != "awaiting_approval");
   CHECK(took < std::chrono::seconds(10));
   CHECK(f.Get("/v1/plans/" + id + "?wait=2h", kAgent)->status == 400);
+}
+
+TEST_CASE("agents waiting on plans hold no handler thread: others are served meanwhile") {
+  Fixture f(/*threads=*/2);  // two handler threads
+  std::string id = f.GatedRefund("O-11", 150);
+  constexpr int kWaiters = 8;
+  std::atomic<int> answered{0};
+  std::vector<std::string> states(kWaiters);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      auto c = f.daemon->Client();
+      c->set_read_timeout(30, 0);
+      auto r = c->Get(("/v1/plans/" + id + "?wait=20s").c_str(),
+                      {{"Authorization", std::string("Bearer ") + kAgent}});
+      if (r && r->status == 200) states[i] = Json::parse(r->body).value("state", "");
+      answered.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every wait has arrived
+  CHECK(answered.load() == 0);
+  // Eight waits and two handler threads: were they held, this would queue
+  // behind the waits for 20 s.
+  auto start = std::chrono::steady_clock::now();
+  auto other = f.Get("/v1/plans/" + id);
+  CHECK((other && other->status == 200));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  auto approved = f.Post("/v1/plans/" + id + "/approve", Json::object(), kOperator);
+  CHECK((approved && approved->status == 200));
+  for (auto& t : waiters) t.join();  // (no REQUIRE before: the threads must be joined)
+  CHECK(answered.load() == kWaiters);
+  for (const std::string& s : states) CHECK((s == "approved" || s == "applying" || s == "applied"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
 }
 
 TEST_CASE("the approval queue pages newest first") {

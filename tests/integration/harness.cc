@@ -35,16 +35,12 @@ std::string TempDir::File(const std::string& name, const std::string& content) c
   return p;
 }
 
-namespace {
-
 std::string ReadFile(const std::string& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
-
-}  // namespace
 
 long DaemonProcess::CpuMillis() const {
   std::string stat = ReadFile("/proc/" + std::to_string(pid_) + "/stat");

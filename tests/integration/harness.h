@@ -83,6 +83,9 @@ inline constexpr char kQuestionRules[] = R"(default:
   output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
 )";
 
+// The whole file ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // A config file in `dir` for the demo step (scripted provider) plus
 // whatever YAML `extra` adds at the top level; paths are absolute.
 std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,

@@ -26,13 +26,6 @@ const char* kEscalatingRules = R"(default:
   output: '{"category":"refund","priority":"low","summary":"wants money back","actions":[]}'
 )";
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The test config with an escalating step plus `extra` YAML.
 std::string EscalatingConfig(const TempDir& dir, const std::string& extra) {
   std::string config = WriteTestConfig(dir, kEscalatingRules, extra);

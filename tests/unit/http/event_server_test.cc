@@ -1036,3 +1036,118 @@ TEST_CASE("Stop settles a lane batch in flight") {
 
 }  // namespace
 }  // namespace idem
+
+// ------------------------------------------------------------ long polls
+
+namespace idem {
+namespace {
+
+using testing::EchoHandler;
+
+// Parks every request to /park (its Resume kept for the test), echoes the
+// rest.
+struct Parker {
+  std::mutex mu;
+  std::vector<Deferral::Resume> resumes;
+  bool throw_after_park = false;
+
+  EventServer::Callbacks Callbacks() {
+    EventServer::Callbacks cb = EchoCallbacks();
+    cb.deferring_handler = [this](const http1::Request& req, http1::Response& res,
+                                  Deferral& deferral) {
+      if (req.path != "/park") return EchoHandler(req, res);
+      Deferral::Resume resume = deferral.Park();
+      std::lock_guard<std::mutex> lock(mu);
+      resumes.push_back(std::move(resume));
+      if (throw_after_park) throw std::runtime_error("after parking");
+    };
+    return cb;
+  }
+  bool WaitParked(size_t n) {
+    auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (resumes.size() >= n) return true;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+  void Resume(size_t i, const std::string& text) {
+    Deferral::Resume r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      r = resumes.at(i);
+    }
+    r([text](http1::Response& res) {
+      res.status = 200;
+      res.SetContent(text, "text/plain");
+    });
+  }
+};
+
+TEST_CASE("a parked request frees its worker and is answered when resumed") {
+  Parker parker;
+  Running s(parker.Callbacks(), OneWorker(/*max_queue=*/4));
+  Client a(s.port()), b(s.port()), c(s.port());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  REQUIRE(a.Send(Get("/park")));
+  REQUIRE(b.Send(Get("/park")));  // queued behind the first until its worker is free
+  REQUIRE(parker.WaitParked(2));
+  // Both are parked and the only worker is free: another request is served.
+  REQUIRE(c.Send(Get("/other")));
+  auto other = c.Read();
+  REQUIRE(other);
+  CHECK(other->status == 200);
+  CHECK(other->body == "GET /other ");
+  parker.Resume(1, "second");
+  parker.Resume(0, "first");
+  parker.Resume(0, "again");  // only the first resume counts
+  auto first = a.Read();
+  auto second = b.Read();
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first->body == "first");
+  CHECK(second->body == "second");
+  // The connection goes on after a parked answer.
+  REQUIRE(a.Send(Get("/after")));
+  auto after = a.Read();
+  REQUIRE(after);
+  CHECK(after->body == "GET /after ");
+}
+
+TEST_CASE("a parked request gets 503 when the server drains, and a later resume is ignored") {
+  Parker parker;
+  Running s(parker.Callbacks());
+  Client a(s.port());
+  REQUIRE(a.ok());
+  REQUIRE(a.Send(Get("/park")));
+  REQUIRE(parker.WaitParked(1));
+  CHECK(s.server().Drain(/*timeout_ms=*/1000));
+  auto got = a.Read();
+  REQUIRE(got);
+  CHECK(got->status == 503);
+  CHECK(got->Header("Retry-After") == "1");
+  parker.Resume(0, "too late");  // answered already: nothing happens
+  s.server().Stop();
+  parker.Resume(0, "after stop");  // the Resume outlives the server harmlessly
+}
+
+TEST_CASE("a handler that throws after parking gets its 500") {
+  Parker parker;
+  parker.throw_after_park = true;
+  Running s(parker.Callbacks());
+  Client a(s.port());
+  REQUIRE(a.ok());
+  REQUIRE(a.Send(Get("/park")));
+  auto got = a.Read();
+  REQUIRE(got);
+  CHECK(got->status == 500);
+  parker.Resume(0, "ignored");  // the 500 took the entry
+}
+
+}  // namespace
+}  // namespace idem

@@ -95,6 +95,51 @@ TEST_CASE("a body still arriving says how many bytes the input must hold to go o
   CHECK(r.need == 0);  // a head: any more input may complete it
 }
 
+TEST_CASE("a head resumed from head_scanned does not scan those bytes again") {
+  Request req;
+  const std::string start = "GET /x HTTP/1.1\r\nX-A: 1\r\n";
+  ParseResult r = ParseRequest(start, Limits(), &req);
+  REQUIRE(r.status == ParseStatus::kNeedMore);
+  CHECK(r.head_scanned == start.size());
+  // A bare LF planted where the first call already looked: resumed from its
+  // head_scanned, the parser does not see it; from 0, it does.
+  std::string planted = start;
+  planted[5] = '\n';
+  const std::string more = planted + "X-B: 2\r\n";
+  CHECK(ParseRequest(more, Limits(), &req, r.head_scanned).status == ParseStatus::kNeedMore);
+  CHECK(ParseRequest(more, Limits(), &req).status == ParseStatus::kError);
+}
+
+TEST_CASE("a head trickling in a byte at a time, resumed each time, parses as when whole") {
+  const std::string whole = "\r\nPOST /t HTTP/1.1\r\nHost: h\r\nX-Long: " + std::string(300, 'v') +
+                            "\r\nContent-Length: 2\r\n\r\nok";
+  Request once = MustParse(whole);
+  size_t scanned = 0;
+  for (size_t n = 1; n <= whole.size(); ++n) {
+    Request req;
+    ParseResult r = ParseRequest(std::string_view(whole).substr(0, n), Limits(), &req, scanned);
+    if (n < whole.size()) {
+      REQUIRE(r.status == ParseStatus::kNeedMore);
+      CHECK(r.head_scanned <= n);
+      scanned = r.head_scanned;
+      continue;
+    }
+    REQUIRE(r.status == ParseStatus::kComplete);
+    CHECK(req.path == once.path);
+    CHECK(req.body == "ok");
+    CHECK(req.HeaderValue("X-Long") == once.HeaderValue("X-Long"));
+  }
+  // A CRLF split by the resume point, and a bare CR found after it.
+  Request req;
+  const std::string split = "GET / HTTP/1.1\r";
+  ParseResult r = ParseRequest(split, Limits(), &req);
+  REQUIRE(r.status == ParseStatus::kNeedMore);
+  CHECK(ParseRequest(split + "\n\r\n", Limits(), &req, r.head_scanned).status ==
+        ParseStatus::kComplete);
+  CHECK(ParseRequest(split + "x\r\n\r\n", Limits(), &req, r.head_scanned).status ==
+        ParseStatus::kError);
+}
+
 TEST_CASE("header values are trimmed of surrounding spaces and tabs") {
   Request req = MustParse("GET / HTTP/1.1\r\nX-A: \t padded value \t\r\nX-B:tight\r\n\r\n");
   CHECK(req.HeaderValue("X-A") == "padded value");

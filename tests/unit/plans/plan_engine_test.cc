@@ -1,10 +1,12 @@
 // PlanEngine with a fake clock: approval timeouts (expire, escalate once),
-// fail-closed rules, and what Apply refuses.
+// fail-closed rules, what Apply refuses, and long polls on plans.
 #include "daemon/plans/plan_engine.h"
 
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -154,19 +156,93 @@ TEST_CASE("a plan's own creator cannot approve it, and an edit outside args is r
   CHECK(h.fake().stats().raw_calls == 0);
 }
 
-TEST_CASE("waits are bounded: past max_waiters a wait answers at once") {
+// A plan awaiting approval: a wire (kind "wire" always waits, 60 s).
+Plan WaitingWire(PlanHarness& h) {
+  if (h.config_.actions.count("wire") == 0) h.Kind("wire", Always(60'000, "expire"));
+  return h.Gated("wire", {{"id", "w-1"}});
+}
+
+// Counts the times a long poll fired, and lets a test wait for the first.
+struct FireCounter {
+  std::mutex mu;
+  std::condition_variable cv;
+  int fired = 0;
+  std::function<void()> Fire() {
+    return [this] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++fired;
+      }
+      cv.notify_all();
+    };
+  }
+  bool WaitFired(std::chrono::milliseconds within) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, within, [&] { return fired > 0; });
+  }
+  int Count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return fired;
+  }
+};
+
+TEST_CASE("polls are bounded: past max_waiters a watch is refused and never fires") {
   PlanHarness h;
-  h.Kind("wire", Always(60'000, "expire"));
+  h.Kind("wire", Always(60'000, "expire"));  // before the engine reads the config
   auto made = PlanEngine::Create(h.config_, *h.store_, h.engine(), h.clock_, h.metrics_, h.notifier,
-                                 PlanEngineOptions{.max_waiters = 0});
+                                 PlanEngineOptions{.max_waiters = 1});
   REQUIRE(made.ok());
   h.plans = std::move(made).value();
-  Plan p = h.Gated("wire", {{"id", "w-1"}});
-  auto start = std::chrono::steady_clock::now();
-  auto got = h.Plans().Get(p.plan_id, "awaiting_approval", 5'000);
-  REQUIRE(got.ok());
-  CHECK(got->state == "awaiting_approval");
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  Plan p = WaitingWire(h);
+  FireCounter first, second;
+  const uint64_t seen = h.Plans().Generation();
+  CHECK(h.Plans().Watch(p.plan_id, seen, 30'000, first.Fire()));
+  CHECK_FALSE(h.Plans().Watch(p.plan_id, seen, 30'000, second.Fire()));
+  CHECK(h.Plans().Reject(p.plan_id, "op-1", "no").ok());
+  CHECK(first.Count() == 1);
+  CHECK(second.Count() == 0);
+}
+
+TEST_CASE("a poll fires once when its plan changes, not when another plan does") {
+  PlanHarness h;
+  Plan p = WaitingWire(h);
+  Plan other = h.Gated("wire", {{"id", "w-2"}});
+  FireCounter c;
+  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), 30'000, c.Fire()));
+  REQUIRE(h.Plans().Reject(other.plan_id, "op-1", "not that one").ok());
+  CHECK(c.Count() == 0);
+  REQUIRE(h.Plans().Reject(p.plan_id, "op-1", "this one").ok());
+  CHECK(c.Count() == 1);  // fired on the rejecting thread, after the write
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "rejected");
+}
+
+TEST_CASE("a poll whose plan changed before it was registered fires at once") {
+  PlanHarness h;
+  Plan p = WaitingWire(h);
+  const uint64_t seen = h.Plans().Generation();  // the caller reads the plan now...
+  REQUIRE(h.Plans().Reject(p.plan_id, "op-1", "meanwhile").ok());  // ...it changes...
+  FireCounter c;
+  REQUIRE(h.Plans().Watch(p.plan_id, seen, 30'000, c.Fire()));  // ...then it polls
+  CHECK(c.Count() == 1);
+}
+
+TEST_CASE("a poll with no change fires at its deadline from the timer") {
+  PlanHarness h;
+  Plan p = WaitingWire(h);
+  FireCounter c;
+  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), 150, c.Fire()));
+  CHECK(c.Count() == 0);
+  CHECK(c.WaitFired(std::chrono::seconds(5)));
+  CHECK(c.Count() == 1);
+}
+
+TEST_CASE("polls still registered fire when the engine goes away") {
+  PlanHarness h;
+  Plan p = WaitingWire(h);
+  FireCounter c;
+  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), 60'000, c.Fire()));
+  h.plans.reset();
+  CHECK(c.Count() == 1);
 }
 
 }  // namespace idem::testing
