@@ -52,15 +52,15 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // trace index entry (a request that may change something: not a GET).
 // `route` is null when no route matched; `ctx` is as far as Admit got.
 // Never a header value, a query or a body: those may carry secrets.
-void LogRequest(const http1::Request& req, const http1::Response& res, const Route* route,
-                const RequestContext& ctx, std::string_view idempotency, SteadyTime start,
-                bool lane) {
+void LogRequest(const std::string& method, const std::string& path, const http1::Response& res,
+                const Route* route, const RequestContext& ctx, std::string_view idempotency,
+                SteadyTime start, bool lane) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   const double duration_ms = std::chrono::duration<double, std::milli>(elapsed).count();
   std::string request_id =
       ctx.request_id.empty() ? res.HeaderValue("X-Request-Id") : ctx.request_id;
   Json fields = {
-      {"method", req.method},
+      {"method", method},
       {"route", route != nullptr ? route->pattern : ""},
       {"status", res.status},
       {"duration_ms", static_cast<double>(static_cast<int64_t>(duration_ms * 1000)) / 1000.0},
@@ -70,16 +70,15 @@ void LogRequest(const http1::Request& req, const http1::Response& res, const Rou
       {"idempotency", idempotency}};
   if (lane) fields["lane"] = "batch";
   LogAccess(fields);
-  if (route == nullptr || ctx.trace.trace_id.empty() || req.method == "GET" ||
-      req.method == "HEAD") {
+  if (route == nullptr || ctx.trace.trace_id.empty() || method == "GET" || method == "HEAD") {
     return;
   }
   TraceScope scope(ctx.trace);
   RecordTraceEvent(
       "request", request_id,
-      {{"method", req.method},
+      {{"method", method},
        {"route", route->pattern},
-       {"path", req.path},
+       {"path", path},
        {"status", res.status},
        {"caller", fields["caller"]},
        {"duration_ms", fields["duration_ms"]},
@@ -94,12 +93,17 @@ class AccessLine {
  public:
   AccessLine(const http1::Request& req, const http1::Response& res, const RequestContext& ctx)
       : req_(req), res_(res), ctx_(ctx), start_(std::chrono::steady_clock::now()) {}
-  ~AccessLine() { LogRequest(req_, res_, route, ctx_, idempotency, start_, false); }
+  ~AccessLine() {
+    if (!deferred)
+      LogRequest(req_.method, req_.path, res_, route, ctx_, idempotency, start_, false);
+  }
   AccessLine(const AccessLine&) = delete;
   AccessLine& operator=(const AccessLine&) = delete;
 
   const Route* route = nullptr;
   std::string_view idempotency = "none";
+  bool deferred = false;  // a parked long poll: logged when it is answered
+  SteadyTime start() const { return start_; }
 
  private:
   const http1::Request& req_;
@@ -620,8 +624,10 @@ void HttpServer::Prepare(Exchange& ex) {
     Exchange& ex;
     LaneState& st;
     ~AnsweredNow() {
-      if (ex.answered)
-        LogRequest(ex.request, ex.response, st.route, st.ctx, "none", st.start, true);
+      if (ex.answered) {
+        LogRequest(ex.request.method, ex.request.path, ex.response, st.route, st.ctx, "none",
+                   st.start, true);
+      }
     }
   } log_if_answered{ex, *st};
   std::vector<std::string> params;
@@ -695,7 +701,8 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
               Finish(route, st->ctx, route.journal_lane->respond(st->ctx, std::move(results[k]))),
               ex.response);
     }
-    LogRequest(ex.request, ex.response, st->route, st->ctx, "none", st->start, true);
+    LogRequest(ex.request.method, ex.request.path, ex.response, st->route, st->ctx, "none",
+               st->start, true);
   }
 }
 
@@ -720,9 +727,14 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
     // Parked: no worker waits. The answer is built when the poll resumes.
     std::shared_ptr<const LongPoll> poll = std::move(out.long_poll);
     Deferral::Resume resume = deferral.Park();
-    poll->arm([this, r = &route, ctx, poll, resume] {
-      resume([this, r, ctx, poll](http1::Response& answer) {
-        Respond(*r, Finish(*r, ctx, poll->answer()), answer);
+    line.deferred = true;
+    poll->arm([this, r = &route, ctx, poll, resume, start = line.start()] {
+      resume([this, r, ctx, poll, start](http1::Response& answer) {
+        {
+          TraceScope scope(ctx.trace);
+          Respond(*r, Finish(*r, ctx, poll->answer()), answer);
+        }
+        LogRequest(ctx.method, ctx.path, answer, r, ctx, "none", start, false);
       });
     });
     return;

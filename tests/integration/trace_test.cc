@@ -272,6 +272,13 @@ TEST_CASE("every_request_leaves_one_json_access_line_without_secrets") {
                   kAgent, {{"traceparent", traceparent}, {"X-Request-Id", "req-log-1"}});
   REQUIRE(d);
   REQUIRE(d->status == 200);
+  // A long poll (parked, no handler thread) is logged when it is answered.
+  const std::string plan_id = J(d)["plan"]["plan_id"];
+  auto waited = f.client->Get(("/v1/plans/" + plan_id + "?wait=1s").c_str(),
+                              {{"Authorization", std::string("Bearer ") + kAgent},
+                               {"X-Request-Id", "req-wait-1"}});
+  REQUIRE(waited);
+  CHECK(waited->status == 200);
   // Through the batch lane (no Idempotency-Key) and through the handler.
   Json claim = {{"kind", "ship"}, {"identity", {{"parcel", "P-9"}}}};
   auto lane = f.Post("/v1/work/claim", claim, kAgent, {{"X-Request-Id", "req-lane-1"}});
@@ -332,6 +339,10 @@ TEST_CASE("every_request_leaves_one_json_access_line_without_secrets") {
   CHECK(decide["idempotency"] == "none");
   CHECK(decide["level"] == "info");
   CHECK(decide["duration_ms"].is_number());
+  CHECK(access["req-wait-1"]["route"] == "/v1/plans/{id}");
+  CHECK(access["req-wait-1"]["status"] == 200);
+  CHECK(access["req-wait-1"]["trace_id"].get<std::string>().size() == 32);
+  CHECK(access["req-wait-1"]["duration_ms"].get<double>() >= 900);
   CHECK(access["req-lane-1"]["route"] == "/v1/work/claim");
   CHECK(access["req-lane-1"]["lane"] == "batch");
   CHECK(access["req-lane-1"]["status"] == 201);
