@@ -27,7 +27,8 @@ struct KindRuntime {
   const ActionConfig* action = nullptr;
   std::unique_ptr<Effector> effector;  // null: client-executed work
   int64_t lease_ms = 0;
-  bool internal = false;  // idem's own kind: run by the workers, refused by Submit
+  bool internal = false;          // idem's own kind: run by the workers, refused by Submit
+  Counter* duplicates = nullptr;  // this kind's blocked-duplicate series (metrics.h)
 };
 
 WorkItem Scrubbed(WorkItem item) {
@@ -223,7 +224,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,
       metrics_.work_claimed.Inc();
       return RunAttempt(kind, claim->item);
     case ClaimOutcome::kDone:
-      metrics_.work_duplicates.Inc();
+      kind.duplicates->Inc();
       return ActionOutcome{ActionOutcomeKind::kDuplicate, Scrubbed(std::move(claim->item))};
     case ClaimOutcome::kBusy:
       metrics_.work_busy.Inc();
@@ -590,6 +591,7 @@ StatusOr<std::unique_ptr<ApplyEngine>> ApplyEngine::Create(const Config& config,
     KindRuntime kind;
     kind.action = &action;
     kind.internal = internal;
+    kind.duplicates = &metrics.Duplicates(action.name);
     ASSIGN_OR_RETURN(kind.effector, MakeEffector(action, http, clock.env()));
     int64_t budget = kind.effector ? kind.effector->AttemptBudgetMs() : action.retry.timeout_ms;
     kind.lease_ms = std::max<int64_t>(1, budget + options.lease_margin_ms);

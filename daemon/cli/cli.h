@@ -102,6 +102,26 @@ int Reject(DaemonClient& api, const Output& o, const std::string& plan_id,
 // well. kExitAuditBroken when either finds a break; the first broken seq
 // is reported.
 int AuditVerify(DaemonClient& api, const Output& o);
+// `idem replay ID`: POST /v1/decisions/{id}/replay with `body` ({provider?,
+// model?, prompt_version?, temperature?}) and the diff, readably: one line
+// per pointer, "~ /p: before → after", "+ /p: value", "- /p: value"
+// (coloured on a tty). A replay that found no valid output is reported,
+// exit 0 (a finding, not a failure of the command).
+std::string RenderReplayDiff(const Json& answer, const Style& style);
+int ReplayDecision(DaemonClient& api, const Output& o, const std::string& decision_id,
+                   const Json& body);
+
+// `idem replay --step S …`: POST /v1/replays with `body`, then GET
+// /v1/replays/{id} every `poll_ms` until the job is no longer running,
+// showing progress on `o.err` (a bar redrawn in place when `tty_progress`,
+// else a plain line whenever the count moved; nothing with --json), then
+// the summary (RenderReplaySummary; with --json the job's JSON). Exit 0
+// when the job is done, kExitFailed when it failed.
+std::string RenderReplaySummary(const Json& job, const Style& style);
+std::string ProgressBar(int64_t done, int64_t total, size_t width);
+int BulkReplay(DaemonClient& api, const Output& o, const Json& body, bool tty_progress,
+               int64_t poll_ms = 500);
+
 // GET/POST and print the JSON answer as is (the older client commands).
 int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
               const std::string& path, const Json& body = Json(),

@@ -251,6 +251,32 @@ int main(int argc, char** argv) {
   reject->add_option("--reason", reject_reason, "Why (shown to the agent, kept in the audit)")
       ->required();
 
+  // `idem replay ID` (one decision, its diff) or `idem replay --step S` (a bulk job).
+  std::string replay_id, replay_step, replay_since, replay_provider, replay_model, replay_prompt;
+  double replay_temperature = -1;
+  size_t replay_limit = 1000;
+  int replay_concurrency = 4;
+  auto* replay = app.add_subcommand(
+      "replay",
+      "Decide again with the recorded input and show what changes: one decision (ID) or a "
+      "step's decisions (--step), the cache untouched");
+  replay->add_option("decision_id", replay_id, "One decision to replay");
+  replay->add_option("--step", replay_step, "Bulk: replay this step's decisions");
+  replay->add_option("--since", replay_since,
+                     "Bulk: only decisions since (24h, 2026-11-30T14:05:00Z, 2026-11-30)");
+  replay->add_option("--limit", replay_limit, "Bulk: at most this many, newest first")
+      ->default_val(1000)
+      ->check(CLI::Range(1, 10000));
+  replay->add_option("--concurrency", replay_concurrency, "Bulk: replays at once")
+      ->default_val(4)
+      ->check(CLI::Range(1, 16));
+  replay->add_option("--prompt-version", replay_prompt,
+                     "A prompt version the step has loaded (prompt or prompts:)");
+  replay->add_option("--model", replay_model, "Another model");
+  replay->add_option("--provider", replay_provider, "Another configured provider");
+  replay->add_option("--temperature", replay_temperature, "Another temperature")
+      ->check(CLI::Range(0.0, 2.0));
+
   auto* audit = app.add_subcommand("audit", "The hash-chained audit log");
   audit->require_subcommand(1);
   auto* audit_verify = audit->add_subcommand(
@@ -266,7 +292,7 @@ int main(int argc, char** argv) {
 
   const bool client_command = dlq->parsed() || work->parsed() || decision->parsed() ||
                               escalations->parsed() || plans->parsed() || approve->parsed() ||
-                              reject->parsed() || audit->parsed();
+                              reject->parsed() || audit->parsed() || replay->parsed();
   if (client_command) {
     std::unique_ptr<HttpClient> http = MakeCurlHttpClient();
     const char* token = std::getenv("IDEM_TOKEN");
@@ -282,6 +308,30 @@ int main(int argc, char** argv) {
     if (approve->parsed()) return cli::Approve(api, out, plan_id, approve_edits, approve_comment);
     if (reject->parsed()) return cli::Reject(api, out, plan_id, reject_reason);
     if (audit_verify->parsed()) return cli::AuditVerify(api, out);
+    if (replay->parsed()) {
+      if (replay_id.empty() == replay_step.empty()) {
+        std::fprintf(stderr, "idem replay: give a decision id or --step (not both)\n");
+        return cli::kExitUsage;
+      }
+      Json body = Json::object();
+      if (!replay_provider.empty()) body["provider"] = replay_provider;
+      if (!replay_model.empty()) body["model"] = replay_model;
+      if (!replay_prompt.empty()) body["prompt_version"] = replay_prompt;
+      if (replay_temperature >= 0) body["temperature"] = replay_temperature;
+      if (!replay_id.empty()) {
+        if (!replay_since.empty() || replay->count("--limit") > 0 ||
+            replay->count("--concurrency") > 0) {
+          std::fprintf(stderr, "idem replay: --since, --limit and --concurrency go with --step\n");
+          return cli::kExitUsage;
+        }
+        return cli::ReplayDecision(api, out, replay_id, body);
+      }
+      body["step"] = replay_step;
+      if (!replay_since.empty()) body["since"] = replay_since;
+      body["limit"] = replay_limit;
+      body["concurrency"] = replay_concurrency;
+      return cli::BulkReplay(api, out, body, isatty(STDERR_FILENO) != 0);
+    }
     if (dlq_ls->parsed()) return cli::PrintCall(api, out, "GET", "/v1/dead-letters");
     if (dlq_replay->parsed()) {
       // Each invocation is a new operator intention, so it gets its own key: a

@@ -52,6 +52,9 @@ struct StoreConfig {
   std::string engine = "rocksdb";
   std::string path = "./var/idem";  // resolved against the config file's directory
   bool sync = true;
+  // Writes are refused (503) while the store's filesystem has less free
+  // space than this, so RocksDB never meets a full disk mid-write (0: off).
+  int64_t min_free_mb = 64;
 };
 
 struct AuthToken {
@@ -123,6 +126,11 @@ struct StepConfig {
   std::optional<double> temperature;  // unset: not sent, the provider's default applies
   std::string system_prompt;          // the step's `system` text; may be empty
   PromptConfig prompt;
+  // Other prompt versions (`prompts: {v2: {template}}`), by version: loaded
+  // and checked like `prompt` (their hash covers the step's system and
+  // tools too) but used only by a replay that names one
+  // (ReplayOptions::prompt_version); never by decide, never in a cache key.
+  std::map<std::string, PromptConfig> other_prompts;
   std::string output_schema_path;
   Json output_schema;  // the parsed schema
   Json tools = Json::array();
@@ -205,6 +213,23 @@ struct LogConfig {
   bool access = true;  // log.access: an access log line per request
 };
 
+// `outbox` (optional): where idem pushes its outbox events (R29;
+// daemon/outbox/outbox.h). Events are written whether or not anyone
+// subscribes; GET /v1/events serves them to pullers.
+struct OutboxSubscriberConfig {
+  std::string name;
+  std::string url;  // http(s); POSTed one event (JSON) per call
+  // {name, value} as written; `${VAR}` is expanded at start-up.
+  std::vector<std::pair<std::string, std::string>> headers;
+  RetryConfig retry{.attempts = 5, .base_ms = 1'000, .cap_ms = 60'000, .timeout_ms = 10'000};
+};
+
+struct OutboxConfig {
+  std::map<std::string, OutboxSubscriberConfig> subscribers;
+  int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // kept after every subscriber passed them
+  int64_t poll_ms = 250;                          // how often subscribers look for new events
+};
+
 struct Config {
   std::string source_path;  // the file it came from
   std::string base_dir;     // its directory
@@ -220,6 +245,7 @@ struct Config {
   // model -> {input_per_mtok, output_per_mtok, cached_input_per_mtok}
   Json prices = Json::object();
   NotificationsConfig notifications;
+  OutboxConfig outbox;
 };
 
 // Reads, validates and resolves the config at `path`.

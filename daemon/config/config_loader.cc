@@ -128,6 +128,7 @@ class Resolver {
     }
     if (root.contains("prices")) config_.prices = root["prices"];
     if (root.contains("notifications")) RETURN_IF_ERROR(Notifications(root["notifications"]));
+    if (root.contains("outbox")) RETURN_IF_ERROR(Outbox(root["outbox"]));
     return Status::Ok();
   }
 
@@ -192,6 +193,7 @@ class Resolver {
     s.engine = node.value("engine", s.engine);
     s.path = Path(node.value("path", s.path));
     s.sync = node.value("sync", s.sync);
+    s.min_free_mb = node.value("min_free_mb", s.min_free_mb);
     return Status::Ok();
   }
 
@@ -395,6 +397,36 @@ class Resolver {
       if (!prompt_hash.ok()) return doc_.Error(at + "/tools", prompt_hash.status().message());
       s.prompt.hash = std::move(prompt_hash).value();
     }
+    if (node.contains("prompts")) {
+      for (const auto& [version, other] : node["prompts"].items()) {
+        const std::string where = at + "/prompts" + Token(version);
+        if (version == s.prompt.version) {
+          return doc_.Error(where,
+                            "is the step's default prompt version (prompt.version); name "
+                            "another version here");
+        }
+        PromptConfig p;
+        p.version = version;
+        ASSIGN_OR_RETURN(p.template_path, ExistingFile(where + "/template", other["template"]));
+        auto other_text = ReadFileText(p.template_path);
+        if (!other_text.ok()) {
+          return doc_.Error(where + "/template", "cannot read " + p.template_path + ": " +
+                                                     other_text.status().message());
+        }
+        p.text = std::move(other_text).value();
+        p.sha256 = Sha256Hex(p.text);
+        kainjow::mustache::mustache other_compiled(p.text);
+        if (!other_compiled.is_valid()) {
+          return doc_.Error(where + "/template", p.template_path +
+                                                     " is not a valid mustache template: " +
+                                                     other_compiled.error_message());
+        }
+        auto other_hash = ComputePromptHash(p.text, s.system_prompt, s.tools);
+        if (!other_hash.ok()) return doc_.Error(where, other_hash.status().message());
+        p.hash = std::move(other_hash).value();
+        s.other_prompts.emplace(version, std::move(p));
+      }
+    }
     if (node.contains("input")) {
       const Json& input = node["input"];
       s.input.drop = input.value("drop", std::vector<std::string>{});
@@ -575,6 +607,61 @@ class Resolver {
       const Json& chat = t["chat_id"];
       telegram.chat_id = chat.is_string() ? chat.get<std::string>() : chat.dump();
       n.telegram = std::move(telegram);
+    }
+    return Status::Ok();
+  }
+
+  Status Outbox(const Json& node) {
+    OutboxConfig& o = config_.outbox;
+    if (node.contains("retention")) {
+      ASSIGN_OR_RETURN(o.retention_ms, Duration("/outbox/retention", node["retention"], false));
+    }
+    if (node.contains("poll")) {
+      ASSIGN_OR_RETURN(o.poll_ms, Duration("/outbox/poll", node["poll"], false));
+    }
+    if (!node.contains("subscribers")) return Status::Ok();
+    for (const auto& [name, sub] : node["subscribers"].items()) {
+      const std::string at = "/outbox/subscribers" + Token(name);
+      if (!IsName(name)) {
+        return doc_.Error(at,
+                          "a name must start with a letter and hold only letters, digits, "
+                          "_ . and - (at most 64 characters)");
+      }
+      OutboxSubscriberConfig c;
+      c.name = name;
+      c.url = sub["url"];
+      const Json no_headers = Json::object();
+      const Json& headers = sub.contains("headers") ? sub["headers"] : no_headers;
+      for (const auto& [hname, value] : headers.items()) {
+        const std::string hat = at + "/headers" + Token(hname);
+        if (hname.empty() || hname.find_first_of(" :\r\n\t") != std::string::npos) {
+          return doc_.Error(hat, "is not a header name");
+        }
+        const std::string text = value.get<std::string>();
+        if (text.find_first_of("\r\n") != std::string::npos) {
+          return doc_.Error(hat, "must not contain CR or LF");
+        }
+        RETURN_IF_ERROR(CheckEnvReferences(hat, text));
+        c.headers.emplace_back(hname, text);
+      }
+      c.retry.attempts = sub.value("max_attempts", c.retry.attempts);
+      if (sub.contains("backoff")) {
+        const Json& b = sub["backoff"];
+        if (b.contains("base")) {
+          ASSIGN_OR_RETURN(c.retry.base_ms, Duration(at + "/backoff/base", b["base"], false));
+        }
+        if (b.contains("cap")) {
+          ASSIGN_OR_RETURN(c.retry.cap_ms, Duration(at + "/backoff/cap", b["cap"], false));
+        }
+      }
+      if (c.retry.cap_ms < c.retry.base_ms) {
+        return doc_.Error(at + "/backoff/cap", "must not be shorter than base (" +
+                                                   FormatDuration(c.retry.base_ms) + ")");
+      }
+      if (sub.contains("timeout")) {
+        ASSIGN_OR_RETURN(c.retry.timeout_ms, Duration(at + "/timeout", sub["timeout"], false));
+      }
+      o.subscribers.emplace(name, std::move(c));
     }
     return Status::Ok();
   }

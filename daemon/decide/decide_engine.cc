@@ -1,6 +1,7 @@
 #include "daemon/decide/decide_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <kainjow/mustache.hpp>
@@ -68,6 +69,7 @@ struct Candidate {
   std::string provider_name;
   Provider* provider;
   std::string model;
+  ProviderMetrics metrics;  // this pair's series (metrics.h)
 };
 
 struct CompiledStep {
@@ -78,6 +80,8 @@ struct CompiledStep {
   bool escalate = false;
   std::unique_ptr<JsonSchema> schema;
   std::unique_ptr<ValueChecks> checks;  // null: none
+  Counter* cache_hits = nullptr;        // this step's series
+  Counter* cache_misses = nullptr;
 };
 
 // What the chain produced: a decision, an escalation, or an error.
@@ -125,7 +129,10 @@ class DecideEngineImpl final : public DecideEngine {
       c.config = &step;
       c.provider_config = &config_.providers.at(step.provider);
       ASSIGN_OR_RETURN(Provider * primary, provider_of(step.provider, at + "/provider"));
-      c.chain.push_back({step.provider, primary, step.model});
+      c.chain.push_back(
+          {step.provider, primary, step.model, metrics_.ForProvider(step.provider, step.model)});
+      c.cache_hits = &metrics_.decide_cache_hits.Declare({name});
+      c.cache_misses = &metrics_.decide_cache_misses.Declare({name});
       for (size_t i = 0; i < step.fallback.size(); ++i) {
         const Json& f = step.fallback[i];
         if (f.is_string() && f.get<std::string>() == "escalate") {
@@ -135,7 +142,9 @@ class DecideEngineImpl final : public DecideEngine {
         std::string pname = f.value("provider", step.provider);
         ASSIGN_OR_RETURN(Provider * p,
                          provider_of(pname, at + "/fallback/" + std::to_string(i) + "/provider"));
-        c.chain.push_back({pname, p, f.value("model", step.model)});
+        std::string model = f.value("model", step.model);
+        ProviderMetrics pm = metrics_.ForProvider(pname, model);
+        c.chain.push_back({pname, p, std::move(model), pm});
       }
       ASSIGN_OR_RETURN(DecisionKeyer keyer, MakeStepKeyer(step, *c.provider_config));
       c.keyer = std::move(keyer);
@@ -167,13 +176,13 @@ class DecideEngineImpl final : public DecideEngine {
     ASSIGN_OR_RETURN(StepKey key, StepKeyOf(*step.config, *step.keyer, req.input));
 
     if (req.cache != CacheMode::kRefresh) {
-      ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key));
+      ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key, step));
       if (cached) return std::move(*cached);
       if (req.cache == CacheMode::kOnly) {
         return NotFound("no cached decision for this step and input (cache: only)");
       }
     }
-    metrics_.decide_cache_misses.Inc();
+    step.cache_misses->Inc();
 
     // Single flight: the first miss for a key leads; identical misses wait.
     std::shared_ptr<Flight> flight;  // shared: the leader and every waiter hold it
@@ -187,7 +196,7 @@ class DecideEngineImpl final : public DecideEngine {
         if (req.cache != CacheMode::kRefresh) {
           // The leader stores before it leaves the table, so a miss that
           // arrives after a flight ended finds the outcome here.
-          ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key));
+          ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key, step));
           if (cached) return std::move(*cached);
         }
         flight = std::make_shared<Flight>();
@@ -205,8 +214,8 @@ class DecideEngineImpl final : public DecideEngine {
       return ToResult(*outcome, false, true);
     }
 
-    StatusOr<ChainOutcome> outcome = RunChain(step, key, req, step.chain, step.config->temperature,
-                                              /*dry_run=*/false);
+    StatusOr<ChainOutcome> outcome = RunChain(step, step.config->prompt, key, req, step.chain,
+                                              step.config->temperature, /*dry_run=*/false);
     {
       MutexLock lock(flights_mu_);
       flights_.erase(key.key.key);
@@ -268,10 +277,10 @@ class DecideEngineImpl final : public DecideEngine {
 
  private:
   // The cached answer for a key: a live decision, or an open escalation.
-  StatusOr<std::optional<DecideResult>> Cached(const std::string& key) {
+  StatusOr<std::optional<DecideResult>> Cached(const std::string& key, const CompiledStep& step) {
     auto hit = store_.GetByKey(key, clock_.NowMillis());
     if (hit.ok()) {
-      metrics_.decide_cache_hits.Inc();
+      step.cache_hits->Inc();
       DecideResult r;
       r.decision = std::move(hit).value();
       r.cache_hit = true;
@@ -323,11 +332,18 @@ class DecideEngineImpl final : public DecideEngine {
       return FailedPrecondition("step " + original.step + " is no longer configured");
     }
     const CompiledStep& step = it->second;
-    if (!o.prompt_version.empty() && o.prompt_version != step.config->prompt.version) {
-      return Status(Code::kFailedPrecondition,
-                    "prompt version " + o.prompt_version + " is not loaded; step " + original.step +
-                        " has " + step.config->prompt.version,
-                    "/prompt_version");
+    const PromptConfig* prompt = &step.config->prompt;
+    if (!o.prompt_version.empty() && o.prompt_version != prompt->version) {
+      auto other = step.config->other_prompts.find(o.prompt_version);
+      if (other == step.config->other_prompts.end()) {
+        std::string loaded = prompt->version;
+        for (const auto& entry : step.config->other_prompts) loaded += ", " + entry.first;
+        return Status(Code::kFailedPrecondition,
+                      "prompt version " + o.prompt_version + " is not loaded; step " +
+                          original.step + " has " + loaded,
+                      "/prompt_version");
+      }
+      prompt = &other->second;
     }
     std::string provider_name = o.provider.empty() ? original.provider : o.provider;
     if (provider_name == "human" || provider_name.empty()) {
@@ -342,7 +358,14 @@ class DecideEngineImpl final : public DecideEngine {
                         : original.provider == "human" || original.model.empty()
                             ? step.config->model
                             : original.model;
-    std::vector<Candidate> chain = {Candidate{provider_name, pit->second.get(), model}};
+    // A model named by the request is not a label value: a pair the config
+    // does not name counts under the overflow series.
+    ProviderMetrics pm;
+    for (const Candidate& c : step.chain) {
+      if (c.provider_name == provider_name && c.model == model) pm = c.metrics;
+    }
+    if (pm.latency == nullptr) pm = OverflowProviderMetrics();
+    std::vector<Candidate> chain = {Candidate{provider_name, pit->second.get(), model, pm}};
     StepKey key;
     key.key.key = original.decision_key;
     key.key.canonical = original.material.dump();
@@ -351,19 +374,24 @@ class DecideEngineImpl final : public DecideEngine {
     DecideRequest req;
     req.step = original.step;
     req.request_id = o.request_id;
-    ASSIGN_OR_RETURN(
-        ChainOutcome out,
-        RunChain(step, key, req, chain, o.temperature ? o.temperature : step.config->temperature,
-                 /*dry_run=*/true));
+    ASSIGN_OR_RETURN(ChainOutcome out,
+                     RunChain(step, *prompt, key, req, chain,
+                              o.temperature ? o.temperature : step.config->temperature,
+                              /*dry_run=*/true, o.trace_out));
     return std::move(out.decision);
   }
 
-  StatusOr<ChainOutcome> RunChain(const CompiledStep& step, const StepKey& key,
-                                  const DecideRequest& req, const std::vector<Candidate>& chain,
-                                  std::optional<double> temperature, bool dry_run) {
+  // `prompt_config` is the step's prompt, or another loaded version (replay).
+  // `trace_out` (may be null) receives the attempts, tokens and cost however
+  // the run ends.
+  StatusOr<ChainOutcome> RunChain(const CompiledStep& step, const PromptConfig& prompt_config,
+                                  const StepKey& key, const DecideRequest& req,
+                                  const std::vector<Candidate>& chain,
+                                  std::optional<double> temperature, bool dry_run,
+                                  Json* trace_out = nullptr) {
     const StepConfig& cfg = *step.config;
     Json context = {{"input", key.normalized_input}, {"step", cfg.name}, {"model", cfg.model}};
-    ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(cfg.prompt.text, context));
+    ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(prompt_config.text, context));
 
     const int64_t started_ms = clock_.NowMillis();
     const int64_t deadline_ms = started_ms + cfg.timeout_ms;
@@ -374,6 +402,22 @@ class DecideEngineImpl final : public DecideEngine {
     int64_t total_in = 0, total_out = 0;
     double total_cost = 0;
     bool deadline_hit = false;
+    // Runs on every way out of this function.
+    struct TraceOut {
+      Json* out;
+      const Json& attempts;
+      const int64_t& in;
+      const int64_t& output;
+      const double& cost;
+      ~TraceOut() {
+        if (out != nullptr) {
+          *out = {{"attempts", attempts},
+                  {"input_tokens", in},
+                  {"output_tokens", output},
+                  {"cost_usd", cost}};
+        }
+      }
+    } trace_out_guard{trace_out, trace, total_in, total_out, total_cost};
 
     for (size_t link = 0; link < chain.size() && !deadline_hit; ++link) {
       const Candidate& cand = chain[link];
@@ -401,14 +445,18 @@ class DecideEngineImpl final : public DecideEngine {
 
         metrics_.provider_calls.Inc();
         const int64_t t0 = clock_.NowMillis();
+        const auto wall0 = std::chrono::steady_clock::now();
         StatusOr<ProviderResponse> resp = cand.provider->Complete(preq);
+        cand.metrics.latency->ObserveMicros(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                std::chrono::steady_clock::now() - wall0)
+                                                .count());
         Json record = {{"attempt", attempt},
                        {"provider", cand.provider_name},
                        {"model", cand.model},
                        {"repair", !repair_feedback.empty()},
                        {"latency_ms", clock_.NowMillis() - t0}};
         if (!resp.ok()) {
-          metrics_.provider_errors.Inc();
+          cand.metrics.errors[ProviderErrorClass(resp.status().code())]->Inc();
           record["error"] = resp.status().ToString();
           trace.push_back(record);
           last_error = resp.status();
@@ -422,6 +470,13 @@ class DecideEngineImpl final : public DecideEngine {
         total_in += resp->input_tokens;
         total_out += resp->output_tokens;
         total_cost += cost;
+        cand.metrics.tokens[0]->Inc(
+            static_cast<uint64_t>(std::max<int64_t>(0, resp->input_tokens)));
+        cand.metrics.tokens[1]->Inc(
+            static_cast<uint64_t>(std::max<int64_t>(0, resp->output_tokens)));
+        cand.metrics.tokens[2]->Inc(
+            static_cast<uint64_t>(std::max<int64_t>(0, resp->cached_input_tokens)));
+        cand.metrics.AddCostUsd(cost);
         record["input_tokens"] = resp->input_tokens;
         record["output_tokens"] = resp->output_tokens;
         record["cached_input_tokens"] = resp->cached_input_tokens;
@@ -457,7 +512,7 @@ class DecideEngineImpl final : public DecideEngine {
         d.material = Json::parse(key.key.canonical, nullptr, false);
         d.provider = cand.provider_name;
         d.model = cand.model;
-        d.prompt_version = cfg.prompt.version;
+        d.prompt_version = prompt_config.version;
         d.created_at_ms = clock_.NowMillis();
         d.trace_id = CurrentTraceId();
         d.expires_at_ms = cfg.cache_window_ms == 0 ? 0 : d.created_at_ms + cfg.cache_window_ms;
@@ -552,6 +607,9 @@ class DecideEngineImpl final : public DecideEngine {
     n.detail = {{"step", esc.step}, {"decision_key", esc.decision_key}};
     notifier_->Notify(n);
   }
+
+  // The overflow series (label values "other") of the provider families.
+  ProviderMetrics OverflowProviderMetrics() { return metrics_.ForProvider("other", "other"); }
 
   static constexpr size_t kMaxRawInTrace = 16 * 1024;
 

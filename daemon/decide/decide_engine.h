@@ -66,13 +66,18 @@ struct DecideResult {
 };
 
 // What a replay changes (empty: as configured). A provider must be one the
-// config declares; prompt_version must be the step's loaded version.
+// config declares; prompt_version must be the step's prompt.version or one
+// of its other loaded versions (`prompts:`, StepConfig::other_prompts).
 struct ReplayOptions {
   std::string provider;
   std::string model;
   std::optional<double> temperature;
   std::string prompt_version;
   std::string request_id;
+  // When set, receives the run's trace ({attempts, input_tokens,
+  // output_tokens, cost_usd}) whether or not an attempt gave a valid output,
+  // so a caller can count what a failed replay cost and why it failed.
+  Json* trace_out = nullptr;
 };
 
 // The key material a step and input would be cached under, for `idem key`.
@@ -105,8 +110,10 @@ class DecideEngine {
   // changed as `options` say: attempts, repair and validation as usual, but
   // no fallback chain, no escalation and nothing stored (the cache is
   // untouched). The result carries the original's decision_key and
-  // material and a fresh decision_id; its trace has every attempt.
-  // Unavailable (with the last error) when no attempt gave a valid output.
+  // material and a fresh decision_id; its trace has every attempt; its
+  // prompt_version is the one used. Unavailable (with the last error) when
+  // no attempt gave a valid output; FailedPrecondition (field
+  // "/prompt_version") for a prompt version the step has not loaded.
   virtual StatusOr<Decision> Replay(const Decision& original, const ReplayOptions& options) = 0;
 
   // A human's answer to an open escalation: validated like a model's output

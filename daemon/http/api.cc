@@ -1,8 +1,10 @@
 #include "daemon/http/api.h"
 
 #include <memory>
+#include <string>
 
 #include "daemon/core/json_diff.h"
+#include "daemon/core/mutex.h"
 
 namespace idem {
 namespace {
@@ -57,6 +59,51 @@ StatusOr<std::optional<Json>> PlanOf(const ApiDeps& deps, const Decision& d,
                                   {"reasons", p->approval.value("reasons", Json::array())}});
 }
 
+// The gauges that count store records (dead letters, plans by state, open
+// escalations). A scrape never scans the store without bound: the counts
+// come from scans of at most kCap records each, redone when a scrape finds
+// them older than kMaxAgeMs, so scrapes cost at most a handful of bounded
+// scans every few seconds. A count at kCap means "kCap or more".
+class StoreGauges {
+ public:
+  static constexpr size_t kCap = 10'000;
+  static constexpr int64_t kMaxAgeMs = 5'000;
+
+  explicit StoreGauges(const ApiDeps& deps) : deps_(deps) {}
+
+  void RefreshIfStale() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    const int64_t now = deps_.clock.NowMillis();
+    if (refreshed_ && now - refreshed_at_ms_ < kMaxAgeMs) return;
+    refreshed_ = true;
+    refreshed_at_ms_ = now;
+    Metrics& m = deps_.metrics;
+    if (auto dead = deps_.store.journal().DeadLetters(kCap); dead.ok()) {
+      m.dead_letter_count.Set(static_cast<int64_t>(dead->size()));
+    } else {
+      m.store_errors.Inc();
+    }
+    for (const char* state : kPlanStates) {
+      if (auto plans = deps_.store.plans().ByState(state, kCap); plans.ok()) {
+        m.plans_by_state.Declare({state}).Set(static_cast<int64_t>(plans->size()));
+      } else {
+        m.store_errors.Inc();
+      }
+    }
+    if (auto open = deps_.store.escalations().List("open", kCap); open.ok()) {
+      m.escalations_open_count.Set(static_cast<int64_t>(open->size()));
+    } else {
+      m.store_errors.Inc();
+    }
+  }
+
+ private:
+  ApiDeps deps_;
+  Mutex mu_;
+  bool refreshed_ GUARDED_BY(mu_) = false;
+  int64_t refreshed_at_ms_ GUARDED_BY(mu_) = 0;
+};
+
 }  // namespace
 
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max) {
@@ -110,7 +157,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                          .responses = {{200, ""}},
                          .roles = {"agent", "operator"},
                          .raw_text = true,
-                         .handler = [deps](RequestContext&) -> StatusOr<RouteResponse> {
+                         .handler = [deps, gauges = std::make_shared<StoreGauges>(deps)](
+                                        RequestContext&) -> StatusOr<RouteResponse> {
+                           gauges->RefreshIfStale();
                            return RouteResponse{200, deps.metrics.RenderPrometheus(), {}};
                          }});
 
@@ -188,6 +237,18 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
       .roles = {"agent", "operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(Decision original, deps.store.decisions().Get(ctx.params[0]));
+        if (ctx.body.value("promote", false) && ctx.body.contains("prompt_version")) {
+          // The cache key covers the prompt: an answer to another version
+          // cannot stand in for this key's.
+          auto sit = deps.config.steps.find(original.step);
+          if (sit != deps.config.steps.end() &&
+              ctx.body["prompt_version"] != sit->second.prompt.version) {
+            return Status(Code::kFailedPrecondition,
+                          "a replay with another prompt version cannot be promoted: decisions "
+                          "are cached per prompt version; make it the step's prompt instead",
+                          "/promote");
+          }
+        }
         ReplayOptions o;
         o.provider = ctx.body.value("provider", "");
         o.model = ctx.body.value("model", "");
@@ -315,6 +376,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   AddAuditRoutes(deps, routes);
   AddUiRoutes(deps, routes);
   AddInboxRoutes(deps, routes);
+  AddReplayRoutes(deps, routes);
+  AddOutboxRoutes(deps, routes);
   auto table = std::make_shared<std::vector<Route>>();  // filled once complete
   AddMcpRoutes(deps, table, routes);
 

@@ -20,6 +20,8 @@
 
 namespace idem {
 
+class ReplayJobs;  // daemon/replay/replay_jobs.h
+
 struct ApiDeps {
   const Config& config;
   Store& store;
@@ -28,7 +30,8 @@ struct ApiDeps {
   Metrics& metrics;
   StableClock& clock;
   PlanEngine& plans;
-  Notifier& notifier;  // awaiting_approval / approval_overdue / escalation / dead_letter
+  Notifier& notifier;             // awaiting_approval / approval_overdue / escalation / dead_letter
+  ReplayJobs* replays = nullptr;  // bulk replay jobs; null: /v1/replays answers 503
 };
 
 // Every route, /openapi.json included (documenting all of them).
@@ -52,6 +55,11 @@ void AddUiRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // POST /v1/inbox/{source}: webhook events processed once each (api_inbox.cc).
 void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
+
+// POST /v1/replays, GET /v1/replays/{id}: bulk replay jobs (api_replay.cc).
+void AddReplayRoutes(ApiDeps deps, std::vector<Route>& routes);
+// GET /v1/events and the outbox's dead letters (api_outbox.cc).
+void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);

@@ -192,6 +192,8 @@ struct ClaimRoute {
   StableClock& clock;
   Metrics& metrics;
   PlanEngine& plans;
+  // Each configured kind's blocked-duplicate series, resolved once (metrics.h).
+  std::shared_ptr<const std::map<std::string, Counter*>> duplicates;
 
   // A kind whose policy may need approval: the claim waits (202) for it,
   // and then claims with the approved args.
@@ -262,7 +264,7 @@ struct ClaimRoute {
         return RouteResponse{201, std::move(body), {}};
       }
       case ClaimOutcome::kDone:
-        metrics.work_duplicates.Inc();
+        if (auto d = duplicates->find(kind->name); d != duplicates->end()) d->second->Inc();
         return Duplicate(*kind, r.item, ctx.request_id);
       case ClaimOutcome::kBusy: {
         metrics.work_busy.Inc();
@@ -394,7 +396,12 @@ RouteHandler HandlerOf(const JournalLane& lane, Journal& journal) {
 
 void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   Journal& journal = deps.store.journal();
-  const ClaimRoute claim_route{deps.config, deps.clock, deps.metrics, deps.plans};
+  auto duplicates = std::make_shared<std::map<std::string, Counter*>>();
+  for (const auto& entry : deps.config.actions) {
+    (*duplicates)[entry.first] = &deps.metrics.Duplicates(entry.first);
+  }
+  const ClaimRoute claim_route{deps.config, deps.clock, deps.metrics, deps.plans,
+                               std::move(duplicates)};
   JournalLane claim = LaneOf(claim_route);
   claim.gate = [claim_route](RequestContext& ctx) { return claim_route.gate(ctx); };
   routes.push_back(

@@ -48,6 +48,25 @@ Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_cha
     LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
              {{"step", name}, {"version", step.prompt.version}});
   }
+  // Other prompt versions (replays only) are checked against what a version
+  // of that name was when it was the default, never recorded: a replay
+  // "with v1" must run the v1 that the v1 decisions were made with.
+  for (const auto& [name, step] : config.steps) {
+    for (const auto& [version, other] : step.other_prompts) {
+      ASSIGN_OR_RETURN(std::optional<std::string> stored,
+                       meta.Get("prompt_hash/" + name + "/" + version));
+      if (!stored || *stored == other.hash) continue;
+      if (!allow_change) {
+        return FailedPrecondition(
+            "step " + name + ": prompts." + version + " (the template " + other.template_path +
+            ", the system text or the tools) differs from the prompt that version " + version +
+            " was when decisions were made with it; name it another version, or start with "
+            "--allow-prompt-change");
+      }
+      LogEvent(LogLevel::kWarn, "prompt_changed_under_same_version",
+               {{"step", name}, {"version", version}});
+    }
+  }
   for (const auto& [k, v] : to_record) RETURN_IF_ERROR(meta.Put(k, v));
   return Status::Ok();
 }
@@ -122,6 +141,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   StoreOptions so;
   so.path = d->config_.store.path;
   so.sync = d->config_.store.sync;
+  so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
+  so.on_write_micros = [metrics = &d->metrics_](int64_t us) {
+    metrics->store_write.ObserveMicros(us);
+  };
   auto store = OpenRocksStore(so);
   if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
   d->store_ = std::move(store).value();
@@ -147,6 +170,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                  .ref = std::string(ref),
                                  .detail = detail});
   });
+  ASSIGN_OR_RETURN(d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(),
+                                                        *d->http_client_, *d->clock_));
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
     auto p = MakeProvider(pc, *d->traced_client_, env);
@@ -181,13 +206,16 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   ASSIGN_OR_RETURN(d->plans_, PlanEngine::Create(d->config_, *d->store_, *d->apply_, *d->clock_,
                                                  d->metrics_, *d->notifier_));
 
-  ApiDeps api{d->config_,  *d->store_, *d->decide_, *d->apply_,
-              d->metrics_, *d->clock_, *d->plans_,  *d->notifier_};
+  d->replays_ =
+      std::make_unique<ReplayJobs>(d->config_, d->store_->decisions(), *d->decide_, *d->clock_);
+  ApiDeps api{d->config_, *d->store_, *d->decide_,   *d->apply_,       d->metrics_,
+              *d->clock_, *d->plans_, *d->notifier_, d->replays_.get()};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
   d->host_ = listen.first;
   d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });
+  d->outbox_->Start();
   LogEvent(LogLevel::kInfo, "started",
            {{"listen", d->host_ + ":" + std::to_string(d->port_)},
             {"store", so.path},
@@ -221,6 +249,7 @@ void Daemon::SweepLoop() {
     auto plans = store_->plans().SweepFinished(now - kFinishedRecordRetentionMs, 10'000);
     // Trace entries live as long as the finished records they point at.
     auto traces = store_->traces().SweepBefore(now - kFinishedRecordRetentionMs, 10'000);
+    auto events = outbox_->Sweep(now, 10'000);
     if (pass % (kSweepEveryPasses * kReconcileEverySweeps) == 0) {
       auto report = apply_->Reconcile();
       if (report.ok() && !report->findings.empty()) {
@@ -232,7 +261,7 @@ void Daemon::SweepLoop() {
     malloc_trim(0);
     auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
     if (count(keys) + count(work) + count(decisions) + count(leases) + count(escalations) +
-            count(plans) + count(traces) >
+            count(plans) + count(events) + count(traces) >
         0) {
       LogEvent(LogLevel::kDebug, "swept",
                {{"idempotency_keys", count(keys)},
@@ -241,6 +270,7 @@ void Daemon::SweepLoop() {
                 {"leases", count(leases)},
                 {"escalations", count(escalations)},
                 {"plans", count(plans)},
+                {"outbox_events", count(events)},
                 {"traces", count(traces)}});
     }
     lock.lock();
@@ -254,6 +284,7 @@ void Daemon::Stop() {
   }
   sweep_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
+  if (outbox_) outbox_->Stop();
   if (server_) {
     if (!server_->Drain(config().server.drain_timeout_ms)) {
       LogEvent(LogLevel::kWarn, "drain_timeout",
@@ -263,6 +294,7 @@ void Daemon::Stop() {
     }
     server_->Stop();
   }
+  if (replays_) replays_->Stop();  // running bulk replays end "failed: cancelled"
   if (apply_) apply_->Stop();
   SetTraceSink(nullptr);  // the store it writes to goes with this daemon
 }

@@ -26,8 +26,10 @@
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/server.h"
 #include "daemon/obs/metrics.h"
+#include "daemon/outbox/outbox.h"
 #include "daemon/plans/notifier.h"
 #include "daemon/plans/plan_engine.h"
+#include "daemon/replay/replay_jobs.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -61,15 +63,17 @@ class Daemon {
 
   Config config_;
   std::unique_ptr<StableClock> clock_;
+  Metrics metrics_;  // outlives the store, which reports its write times to it
   std::unique_ptr<Store> store_;
-  Metrics metrics_;
   std::unique_ptr<HttpClient> http_client_;    // outlives the providers that use it
   std::unique_ptr<HttpClient> traced_client_;  // http_client_ plus the trace headers
   std::unique_ptr<Notifier> notifier_;         // outlives the engines that call it
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
   std::unique_ptr<PlanEngine> plans_;
+  std::unique_ptr<ReplayJobs> replays_;  // destroyed (threads joined) before decide_
   std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<OutboxDispatcher> outbox_;  // pushes outbox events to subscribers
   std::string host_;
   int port_ = 0;
   std::mutex sweep_mu_;
@@ -83,7 +87,9 @@ class Daemon {
 // listing each problem with its pointer and fix.
 Status LintOutputSchemas(const Config& config);
 
-// Checks (and records) the hash of every step's prompt per version.
+// Checks (and records) the hash of every step's prompt per version; checks
+// (never records) each of a step's other prompt versions against the hash
+// recorded when that version was the default.
 Status CheckPromptVersions(const Config& config, MetaStore& meta, bool allow_change);
 
 }  // namespace idem

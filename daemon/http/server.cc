@@ -41,6 +41,12 @@ bool IsValidationFailure(int status) {
 // Not a final outcome: the work is still moving (see RouteResponse::transient).
 bool IsTransient(const RouteResponse& r) { return r.transient || r.status == 202; }
 
+int64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+      .count();
+}
+
 void WriteJson(http1::Response& res, int status, const Json& body, const char* type) {
   res.status = status;
   res.SetContent(body.dump(-1, ' ', false, Json::error_handler_t::replace), type);
@@ -103,7 +109,6 @@ class AccessLine {
   const Route* route = nullptr;
   std::string_view idempotency = "none";
   bool deferred = false;  // a parked long poll: logged when it is answered
-  SteadyTime start() const { return start_; }
 
  private:
   const http1::Request& req_;
@@ -308,6 +313,12 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
       waiters_(std::make_unique<KeyWaiters>()),
       renewer_(std::make_unique<LeaseRenewer>(deps_.idem_keys, deps_.clock, deps_.metrics,
                                               deps_.config.idempotency.lease_ms)) {
+  // Each route's series, resolved once: a request's observation is two
+  // atomic adds (metrics.h).
+  for (const Route& r : routes_) {
+    route_metrics_.push_back(deps_.metrics.ForRoute(r.method + " " + r.pattern));
+  }
+  unmatched_metrics_ = deps_.metrics.ForRoute("unmatched");
   const ServerConfig& sc = deps_.config.server;
   EventServerOptions options;
   options.workers = std::max(2, sc.threads);
@@ -319,7 +330,12 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   options.idle_timeout_s = 30;
   EventServer::Callbacks callbacks;
   callbacks.deferring_handler = [this](const http1::Request& req, http1::Response& res,
-                                       Deferral& deferral) { Handle(req, res, deferral); };
+                                       Deferral& deferral) {
+    Timing timing{nullptr, std::chrono::steady_clock::now(), false};
+    Handle(req, res, deferral, timing);
+    // A parked request is observed when its answer is written.
+    if (!timing.parked) MetricsFor(timing.route).Observe(res.status, MicrosSince(timing.started));
+  };
   callbacks.batch_lane = this;
   callbacks.on_refusal = [this](EventServer::Refusal r) {
     switch (r) {
@@ -338,6 +354,7 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
     Status st =
         status == 413 || status == 431 ? ResourceExhausted(message) : InvalidArgument(message);
     Fail(res, st, RandomHex(8), status);
+    unmatched_metrics_.Count(status);  // no route: the request did not parse
   };
   server_ = std::make_unique<EventServer>(options, std::move(callbacks));
 }
@@ -423,7 +440,6 @@ const Route* HttpServer::Find(const http1::Request& req, std::vector<std::string
 
 bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Response& res,
                        RequestContext& ctx, std::string& canonical_body) const {
-  deps_.metrics.http_requests.Inc();
   ctx.method = req.method;
   ctx.path = req.path;
   std::string rid = req.HeaderValue("X-Request-Id");
@@ -602,9 +618,9 @@ namespace {
 // A batch-lane request between Prepare and Finish.
 struct LaneState {
   const Route* route = nullptr;
+  std::chrono::steady_clock::time_point started;
   RequestContext ctx;
   JournalOp op;
-  SteadyTime start;
 };
 
 class LaneTicket final : public BatchLane::Ticket {
@@ -617,8 +633,9 @@ class LaneTicket final : public BatchLane::Ticket {
 }  // namespace
 
 void HttpServer::Prepare(Exchange& ex) {
+  const auto t0 = std::chrono::steady_clock::now();
   auto st = std::make_shared<LaneState>();
-  st->start = std::chrono::steady_clock::now();
+  st->started = t0;
   // Logged here unless the request goes on to Begin (then Finish logs it).
   struct AnsweredNow {
     Exchange& ex;
@@ -626,15 +643,26 @@ void HttpServer::Prepare(Exchange& ex) {
     ~AnsweredNow() {
       if (ex.answered) {
         LogRequest(ex.request.method, ex.request.path, ex.response, st.route, st.ctx, "none",
-                   st.start, true);
+                   st.started, true);
       }
     }
   } log_if_answered{ex, *st};
   std::vector<std::string> params;
   const Route* route = Find(ex.request, params, ex.response);
   ex.answered = true;
+  // Answered here (refused, gated): observed now; else when Finish answers.
+  struct ObserveIfAnswered {
+    const HttpServer& server;
+    const Route* route;
+    const Exchange& ex;
+    std::chrono::steady_clock::time_point t0;
+    ~ObserveIfAnswered() {
+      if (ex.answered) server.MetricsFor(route).Observe(ex.response.status, MicrosSince(t0));
+    }
+  } observe{*this, route, ex, t0};
   if (route == nullptr) return;
   st->route = route;
+  st->started = t0;
   st->ctx.params = std::move(params);
   std::string canonical_body;
   if (!Admit(*route, ex.request, ex.response, st->ctx, canonical_body)) return;
@@ -701,17 +729,25 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
               Finish(route, st->ctx, route.journal_lane->respond(st->ctx, std::move(results[k]))),
               ex.response);
     }
+    MetricsFor(&route).Observe(ex.response.status, MicrosSince(st->started));
     LogRequest(ex.request.method, ex.request.path, ex.response, st->route, st->ctx, "none",
-               st->start, true);
+               st->started, true);
   }
 }
 
-void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferral& deferral) {
+const RouteMetrics& HttpServer::MetricsFor(const Route* route) const {
+  if (route == nullptr) return unmatched_metrics_;
+  return route_metrics_[static_cast<size_t>(route - routes_.data())];
+}
+
+void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferral& deferral,
+                        Timing& timing) {
   Metrics& m = deps_.metrics;
   RequestContext ctx;
   AccessLine line(req, res, ctx);
   std::vector<std::string> params;
   const Route* found = Find(req, params, res);
+  timing.route = found;
   if (found == nullptr) return;
   const Route& route = *found;
   line.route = found;
@@ -727,14 +763,16 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
     // Parked: no worker waits. The answer is built when the poll resumes.
     std::shared_ptr<const LongPoll> poll = std::move(out.long_poll);
     Deferral::Resume resume = deferral.Park();
+    timing.parked = true;
     line.deferred = true;
-    poll->arm([this, r = &route, ctx, poll, resume, start = line.start()] {
-      resume([this, r, ctx, poll, start](http1::Response& answer) {
+    poll->arm([this, r = &route, ctx, poll, resume, started = timing.started] {
+      resume([this, r, ctx, poll, started](http1::Response& answer) {
         {
           TraceScope scope(ctx.trace);
           Respond(*r, Finish(*r, ctx, poll->answer()), answer);
         }
-        LogRequest(ctx.method, ctx.path, answer, r, ctx, "none", start, false);
+        MetricsFor(r).Observe(answer.status, MicrosSince(started));
+        LogRequest(ctx.method, ctx.path, answer, r, ctx, "none", started, false);
       });
     });
     return;
@@ -848,9 +886,8 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
       LogEvent(LogLevel::kError, "idempotency_finish_failed",
                {{"request_id", ctx.request_id}, {"error", fin.ToString()}});
     }
-    m.idem_in_progress_ms_sum.Inc(
-        static_cast<uint64_t>(std::max<int64_t>(0, deps_.clock.NowMillis() - begun_ms)));
-    m.idem_in_progress_count.Inc();
+    m.key_in_progress.ObserveMicros(std::max<int64_t>(0, deps_.clock.NowMillis() - begun_ms) *
+                                    1000);
   }
   waiters_->Ended(waiter_id);  // stored, released or forgotten: waiters look again
   Respond(route, out, res);

@@ -29,6 +29,7 @@
 // pool (ServerConfig.threads), journal batches on its event loops.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <span>
@@ -96,8 +97,17 @@ class HttpServer : private BatchLane {
   void Fail(http1::Response& res, const Status& st, const std::string& request_id,
             int status_override = 0) const;
 
+  // For the request metrics: the request's route (null: none matched),
+  // when it arrived, and whether Handle parked it (observed when answered).
+  struct Timing {
+    const Route* route;
+    std::chrono::steady_clock::time_point started;
+    bool parked;
+  };
   // On a worker; `deferral` parks a long poll (RouteResponse::long_poll).
-  void Handle(const http1::Request& req, http1::Response& res, Deferral& deferral);
+  void Handle(const http1::Request& req, http1::Response& res, Deferral& deferral, Timing& timing);
+  // The route's metric handles (metrics.h); null: the "unmatched" series.
+  const RouteMetrics& MetricsFor(const Route* route) const;
 
   // BatchLane: journal ops without an Idempotency-Key, on the event loops.
   bool Wants(const http1::Request& req) const override;
@@ -111,8 +121,10 @@ class HttpServer : private BatchLane {
   std::unique_ptr<CompiledSchemas> schemas_;
   RequestGuard guard_;  // configured by Start, before the first request
   std::unique_ptr<EventServer> server_;
-  std::unique_ptr<KeyWaiters> waiters_;    // Prefer: wait on a key in flight
-  std::unique_ptr<LeaseRenewer> renewer_;  // the keys of running handlers
+  std::unique_ptr<KeyWaiters> waiters_;      // Prefer: wait on a key in flight
+  std::unique_ptr<LeaseRenewer> renewer_;    // the keys of running handlers
+  std::vector<RouteMetrics> route_metrics_;  // by index in routes_
+  RouteMetrics unmatched_metrics_;
 };
 
 // "host:port" -> parts. InvalidArgument when malformed.

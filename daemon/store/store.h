@@ -643,6 +643,70 @@ class EscalationStore {
   virtual StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) = 0;
 };
 
+// ------------------------------------------------------------------- outbox
+
+// What happened, for consumers outside idem (R29): a decision stored, a
+// plan's state change, work done, work dead. Each event is staged by the
+// store that writes the state change, in the same atomic write: an event
+// exists if and only if its state change committed.
+struct OutboxEvent {
+  uint64_t seq = 0;            // commit order across all keys; the pull cursor
+  std::string event_id;        // "evt_" + seq in 20 digits: stable, for the consumer's inbox
+  std::string type;            // decision.created | plan.<state> | effect.done | work.dead_letter
+  std::string key;             // the decision_id, plan_id or work_id it is about
+  int64_t at_ms = 0;           // the state change's time
+  Json data = Json::object();  // small: ids, kind, state, never args or results
+
+  Json ToJson() const;
+  static StatusOr<OutboxEvent> FromJson(const Json& j);
+  static std::string IdFor(uint64_t seq);
+};
+
+// An event a subscriber did not take within its attempts.
+struct OutboxDeadLetter {
+  std::string subscriber;
+  OutboxEvent event;
+  int attempts = 0;
+  std::string last_error;
+  std::string state = "dead";  // dead | replaying (an operator asked for one more try)
+  int64_t dead_at_ms = 0;
+
+  Json ToJson() const;
+  static StatusOr<OutboxDeadLetter> FromJson(const Json& j);
+};
+
+class OutboxStore {
+ public:
+  virtual ~OutboxStore() = default;
+  // Events with seq > after, in seq order, up to `limit`. Sequence numbers
+  // are taken when a write is staged, so writes may commit out of order:
+  // only events below the watermark (every smaller seq committed or
+  // abandoned) are returned, so a reader that continues after the last seq
+  // it saw never skips an event that commits later. Seqs have gaps (a write
+  // that failed or was abandoned); they are never reused, retention included.
+  virtual StatusOr<std::vector<OutboxEvent>> After(uint64_t after, size_t limit) = 0;
+  // The seq of the last event the subscriber is done with (delivered or
+  // dead-lettered); 0 before its first.
+  virtual StatusOr<uint64_t> Cursor(const std::string& subscriber) = 0;
+  // Moves the subscriber's cursor to `seq` (never back). Durable.
+  virtual Status Advance(const std::string& subscriber, uint64_t seq) = 0;
+  // Stores the dead letter and moves the subscriber's cursor to its seq in
+  // one atomic write.
+  virtual Status AddDeadLetter(const OutboxDeadLetter& dl) = 0;
+  // Dead letters of `subscriber` ("" : all), oldest event first.
+  virtual StatusOr<std::vector<OutboxDeadLetter>> DeadLetters(const std::string& subscriber,
+                                                              size_t limit) = 0;
+  // dead -> replaying: the dispatcher tries it once more. NotFound if none.
+  virtual StatusOr<OutboxDeadLetter> RequestReplay(const std::string& subscriber, uint64_t seq) = 0;
+  // The replay's outcome: delivered removes the dead letter; otherwise it is
+  // dead again with one more attempt and `error`. NotFound if none.
+  virtual Status FinishReplay(const std::string& subscriber, uint64_t seq, bool delivered,
+                              const std::string& error, int64_t now_ms) = 0;
+  // Deletes up to `limit` events with seq <= through_seq and at_ms <=
+  // cutoff_ms, oldest first; returns how many.
+  virtual StatusOr<size_t> Sweep(uint64_t through_seq, int64_t cutoff_ms, size_t limit) = 0;
+};
+
 // --------------------------------------------------------------------- meta
 
 // Small durable facts, e.g. the hash of each prompt version.
@@ -658,6 +722,13 @@ class MetaStore {
 struct StoreOptions {
   std::string path;
   bool sync = true;
+  // Below this much free space on the store's filesystem writes fail with
+  // Unavailable before reaching the engine (0: no check).
+  uint64_t min_free_bytes = 0;
+  // Called (may be empty) after every write to the database with its
+  // duration in microseconds, on the writing thread with no lock held; must
+  // be cheap (the daemon feeds idem_store_write_seconds).
+  std::function<void(int64_t micros)> on_write_micros = {};
 };
 
 // All the stores of one database. The Store owns the database; the
@@ -673,6 +744,7 @@ class Store {
   virtual LeaseStore& leases() = 0;
   virtual MetaStore& meta() = 0;
   virtual EscalationStore& escalations() = 0;
+  virtual OutboxStore& outbox() = 0;
   virtual TraceIndex& traces() = 0;
   // OK while writes succeed; Unavailable (retryable) from a write that the
   // disk refused (full, I/O error) until the store has recovered by itself

@@ -70,7 +70,8 @@ constexpr std::string_view kRulesSchema = R"json({
             "step": {"type": "string"},
             "model": {"type": "string"},
             "repair": {"type": "boolean"},
-            "input": {"type": "object", "additionalProperties": {"$ref": "#/definitions/condition"}}
+            "input": {"type": "object", "additionalProperties": {"$ref": "#/definitions/condition"}},
+            "prompt": {"$ref": "#/definitions/condition"}
           }
         },
         "output": {"type": ["string", "object", "array"]},
@@ -172,6 +173,7 @@ struct ScriptedProvider::Rule {
   std::optional<std::string> model;
   std::optional<bool> repair;
   std::vector<Condition> conditions;
+  std::optional<Condition> prompt;  // on the rendered prompt text (pointer "")
 
   // The answer: exactly one of output (a template or a JSON value of
   // templates) and failure.
@@ -192,6 +194,7 @@ struct ScriptedProvider::Rule {
     for (const Condition& c : conditions) {
       if (!Holds(c, request.input)) return false;
     }
+    if (prompt && !Holds(*prompt, Json(request.prompt))) return false;
     return true;
   }
 
@@ -242,6 +245,8 @@ struct ScriptedProvider::Rule {
 
   static StatusOr<std::unique_ptr<Rule>> Compile(const YamlDocument& doc, const std::string& at,
                                                  const Json& node);
+  static StatusOr<Condition> CompileCondition(const YamlDocument& doc, const std::string& where,
+                                              Json::json_pointer pointer, const Json& spec);
   static Status CompileAnswer(const YamlDocument& doc, const std::string& at, const Json& node,
                               Rule& rule);
 };
@@ -351,43 +356,57 @@ StatusOr<std::unique_ptr<ScriptedProvider::Rule>> ScriptedProvider::Rule::Compil
     if (match.contains("step")) rule->step = match["step"].get<std::string>();
     if (match.contains("model")) rule->model = match["model"].get<std::string>();
     if (match.contains("repair")) rule->repair = match["repair"].get<bool>();
+    if (match.contains("prompt")) {
+      ASSIGN_OR_RETURN(Condition c, CompileCondition(doc, at + "/match/prompt",
+                                                     Json::json_pointer(), match["prompt"]));
+      rule->prompt = std::move(c);
+    }
     if (match.contains("input")) {
       for (const auto& [key, spec] : match["input"].items()) {
         const std::string where = at + "/match/input/" + JsonPointerToken(key);
-        Condition c;
         const std::string pointer =
             !key.empty() && key[0] == '/' ? key : "/" + JsonPointerToken(key);
+        Json::json_pointer parsed;
         try {
-          c.pointer = Json::json_pointer(pointer);
+          parsed = Json::json_pointer(pointer);
         } catch (const std::exception& e) {
           return doc.Error(where, "not a JSON pointer: " + std::string(e.what()));
         }
-        c.ignore_case = spec.value("ignore_case", false);
-        if (spec.contains("equals")) c.equals = spec["equals"];
-        if (spec.contains("contains")) {
-          const std::string text = spec["contains"].get<std::string>();
-          c.contains = c.ignore_case ? FoldCase(text) : text;
-        }
-        if (spec.contains("exists")) c.exists = spec["exists"].get<bool>();
-        if (spec.contains("regex")) {
-          auto flags = std::regex::ECMAScript | std::regex::optimize;
-          if (c.ignore_case) flags |= std::regex::icase;
-          try {
-            c.regex.emplace(spec["regex"].get<std::string>(), flags);
-          } catch (const std::regex_error& e) {
-            return doc.Error(where + "/regex",
-                             "not a valid regular expression: " + std::string(e.what()));
-          }
-        }
-        if (!c.equals && !c.contains && !c.regex && !c.exists) {
-          return doc.Error(where, "needs equals, contains, regex or exists");
-        }
+        ASSIGN_OR_RETURN(Condition c, CompileCondition(doc, where, std::move(parsed), spec));
         rule->conditions.push_back(std::move(c));
       }
     }
   }
   RETURN_IF_ERROR(CompileAnswer(doc, at, node, *rule));
   return rule;
+}
+
+StatusOr<ScriptedProvider::Rule::Condition> ScriptedProvider::Rule::CompileCondition(
+    const YamlDocument& doc, const std::string& where, Json::json_pointer pointer,
+    const Json& spec) {
+  Condition c;
+  c.pointer = std::move(pointer);
+  c.ignore_case = spec.value("ignore_case", false);
+  if (spec.contains("equals")) c.equals = spec["equals"];
+  if (spec.contains("contains")) {
+    const std::string text = spec["contains"].get<std::string>();
+    c.contains = c.ignore_case ? FoldCase(text) : text;
+  }
+  if (spec.contains("exists")) c.exists = spec["exists"].get<bool>();
+  if (spec.contains("regex")) {
+    auto flags = std::regex::ECMAScript | std::regex::optimize;
+    if (c.ignore_case) flags |= std::regex::icase;
+    try {
+      c.regex.emplace(spec["regex"].get<std::string>(), flags);
+    } catch (const std::regex_error& e) {
+      return doc.Error(where + "/regex",
+                       "not a valid regular expression: " + std::string(e.what()));
+    }
+  }
+  if (!c.equals && !c.contains && !c.regex && !c.exists) {
+    return doc.Error(where, "needs equals, contains, regex or exists");
+  }
+  return c;
 }
 
 ScriptedProvider::ScriptedProvider(Env& env, std::vector<std::unique_ptr<Rule>> rules,

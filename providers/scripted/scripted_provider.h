@@ -15,6 +15,7 @@
 //           /meta/lang: {equals: en}                      # or a JSON pointer
 //           /ticket_id: {regex: "^T-[0-9]+$"}
 //           /urgent: {exists: true}
+//         prompt: {contains: "v2 wording"}   # on the rendered prompt text
 //       output: '{"category": "refund", "id": "{{input.ticket_id}}"}'
 //       # or a mapping / list: used as the JSON value, each string in it
 //       #   rendered as a template (no escaping)

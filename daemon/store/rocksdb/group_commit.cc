@@ -1,5 +1,6 @@
 #include "daemon/store/rocksdb/group_commit.h"
 
+#include <chrono>
 #include <utility>
 
 namespace idem::rocks {
@@ -39,8 +40,9 @@ class MergeInto : public rocksdb::WriteBatch::Handler {
 }  // namespace
 
 GroupCommit::GroupCommit(rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& handles,
-                         std::function<void(const rocksdb::Status&)> on_write)
-    : db_(db), on_write_(std::move(on_write)) {
+                         std::function<void(const rocksdb::Status&, int64_t micros)> on_write,
+                         std::function<rocksdb::Status(size_t)> admit)
+    : db_(db), on_write_(std::move(on_write)), admit_(std::move(admit)) {
   for (rocksdb::ColumnFamilyHandle* h : handles) {
     if (h == nullptr) continue;
     uint32_t id = h->GetID();
@@ -62,9 +64,13 @@ GroupCommit::~GroupCommit() {
 rocksdb::Status GroupCommit::WriteGroup(Group& g) {
   rocksdb::WriteOptions wo;
   wo.sync = g.sync;
-  if (g.batches.size() == 1) return db_.Write(wo, g.batches.front());
   size_t bytes = 0;
   for (const rocksdb::WriteBatch* b : g.batches) bytes += b->GetDataSize();
+  if (admit_) {
+    rocksdb::Status admitted = admit_(bytes);
+    if (!admitted.ok()) return admitted;
+  }
+  if (g.batches.size() == 1) return db_.Write(wo, g.batches.front());
   rocksdb::WriteBatch merged(bytes);
   MergeInto merge(merged, by_id_);
   for (const rocksdb::WriteBatch* b : g.batches) {
@@ -86,8 +92,13 @@ void GroupCommit::Lead(std::unique_lock<std::mutex>& lock, const std::shared_ptr
   writing_ = true;
   filling_ = nullptr;
   lock.unlock();
+  const auto t0 = std::chrono::steady_clock::now();
   rocksdb::Status s = WriteGroup(*g);
-  if (on_write_) on_write_(s);
+  if (on_write_) {
+    on_write_(s, std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count());
+  }
   lock.lock();
   ++writes_;
   batches_ += g->batches.size();

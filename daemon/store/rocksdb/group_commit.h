@@ -56,11 +56,16 @@ class GroupCommit {
 
   // `handles`: every column family a batch may name (the merge maps a
   // family id back to its handle).
-  // `on_write` (may be empty) sees the status of every DB::Write, on the
-  // writing thread with no lock held, before any caller of that write is
-  // woken (the database's health flag, rocksdb_database.h).
+  // `on_write` (may be empty) sees the status and duration (microseconds)
+  // of every DB::Write, on the writing thread with no lock held, before any
+  // caller of that write is woken (the database's health flag and
+  // StoreOptions::on_write_micros, rocksdb_database.h).
+  // `admit` (may be empty) runs on the writing thread before each DB::Write
+  // with the bytes it will write; a status it returns fails the write
+  // instead (the free-space check, rocksdb_database.h).
   GroupCommit(rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& handles,
-              std::function<void(const rocksdb::Status&)> on_write = {});
+              std::function<void(const rocksdb::Status&, int64_t micros)> on_write = {},
+              std::function<rocksdb::Status(size_t bytes)> admit = {});
   ~GroupCommit();  // joins the committer thread; no Submit may be pending
 
   // Writes `batch` (synced when `sync`), sharing the write with concurrent
@@ -102,7 +107,8 @@ class GroupCommit {
 
   rocksdb::DB& db_;
   std::vector<rocksdb::ColumnFamilyHandle*> by_id_;  // family id -> handle
-  std::function<void(const rocksdb::Status&)> on_write_;
+  std::function<void(const rocksdb::Status&, int64_t micros)> on_write_;
+  std::function<rocksdb::Status(size_t)> admit_;
 
   mutable std::mutex mu_;
   std::shared_ptr<Group> filling_;  // the group new writers join; null if none

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -68,6 +69,8 @@ enum class Family : int {
   kEscalationsByTime,  // BE8(~created_at) | escalation_id -> ""
   kIdemInProgress,     // LP(scope) | key -> ""  (records in state in_progress)
   kDecisionsExpiry,    // BE8(expires_at) | decision_id -> ""  (decisions with a window)
+  kOutbox,             // BE8(seq) -> OutboxEvent JSON (rocksdb_outbox_store.h)
+  kOutboxDead,         // LP(subscriber) | BE8(seq) -> OutboxDeadLetter JSON
   kTraces,             // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON
   kTracesByTime,       // BE8(at_ms) | trace_id | BE8(seq) -> ""
   kCount,
@@ -90,6 +93,9 @@ std::string LengthPrefixed(std::string_view s);
 class RecordBatch {
  public:
   explicit RecordBatch(class RocksDatabase& db) : db_(db) {}
+  ~RecordBatch();  // gives back the outbox seqs of a batch never written
+  RecordBatch(const RecordBatch&) = delete;
+  RecordBatch& operator=(const RecordBatch&) = delete;
   void Put(Family f, std::string_view key, std::string_view value);
   // Encodes `j`; an encoding error is kept and returned by Commit.
   void PutJson(Family f, std::string_view key, const Json& j);
@@ -99,12 +105,19 @@ class RecordBatch {
     if (status_.ok()) status_ = std::move(error);
   }
   bool empty() const { return batch_.Count() == 0; }
+  // Stages an outbox event (store.h, OutboxEvent) with the state change
+  // this batch writes: its seq is taken now, and stays "in flight" (above
+  // the readers' watermark) until the batch's write is over or the batch
+  // is dropped. Stage it while holding the lock of the record it reports,
+  // so events of one key are numbered in the order they commit.
+  void AddOutboxEvent(const std::string& type, const std::string& key, int64_t at_ms, Json data);
 
  private:
   friend class RocksDatabase;
   RocksDatabase& db_;
   rocksdb::WriteBatch batch_;
   Status status_;
+  std::vector<uint64_t> outbox_seqs_;  // taken, not yet given back
 };
 
 // A point-in-time view for multi-key reads (an index plus its records).
@@ -166,6 +179,15 @@ class RocksDatabase {
   // error, from a failed write until a write succeeds again.
   Status WriteHealth() const;
 
+  // The outbox sequence. Every seq <= the watermark is committed or will
+  // never be (its write failed or its batch was dropped); readers serve only
+  // those, so a cursor never passes an event that commits later.
+  uint64_t TakeOutboxSeq();
+  void ReleaseOutboxSeqs(const std::vector<uint64_t>& seqs);
+  uint64_t OutboxWatermark();
+  // Meta key holding the highest seq retention deleted (seqs are never reused).
+  static constexpr char kOutboxSweptKey[] = "outbox.swept_through";
+
  private:
   static constexpr size_t kStripes = 1024;
   class ErrorListener;
@@ -178,6 +200,13 @@ class RocksDatabase {
   // The recovery thread: while writes fail, Resume and probe once a second.
   void RecoveryLoop();
   void TryRecover();
+  // Before each group write: NoSpace when the filesystem would be left with
+  // less than options_.min_free_bytes. Looks (statvfs) at most every 10 ms
+  // unless the writes since the last look could have used up the headroom
+  // it saw.
+  rocksdb::Status AdmitWrite(size_t bytes);
+  // Free bytes on the store's filesystem (nullopt when statvfs fails).
+  std::optional<uint64_t> FreeBytes() const;
 
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -193,6 +222,14 @@ class RocksDatabase {
   std::condition_variable health_cv_;
   std::thread recovery_;
   std::atomic<bool> recovering_{false};  // the recovery thread is inside TryRecover
+
+  Mutex space_mu_;
+  int64_t space_checked_ms_ GUARDED_BY(space_mu_) = 0;
+  uint64_t space_free_ GUARDED_BY(space_mu_) = 0;   // free bytes at the last look
+  uint64_t space_since_ GUARDED_BY(space_mu_) = 0;  // bytes admitted since then
+  Mutex outbox_mu_;
+  uint64_t outbox_next_ GUARDED_BY(outbox_mu_) = 1;
+  std::set<uint64_t> outbox_in_flight_ GUARDED_BY(outbox_mu_);
 };
 
 }  // namespace idem::rocks

@@ -191,6 +191,13 @@ Status RocksDecisionStore::Store(const Decision& d) {
   batch.Put(Family::kDecisionKeys, d.decision_key, d.decision_id);
   batch.Put(Family::kDecisionsByTime, Position(d), "");
   batch.Put(Family::kDecisionsByStep, LengthPrefixed(d.step) + Position(d), "");
+  batch.AddOutboxEvent(previous ? "decision.updated" : "decision.created", d.decision_id,
+                       d.created_at_ms,
+                       Json{{"decision_id", d.decision_id},
+                            {"decision_key", d.decision_key},
+                            {"step", d.step},
+                            {"status", d.status},
+                            {"decided_by", d.decided_by}});
   RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
   Remember(d);
   return Status::Ok();

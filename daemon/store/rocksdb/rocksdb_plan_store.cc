@@ -1,5 +1,6 @@
 #include "daemon/store/rocksdb/rocksdb_plan_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "daemon/core/crypto.h"
@@ -26,6 +27,16 @@ std::optional<std::string> FromHex(std::string_view hex) {
     out.push_back(static_cast<char>(hi * 16 + lo));
   }
   return out;
+}
+
+// The outbox event's data for a plan entering its state.
+Json OutboxData(const Plan& p, const std::string& from, const std::string& actor) {
+  Json data = {{"plan_id", p.plan_id}, {"state", p.state}, {"origin", p.origin}};
+  if (!from.empty()) data["from"] = from;
+  if (!actor.empty()) data["actor"] = actor;
+  if (!p.decision_id.empty()) data["decision_id"] = p.decision_id;
+  if (!p.step.empty()) data["step"] = p.step;
+  return data;
 }
 
 }  // namespace
@@ -69,6 +80,9 @@ Status RocksPlanStore::Put(const Plan& plan, const AuditEvent* audit) {
       [&plan](RecordBatch& batch) {
         batch.PutJson(Family::kPlans, plan.plan_id, plan.ToJson());
         batch.Put(Family::kPlansByState, StateIndexKey(plan), "");
+        batch.AddOutboxEvent("plan." + plan.state, plan.plan_id,
+                             std::max(plan.updated_at_ms, plan.created_at_ms),
+                             OutboxData(plan, "", plan.created_by));
       },
       audit, {{"plan_id", plan.plan_id}, {"to", plan.state}});
 }
@@ -106,6 +120,10 @@ StatusOr<Plan> RocksPlanStore::Change(const std::string& plan_id, const PlanChan
           batch.Put(Family::kPlansByState, StateIndexKey(next), "");
         }
         batch.PutJson(Family::kPlans, plan_id, next.ToJson());
+        if (change.from != change.to) {
+          batch.AddOutboxEvent("plan." + change.to, plan_id, change.now_ms,
+                               OutboxData(next, change.from, change.actor));
+        }
       },
       change.audit, {{"plan_id", plan_id}, {"from", change.from}, {"to", change.to}}));
   return next;

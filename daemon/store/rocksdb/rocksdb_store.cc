@@ -10,6 +10,7 @@
 #include "daemon/store/rocksdb/rocksdb_idem_key_store.h"
 #include "daemon/store/rocksdb/rocksdb_journal.h"
 #include "daemon/store/rocksdb/rocksdb_lease_store.h"
+#include "daemon/store/rocksdb/rocksdb_outbox_store.h"
 #include "daemon/store/rocksdb/rocksdb_plan_store.h"
 #include "daemon/store/rocksdb/rocksdb_trace_index.h"
 #include "daemon/store/store.h"
@@ -30,6 +31,7 @@ class RocksStore final : public Store {
         leases_(*db_),
         meta_(*db_),
         escalations_(*db_),
+        outbox_(*db_),
         traces_(*db_) {}
 
   DecisionStore& decisions() override { return decisions_; }
@@ -40,6 +42,7 @@ class RocksStore final : public Store {
   LeaseStore& leases() override { return leases_; }
   MetaStore& meta() override { return meta_; }
   EscalationStore& escalations() override { return escalations_; }
+  OutboxStore& outbox() override { return outbox_; }
   TraceIndex& traces() override { return traces_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
 
@@ -54,6 +57,7 @@ class RocksStore final : public Store {
   rocks::RocksLeaseStore leases_;
   rocks::RocksMetaStore meta_;
   rocks::RocksEscalationStore escalations_;
+  rocks::RocksOutboxStore outbox_;
   rocks::RocksTraceIndex traces_;  // last: its writer thread stops first
 };
 

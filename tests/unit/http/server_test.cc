@@ -130,7 +130,7 @@ TEST_CASE("every metric name follows the Prometheus naming rules") {
       fields >> name >> type;
       types[name] = type;
     } else if (!line.empty() && line[0] != '#') {
-      samples.push_back(line.substr(0, line.find(' ')));
+      samples.push_back(line.substr(0, line.find_first_of("{ ")));
     }
   }
   REQUIRE(types.size() > 10);
@@ -148,11 +148,12 @@ TEST_CASE("every metric name follows the Prometheus naming rules") {
   for (const std::string& sample : samples) {
     CAPTURE(sample);
     bool known = types.count(sample) > 0;
-    for (const char* suffix : {"_sum", "_count"}) {
+    for (const char* suffix : {"_sum", "_count", "_bucket"}) {
       std::string s(suffix);
-      if (sample.size() > s.size() && sample.compare(sample.size() - s.size(), s.size(), s) == 0) {
-        std::string family = sample.substr(0, sample.size() - s.size());
-        known = known || (types.count(family) > 0 && types[family] == "summary");
+      const std::string& name = sample;
+      if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+        std::string family = name.substr(0, name.size() - s.size());
+        known = known || (types.count(family) > 0 && types[family] == "histogram");
       }
     }
     CHECK(known);

@@ -418,3 +418,31 @@ TEST_CASE("the registry refuses an unknown provider type and passes scripted err
 
 }  // namespace
 }  // namespace idem
+
+namespace idem {
+
+TEST_CASE("a_prompt_condition_matches_the_rendered_prompt_text") {
+  FakeEnv env;
+  auto p = MustBuild(R"(rules:
+  - match: {prompt: {contains: VERSION-2}}
+    output: '{"v": 2}'
+  - match: {prompt: {regex: "^Ticket: "}}
+    output: '{"v": 1}'
+default:
+  output: '{"v": 0}'
+)",
+                     env);
+  ProviderRequest r = Request({{"text", "x"}});
+  r.prompt = "VERSION-2 Ticket: x";
+  CHECK(p->Complete(r)->output["v"] == 2);
+  r.prompt = "Ticket: x";
+  CHECK(p->Complete(r)->output["v"] == 1);
+  r.prompt = "something else";
+  CHECK(p->Complete(r)->output["v"] == 0);
+  // A prompt condition needs one of the tests, like an input condition.
+  CHECK_FALSE(ScriptedProvider::FromYaml("rules:\n  - match: {prompt: {}}\n    output: '{}'\n",
+                                         "rules.yaml", env)
+                  .ok());
+}
+
+}  // namespace idem

@@ -38,8 +38,9 @@ class TempDir {
   std::string path_;
 };
 
-inline std::unique_ptr<Store> OpenStore(const std::string& path, bool sync = false) {
-  StatusOr<std::unique_ptr<Store>> store = OpenRocksStore(StoreOptions{path, sync});
+inline std::unique_ptr<Store> OpenStore(const std::string& path, bool sync = false,
+                                        uint64_t min_free_bytes = 0) {
+  StatusOr<std::unique_ptr<Store>> store = OpenRocksStore(StoreOptions{path, sync, min_free_bytes});
   REQUIRE_MESSAGE(store.ok(), store.status().ToString());
   return std::move(store).value();
 }

@@ -66,7 +66,10 @@ TEST_CASE("a failing disk fails writes Unavailable, keeps reads, and recovers by
   CHECK(store->journal().Claim(ClaimReq("w-during", kT0)).ok());
 }
 
-TEST_CASE("a full disk fails writes Unavailable, keeps reads, and recovers once space returns") {
+// Fills a 16 MiB filesystem under a store (with `min_free_bytes` as its
+// floor), checks writes fail and reads work, frees the space, and (when
+// `recovery`) checks that writes work again by themselves.
+void FullDiskEpisode(uint64_t min_free_bytes, bool recovery) {
   SmallFilesystem fs("16m");
   if (!fs.mounted()) {
     MESSAGE("skipped: cannot mount tmpfs (not root, or no CAP_SYS_ADMIN)");
@@ -75,7 +78,7 @@ TEST_CASE("a full disk fails writes Unavailable, keeps reads, and recovers once 
   const std::string data = fs.path() + "/store";
   const std::string filler = fs.path() + "/filler";
   {
-    auto store = OpenStore(data, /*sync=*/true);
+    auto store = OpenStore(data, /*sync=*/true, min_free_bytes);
     REQUIRE(store->journal().Claim(ClaimReq("w-before", kT0)).ok());
     FillUp(filler);
 
@@ -96,14 +99,7 @@ TEST_CASE("a full disk fails writes Unavailable, keeps reads, and recovers once 
     REQUIRE_MESSAGE(before.ok(), before.status().ToString());
     CHECK(before->state == WorkState::kRunning);
     std::filesystem::remove(filler);
-    // Known gap: RocksDB 7.8's Resume() sometimes waits for a flush that is
-    // never rescheduled (about 1 run in 5 here); recovery from a real full
-    // disk is checked only when asked for. The failpoint test above covers
-    // the recovery loop itself.
-    if (std::getenv("IDEM_DISK_RECOVERY_TESTS") == nullptr) {
-      MESSAGE("recovery part skipped: set IDEM_DISK_RECOVERY_TESTS=1");
-      return;
-    }
+    if (!recovery) return;
     CHECK(Eventually([&] { return store->WriteHealth().ok(); }, 5000ms));
     auto after = store->journal().Claim(ClaimReq("w-after", kT0));
     CHECK_MESSAGE(after.ok(), after.status().ToString());
@@ -112,6 +108,31 @@ TEST_CASE("a full disk fails writes Unavailable, keeps reads, and recovers once 
   auto reopened = OpenStore(data);
   CHECK(reopened->journal().Get("w-before").ok());
   CHECK(reopened->journal().Get("w-after").ok());
+}
+
+TEST_CASE("below store.min_free writes fail before RocksDB meets the full disk, and recover") {
+  // RocksDB never sees ENOSPC, so no Resume (whose wait can hang in 7.8) is
+  // needed: writes simply succeed again once there is room.
+  FullDiskEpisode(/*min_free_bytes=*/1 << 20, /*recovery=*/true);
+}
+
+TEST_CASE("a full disk met by RocksDB itself fails writes Unavailable and keeps reads") {
+  // Without the floor the WAL write meets ENOSPC. Known gap: RocksDB 7.8's
+  // Resume() then sometimes waits for a flush that is never rescheduled
+  // (about 1 run in 5 here), so recovery on this path is checked only when
+  // asked for (IDEM_DISK_RECOVERY_TESTS=1). The daemon runs with the floor.
+  FullDiskEpisode(/*min_free_bytes=*/0, std::getenv("IDEM_DISK_RECOVERY_TESTS") != nullptr);
+}
+
+TEST_CASE("a store below its free-space floor refuses writes and names the setting") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/false, /*min_free_bytes=*/uint64_t{1} << 62);
+  auto claim = store->journal().Claim(ClaimReq("w-1", kT0));
+  REQUIRE_FALSE(claim.ok());
+  CHECK(claim.status().code() == Code::kUnavailable);
+  CHECK(claim.status().message().find("store.min_free_mb") != std::string::npos);
+  CHECK_FALSE(store->WriteHealth().ok());
+  CHECK(store->journal().Get("w-1").status().code() == Code::kNotFound);
 }
 
 }  // namespace

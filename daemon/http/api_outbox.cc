@@ -1,0 +1,96 @@
+// The outbox routes (R29): pull the events (GET /v1/events), list the
+// subscribers' dead letters and ask for one to be delivered again.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "daemon/http/api.h"
+
+namespace idem {
+namespace {
+
+// A seq: the `after` cursor or a dead letter's path parameter.
+StatusOr<uint64_t> SeqText(const std::string& v, const std::string& field, bool allow_empty) {
+  if (v.empty() && allow_empty) return uint64_t{0};
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v.size() > 20 || end == v.c_str() || *end != '\0' || v[0] == '-' ||
+      v[0] == '+') {
+    return InvalidArgument("must be a cursor this API returned (a number)", field);
+  }
+  return static_cast<uint64_t>(n);
+}
+
+}  // namespace
+
+void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/events",
+      .summary = "Outbox events in commit order (?after=CURSOR&limit=100): decision.created, "
+                 "plan.<state>, effect.done, work.dead_letter. Keep next_cursor and ask again "
+                 "with it; an event is never skipped. Dedupe on event_id.",
+      .responses = {{200, "outbox.event.list"}, {400, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(uint64_t after, SeqText(QueryParam(ctx, "after"), "query:after", true));
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        ASSIGN_OR_RETURN(std::vector<OutboxEvent> events, deps.store.outbox().After(after, limit));
+        Json items = Json::array();
+        for (const OutboxEvent& e : events) items.push_back(e.ToJson());
+        const uint64_t next = events.empty() ? after : events.back().seq;
+        return RouteResponse{
+            200, {{"items", std::move(items)}, {"next_cursor", std::to_string(next)}}, {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/outbox/dead-letters",
+      .summary = "Outbox events a subscriber did not take within its attempts "
+                 "(?subscriber=NAME&limit=100), oldest event first.",
+      .responses = {{200, "outbox.dead_letter.list"}, {400, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        const std::string subscriber = QueryParam(ctx, "subscriber");
+        if (!subscriber.empty() && !deps.config.outbox.subscribers.contains(subscriber)) {
+          return Status(Code::kNotFound, "no outbox subscriber " + subscriber, "query:subscriber");
+        }
+        ASSIGN_OR_RETURN(std::vector<OutboxDeadLetter> dead,
+                         deps.store.outbox().DeadLetters(subscriber, limit));
+        Json items = Json::array();
+        for (const OutboxDeadLetter& d : dead) items.push_back(d.ToJson());
+        return RouteResponse{200, {{"items", std::move(items)}}, {}};
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/outbox/dead-letters/{subscriber}/{seq}/replay",
+      .summary = "Deliver one outbox dead letter once more: 202 state replaying; the "
+                 "subscriber's dispatcher posts it next (delivered: the dead letter goes; "
+                 "refused: it is dead again with one more attempt).",
+      .key_policy = KeyPolicy::kOptional,
+      .responses = {{202, "outbox.dead_letter"}, {404, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        const std::string& subscriber = ctx.params[0];
+        if (!deps.config.outbox.subscribers.contains(subscriber)) {
+          return Status(Code::kNotFound, "no outbox subscriber " + subscriber, "path:subscriber");
+        }
+        ASSIGN_OR_RETURN(uint64_t seq, SeqText(ctx.params[1], "path:seq", false));
+        ASSIGN_OR_RETURN(OutboxDeadLetter d, deps.store.outbox().RequestReplay(subscriber, seq));
+        AuditEvent event;
+        event.at_ms = deps.clock.NowMillis();
+        event.actor = ctx.caller;
+        event.action = "outbox.dead_letter.replayed";
+        event.detail = {{"subscriber", subscriber},
+                        {"event_id", d.event.event_id},
+                        {"request_id", ctx.request_id}};
+        RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
+        RouteResponse r{202, d.ToJson(), {}};
+        r.transient = true;
+        return r;
+      }});
+}
+
+}  // namespace idem

@@ -1,0 +1,90 @@
+// The outbox dispatcher (R29): pushes the store's outbox events
+// (store.h, OutboxStore) to the webhook subscribers of config `outbox`.
+//
+// Promises:
+//   - At least once: an event is delivered (a 2xx answer) before the
+//     subscriber's durable cursor moves past it; a crash in between
+//     delivers it again after the restart, with the same event id
+//     (Idempotency-Key and Idem-Event-Id headers) for the consumer's inbox.
+//   - In order: each subscriber takes events one at a time in seq order
+//     (commit order, so per key too). An event that exhausts its attempts
+//     goes to that subscriber's dead letters and the subscriber moves on:
+//     later events of the same key may then arrive before the dead one is
+//     replayed (POST /v1/outbox/dead_letters/{subscriber}/{seq}/replay).
+//   - Retries: full-jitter backoff (core/backoff.h) up to max_attempts,
+//     honouring Retry-After; a 4xx other than 408, 409, 425 and 429 is
+//     final at once (retrying the same body cannot help).
+//   - Subscribers are independent: one thread each, so a slow or dead
+//     subscriber delays only itself.
+//
+// Failpoints: "outbox.deliver" before each delivery attempt, and
+// "outbox.delivered" after a 2xx and before the cursor moves.
+//
+// Thread-safety: Start/Stop from one thread; Sweep from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/config/config.h"
+#include "daemon/core/env.h"
+#include "daemon/core/http_client.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+
+class OutboxDispatcher {
+ public:
+  // FailedPrecondition (field: the header's config path) if a header names
+  // an unset environment variable.
+  static StatusOr<std::unique_ptr<OutboxDispatcher>> Create(const OutboxConfig& config,
+                                                            OutboxStore& store, HttpClient& http,
+                                                            StableClock& clock);
+  ~OutboxDispatcher();  // Stop()
+
+  void Start();
+  // Wakes and joins every subscriber thread; a delivery in flight finishes
+  // (bounded by its timeout) without moving on.
+  void Stop();
+
+  // Retention: deletes up to `limit` events older than the retention window
+  // that every subscriber has passed; returns how many.
+  StatusOr<size_t> Sweep(int64_t now_ms, size_t limit);
+
+ private:
+  struct Subscriber {
+    OutboxSubscriberConfig config;
+    HttpHeaders headers;  // expanded; held in memory only
+    std::thread thread;
+    int64_t next_replay_scan_ms = 0;  // its thread only
+  };
+  OutboxDispatcher(const OutboxConfig& config, OutboxStore& store, HttpClient& http,
+                   StableClock& clock)
+      : config_(config), store_(store), http_(http), clock_(clock) {}
+
+  void Run(Subscriber& s);
+  // One POST; OK on 2xx. *final: retrying cannot help. *retry_after_ms: the
+  // upstream's Retry-After, 0 if none.
+  Status Post(const Subscriber& s, const OutboxEvent& e, bool* final, int64_t* retry_after_ms);
+  // Delivers `e` with retries; false when stopping (nothing recorded).
+  bool Deliver(Subscriber& s, const OutboxEvent& e);
+  void ReplayRequested(Subscriber& s);
+  // Sleeps up to ms; false when stopping.
+  bool Wait(int64_t ms);
+
+  const OutboxConfig config_;
+  OutboxStore& store_;
+  HttpClient& http_;
+  StableClock& clock_;
+  std::vector<std::unique_ptr<Subscriber>> subscribers_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+};
+
+}  // namespace idem

@@ -1,0 +1,233 @@
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+#include "daemon/core/backoff.h"
+#include "daemon/core/failpoints.h"
+#include "daemon/core/json.h"
+#include "daemon/obs/log.h"
+#include "daemon/outbox/outbox.h"
+
+namespace idem {
+namespace {
+
+constexpr size_t kBatch = 64;
+constexpr int64_t kReplayScanMs = 1'000;
+
+// `${VAR}` in `value` replaced from the environment.
+StatusOr<std::string> Expand(const std::string& value, const std::string& field) {
+  std::string out;
+  size_t pos = 0;
+  while (true) {
+    size_t start = value.find("${", pos);
+    if (start == std::string::npos) break;
+    size_t end = value.find('}', start);
+    if (end == std::string::npos) return InvalidArgument("unclosed '${' in a header value", field);
+    out += value.substr(pos, start - pos);
+    std::string var = value.substr(start + 2, end - start - 2);
+    const char* v = var.empty() ? nullptr : std::getenv(var.c_str());
+    if (v == nullptr || *v == '\0') {
+      return Status(Code::kFailedPrecondition,
+                    "the environment variable " + var + " (named in a header) is not set", field);
+    }
+    out += v;
+    pos = end + 1;
+  }
+  out += value.substr(pos);
+  return out;
+}
+
+int64_t RetryAfterMs(const HttpResponse& r) {
+  const std::string* v = r.FindHeader("retry-after");
+  if (v == nullptr || v->empty()) return 0;
+  char* end = nullptr;
+  long long s = std::strtoll(v->c_str(), &end, 10);
+  if (end == v->c_str() || *end != '\0' || s < 0) return 0;
+  return std::min<long long>(s, 3600) * 1000;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(const OutboxConfig& config,
+                                                                     OutboxStore& store,
+                                                                     HttpClient& http,
+                                                                     StableClock& clock) {
+  std::unique_ptr<OutboxDispatcher> d(new OutboxDispatcher(config, store, http, clock));
+  for (const auto& [name, sub] : config.subscribers) {
+    auto s = std::make_unique<Subscriber>();
+    s->config = sub;
+    for (const auto& [hname, value] : sub.headers) {
+      ASSIGN_OR_RETURN(std::string v,
+                       Expand(value, "/outbox/subscribers/" + JsonPointerToken(name) + "/headers/" +
+                                         JsonPointerToken(hname)));
+      s->headers.emplace_back(hname, std::move(v));
+    }
+    d->subscribers_.push_back(std::move(s));
+  }
+  return d;
+}
+
+OutboxDispatcher::~OutboxDispatcher() { Stop(); }
+
+void OutboxDispatcher::Start() {
+  for (auto& s : subscribers_) {
+    Subscriber* raw = s.get();
+    s->thread = std::thread([this, raw] { Run(*raw); });
+  }
+}
+
+void OutboxDispatcher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& s : subscribers_) {
+    if (s->thread.joinable()) s->thread.join();
+  }
+}
+
+bool OutboxDispatcher::Wait(int64_t ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return stopping_; });
+  return !stopping_;
+}
+
+Status OutboxDispatcher::Post(const Subscriber& s, const OutboxEvent& e, bool* final,
+                              int64_t* retry_after_ms) {
+  *final = false;
+  *retry_after_ms = 0;
+  HttpRequest req;
+  req.method = "POST";
+  req.url = s.config.url;
+  req.headers = s.headers;
+  req.headers.emplace_back("Content-Type", "application/json");
+  req.headers.emplace_back("Idempotency-Key", e.event_id);
+  req.headers.emplace_back("Idem-Event-Id", e.event_id);
+  req.body = e.ToJson().dump();
+  req.timeout_ms = s.config.retry.timeout_ms;
+  req.connect_timeout_ms = std::min<int64_t>(req.timeout_ms, 10'000);
+  req.max_response_bytes = 64 << 10;
+  StatusOr<HttpResponse> r = http_.Send(req);
+  if (!r.ok()) return r.status();
+  if (r->status >= 200 && r->status < 300) return Status::Ok();
+  *retry_after_ms = RetryAfterMs(*r);
+  const int st = r->status;
+  *final = st >= 400 && st < 500 && st != 408 && st != 409 && st != 425 && st != 429;
+  return Unavailable("subscriber " + s.config.name + " answered HTTP " + std::to_string(st));
+}
+
+bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
+  const int max_attempts = std::max(1, s.config.retry.attempts);
+  std::string error;
+  int attempt = 1;
+  for (;; ++attempt) {
+    if (Status fp = Failpoints::Hit("outbox.deliver"); !fp.ok()) {
+      error = fp.message();
+      if (attempt >= max_attempts) break;
+      if (!Wait(s.config.retry.base_ms)) return false;
+      continue;
+    }
+    bool final = false;
+    int64_t retry_after = 0;
+    Status sent = Post(s, e, &final, &retry_after);
+    if (sent.ok()) {
+      (void)Failpoints::Hit("outbox.delivered");
+      // Until this is written, a restart delivers the event again (at least once).
+      while (true) {
+        Status moved = store_.Advance(s.config.name, e.seq);
+        if (moved.ok()) return true;
+        LogEvent(LogLevel::kWarn, "outbox_cursor_failed",
+                 {{"subscriber", s.config.name}, {"error", moved.ToString()}});
+        if (!Wait(1'000)) return false;
+      }
+    }
+    error = sent.message();
+    if (final || attempt >= max_attempts) break;
+    int64_t delay = RetryDelayMs(attempt, s.config.retry.base_ms, s.config.retry.cap_ms,
+                                 clock_.env().RandomUnit(), retry_after);
+    if (!Wait(delay)) return false;
+  }
+  OutboxDeadLetter dl;
+  dl.subscriber = s.config.name;
+  dl.event = e;
+  dl.attempts = attempt;
+  dl.last_error = error;
+  dl.dead_at_ms = clock_.NowMillis();
+  while (true) {
+    Status stored = store_.AddDeadLetter(dl);
+    if (stored.ok()) break;
+    LogEvent(LogLevel::kWarn, "outbox_dead_letter_failed",
+             {{"subscriber", s.config.name}, {"error", stored.ToString()}});
+    if (!Wait(1'000)) return false;
+  }
+  LogEvent(LogLevel::kWarn, "outbox_dead_letter",
+           {{"subscriber", s.config.name},
+            {"event_id", e.event_id},
+            {"type", e.type},
+            {"attempts", attempt},
+            {"error", error}});
+  return true;
+}
+
+void OutboxDispatcher::ReplayRequested(Subscriber& s) {
+  // Replays are rare and operator-made: look for them about once a second,
+  // not at every poll.
+  const int64_t now = clock_.NowMillis();
+  if (now < s.next_replay_scan_ms) return;
+  s.next_replay_scan_ms = now + kReplayScanMs;
+  StatusOr<std::vector<OutboxDeadLetter>> dead = store_.DeadLetters(s.config.name, 1'000);
+  if (!dead.ok()) return;
+  for (const OutboxDeadLetter& d : *dead) {
+    if (d.state != "replaying") continue;
+    bool final = false;
+    int64_t retry_after = 0;
+    Status sent = Post(s, d.event, &final, &retry_after);
+    Status noted = store_.FinishReplay(s.config.name, d.event.seq, sent.ok(),
+                                       sent.ok() ? "" : sent.message(), clock_.NowMillis());
+    LogEvent(sent.ok() ? LogLevel::kInfo : LogLevel::kWarn, "outbox_replay",
+             {{"subscriber", s.config.name},
+              {"event_id", d.event.event_id},
+              {"delivered", sent.ok()},
+              {"error", sent.ok() ? std::string() : sent.message()},
+              {"recorded", noted.ok()}});
+  }
+}
+
+void OutboxDispatcher::Run(Subscriber& s) {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    ReplayRequested(s);
+    StatusOr<uint64_t> cursor = store_.Cursor(s.config.name);
+    StatusOr<std::vector<OutboxEvent>> events =
+        cursor.ok() ? store_.After(*cursor, kBatch)
+                    : StatusOr<std::vector<OutboxEvent>>(cursor.status());
+    if (!events.ok()) {
+      LogEvent(LogLevel::kWarn, "outbox_read_failed",
+               {{"subscriber", s.config.name}, {"error", events.status().ToString()}});
+    }
+    if (!events.ok() || events->empty()) {
+      if (!Wait(config_.poll_ms)) return;
+      continue;
+    }
+    for (const OutboxEvent& e : *events) {
+      if (!Deliver(s, e)) return;
+    }
+  }
+}
+
+StatusOr<size_t> OutboxDispatcher::Sweep(int64_t now_ms, size_t limit) {
+  uint64_t through = std::numeric_limits<uint64_t>::max() - 1;
+  for (const auto& s : subscribers_) {
+    ASSIGN_OR_RETURN(uint64_t c, store_.Cursor(s->config.name));
+    through = std::min(through, c);
+  }
+  return store_.Sweep(through, now_ms - config_.retention_ms, limit);
+}
+
+}  // namespace idem
