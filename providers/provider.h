@@ -26,6 +26,8 @@ using Json = nlohmann::json;
 
 struct ProviderRequest {
   std::string step;
+  // The decision key this call decides (the replay provider answers by it).
+  std::string decision_key;
   std::string model;
   // Sampling parameters are sent only when set: some models refuse them
   // (newer Claude models answer 400 to any temperature but 1.0), and an

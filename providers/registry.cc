@@ -3,6 +3,7 @@
 #include "providers/anthropic/anthropic_provider.h"
 #include "providers/openai/openai_provider.h"
 #include "providers/openai_compat/openai_compat_provider.h"
+#include "providers/replay/replay_provider.h"
 #include "providers/scripted/scripted_provider.h"
 
 namespace idem {
@@ -12,6 +13,10 @@ StatusOr<std::unique_ptr<Provider>> MakeProvider(const ProviderConfig& config, H
   if (config.type == "scripted") {
     ASSIGN_OR_RETURN(std::unique_ptr<ScriptedProvider> provider,
                      ScriptedProvider::Create(config, env));
+    return std::unique_ptr<Provider>(std::move(provider));
+  }
+  if (config.type == "replay") {
+    ASSIGN_OR_RETURN(std::unique_ptr<ReplayProvider> provider, ReplayProvider::Create(config));
     return std::unique_ptr<Provider>(std::move(provider));
   }
   if (config.type == "openai") return MakeOpenAiProvider(config, http, env);

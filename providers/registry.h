@@ -1,6 +1,7 @@
 // MakeProvider: builds the Provider adapter a ProviderConfig names.
 //
-// Types: scripted (offline rules), openai (Chat Completions, strict
+// Types: scripted (offline rules), replay (a recorded decisions export,
+// answered by decision key), openai (Chat Completions, strict
 // json_schema), anthropic (Messages API, forced tool use or native
 // structured output), openai_compatible (Ollama, vLLM, llama.cpp server, LM
 // Studio). An unknown type is InvalidArgument. Errors from the adapter's own

@@ -45,8 +45,9 @@ int ExitCodeForHttp(int status);
 
 struct ApiAnswer {
   int status = 0;
-  Json body;         // null when the body is not JSON
-  std::string text;  // the raw body
+  Json body;            // null when the body is not JSON
+  std::string text;     // the raw body
+  HttpHeaders headers;  // names lower-cased
 };
 
 class DaemonClient {
@@ -57,6 +58,9 @@ class DaemonClient {
   // be reached (the message names the URL, never the token).
   StatusOr<ApiAnswer> Call(const std::string& method, const std::string& path,
                            const Json& body = Json(), const std::string& idempotency_key = "");
+  // The same with a body that is not JSON (`content_type` says what it is).
+  StatusOr<ApiAnswer> CallText(const std::string& method, const std::string& path,
+                               const std::string& body, const std::string& content_type);
   const std::string& url() const { return url_; }
 
  private:
@@ -126,5 +130,33 @@ int BulkReplay(DaemonClient& api, const Output& o, const Json& body, bool tty_pr
 int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
               const std::string& path, const Json& body = Json(),
               const std::string& idempotency_key = "");
+
+// ---- decisions export / import and cost (decisions_io.cc)
+
+// A time for --since / --until: milliseconds since the epoch ("1764547200000"),
+// a UTC date ("2026-11-30"), or a duration back from now_ms ("90m", "24h",
+// "7d"). InvalidArgument otherwise.
+StatusOr<int64_t> ParseTimeArg(const std::string& arg, int64_t now_ms);
+
+// JSON Lines cut into requests of at most max_bytes each, at line ends (a
+// longer line is a request of its own); first_lines[i] is the 1-based line
+// number in `text` where batch i starts.
+std::vector<std::string> SplitLines(const std::string& text, size_t max_bytes,
+                                    std::vector<size_t>* first_lines);
+
+// The table of GET /v1/stats/cost.
+std::string RenderCost(const Json& body, const Style& style);
+
+// Every page of GET /v1/decisions/export written to `sink` as is (one
+// decision per line); the count to o.err.
+int DecisionsExport(DaemonClient& api, const Output& o, std::FILE* sink, const std::string& step,
+                    int64_t since_ms);
+// POST /v1/decisions/import in batches of at most max_request_bytes; line
+// numbers in the answers are the file's. Refused lines are listed (--json:
+// the merged answer); exit 1 (kExitUsage) when any line was refused.
+int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
+                    size_t max_request_bytes);
+int Cost(DaemonClient& api, const Output& o, const std::string& by, const std::string& since,
+         const std::string& until);
 
 }  // namespace idem::cli

@@ -164,6 +164,7 @@ StatusOr<ApiAnswer> DaemonClient::Call(const std::string& method, const std::str
   }
   ApiAnswer a;
   a.status = res->status;
+  a.headers = std::move(res->headers);
   a.text = std::move(res->body);
   Json parsed = Json::parse(a.text, nullptr, /*allow_exceptions=*/false);
   if (!parsed.is_discarded()) a.body = std::move(parsed);

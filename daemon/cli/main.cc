@@ -283,11 +283,76 @@ int main(int argc, char** argv) {
       "verify",
       "Check the chain: asks the daemon and recomputes every event here (exit 6 if broken)");
 
+  // Decisions as JSON Lines, and what deciding cost (daemon/cli/decisions_io.cc).
+  auto* decisions = app.add_subcommand("decisions", "Decisions as JSON Lines: export and import");
+  decisions->require_subcommand(1);
+  std::string export_step, export_since;
+  auto* decisions_export = decisions->add_subcommand(
+      "export", "Write decisions (key material, output, trace) to stdout, one per line");
+  decisions_export->add_option("--step", export_step, "Only this step");
+  decisions_export->add_option("--since", export_since,
+                               "Only decisions made since: ms, a date (2026-11-30) or 24h / 7d");
+  std::string import_file;
+  size_t import_batch_kib = 512;
+  auto* decisions_import = decisions->add_subcommand(
+      "import", "Load an export; every key is recomputed, edited lines are refused (exit 1)");
+  decisions_import->add_option("file", import_file, "The JSONL file ('-': stdin)")->required();
+  decisions_import
+      ->add_option("--batch-kib", import_batch_kib,
+                   "Send at most this many KiB per request (under server.max_body_bytes)")
+      ->default_val(512)
+      ->check(CLI::Range(1, 1 << 20));
+  std::string cost_by = "step", cost_since, cost_until;
+  auto* cost = app.add_subcommand(
+      "cost", "Tokens and USD spent, and USD saved by cache hits (default: the last 30 days)");
+  cost->add_option("--by", cost_by, "step, model or day")
+      ->default_val("step")
+      ->check(CLI::IsMember({"step", "model", "day"}));
+  cost->add_option("--since", cost_since, "From: ms, a date (2026-11-30) or 24h / 7d back");
+  cost->add_option("--until", cost_until, "To (default now)");
+
   // Usage errors exit 1 (README, "CLI"); --help exits 0.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? cli::kExitOk : cli::kExitUsage;
+  }
+
+  if (decisions->parsed() || cost->parsed()) {
+    std::unique_ptr<HttpClient> http = MakeCurlHttpClient();
+    const char* token = std::getenv("IDEM_TOKEN");
+    cli::DaemonClient api(url, token == nullptr ? "" : token, *http);
+    cli::Output out;
+    out.json = json_out;
+    out.style.color = !json_out && cli::UseColor(stdout);
+    out.now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+    if (cost->parsed()) return cli::Cost(api, out, cost_by, cost_since, cost_until);
+    if (decisions_export->parsed()) {
+      int64_t since_ms = 0;
+      if (!export_since.empty()) {
+        auto t = cli::ParseTimeArg(export_since, out.now_ms);
+        if (!t.ok()) {
+          std::fprintf(stderr, "idem: --since: %s\n", t.status().message().c_str());
+          return cli::kExitUsage;
+        }
+        since_ms = *t;
+      }
+      return cli::DecisionsExport(api, out, stdout, export_step, since_ms);
+    }
+    std::string text;
+    if (import_file == "-") {
+      text = ReadStdin();
+    } else {
+      std::ifstream in(import_file, std::ios::binary);
+      if (!in) {
+        std::fprintf(stderr, "idem: cannot read %s\n", import_file.c_str());
+        return cli::kExitUsage;
+      }
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return cli::DecisionsImport(api, out, text, import_batch_kib * 1024);
   }
 
   const bool client_command = dlq->parsed() || work->parsed() || decision->parsed() ||

@@ -80,10 +80,11 @@ struct IdempotencyConfig {
 
 struct ProviderConfig {
   std::string name;
-  std::string type;  // scripted | openai | anthropic | openai_compatible
+  std::string type;  // scripted | replay | openai | anthropic | openai_compatible
   std::string api_key_env;
   std::string base_url;
   std::string rules_path;  // scripted: the rules file (absolute after loading)
+  std::string file_path;   // replay: the decisions export (JSONL; absolute after loading)
   // Sampling parameters a model refuses: (model pattern, parameter names).
   // A pattern is a model name, or a prefix ending in '*'. A step that sets a
   // refused parameter for a matching model fails at start-up.

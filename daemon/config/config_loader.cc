@@ -271,9 +271,22 @@ class Resolver {
       }
       if (!node.contains("rules")) return doc_.Error(at, "missing required key 'rules'");
       ASSIGN_OR_RETURN(p.rules_path, ExistingFile(at + "/rules", node["rules"]));
+    } else if (p.type == "replay") {
+      for (const auto& [key, value] : node.items()) {
+        if (key != "type" && key != "file") {
+          return doc_.Error(at + Token(key),
+                            "unknown key for a replay provider (it takes file: a decisions "
+                            "export)");
+        }
+      }
+      if (!node.contains("file")) return doc_.Error(at, "missing required key 'file'");
+      ASSIGN_OR_RETURN(p.file_path, ExistingFile(at + "/file", node["file"]));
     } else {
       if (node.contains("rules")) {
         return doc_.Error(at + "/rules", "only scripted providers take a rules file");
+      }
+      if (node.contains("file")) {
+        return doc_.Error(at + "/file", "only replay providers take a file");
       }
       const Json unsupported = node.value("unsupported_params", Json::object());
       for (const auto& [pattern, params] : unsupported.items()) {

@@ -387,6 +387,58 @@ StatusOr<KeyMaterial> ComputeDecisionKey(const DecisionKeyParts& parts) {
   return keyer.Key(parts.input);
 }
 
+StatusOr<KeyMaterial> DecisionKeyOfMaterial(const Json& material) {
+  if (!material.is_object()) return InvalidArgument("key material must be an object", "/material");
+  auto it = material.find("v");
+  if (it == material.end() || !it->is_number_integer() ||
+      it->get<int64_t>() != kDecisionKeyVersion) {
+    return InvalidArgument("key material is not version " + std::to_string(kDecisionKeyVersion),
+                           "/material/v");
+  }
+  DecisionKeyParts parts;
+  for (const char* name : {"step", "provider", "model", "prompt_version", "prompt_hash",
+                           "tools_hash", "schema_hash"}) {
+    auto m = material.find(name);
+    if (m == material.end() || !m->is_string()) {
+      return InvalidArgument(std::string("key material needs a string ") + name,
+                             std::string("/material/") + name);
+    }
+  }
+  parts.step = material["step"].get<std::string>();
+  parts.provider = material["provider"].get<std::string>();
+  parts.model = material["model"].get<std::string>();
+  parts.prompt_version = material["prompt_version"].get<std::string>();
+  parts.prompt_hash = material["prompt_hash"].get<std::string>();
+  parts.tools_hash = material["tools_hash"].get<std::string>();
+  parts.schema_hash = material["schema_hash"].get<std::string>();
+  if (parts.tools_hash.empty() || parts.schema_hash.empty()) {
+    return InvalidArgument("key material has an empty hash", "/material");
+  }
+  auto t = material.find("temperature");
+  if (t == material.end() || !(t->is_null() || t->is_number())) {
+    return InvalidArgument("key material needs a temperature (a number or null)",
+                           "/material/temperature");
+  }
+  if (t->is_number()) parts.temperature = t->get<double>();
+  auto in = material.find("input");
+  if (in == material.end())
+    return InvalidArgument("key material needs an input", "/material/input");
+  parts.input = *in;
+  StatusOr<KeyMaterial> key = ComputeDecisionKey(parts);
+  if (!key.ok()) {
+    Status s = key.status();
+    return s.WithField("/material" + s.field());
+  }
+  // Members the computation does not read must not ride along unchecked.
+  StatusOr<std::string> canonical = CanonicalAt(material, "/material");
+  if (!canonical.ok()) return canonical.status();
+  if (*canonical != key->canonical) {
+    return InvalidArgument("key material has members that are not part of the decision key",
+                           "/material");
+  }
+  return key;
+}
+
 StatusOr<KeyMaterial> ComputeWorkId(std::string_view kind, std::string_view version,
                                     const Json& identity) {
   // With ':' as the separator, a ':' inside kind or version would let two

@@ -92,6 +92,16 @@ struct DecisionKeyParts {
 
 StatusOr<KeyMaterial> ComputeDecisionKey(const DecisionKeyParts& parts);
 
+// The decision key of stored key material (a Decision's `material`, as
+// exported): the parts are read back from it and the key is computed by
+// ComputeDecisionKey, then the material must be exactly what that
+// computation hashes (no member added, dropped or changed). InvalidArgument
+// with field "/material..." when the material is not version
+// kDecisionKeyVersion material or does not canonicalize to itself. Used to
+// verify imported decisions and replay files: a line whose key does not
+// match its material was edited.
+StatusOr<KeyMaterial> DecisionKeyOfMaterial(const Json& material);
+
 // The decision key for many inputs of one step: everything but the input is
 // canonicalized once. Because "input" sorts first among the material's
 // members, the canonical material is `{"input":` + JCS(input) + a suffix

@@ -103,14 +103,15 @@ class DecideEngineImpl final : public DecideEngine {
  public:
   DecideEngineImpl(const Config& config, DecisionStore& decisions, EscalationStore& escalations,
                    std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-                   Metrics& metrics, Notifier* notifier)
+                   Metrics& metrics, Notifier* notifier, CostLedger* costs)
       : config_(config),
         store_(decisions),
         escalations_(escalations),
         providers_(std::move(providers)),
         clock_(clock),
         metrics_(metrics),
-        notifier_(notifier) {}
+        notifier_(notifier),
+        costs_(costs) {}
 
   Status Init() {
     for (const auto& [step_name, step] : config_.steps) {
@@ -281,6 +282,13 @@ class DecideEngineImpl final : public DecideEngine {
     auto hit = store_.GetByKey(key, clock_.NowMillis());
     if (hit.ok()) {
       step.cache_hits->Inc();
+      if (costs_ != nullptr) {
+        const Json* cost = hit->trace.is_object() && hit->trace.contains("cost_usd")
+                               ? &hit->trace["cost_usd"]
+                               : nullptr;
+        costs_->RecordHit(clock_.NowMillis(), hit->step, hit->model,
+                          cost != nullptr && cost->is_number() ? cost->get<double>() : 0.0);
+      }
       DecideResult r;
       r.decision = std::move(hit).value();
       r.cache_hit = true;
@@ -432,6 +440,7 @@ class DecideEngineImpl final : public DecideEngine {
         }
         ProviderRequest preq;
         preq.step = cfg.name;
+        preq.decision_key = key.key.key;
         preq.model = cand.model;
         preq.temperature = temperature;
         preq.system_prompt = cfg.system_prompt;
@@ -477,6 +486,10 @@ class DecideEngineImpl final : public DecideEngine {
         cand.metrics.tokens[2]->Inc(
             static_cast<uint64_t>(std::max<int64_t>(0, resp->cached_input_tokens)));
         cand.metrics.AddCostUsd(cost);
+        if (costs_ != nullptr) {
+          costs_->RecordCall(clock_.NowMillis(), cfg.name, cand.model, resp->input_tokens,
+                             resp->output_tokens, cost);
+        }
         record["input_tokens"] = resp->input_tokens;
         record["output_tokens"] = resp->output_tokens;
         record["cached_input_tokens"] = resp->cached_input_tokens;
@@ -620,6 +633,7 @@ class DecideEngineImpl final : public DecideEngine {
   StableClock& clock_;
   Metrics& metrics_;
   Notifier* const notifier_;  // may be null
+  CostLedger* const costs_;   // may be null
   std::map<std::string, CompiledStep> steps_;
   Mutex flights_mu_;
   std::map<std::string, std::shared_ptr<Flight>> flights_ GUARDED_BY(flights_mu_);
@@ -679,9 +693,9 @@ double CallCostUsd(const Config& config, const std::string& model, int64_t input
 StatusOr<std::unique_ptr<DecideEngine>> DecideEngine::Create(
     const Config& config, DecisionStore& decisions, EscalationStore& escalations,
     std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-    Metrics& metrics, Notifier* notifier) {
-  auto engine = std::make_unique<DecideEngineImpl>(config, decisions, escalations,
-                                                   std::move(providers), clock, metrics, notifier);
+    Metrics& metrics, Notifier* notifier, CostLedger* costs) {
+  auto engine = std::make_unique<DecideEngineImpl>(
+      config, decisions, escalations, std::move(providers), clock, metrics, notifier, costs);
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<DecideEngine>(std::move(engine));
 }

@@ -41,6 +41,7 @@
 #include "daemon/core/env.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/status.h"
+#include "daemon/decide/cost_ledger.h"
 #include "daemon/obs/metrics.h"
 #include "daemon/plans/notifier.h"
 #include "daemon/store/store.h"
@@ -98,10 +99,13 @@ class DecideEngine {
   // escalation the engine stores: kind "escalation", event_id
   // "escalation:<escalation_id>", the summary as the reason, the resolve
   // call as the command and <link_base>/ui/#/escalations as the link.
+  // `costs` (may be null; must outlive the engine) is told every provider
+  // answer (tokens, USD) and every cache hit (the cached decision's
+  // trace.cost_usd, saved).
   static StatusOr<std::unique_ptr<DecideEngine>> Create(
       const Config& config, DecisionStore& decisions, EscalationStore& escalations,
       std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-      Metrics& metrics, Notifier* notifier = nullptr);
+      Metrics& metrics, Notifier* notifier = nullptr, CostLedger* costs = nullptr);
 
   virtual StatusOr<DecideResult> Decide(const DecideRequest& request) = 0;
   virtual StatusOr<StepKey> KeyFor(const std::string& step, const Json& input) const = 0;

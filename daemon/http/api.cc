@@ -210,6 +210,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
               return RouteResponse{200, std::move(body), {}};
             }});
 
+  // Before /v1/decisions/{id}: the first route that matches a path serves it.
+  AddDecisionIoRoutes(deps, routes);
+
   routes.push_back(
       Route{.method = "GET",
             .pattern = "/v1/decisions/{id}",

@@ -32,6 +32,7 @@ struct ApiDeps {
   PlanEngine& plans;
   Notifier& notifier;             // awaiting_approval / approval_overdue / escalation / dead_letter
   ReplayJobs* replays = nullptr;  // bulk replay jobs; null: /v1/replays answers 503
+  CostLedger* costs = nullptr;    // GET /v1/stats/cost (null: the route answers 503)
 };
 
 // Every route, /openapi.json included (documenting all of them).
@@ -60,6 +61,9 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 void AddReplayRoutes(ApiDeps deps, std::vector<Route>& routes);
 // GET /v1/events and the outbox's dead letters (api_outbox.cc).
 void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes);
+// Decisions as JSON Lines: GET /v1/decisions/export, POST
+// /v1/decisions/import; and GET /v1/stats/cost (api_decisions_io.cc).
+void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);

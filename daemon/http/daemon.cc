@@ -192,9 +192,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   }
   apply_options.notifier = d->notifier_.get();
 
-  ASSIGN_OR_RETURN(d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(),
-                                                    d->store_->escalations(), std::move(providers),
-                                                    *d->clock_, d->metrics_, d->notifier_.get()));
+  d->costs_ = std::make_unique<CostLedger>(d->store_->meta());
+  ASSIGN_OR_RETURN(
+      d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(), d->store_->escalations(),
+                                       std::move(providers), *d->clock_, d->metrics_,
+                                       d->notifier_.get(), d->costs_.get()));
 
   ASSIGN_OR_RETURN(d->apply_,
                    ApplyEngine::Create(d->config_, d->store_->journal(), *d->traced_client_,
@@ -208,8 +210,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
 
   d->replays_ =
       std::make_unique<ReplayJobs>(d->config_, d->store_->decisions(), *d->decide_, *d->clock_);
-  ApiDeps api{d->config_, *d->store_, *d->decide_,   *d->apply_,       d->metrics_,
-              *d->clock_, *d->plans_, *d->notifier_, d->replays_.get()};
+  ApiDeps api{d->config_, *d->store_, *d->decide_,   *d->apply_,        d->metrics_,
+              *d->clock_, *d->plans_, *d->notifier_, d->replays_.get(), d->costs_.get()};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
@@ -230,6 +232,10 @@ void Daemon::SweepLoop() {
     sweep_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
+    // Cost counts (GET /v1/stats/cost) reach the store about once a second.
+    if (Status flushed = costs_->Flush(); !flushed.ok()) {
+      LogEvent(LogLevel::kWarn, "cost_flush_failed", {{"error", flushed.ToString()}});
+    }
     auto expired = plans_->ExpireDue();
     if (!expired.ok()) {
       LogEvent(LogLevel::kWarn, "approval_timeouts_failed",
@@ -296,6 +302,11 @@ void Daemon::Stop() {
   }
   if (replays_) replays_->Stop();  // running bulk replays end "failed: cancelled"
   if (apply_) apply_->Stop();
+  if (costs_) {
+    if (Status flushed = costs_->Flush(); !flushed.ok()) {
+      LogEvent(LogLevel::kWarn, "cost_flush_failed", {{"error", flushed.ToString()}});
+    }
+  }
   SetTraceSink(nullptr);  // the store it writes to goes with this daemon
 }
 

@@ -433,6 +433,37 @@ TEST_CASE("a scripted provider takes only a rules file") {
   CHECK(config.status().field() == "/providers/demo/api_key_env");
 }
 
+TEST_CASE("a replay provider takes a file, made absolute, and nothing else") {
+  ConfigDir dir;
+  dir.Write("conf/run.jsonl", "");
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("steps:"), "  recorded:\n    type: replay\n    file: run.jsonl\n");
+  auto config = dir.Load(yaml);
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->providers.at("recorded").type == "replay");
+  CHECK(config->providers.at("recorded").file_path == dir.Path("conf/run.jsonl"));
+
+  std::string missing = kMinimal;
+  missing.insert(missing.find("steps:"), "  recorded:\n    type: replay\n");
+  auto no_file = dir.Load(missing);
+  REQUIRE_FALSE(no_file.ok());
+  CHECK(no_file.status().field() == "/providers/recorded");
+
+  std::string extra = kMinimal;
+  extra.insert(extra.find("steps:"),
+               "  recorded:\n    type: replay\n    file: run.jsonl\n    api_key_env: KEY\n");
+  auto extra_key = dir.Load(extra);
+  REQUIRE_FALSE(extra_key.ok());
+  CHECK(extra_key.status().field() == "/providers/recorded/api_key_env");
+
+  std::string file_elsewhere = kMinimal;
+  file_elsewhere.insert(file_elsewhere.find("steps:"),
+                        "  openai:\n    type: openai\n    file: run.jsonl\n");
+  auto misplaced = dir.Load(file_elsewhere);
+  REQUIRE_FALSE(misplaced.ok());
+  CHECK(misplaced.status().field() == "/providers/openai/file");
+}
+
 TEST_CASE("other provider types keep their adapter keys in raw") {
   ConfigDir dir;
   std::string yaml = kMinimal;

@@ -353,3 +353,63 @@ TEST_CASE("a kind or version that could blur the separator is refused") {
 
 }  // namespace
 }  // namespace idem
+
+namespace idem {
+
+TEST_CASE("stored key material gives back its decision key, and an edited one does not") {
+  DecisionKeyParts parts;
+  parts.step = "triage";
+  parts.provider = "openai";
+  parts.model = "gpt-x";
+  parts.prompt_version = "p1";
+  parts.prompt_hash = "ph";
+  parts.temperature = 0.2;
+  parts.tools = Json::array({{{"name", "t"}}});
+  parts.output_schema = {{"type", "object"}};
+  parts.input = {{"text", "refund please"}, {"n", 3}};
+  auto key = ComputeDecisionKey(parts);
+  REQUIRE(key.ok());
+  const Json material = Json::parse(key->canonical);  // what a Decision stores
+
+  auto again = DecisionKeyOfMaterial(material);
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  CHECK(again->key == key->key);
+  CHECK(again->canonical == key->canonical);
+
+  Json unset = material;  // an unset temperature is null, and stays so
+  unset["temperature"] = nullptr;
+  auto unset_key = DecisionKeyOfMaterial(unset);
+  REQUIRE(unset_key.ok());
+  CHECK(unset_key->key != key->key);
+
+  for (const char* member : {"step", "provider", "model", "prompt_version", "prompt_hash",
+                             "tools_hash", "schema_hash"}) {
+    Json edited = material;
+    edited[member] = edited[member].get<std::string>() + "x";
+    auto k = DecisionKeyOfMaterial(edited);
+    REQUIRE(k.ok());
+    CHECK_MESSAGE(k->key != key->key, member);
+  }
+  Json edited_input = material;
+  edited_input["input"]["text"] = "refund please!";
+  CHECK(DecisionKeyOfMaterial(edited_input)->key != key->key);
+
+  Json extra = material;
+  extra["note"] = "rides along";
+  auto extra_key = DecisionKeyOfMaterial(extra);
+  REQUIRE_FALSE(extra_key.ok());
+  CHECK(extra_key.status().field() == "/material");
+
+  Json old_version = material;
+  old_version["v"] = 1;
+  CHECK(DecisionKeyOfMaterial(old_version).status().field() == "/material/v");
+  Json no_model = material;
+  no_model.erase("model");
+  CHECK(DecisionKeyOfMaterial(no_model).status().field() == "/material/model");
+  CHECK(DecisionKeyOfMaterial(Json::array()).status().field() == "/material");
+  Json huge = material;
+  huge["input"]["n"] = int64_t{1} << 60;  // past 2^53: refused, not hashed
+  CHECK(DecisionKeyOfMaterial(huge).status().field() == "/material/input/n");
+}
+
+}  // namespace idem

@@ -126,6 +126,7 @@ TEST_CASE("a full disk met by RocksDB itself fails writes Unavailable and keeps 
 
 TEST_CASE("a store below its free-space floor refuses writes and names the setting") {
   TempDir dir;
+  OpenStore(dir.path());  // made with room (a new folder's first open writes its identity)
   auto store = OpenStore(dir.path(), /*sync=*/false, /*min_free_bytes=*/uint64_t{1} << 62);
   auto claim = store->journal().Claim(ClaimReq("w-1", kT0));
   REQUIRE_FALSE(claim.ok());

@@ -1,0 +1,248 @@
+// Decisions as JSON Lines (export / import) and the cost statistics.
+//
+// Export: GET /v1/decisions/export?step=&since=&cursor=&limit= answers
+// application/x-ndjson, one Decision::ToJson() per line (the same form as GET
+// /v1/decisions/{id}: key, key material, output, trace), newest first, one
+// page per call; the next page's cursor is in the Idem-Next-Cursor header.
+//
+// Import: POST /v1/decisions/import takes such lines (any Content-Type; the
+// body is bounded by server.max_body_bytes, and at most kMaxImportLines
+// lines) and answers one verdict per non-blank line:
+//   imported  stored as the cached decision for its key, with its own id;
+//   exists    this decision id is stored already, or another decision is
+//             cached for the key (the store keeps the one it has);
+//   expired   its cache window ended: not stored;
+//   refused   with the reason and its field: not JSON, not a decision, or its
+//             decision_key is not the key of its material (recomputed with
+//             DecisionKeyOfMaterial, the decide engine's own function).
+// The key covers the question (step, provider, model, prompt, schema, tools,
+// input), not the answer: an edited output under a matching key is imported
+// like any other. Import is an operator's act and is audited
+// ("decisions.imported", with the counts).
+#include <charconv>
+
+#include "daemon/core/identity.h"
+#include "daemon/core/json.h"
+#include "daemon/http/api.h"
+
+namespace idem {
+namespace {
+
+constexpr size_t kMaxImportLines = 10'000;
+constexpr int64_t kDefaultCostRangeMs = int64_t{30} * 86'400'000;
+
+StatusOr<int64_t> MillisParam(const RequestContext& ctx, const std::string& name, int64_t def) {
+  const std::string v = QueryParam(ctx, name);
+  if (v.empty()) return def;
+  int64_t out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || end != v.data() + v.size() || out < 0) {
+    return InvalidArgument(name + " must be milliseconds since the epoch (a non-negative integer)",
+                           "query:" + name);
+  }
+  return out;
+}
+
+bool IsDecisionId(const std::string& id) {
+  if (id.size() != 36 || id.rfind("dec_", 0) != 0) return false;
+  for (size_t i = 4; i < id.size(); ++i) {
+    const char c = id[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// Why `d` may not be imported (a refusal), or OK.
+Status CheckImported(const Decision& d) {
+  if (!IsDecisionId(d.decision_id)) {
+    return InvalidArgument("decision_id must be dec_ and 32 lower-case hex digits", "/decision_id");
+  }
+  if (d.status != "decided") return InvalidArgument("status must be decided", "/status");
+  if (d.decided_by != "model" && d.decided_by != "human") {
+    return InvalidArgument("decided_by must be model or human", "/decided_by");
+  }
+  StatusOr<KeyMaterial> key = DecisionKeyOfMaterial(d.material);
+  if (!key.ok()) return key.status();
+  if (key->key != d.decision_key) {
+    return InvalidArgument("decision_key is not the key of this material (the line was edited)",
+                           "/decision_key");
+  }
+  if (d.step != d.material["step"].get<std::string>()) {
+    return InvalidArgument("step is not the step of the key material", "/step");
+  }
+  if (!d.trace.is_object()) return InvalidArgument("trace must be an object", "/trace");
+  for (const char* n : {"cost_usd", "input_tokens", "output_tokens"}) {
+    auto it = d.trace.find(n);
+    if (it != d.trace.end() && (!it->is_number() || it->get<double>() < 0)) {
+      return InvalidArgument(std::string(n) + " must be a non-negative number",
+                             std::string("/trace/") + n);
+    }
+  }
+  if (d.created_at_ms < 0 || d.expires_at_ms < 0) {
+    return InvalidArgument("times must be non-negative", "/created_at_ms");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/decisions/export",
+      .summary = "Decisions as JSON Lines (application/x-ndjson), one per line with key material "
+                 "and trace, newest first (?step=&since=ms&cursor=&limit=); the next page's "
+                 "cursor is in the Idem-Next-Cursor header.",
+      .responses = {{200, ""}, {400, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        // A page holds at most 1000 decisions (each up to ~16 KiB of raw output in
+        // its trace), so one answer stays within tens of MiB.
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 500, 1000));
+        ASSIGN_OR_RETURN(int64_t since, MillisParam(ctx, "since", 0));
+        ASSIGN_OR_RETURN(DecisionPage page,
+                         deps.store.decisions().List(QueryParam(ctx, "step"), "",
+                                                     QueryParam(ctx, "cursor"), limit));
+        std::string body;
+        bool older = false;  // newest first: past `since`, nothing newer follows
+        for (const Decision& d : page.items) {
+          if (d.created_at_ms < since) {
+            older = true;
+            break;
+          }
+          body += d.ToJson().dump(-1, ' ', false, Json::error_handler_t::replace);
+          body += '\n';
+        }
+        RouteResponse r{200, std::move(body), {}};
+        r.content_type = "application/x-ndjson";
+        if (!older && !page.next_cursor.empty()) {
+          r.headers.emplace_back("Idem-Next-Cursor", page.next_cursor);
+        }
+        return r;
+      }});
+
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/decisions/import",
+      .summary = "Loads exported decisions (JSON Lines body): every key is recomputed from its "
+                 "material; one verdict per line (imported, exists, expired, refused with the "
+                 "reason). Audited.",
+      .responses = {{200, "decision.import"}, {400, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        JsonLimits limits;
+        limits.max_bytes = deps.config.server.max_body_bytes;
+        limits.max_depth = deps.config.server.max_json_depth;
+        std::string_view rest = ctx.raw_body;
+        Json results = Json::array();
+        std::map<std::string, int64_t> counts = {
+            {"imported", 0}, {"exists", 0}, {"expired", 0}, {"refused", 0}};
+        size_t line_no = 0, lines = 0;
+        const int64_t now = deps.clock.NowMillis();
+        while (!rest.empty()) {
+          ++line_no;
+          const size_t nl = rest.find('\n');
+          std::string_view line = rest.substr(0, nl);
+          rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+          if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+          if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+          if (++lines > kMaxImportLines) {
+            return InvalidArgument("an import takes at most " + std::to_string(kMaxImportLines) +
+                                       " lines; send the rest in another request",
+                                   "");
+          }
+          Json verdict = {{"line", line_no}};
+          auto refuse = [&](const Status& s) {
+            verdict["verdict"] = "refused";
+            verdict["reason"] = s.message();
+            if (!s.field().empty()) verdict["field"] = s.field();
+          };
+          StatusOr<Json> parsed = ParseJson(line, limits);
+          StatusOr<Decision> d =
+              parsed.ok() ? Decision::FromJson(*parsed) : StatusOr<Decision>(parsed.status());
+          if (d.ok()) verdict["decision_id"] = d->decision_id;
+          Status valid = d.ok() ? CheckImported(*d) : d.status();
+          if (!valid.ok()) {
+            refuse(valid);
+          } else if (d->expires_at_ms != 0 && d->expires_at_ms <= now) {
+            verdict["verdict"] = "expired";
+          } else if (StatusOr<Decision> known = deps.store.decisions().Get(d->decision_id);
+                     known.ok()) {
+            verdict["verdict"] = "exists";
+          } else if (known.status().code() != Code::kNotFound) {
+            return known.status();
+          } else {
+            ASSIGN_OR_RETURN(Decision cached, deps.store.decisions().PutIfAbsent(*d, now));
+            if (cached.decision_id == d->decision_id) {
+              verdict["verdict"] = "imported";
+            } else {
+              verdict["verdict"] = "exists";
+              verdict["cached_decision_id"] = cached.decision_id;
+            }
+          }
+          counts[verdict["verdict"].get<std::string>()]++;
+          results.push_back(std::move(verdict));
+        }
+        Json body = {{"imported", counts["imported"]},
+                     {"exists", counts["exists"]},
+                     {"expired", counts["expired"]},
+                     {"refused", counts["refused"]},
+                     {"results", std::move(results)}};
+        AuditEvent event;
+        event.at_ms = now;
+        event.actor = ctx.caller;
+        event.action = "decisions.imported";
+        event.detail = {{"imported", counts["imported"]},
+                        {"exists", counts["exists"]},
+                        {"expired", counts["expired"]},
+                        {"refused", counts["refused"]}};
+        RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
+        return RouteResponse{200, std::move(body), {}};
+      },
+      .raw_body = true});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/stats/cost",
+      .summary = "Tokens and USD spent on provider calls, and USD saved by cache hits, per step, "
+                 "model or UTC day (?by=step|model|day&since=ms&until=ms; default the last 30 "
+                 "days).",
+      .responses = {{200, "stats.cost"}, {400, "problem"}, {503, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        if (deps.costs == nullptr) return Unavailable("cost statistics are not kept here");
+        std::string by = QueryParam(ctx, "by");
+        if (by.empty()) by = "step";
+        if (by != "step" && by != "model" && by != "day") {
+          return InvalidArgument("by must be step, model or day", "query:by");
+        }
+        ASSIGN_OR_RETURN(int64_t until, MillisParam(ctx, "until", deps.clock.NowMillis()));
+        ASSIGN_OR_RETURN(
+            int64_t since,
+            MillisParam(ctx, "since", std::max<int64_t>(0, until - kDefaultCostRangeMs)));
+        ASSIGN_OR_RETURN(std::vector<CostRow> rows, deps.costs->Rows(since, until));
+        std::map<std::string, CostCounts> grouped;
+        CostCounts total;
+        for (const CostRow& r : rows) {
+          const std::string& key = by == "step" ? r.step : by == "model" ? r.model : r.day;
+          grouped[key].Add(r.counts);
+          total.Add(r.counts);
+        }
+        Json items = Json::array();
+        for (const auto& [key, c] : grouped) {
+          Json j = c.ToJson();
+          j[by] = key;
+          items.push_back(std::move(j));
+        }
+        Json body = {{"by", by},
+                     {"since_ms", since},
+                     {"until_ms", until},
+                     {"from_day", CostLedger::DayOf(since)},
+                     {"to_day", CostLedger::DayOf(until)},
+                     {"items", std::move(items)},
+                     {"total", total.ToJson()}};
+        return RouteResponse{200, std::move(body), {}};
+      }});
+}
+
+}  // namespace idem
