@@ -17,6 +17,7 @@
 #include "daemon/core/failpoints.h"
 #include "daemon/core/mutex.h"
 #include "daemon/obs/log.h"
+#include "daemon/obs/trace.h"
 
 namespace idem {
 namespace {
@@ -160,6 +161,7 @@ ClaimRequest ApplyEngineImpl::ClaimFor(const KindRuntime& kind, const WorkItem& 
   req.args = item.args;
   req.run_id = item.run_id;
   req.request_id = item.request_id;
+  req.trace_id = item.trace_id;
   req.lease_ms = kind.lease_ms;
   req.window_ms = kind.action->window_ms;
   req.max_attempts = std::max(1, kind.action->retry.attempts);
@@ -190,6 +192,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::Submit(const std::string& kind_name, co
   req.args = args;
   req.run_id = run_id;
   req.request_id = request_id;
+  req.trace_id = CurrentTraceId();
   req.lease_ms = kind->lease_ms;
   req.window_ms = kind->action->window_ms;
   req.max_attempts = std::max(1, kind->action->retry.attempts);
@@ -240,6 +243,17 @@ StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,
 StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
                                                     const WorkItem& claimed) {
   IDEM_FAILPOINT("apply.after_claim");
+  // The attempt runs (and calls out) under the trace of the request that
+  // made the work, on a worker thread too.
+  std::optional<TraceScope> item_trace;
+  if (ValidTraceId(claimed.trace_id) ? claimed.trace_id != CurrentTraceId()
+                                     : CurrentTrace() == nullptr) {
+    item_trace.emplace(TraceContext::Continue(claimed.trace_id, claimed.request_id));
+  }
+  if (claimed.attempt == 1) {
+    RecordTraceEvent("work", claimed.work_id, {{"kind", claimed.kind}, {"run_id", claimed.run_id}});
+  }
+  const int64_t attempt_started_ms = clock_.NowMillis();
   EffectAttempt attempt;
   if (!claimed.external_ref.empty()) {
     // An earlier attempt recorded proof that the effect landed, then died
@@ -261,6 +275,13 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
   }
   IDEM_FAILPOINT("apply.after_effect");
   const int64_t now = clock_.NowMillis();
+  RecordTraceEvent("attempt", claimed.work_id,
+                   {{"kind", claimed.kind},
+                    {"attempt", claimed.attempt},
+                    {"ok", attempt.status.ok()},
+                    {"error", attempt.status.ok() ? "" : attempt.status.ToString()},
+                    {"started_at_ms", attempt_started_ms},
+                    {"duration_ms", now - attempt_started_ms}});
 
   if (attempt.status.ok()) {
     Status completed = journal_.Complete(claimed.work_id, claimed.lease_token,

@@ -217,6 +217,11 @@ struct NotificationsConfig {
   bool any() const { return webhook.has_value() || telegram.has_value(); }
 };
 
+struct LogConfig {
+  std::string level;   // log.level: debug | info | warn | error; "" = idem serve --log-level
+  bool access = true;  // log.access: an access log line per request
+};
+
 // `outbox` (optional): where idem pushes its outbox events (R29;
 // daemon/outbox/outbox.h). Events are written whether or not anyone
 // subscribes; GET /v1/events serves them to pullers.
@@ -241,6 +246,7 @@ struct Config {
   StoreConfig store;
   AuthConfig auth;
   IdempotencyConfig idempotency;
+  LogConfig log;
   std::map<std::string, ProviderConfig> providers;
   std::map<std::string, StepConfig> steps;
   std::map<std::string, ActionConfig> actions;

@@ -110,6 +110,7 @@ class Resolver {
     if (root.contains("store")) RETURN_IF_ERROR(Store(root["store"]));
     if (root.contains("auth")) RETURN_IF_ERROR(Auth(root["auth"]));
     if (root.contains("idempotency")) RETURN_IF_ERROR(Idempotency(root["idempotency"]));
+    if (root.contains("log")) RETURN_IF_ERROR(Log(root["log"]));
     if (root.contains("providers")) {
       for (const auto& [name, node] : root["providers"].items()) {
         RETURN_IF_ERROR(Provider(name, node));
@@ -221,6 +222,24 @@ class Resolver {
                           "duplicate token name '" + token.name + "'");
       }
       config_.auth.tokens.push_back(std::move(token));
+    }
+    return Status::Ok();
+  }
+
+  Status Log(const Json& node) {
+    // The schema allows only the four levels and a boolean; checked again
+    // here so a caller of the loader without the schema gets the key path.
+    if (node.contains("level")) {
+      const Json& level = node["level"];
+      if (!level.is_string() ||
+          (level != "debug" && level != "info" && level != "warn" && level != "error")) {
+        return doc_.Error("/log/level", "must be one of debug, info, warn, error");
+      }
+      config_.log.level = level.get<std::string>();
+    }
+    if (node.contains("access")) {
+      if (!node["access"].is_boolean()) return doc_.Error("/log/access", "must be true or false");
+      config_.log.access = node["access"].get<bool>();
     }
     return Status::Ok();
   }

@@ -14,6 +14,7 @@
 #include "daemon/core/mutex.h"
 #include "daemon/decide/value_checks.h"
 #include "daemon/obs/log.h"
+#include "daemon/obs/trace.h"
 #include "providers/errors.h"
 
 namespace idem {
@@ -261,6 +262,7 @@ class DecideEngineImpl final : public DecideEngine {
     d.model = actor;
     d.prompt_version = step.config->prompt.version;
     d.created_at_ms = clock_.NowMillis();
+    d.trace_id = CurrentTraceId();
     d.expires_at_ms =
         step.config->cache_window_ms == 0 ? 0 : d.created_at_ms + step.config->cache_window_ms;
     d.trace = {{"escalation_id", esc.escalation_id},
@@ -525,6 +527,7 @@ class DecideEngineImpl final : public DecideEngine {
         d.model = cand.model;
         d.prompt_version = prompt_config.version;
         d.created_at_ms = clock_.NowMillis();
+        d.trace_id = CurrentTraceId();
         d.expires_at_ms = cfg.cache_window_ms == 0 ? 0 : d.created_at_ms + cfg.cache_window_ms;
         d.trace = {{"attempts", trace},
                    {"input_tokens", total_in},

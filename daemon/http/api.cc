@@ -189,10 +189,16 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
               req.request_id = ctx.request_id;
               ASSIGN_OR_RETURN(DecideResult r, deps.decide.Decide(req));
               if (r.escalated) {
+                RecordTraceEvent("escalation", r.escalation.escalation_id,
+                                 {{"step", r.escalation.step}, {"cache", CacheName(r)}});
                 Json body = EscalationSummary(r.escalation);
                 body["cache"] = CacheName(r);
                 return RouteResponse{200, std::move(body), {}};
               }
+              RecordTraceEvent("decision", r.decision.decision_id,
+                               {{"step", r.decision.step},
+                                {"cache", CacheName(r)},
+                                {"decided_by", r.decision.decided_by}});
               Json body = DecisionSummary(r.decision);
               body["cache"] = CacheName(r);
               ASSIGN_OR_RETURN(std::optional<Json> plan, PlanOf(deps, r.decision, ctx.caller));
@@ -280,7 +286,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                           {"decision_key", original.decision_key},
                           {"provider", replayed->provider},
                           {"model", replayed->model},
-                          {"diff", body["diff"]}};
+                          {"diff", body["diff"]},
+                          {"trace_id", ctx.trace.trace_id}};
           RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
           body["promoted"] = true;
         }
@@ -361,7 +368,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                         {"decision_id", d.decision_id},
                         {"step", d.step},
                         {"output", d.output},
-                        {"note", ctx.body.value("note", "")}};
+                        {"note", ctx.body.value("note", "")},
+                        {"trace_id", ctx.trace.trace_id}};
         RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         Json body = DecisionSummary(d);
         body["cache"] = "miss";

@@ -7,6 +7,7 @@
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
 #include "daemon/http/problem.h"
+#include "daemon/obs/trace.h"
 #include "daemon/plans/plan_engine.h"
 
 namespace idem {
@@ -238,6 +239,7 @@ struct ClaimRoute {
     req.args = ctx.body.value("args", Json::object());
     req.run_id = ctx.body.value("run_id", "");
     req.request_id = ctx.request_id;
+    req.trace_id = ctx.trace.trace_id;
     req.lease_ms = lease_ms;
     req.window_ms = kind->window_ms;
     req.max_attempts = kind->retry.attempts;
@@ -251,6 +253,10 @@ struct ClaimRoute {
     switch (r.outcome) {
       case ClaimOutcome::kClaimed: {
         metrics.work_claimed.Inc();
+        if (r.item.attempt == 1) {
+          RecordTraceEvent("work", r.item.work_id,
+                           {{"kind", r.item.kind}, {"run_id", r.item.run_id}});
+        }
         Json body = WorkBody(r.item);
         body["lease_token"] = r.item.lease_token;
         // A gated kind's claimer executes the args an operator approved.
@@ -285,6 +291,21 @@ RouteResponse StaleLease(const WorkItem& w, const std::string& request_id) {
                   w, request_id);
 }
 
+// A client's report on claimed work, as an attempt under the work's trace
+// (the claim's request may be in another trace than this report's).
+void RecordClientAttempt(const WorkItem& item, const RequestContext& ctx, bool ok,
+                         const std::string& error) {
+  if (!ValidTraceId(item.trace_id)) return;
+  TraceScope scope(TraceContext::Continue(item.trace_id, ctx.request_id));
+  RecordTraceEvent("attempt", item.work_id,
+                   {{"kind", item.kind},
+                    {"attempt", item.attempt},
+                    {"ok", ok},
+                    {"error", error},
+                    {"by", "client"},
+                    {"request_id", ctx.request_id}});
+}
+
 struct CompleteRoute {
   StableClock& clock;
   Metrics& metrics;
@@ -304,7 +325,10 @@ struct CompleteRoute {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(done));
     if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
     // A repeated complete by the holder that finished it is not an error.
-    if (!r.repeated) metrics.work_completed.Inc();
+    if (!r.repeated) {
+      metrics.work_completed.Inc();
+      RecordClientAttempt(r.item, ctx, true, "");
+    }
     return RouteResponse{200, WorkBody(r.item), {}};
   }
 };
@@ -344,6 +368,7 @@ struct FailRoute {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(failed));
     if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
     metrics.work_failed.Inc();
+    if (!r.repeated) RecordClientAttempt(r.item, ctx, false, r.item.last_error);
     if (r.item.state == WorkState::kDead && !r.repeated) {
       metrics.work_dead.Inc();
       // One journal write, on a rare path (the work's last failure).
@@ -725,7 +750,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         event.detail = {{"work_id", o.item.work_id},
                         {"kind", o.item.kind},
                         {"state", WorkStateName(o.item.state)},
-                        {"request_id", ctx.request_id}};
+                        {"request_id", ctx.request_id},
+                        {"trace_id", ctx.trace.trace_id}};
         RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         return RouteResponse{o.item.state == WorkState::kDone ? 200 : 202, WorkBody(o.item), {}};
       }});

@@ -6,6 +6,7 @@
 #include "daemon/http/api.h"
 #include "daemon/http/request_guard.h"
 #include "daemon/obs/log.h"
+#include "daemon/obs/trace.h"
 #include "daemon/plans/journal_notifier.h"
 #include "providers/registry.h"
 #include "providers/schema_lint.h"
@@ -107,6 +108,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   d->clock_ = std::make_unique<StableClock>(env);
 
   ASSIGN_OR_RETURN(d->config_, LoadConfig(options.config_path));
+  if (!d->config_.log.level.empty()) SetLogLevel(d->config_.log.level);
+  SetAccessLog(d->config_.log.access);
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
   if (!options.data_override.empty()) d->config_.store.path = options.data_override;
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
@@ -156,11 +159,22 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   RETURN_IF_ERROR(CheckPromptVersions(d->config_, d->store_->meta(), options.allow_prompt_change));
 
   d->http_client_ = MakeCurlHttpClient();
+  // Every provider and effector call carries the trace of what caused it.
+  d->traced_client_ = MakeTracingHttpClient(*d->http_client_);
+  SetTraceSink([traces = &d->store_->traces(), clock = d->clock_.get()](
+                   const std::string& trace_id, std::string_view type, std::string_view ref,
+                   const Json& detail) {
+    (void)traces->Add(TraceEntry{.trace_id = trace_id,
+                                 .at_ms = clock->NowMillis(),
+                                 .type = std::string(type),
+                                 .ref = std::string(ref),
+                                 .detail = detail});
+  });
   ASSIGN_OR_RETURN(d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(),
                                                         *d->http_client_, *d->clock_));
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
-    auto p = MakeProvider(pc, *d->http_client_, env);
+    auto p = MakeProvider(pc, *d->traced_client_, env);
     if (!p.ok()) return p.status().Annotate("provider " + name);
     providers.emplace(name, std::move(p).value());
   }
@@ -184,9 +198,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                        std::move(providers), *d->clock_, d->metrics_,
                                        d->notifier_.get(), d->costs_.get()));
 
-  ASSIGN_OR_RETURN(
-      d->apply_, ApplyEngine::Create(d->config_, d->store_->journal(), *d->http_client_, *d->clock_,
-                                     d->metrics_, apply_options));
+  ASSIGN_OR_RETURN(d->apply_,
+                   ApplyEngine::Create(d->config_, d->store_->journal(), *d->traced_client_,
+                                       *d->clock_, d->metrics_, apply_options));
   // Work left running by a crashed process, and failed work whose retry time
   // came, is picked up by the workers.
   d->apply_->StartWorkers(kApplyWorkers);
@@ -239,6 +253,8 @@ void Daemon::SweepLoop() {
     auto escalations =
         store_->escalations().SweepResolved(now - kFinishedRecordRetentionMs, 10'000);
     auto plans = store_->plans().SweepFinished(now - kFinishedRecordRetentionMs, 10'000);
+    // Trace entries live as long as the finished records they point at.
+    auto traces = store_->traces().SweepBefore(now - kFinishedRecordRetentionMs, 10'000);
     auto events = outbox_->Sweep(now, 10'000);
     if (pass % (kSweepEveryPasses * kReconcileEverySweeps) == 0) {
       auto report = apply_->Reconcile();
@@ -251,7 +267,7 @@ void Daemon::SweepLoop() {
     malloc_trim(0);
     auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
     if (count(keys) + count(work) + count(decisions) + count(leases) + count(escalations) +
-            count(plans) + count(events) >
+            count(plans) + count(events) + count(traces) >
         0) {
       LogEvent(LogLevel::kDebug, "swept",
                {{"idempotency_keys", count(keys)},
@@ -260,7 +276,8 @@ void Daemon::SweepLoop() {
                 {"leases", count(leases)},
                 {"escalations", count(escalations)},
                 {"plans", count(plans)},
-                {"outbox_events", count(events)}});
+                {"outbox_events", count(events)},
+                {"traces", count(traces)}});
     }
     lock.lock();
   }
@@ -290,6 +307,7 @@ void Daemon::Stop() {
       LogEvent(LogLevel::kWarn, "cost_flush_failed", {{"error", flushed.ToString()}});
     }
   }
+  SetTraceSink(nullptr);  // the store it writes to goes with this daemon
 }
 
 }  // namespace idem

@@ -65,9 +65,10 @@ class Daemon {
   std::unique_ptr<StableClock> clock_;
   Metrics metrics_;  // outlives the store, which reports its write times to it
   std::unique_ptr<Store> store_;
-  std::unique_ptr<HttpClient> http_client_;  // outlives the providers that use it
-  std::unique_ptr<Notifier> notifier_;       // outlives the engines that call it
-  std::unique_ptr<CostLedger> costs_;        // outlives the engine that records in it
+  std::unique_ptr<HttpClient> http_client_;    // outlives the providers that use it
+  std::unique_ptr<HttpClient> traced_client_;  // http_client_ plus the trace headers
+  std::unique_ptr<Notifier> notifier_;         // outlives the engines that call it
+  std::unique_ptr<CostLedger> costs_;          // outlives the engine that records in it
   std::unique_ptr<DecideEngine> decide_;
   std::unique_ptr<ApplyEngine> apply_;
   std::unique_ptr<PlanEngine> plans_;

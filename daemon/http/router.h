@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "daemon/core/status.h"
+#include "daemon/obs/trace.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -37,6 +38,7 @@ struct RequestContext {
   std::string idempotency_key;                 // "" when absent
   std::map<std::string, std::string> headers;  // the route's request_headers (lower-case names)
   std::string raw_body;                        // Route::raw_body routes only: the bytes as sent
+  TraceContext trace;  // the caller's traceparent/tracestate, or a new trace (daemon/obs/trace.h)
 };
 
 struct RouteResponse {

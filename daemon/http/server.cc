@@ -15,6 +15,7 @@
 #include "daemon/http/idempotency_key.h"
 #include "daemon/http/problem.h"
 #include "daemon/obs/log.h"
+#include "daemon/obs/trace.h"
 
 namespace idem {
 namespace {
@@ -50,6 +51,71 @@ void WriteJson(http1::Response& res, int status, const Json& body, const char* t
   res.status = status;
   res.SetContent(body.dump(-1, ' ', false, Json::error_handler_t::replace), type);
 }
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// The access log line of one answered request (log.h LogAccess), and its
+// trace index entry (a request that may change something: not a GET).
+// `route` is null when no route matched; `ctx` is as far as Admit got.
+// Never a header value, a query or a body: those may carry secrets.
+void LogRequest(const std::string& method, const std::string& path, const http1::Response& res,
+                const Route* route, const RequestContext& ctx, std::string_view idempotency,
+                SteadyTime start, bool lane) {
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  const double duration_ms = std::chrono::duration<double, std::milli>(elapsed).count();
+  std::string request_id =
+      ctx.request_id.empty() ? res.HeaderValue("X-Request-Id") : ctx.request_id;
+  Json fields = {
+      {"method", method},
+      {"route", route != nullptr ? route->pattern : ""},
+      {"status", res.status},
+      {"duration_ms", static_cast<double>(static_cast<int64_t>(duration_ms * 1000)) / 1000.0},
+      {"request_id", request_id},
+      {"trace_id", ctx.trace.trace_id},
+      {"caller", ctx.caller.empty() ? "anonymous" : ctx.caller},
+      {"idempotency", idempotency}};
+  if (lane) fields["lane"] = "batch";
+  LogAccess(fields);
+  if (route == nullptr || ctx.trace.trace_id.empty() || method == "GET" || method == "HEAD") {
+    return;
+  }
+  TraceScope scope(ctx.trace);
+  RecordTraceEvent(
+      "request", request_id,
+      {{"method", method},
+       {"route", route->pattern},
+       {"path", path},
+       {"status", res.status},
+       {"caller", fields["caller"]},
+       {"duration_ms", fields["duration_ms"]},
+       {"started_at_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                             (std::chrono::system_clock::now() - elapsed).time_since_epoch())
+                             .count()},
+       {"idempotency", idempotency}});
+}
+
+// LogRequest when it goes out of scope (every return of Handle).
+class AccessLine {
+ public:
+  AccessLine(const http1::Request& req, const http1::Response& res, const RequestContext& ctx)
+      : req_(req), res_(res), ctx_(ctx), start_(std::chrono::steady_clock::now()) {}
+  ~AccessLine() {
+    if (!deferred)
+      LogRequest(req_.method, req_.path, res_, route, ctx_, idempotency, start_, false);
+  }
+  AccessLine(const AccessLine&) = delete;
+  AccessLine& operator=(const AccessLine&) = delete;
+
+  const Route* route = nullptr;
+  std::string_view idempotency = "none";
+  bool deferred = false;  // a parked long poll: logged when it is answered
+
+ private:
+  const http1::Request& req_;
+  const http1::Response& res_;
+  const RequestContext& ctx_;
+  SteadyTime start_;
+};
 
 }  // namespace
 
@@ -383,6 +449,14 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   std::string rid = req.HeaderValue("X-Request-Id");
   ctx.request_id = SaneRequestId(rid) ? rid : RandomHex(8);
   res.SetHeader("X-Request-Id", ctx.request_id);
+  // W3C Trace Context: the caller's trace, or a new one; never refused.
+  std::string tracestate;
+  for (size_t i = 0; i < req.HeaderCount("tracestate") && i < kMaxTracestateMembers; ++i) {
+    tracestate += (tracestate.empty() ? "" : ",") + req.HeaderValue("tracestate", i);
+  }
+  ctx.trace = TraceContext::FromHeaders(req.HeaderValue("traceparent"), tracestate, ctx.request_id);
+  res.SetHeader("traceresponse",
+                FormatTraceparent(ctx.trace.trace_id, ctx.trace.span_id, ctx.trace.flags));
 
   // Browsers: cross-site requests and DNS rebinding (request_guard.h).
   if (!route.is_public) {
@@ -580,6 +654,19 @@ class LaneTicket final : public BatchLane::Ticket {
 
 void HttpServer::Prepare(Exchange& ex) {
   const auto t0 = std::chrono::steady_clock::now();
+  auto st = std::make_shared<LaneState>();
+  st->started = t0;
+  // Logged here unless the request goes on to Begin (then Finish logs it).
+  struct AnsweredNow {
+    Exchange& ex;
+    LaneState& st;
+    ~AnsweredNow() {
+      if (ex.answered) {
+        LogRequest(ex.request.method, ex.request.path, ex.response, st.route, st.ctx, "none",
+                   st.started, true);
+      }
+    }
+  } log_if_answered{ex, *st};
   std::vector<std::string> params;
   const Route* route = Find(ex.request, params, ex.response);
   ex.answered = true;
@@ -594,12 +681,12 @@ void HttpServer::Prepare(Exchange& ex) {
     }
   } observe{*this, route, ex, t0};
   if (route == nullptr) return;
-  auto st = std::make_shared<LaneState>();
   st->route = route;
   st->started = t0;
   st->ctx.params = std::move(params);
   std::string canonical_body;
   if (!Admit(*route, ex.request, ex.response, st->ctx, canonical_body)) return;
+  TraceScope scope(st->ctx.trace);
   if (!st->ctx.idempotency_key.empty()) {
     // Wants() saw no key, so this cannot happen; the ordinary path if it does.
     Respond(*route, Finish(*route, st->ctx, route->handler(st->ctx)), ex.response);
@@ -656,10 +743,15 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
     ex.answered = true;
     auto st = std::static_pointer_cast<LaneState>(ex.state);
     const Route& route = *st->route;
-    Respond(route,
-            Finish(route, st->ctx, route.journal_lane->respond(st->ctx, std::move(results[k]))),
-            ex.response);
+    {
+      TraceScope scope(st->ctx.trace);
+      Respond(route,
+              Finish(route, st->ctx, route.journal_lane->respond(st->ctx, std::move(results[k]))),
+              ex.response);
+    }
     MetricsFor(&route).Observe(ex.response.status, MicrosSince(st->started));
+    LogRequest(ex.request.method, ex.request.path, ex.response, st->route, st->ctx, "none",
+               st->started, true);
   }
 }
 
@@ -671,15 +763,18 @@ const RouteMetrics& HttpServer::MetricsFor(const Route* route) const {
 void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferral& deferral,
                         Timing& timing) {
   Metrics& m = deps_.metrics;
+  RequestContext ctx;
+  AccessLine line(req, res, ctx);
   std::vector<std::string> params;
   const Route* found = Find(req, params, res);
   timing.route = found;
   if (found == nullptr) return;
   const Route& route = *found;
-  RequestContext ctx;
+  line.route = found;
   ctx.params = std::move(params);
   std::string canonical_body;
   if (!Admit(route, req, res, ctx, canonical_body)) return;
+  TraceScope trace_scope(ctx.trace);  // log lines, provider and effector calls, records
 
   auto run = [&]() -> RouteResponse { return Finish(route, ctx, route.handler(ctx)); };
   if (ctx.idempotency_key.empty()) {
@@ -689,10 +784,15 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
     std::shared_ptr<const LongPoll> poll = std::move(out.long_poll);
     Deferral::Resume resume = deferral.Park();
     timing.parked = true;
+    line.deferred = true;
     poll->arm([this, r = &route, ctx, poll, resume, started = timing.started] {
       resume([this, r, ctx, poll, started](http1::Response& answer) {
-        Respond(*r, Finish(*r, ctx, poll->answer()), answer);
+        {
+          TraceScope scope(ctx.trace);
+          Respond(*r, Finish(*r, ctx, poll->answer()), answer);
+        }
         MetricsFor(r).Observe(answer.status, MicrosSince(started));
+        LogRequest(ctx.method, ctx.path, answer, r, ctx, "none", started, false);
       });
     });
     return;
@@ -743,6 +843,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
   }
   switch (begun->outcome) {
     case BeginOutcome::kReplay: {
+      line.idempotency = "replayed";
       m.idem_key_replayed.Inc();
       const IdemRecord& rec = begun->record;
       res.status = rec.response_status;
@@ -751,6 +852,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
       return;
     }
     case BeginOutcome::kMismatch:
+      line.idempotency = "mismatch";
       m.idem_key_mismatch.Inc();
       return Fail(
           res,
@@ -758,6 +860,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
                  "header:Idempotency-Key"),
           ctx.request_id, 422);
     case BeginOutcome::kInFlight:
+      line.idempotency = "in_flight";
       m.idem_key_in_flight.Inc();
       res.SetHeader("Retry-After", "1");
       return Fail(res,
@@ -767,6 +870,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
                          "header:Idempotency-Key"),
                   ctx.request_id, 409);
     case BeginOutcome::kNew:
+      line.idempotency = "new";
       break;
   }
   m.idem_key_new.Inc();

@@ -3,10 +3,15 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <mutex>
+
+#include "daemon/obs/trace.h"
 
 namespace idem {
 namespace {
+
+std::atomic<bool> access_log{true};
 
 std::shared_ptr<spdlog::logger> Logger() {
   // shared_ptr: spdlog's registry API hands out shared loggers.
@@ -58,6 +63,12 @@ void SetLogLevel(std::string_view level) {
   Logger()->set_level(ToSpd(l));
 }
 
+void SetAccessLog(bool on) { access_log.store(on, std::memory_order_relaxed); }
+
+void LogAccess(const nlohmann::json& fields) {
+  if (access_log.load(std::memory_order_relaxed)) LogEvent(LogLevel::kInfo, "access", fields);
+}
+
 bool LogEnabled(LogLevel level) { return Logger()->should_log(ToSpd(level)); }
 
 void LogEvent(LogLevel level, std::string_view event, const nlohmann::json& fields) {
@@ -69,6 +80,10 @@ void LogEvent(LogLevel level, std::string_view event, const nlohmann::json& fiel
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
   line["level"] = Name(level);
   line["event"] = event;
+  if (const TraceContext* trace = CurrentTrace()) {
+    if (!trace->request_id.empty()) line["request_id"] = trace->request_id;
+    line["trace_id"] = trace->trace_id;
+  }
   if (fields.is_object()) {
     for (auto it = fields.begin(); it != fields.end(); ++it) line[it.key()] = it.value();
   }

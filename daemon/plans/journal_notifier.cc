@@ -5,6 +5,7 @@
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/json.h"
 #include "daemon/obs/log.h"
+#include "daemon/obs/trace.h"
 
 namespace idem {
 namespace {
@@ -153,6 +154,7 @@ void JournalNotifier::Notify(const Notification& n) {
     req.identity = std::move(identity).value();
     req.args = std::move(args);
     req.request_id = n.event_id;
+    req.trace_id = CurrentTraceId();  // what caused the notification ("" on the sweeper)
     req.lease_ms = kind.retry.timeout_ms + 1'000;
     req.window_ms = kind.window_ms;
     req.max_attempts = kind.retry.attempts;

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <thread>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/json_schema.h"
 #include "daemon/decide/jsonlogic.h"
+#include "daemon/obs/trace.h"
 
 namespace idem {
 namespace {
@@ -253,6 +255,7 @@ struct PlanEngine::Impl {
   // notifies; a concurrent creator's plan wins and is returned.
   StatusOr<Plan> Create(Plan plan) {
     const bool waits = plan.state == "awaiting_approval";
+    if (plan.trace_id.empty()) plan.trace_id = CurrentTraceId();
     AuditEvent event;
     event.at_ms = plan.created_at_ms;
     event.actor = plan.created_by;
@@ -261,9 +264,12 @@ struct PlanEngine::Impl {
                     {"reasons", plan.approval.value("reasons", Json::array())},
                     {"actions", plan.actions}};
     if (!plan.decision_id.empty()) event.detail["decision_id"] = plan.decision_id;
+    if (!plan.trace_id.empty()) event.detail["trace_id"] = plan.trace_id;
     Status put = store.plans().Put(plan, waits ? &event : nullptr);
     if (put.code() == Code::kAlreadyExists) return store.plans().Get(plan.plan_id);
     RETURN_IF_ERROR(put);
+    RecordTraceEvent("plan", plan.plan_id,
+                     {{"state", plan.state}, {"origin", plan.origin}, {"step", plan.step}});
     if (waits) {
       metrics.plans_awaiting_approval.Inc();
       NotifyAwaiting(plan);
@@ -306,6 +312,7 @@ struct PlanEngine::Impl {
     event.action = action.empty() ? "plan." + to : action;
     event.detail = std::move(detail);
     if (!note.empty()) event.detail["note"] = note;
+    if (const TraceContext* trace = CurrentTrace()) event.detail["trace_id"] = trace->trace_id;
     PlanChange change{.from = from,
                       .to = to,
                       .actor = actor,
@@ -530,6 +537,12 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
   PlanApplyResult out;
   ASSIGN_OR_RETURN(out.plan, m.Resolve(id, actor, *this));
   const std::string plan_id = out.plan.plan_id;
+  // The plan's work belongs to the trace that made the plan (its decide),
+  // whoever applies it: an approval, a timeout, a retry.
+  std::optional<TraceScope> plan_trace;
+  if (ValidTraceId(out.plan.trace_id) && out.plan.trace_id != CurrentTraceId()) {
+    plan_trace.emplace(TraceContext::Continue(out.plan.trace_id, request_id));
+  }
   if (out.plan.state == "awaiting_approval") return out;  // the caller answers 202
   if (IsState(out.plan, {"rejected", "expired"})) {
     return FailedPrecondition("plan " + plan_id + " is " + out.plan.state +

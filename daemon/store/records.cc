@@ -121,7 +121,8 @@ Json Decision::ToJson() const {
               {"model", model},
               {"prompt_version", prompt_version},
               {"created_at_ms", created_at_ms},
-              {"expires_at_ms", expires_at_ms}};
+              {"expires_at_ms", expires_at_ms},
+              {"trace_id", trace_id}};
 }
 
 StatusOr<Decision> Decision::FromJson(const Json& j) {
@@ -140,6 +141,7 @@ StatusOr<Decision> Decision::FromJson(const Json& j) {
   r.Str("prompt_version", d.prompt_version);
   r.Int("created_at_ms", d.created_at_ms);
   r.Int("expires_at_ms", d.expires_at_ms);
+  r.Str("trace_id", d.trace_id);
   if (!r.status().ok()) return r.status();
   return d;
 }
@@ -165,6 +167,7 @@ Json WorkItem::ToJson() const {
               {"expires_at_ms", expires_at_ms},
               {"run_id", run_id},
               {"request_id", request_id},
+              {"trace_id", trace_id},
               {"window_ms", window_ms}};
 }
 
@@ -190,6 +193,7 @@ StatusOr<WorkItem> WorkItem::FromJson(const Json& j) {
   r.Int("expires_at_ms", w.expires_at_ms);
   r.Str("run_id", w.run_id);
   r.Str("request_id", w.request_id);
+  r.Str("trace_id", w.trace_id);
   r.Int("window_ms", w.window_ms);
   if (!r.status().ok()) return r.status();
   StatusOr<WorkState> parsed = store_internal::ParseWorkState(state);
@@ -219,6 +223,7 @@ Json Plan::ToJson() const {
   text("rejected_by", rejected_by);
   text("comment", comment);
   text("reason", reason);
+  text("trace_id", trace_id);
   if (!original_actions.is_null()) j["original_actions"] = original_actions;
   return j;
 }
@@ -242,6 +247,7 @@ StatusOr<Plan> Plan::FromJson(const Json& j) {
   r.Array("history", p.history);
   r.Int("created_at_ms", p.created_at_ms);
   r.Int("updated_at_ms", p.updated_at_ms);
+  r.Str("trace_id", p.trace_id);
   if (!r.status().ok()) return r.status();
   if (!p.approval.is_object()) p.approval = Json::object();
   return p;
@@ -422,8 +428,8 @@ class WorkItemSax {
   bool IsKnownScalar() const {
     for (std::string_view name :
          {"work_id", "kind", "state", "lease_token", "external_ref", "last_error", "run_id",
-          "request_id", "attempt", "max_attempts", "locked_until_ms", "next_attempt_at_ms",
-          "created_at_ms", "updated_at_ms", "expires_at_ms", "window_ms"}) {
+          "request_id", "trace_id", "attempt", "max_attempts", "locked_until_ms",
+          "next_attempt_at_ms", "created_at_ms", "updated_at_ms", "expires_at_ms", "window_ms"}) {
       if (field_ == name) return true;
     }
     return false;
@@ -482,6 +488,7 @@ class WorkItemSax {
     if (f == "last_error") return Str(v, w_.last_error);
     if (f == "run_id") return Str(v, w_.run_id);
     if (f == "request_id") return Str(v, w_.request_id);
+    if (f == "trace_id") return Str(v, w_.trace_id);
     if (f == "attempt") return Int(v, w_.attempt);
     if (f == "max_attempts") return Int(v, w_.max_attempts);
     if (f == "locked_until_ms") return Int(v, w_.locked_until_ms);
@@ -570,6 +577,7 @@ StatusOr<std::string> EncodeWorkItem(const WorkItem& w) {
   num("expires_at_ms", w.expires_at_ms);
   str("run_id", w.run_id);
   str("request_id", w.request_id);
+  str("trace_id", w.trace_id);
   num("window_ms", w.window_ms);
   out.back() = '}';
   if (!bad.empty()) {

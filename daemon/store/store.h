@@ -48,6 +48,7 @@ struct Decision {
   std::string provider, model, prompt_version;
   int64_t created_at_ms = 0;
   int64_t expires_at_ms = 0;  // 0: kept forever
+  std::string trace_id;       // W3C trace id of the request that decided ("" before traces)
 
   Json ToJson() const;
   static StatusOr<Decision> FromJson(const Json& j);
@@ -204,6 +205,7 @@ struct WorkItem {
   std::string run_id;
   std::string request_id;  // correlation id of the request that created it
   int64_t window_ms = 0;   // from the creating request: done -> expires_at = now + window
+  std::string trace_id;    // W3C trace id of the request that created it ("" before traces)
 
   Json ToJson() const;
   static StatusOr<WorkItem> FromJson(const Json& j);
@@ -216,6 +218,7 @@ struct ClaimRequest {
   Json args = Json::object();
   std::string run_id;
   std::string request_id;
+  std::string trace_id;
   int64_t lease_ms = 30'000;
   int64_t window_ms = 0;  // how long a done record is remembered (0: forever)
   int max_attempts = 5;
@@ -274,7 +277,7 @@ struct JournalOpResult {
 
 // Every WorkItem returned carries an empty lease_token, except the one in a
 // kClaimed ClaimResult: only the holder of a lease learns its token.
-// identity, args, run_id, request_id, window_ms and max_attempts are taken
+// identity, args, run_id, request_id, trace_id, window_ms and max_attempts are taken
 // from the request that creates the record; later claims keep them.
 class Journal {
  public:
@@ -387,6 +390,7 @@ struct Plan {
   Json history = Json::array();  // [{from,to,actor,note,at_ms}]
   int64_t created_at_ms = 0;
   int64_t updated_at_ms = 0;
+  std::string trace_id;  // W3C trace id of the request that made it ("" before traces)
 
   Json ToJson() const;
   static StatusOr<Plan> FromJson(const Json& j);
@@ -521,6 +525,42 @@ class AuditLog {
   virtual StatusOr<AuditVerification> Check() = 0;
   // Check as a Status: Internal "audit chain broken at seq N: why".
   Status Verify();
+};
+
+// ------------------------------------------------------------------- traces
+
+// One thing that happened under a W3C trace id (daemon/obs/trace.h): a
+// request, a decision, a plan, a work item, an attempt. `ref` names the
+// record (request_id, decision_id, plan_id, work_id); `detail` is a small
+// summary known when it happened.
+struct TraceEntry {
+  std::string trace_id;  // 32 lower-case hex
+  int64_t at_ms = 0;
+  std::string type;
+  std::string ref;
+  Json detail = Json::object();
+};
+
+// trace_id -> entries, so that everything under one trace is a prefix scan.
+// Observability, not a record of truth: Add is buffered and written in the
+// background without an fsync, so a crash may lose the last second of
+// entries; the records themselves carry their trace_id durably.
+class TraceIndex {
+ public:
+  virtual ~TraceIndex() = default;
+  // Queues `entry` (never blocks on the disk). InvalidArgument for a
+  // trace_id that is not 32 characters or an empty type. Entries past the
+  // queue's bound (writes not keeping up) are dropped and counted.
+  virtual Status Add(TraceEntry entry) = 0;
+  // Writes what is queued (also done by a background thread).
+  virtual Status Flush() = 0;
+  // Up to `limit` entries of `trace_id` in time order (queued ones too).
+  virtual StatusOr<std::vector<TraceEntry>> List(const std::string& trace_id, size_t limit) = 0;
+  // Deletes up to `limit` entries added at or before cutoff_ms; returns
+  // how many.
+  virtual StatusOr<size_t> SweepBefore(int64_t cutoff_ms, size_t limit) = 0;
+  // Entries dropped because the queue was full.
+  virtual uint64_t dropped() const = 0;
 };
 
 // ------------------------------------------------------------- named leases
@@ -705,6 +745,7 @@ class Store {
   virtual MetaStore& meta() = 0;
   virtual EscalationStore& escalations() = 0;
   virtual OutboxStore& outbox() = 0;
+  virtual TraceIndex& traces() = 0;
   // OK while writes succeed; Unavailable (retryable) from a write that the
   // disk refused (full, I/O error) until the store has recovered by itself
   // (it retries about once a second) and a write succeeds again. Reads keep

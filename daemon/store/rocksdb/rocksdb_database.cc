@@ -72,6 +72,10 @@ std::string_view ColumnFamilyName(Family f) {
       return "outbox";
     case Family::kOutboxDead:
       return "outbox_dead";
+    case Family::kTraces:
+      return "traces";
+    case Family::kTracesByTime:
+      return "traces_by_time";
     case Family::kCount:
       break;
   }

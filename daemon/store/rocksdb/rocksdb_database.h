@@ -71,6 +71,8 @@ enum class Family : int {
   kDecisionsExpiry,    // BE8(expires_at) | decision_id -> ""  (decisions with a window)
   kOutbox,             // BE8(seq) -> OutboxEvent JSON (rocksdb_outbox_store.h)
   kOutboxDead,         // LP(subscriber) | BE8(seq) -> OutboxDeadLetter JSON
+  kTraces,             // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON
+  kTracesByTime,       // BE8(at_ms) | trace_id | BE8(seq) -> ""
   kCount,
 };
 

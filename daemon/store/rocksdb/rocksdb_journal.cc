@@ -73,6 +73,7 @@ WorkItem NewItem(const ClaimRequest& req) {
   w.identity = req.identity;
   w.run_id = req.run_id;
   w.request_id = req.request_id;
+  w.trace_id = req.trace_id;
   w.window_ms = req.window_ms;
   w.created_at_ms = req.now_ms;
   w.updated_at_ms = req.now_ms;

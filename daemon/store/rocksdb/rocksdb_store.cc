@@ -12,6 +12,7 @@
 #include "daemon/store/rocksdb/rocksdb_lease_store.h"
 #include "daemon/store/rocksdb/rocksdb_outbox_store.h"
 #include "daemon/store/rocksdb/rocksdb_plan_store.h"
+#include "daemon/store/rocksdb/rocksdb_trace_index.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -30,7 +31,8 @@ class RocksStore final : public Store {
         leases_(*db_),
         meta_(*db_),
         escalations_(*db_),
-        outbox_(*db_) {}
+        outbox_(*db_),
+        traces_(*db_) {}
 
   DecisionStore& decisions() override { return decisions_; }
   IdemKeyStore& idem_keys() override { return idem_keys_; }
@@ -41,6 +43,7 @@ class RocksStore final : public Store {
   MetaStore& meta() override { return meta_; }
   EscalationStore& escalations() override { return escalations_; }
   OutboxStore& outbox() override { return outbox_; }
+  TraceIndex& traces() override { return traces_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
 
  private:
@@ -55,6 +58,7 @@ class RocksStore final : public Store {
   rocks::RocksMetaStore meta_;
   rocks::RocksEscalationStore escalations_;
   rocks::RocksOutboxStore outbox_;
+  rocks::RocksTraceIndex traces_;  // last: its writer thread stops first
 };
 
 // The identity of this store's owner, made once per store folder. One

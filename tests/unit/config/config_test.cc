@@ -644,3 +644,31 @@ TEST_CASE("server.rate_limit refuses a rate of zero, a burst below one and a mis
 
 }  // namespace
 }  // namespace idem
+
+namespace idem {
+namespace {
+
+TEST_CASE("log_level_and_access_are_read_with_defaults_when_absent") {
+  ConfigDir dir;
+  auto plain = dir.Load(kMinimal);
+  REQUIRE(plain.ok());
+  CHECK(plain->log.level.empty());  // idem serve --log-level decides
+  CHECK(plain->log.access);
+  auto set = dir.Load(kMinimal + "log:\n  level: warn\n  access: false\n");
+  REQUIRE_MESSAGE(set.ok(), set.status().ToString());
+  CHECK(set->log.level == "warn");
+  CHECK_FALSE(set->log.access);
+}
+
+TEST_CASE("an_unknown_log_level_is_an_error_naming_log_level") {
+  ConfigDir dir;
+  auto bad = dir.Load(kMinimal + "log:\n  level: verbose\n");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().ToString().find("/log/level") != std::string::npos);
+  auto not_bool = dir.Load(kMinimal + "log:\n  access: sometimes\n");
+  REQUIRE_FALSE(not_bool.ok());
+  CHECK(not_bool.status().ToString().find("/log/access") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace idem

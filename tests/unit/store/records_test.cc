@@ -28,14 +28,18 @@ TEST_CASE("records round-trip through their JSON form") {
   d.decision_key = "k";
   d.output = Json{{"x", "y"}};
   d.expires_at_ms = 9;
+  d.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   REQUIRE(Decision::FromJson(d.ToJson()).ok());
+  CHECK(Decision::FromJson(d.ToJson())->trace_id == d.trace_id);
   CHECK(Decision::FromJson(d.ToJson())->ToJson() == d.ToJson());
 
   Plan p;
   p.plan_id = "plan_1";
   p.state = "approved";
   p.history.push_back(Json{{"from", "proposed"}});
+  p.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   REQUIRE(Plan::FromJson(p.ToJson()).ok());
+  CHECK(Plan::FromJson(p.ToJson())->trace_id == p.trace_id);
   CHECK(Plan::FromJson(p.ToJson())->ToJson() == p.ToJson());
 }
 
@@ -64,6 +68,10 @@ TEST_CASE("records written before a field existed still decode") {
   REQUIRE(w.ok());
   CHECK(w->window_ms == 0);
   CHECK(w->max_attempts == 5);
+  CHECK(w->trace_id.empty());
+  CHECK(store_internal::DecodeWorkItem(R"({"work_id":"w","state":"done"})")->trace_id.empty());
+  CHECK(Decision::FromJson(Json{{"decision_id", "d"}, {"decision_key", "k"}})->trace_id.empty());
+  CHECK(Plan::FromJson(Json{{"plan_id", "p"}, {"state", "applied"}})->trace_id.empty());
 }
 
 TEST_CASE("the journal's streaming decoder agrees with WorkItem::FromJson") {
@@ -86,6 +94,7 @@ TEST_CASE("the journal's streaming decoder agrees with WorkItem::FromJson") {
   w.expires_at_ms = 15;
   w.run_id = "run";
   w.request_id = "req";
+  w.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   w.window_ms = 16;
   Json j = w.ToJson();
   j["future_field"] = Json{{"x", Json::array({1, 2})}};

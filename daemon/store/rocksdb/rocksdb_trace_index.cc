@@ -1,0 +1,149 @@
+#include "daemon/store/rocksdb/rocksdb_trace_index.h"
+
+#include <chrono>
+#include <limits>
+#include <random>
+#include <utility>
+
+#include "daemon/store/record_codec.h"
+
+namespace idem::rocks {
+namespace {
+
+constexpr size_t kTraceIdSize = 32;
+constexpr size_t kFlushAt = 256;
+
+Json EntryJson(const TraceEntry& e) {
+  return Json{{"trace_id", e.trace_id},
+              {"at_ms", e.at_ms},
+              {"type", e.type},
+              {"ref", e.ref},
+              {"detail", e.detail}};
+}
+
+StatusOr<TraceEntry> EntryFromJson(const Json& j) {
+  if (!j.is_object() || !j.contains("trace_id") || !j["trace_id"].is_string() ||
+      !j.contains("type") || !j["type"].is_string()) {
+    return Internal("stored trace entry is malformed");
+  }
+  TraceEntry e;
+  e.trace_id = j["trace_id"].get<std::string>();
+  e.type = j["type"].get<std::string>();
+  if (j.contains("at_ms") && j["at_ms"].is_number_integer()) e.at_ms = j["at_ms"].get<int64_t>();
+  if (j.contains("ref") && j["ref"].is_string()) e.ref = j["ref"].get<std::string>();
+  if (j.contains("detail")) e.detail = j["detail"];
+  return e;
+}
+
+}  // namespace
+
+RocksTraceIndex::RocksTraceIndex(RocksDatabase& db) : db_(db) {
+  // Keys of one millisecond are told apart by seq; a random start keeps a
+  // restarted process from reusing the last one's.
+  std::random_device rd;
+  seq_.store((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RocksTraceIndex::~RocksTraceIndex() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  (void)Flush();
+}
+
+Status RocksTraceIndex::Add(TraceEntry entry) {
+  if (entry.trace_id.size() != kTraceIdSize) {
+    return InvalidArgument("trace_id must be 32 characters", "/trace_id");
+  }
+  if (entry.type.empty()) return InvalidArgument("trace entry type is empty", "/type");
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.size() >= kMaxQueued) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return Status::Ok();
+    }
+    queue_.push_back(std::move(entry));
+    wake = queue_.size() == kFlushAt;
+  }
+  if (wake) cv_.notify_all();
+  return Status::Ok();
+}
+
+Status RocksTraceIndex::Flush() {
+  std::lock_guard<std::mutex> writer(flush_mu_);
+  std::vector<TraceEntry> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(queue_);
+  }
+  if (batch.empty()) return Status::Ok();
+  RecordBatch rb(db_);
+  for (const TraceEntry& e : batch) {
+    std::string seq = BigEndian8(seq_.fetch_add(1, std::memory_order_relaxed));
+    std::string at = BigEndian8(e.at_ms);
+    rb.PutJson(Family::kTraces, e.trace_id + at + seq, EntryJson(e));
+    rb.Put(Family::kTracesByTime, at + e.trace_id + seq, "");
+  }
+  return db_.Commit(rb, /*durable=*/false);
+}
+
+void RocksTraceIndex::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(200),
+                 [this] { return stopping_ || queue_.size() >= kFlushAt; });
+    if (stopping_) break;
+    if (queue_.empty()) continue;
+    lock.unlock();
+    (void)Flush();  // a failed write is retried by nobody: the index is best effort
+    lock.lock();
+  }
+}
+
+StatusOr<std::vector<TraceEntry>> RocksTraceIndex::List(const std::string& trace_id, size_t limit) {
+  if (trace_id.size() != kTraceIdSize) {
+    return InvalidArgument("trace_id must be 32 characters", "/trace_id");
+  }
+  RETURN_IF_ERROR(Flush());
+  std::vector<TraceEntry> out;
+  std::string upper = trace_id + std::string(16, '\xff') + '\xff';
+  rocksdb::Slice upper_slice(upper);
+  rocksdb::ReadOptions ro;
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kTraces, ro);
+  for (it->Seek(trace_id); it->Valid() && out.size() < limit; it->Next()) {
+    if (!it->key().starts_with(trace_id)) break;
+    ASSIGN_OR_RETURN(
+        Json j, store_internal::DecodeJson(std::string_view(it->value().data(), it->value().size()),
+                                           "trace entry"));
+    ASSIGN_OR_RETURN(TraceEntry e, EntryFromJson(j));
+    out.push_back(std::move(e));
+  }
+  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning traces"));
+  return out;
+}
+
+StatusOr<size_t> RocksTraceIndex::SweepBefore(int64_t cutoff_ms, size_t limit) {
+  ASSIGN_OR_RETURN(std::vector<std::string> keys,
+                   db_.ExpiredIndexKeys(Family::kTracesByTime, cutoff_ms, limit, "traces_by_time"));
+  if (keys.empty()) return size_t{0};
+  RecordBatch rb(db_);
+  for (const std::string& k : keys) {
+    if (k.size() != 8 + kTraceIdSize + 8) {
+      rb.Delete(Family::kTracesByTime, k);
+      continue;
+    }
+    std::string at = k.substr(0, 8), trace = k.substr(8, kTraceIdSize), seq = k.substr(8 + 32);
+    rb.Delete(Family::kTraces, trace + at + seq);
+    rb.Delete(Family::kTracesByTime, k);
+  }
+  RETURN_IF_ERROR(db_.Commit(rb, /*durable=*/false));
+  return keys.size();
+}
+
+}  // namespace idem::rocks
