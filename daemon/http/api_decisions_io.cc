@@ -94,6 +94,7 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "and trace, newest first (?step=&since=ms&cursor=&limit=); the next page's "
                  "cursor is in the Idem-Next-Cursor header.",
       .responses = {{200, ""}, {400, "problem"}},
+      .media = {{200, {{"application/x-ndjson", ""}}}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         // A page holds at most 1000 decisions (each up to ~16 KiB of raw output in

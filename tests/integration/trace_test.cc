@@ -274,9 +274,9 @@ TEST_CASE("every_request_leaves_one_json_access_line_without_secrets") {
   REQUIRE(d->status == 200);
   // A long poll (parked, no handler thread) is logged when it is answered.
   const std::string plan_id = J(d)["plan"]["plan_id"];
-  auto waited = f.client->Get(("/v1/plans/" + plan_id + "?wait=1s").c_str(),
-                              {{"Authorization", std::string("Bearer ") + kAgent},
-                               {"X-Request-Id", "req-wait-1"}});
+  auto waited = f.client->Get(
+      ("/v1/plans/" + plan_id + "?wait=1s").c_str(),
+      {{"Authorization", std::string("Bearer ") + kAgent}, {"X-Request-Id", "req-wait-1"}});
   REQUIRE(waited);
   CHECK(waited->status == 200);
   // Through the batch lane (no Idempotency-Key) and through the handler.
