@@ -116,7 +116,10 @@ class PlanWatches {
       }
       auto first = deadlines_.begin();
       if (Clock::now() < first->first) {
-        cv_.wait_until(lock, first->first);
+        // A copy: the node may be gone (cleared by the destructor) when the
+        // wait reads its deadline again.
+        const Clock::time_point when = first->first;
+        cv_.wait_until(lock, when);
         continue;
       }
       const uint64_t id = first->second;
