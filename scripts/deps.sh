@@ -6,11 +6,11 @@ pkgs=(
   build-essential cmake ninja-build pkg-config clang-format git
   libssl-dev libcurl4-openssl-dev nlohmann-json3-dev libvalijson-dev librocksdb-dev
   libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
-  libkainjow-mustache-dev
+  libkainjow-mustache-dev libpq-dev
 )
 # The clang build (-Wthread-safety), the libFuzzer targets and the browser
 # test of the operator page (tests/e2e/ui_approvals.mjs drives Debian's chromium).
-if [ "${IDEM_DEPS_E2E:-0}" = 1 ]; then pkgs+=(clang-14 libclang-rt-14-dev chromium); fi
+if [ "${IDEM_DEPS_E2E:-0}" = 1 ]; then pkgs+=(clang-14 libclang-rt-14-dev chromium postgresql); fi
 if [ "${IDEM_DEPS_BENCH:-0}" = 1 ]; then pkgs+=(wrk); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -28,7 +28,12 @@ build build all -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # The integration tests record every response they see (one JSONL file per
 # test process) for the OpenAPI check below.
 rm -rf build/responses
-(cd build && IDEM_RESPONSE_LOG="$PWD/responses" ctest --output-on-failure -j2)
+(cd build && IDEM_RESPONSE_LOG="$PWD/responses" ctest --output-on-failure -j2 -LE postgres)
+
+echo "== PostgreSQL: the store conformance suite and the multi-daemon tests (pg_virtualenv)"
+# A throwaway cluster for this step only; libpq finds it through the PG*
+# variables pg_virtualenv sets.
+(cd build && pg_virtualenv -- ctest --output-on-failure -L postgres)
 
 echo "== OpenAPI: every recorded response against /openapi.json (ajv)"
 node tests/e2e/openapi_check.mjs build/idem build/responses
@@ -47,7 +52,7 @@ if [ "${IDEM_TEST_QUICK:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
   build build-asan all -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=address,undefined -DIDEM_BENCH=OFF
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure -j2)
+     ctest --output-on-failure -j2 -LE postgres)
 
   echo "== ThreadSanitizer (concurrency tests)"
   # Only what the concurrency tests need.

@@ -758,4 +758,19 @@ class Store {
 // Failpoint "store.write" (error) fails every write as a disk error would.
 StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options);
 
+struct PgStoreOptions {
+  std::string conninfo;  // libpq URL or key=value; "" : the PG* variables. Never logged.
+  std::string schema = "idem";
+  int pool_size = 8;
+  int64_t statement_timeout_ms = 5'000;
+  int64_t acquire_timeout_ms = 5'000;
+  bool migrate = true;  // apply missing schema migrations on open
+  std::function<void(int64_t micros)> on_write_micros = {};
+};
+
+// Opens the PostgreSQL store (store/postgres/): any number of processes may
+// open the same database and schema at once. Unavailable if the server
+// cannot be reached.
+StatusOr<std::unique_ptr<Store>> OpenPostgresStore(const PgStoreOptions& options);
+
 }  // namespace idem

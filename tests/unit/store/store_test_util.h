@@ -14,9 +14,27 @@
 #include <string>
 #include <vector>
 
+#include "daemon/core/crypto.h"
+#include "daemon/store/postgres/pg_client.h"
 #include "daemon/store/store.h"
 
 namespace idem::testing {
+
+// The engine under test: RocksDB, or PostgreSQL when IDEM_TEST_STORE is
+// "postgres" (the conformance run, ctest unit_store_postgres).
+inline bool OnPostgres() {
+  const char* e = std::getenv("IDEM_TEST_STORE");
+  return e != nullptr && std::string(e) == "postgres";
+}
+inline std::string PgConninfo() {
+  const char* u = std::getenv("IDEM_TEST_PG_URL");
+  return u ? u : "";  // "": libpq reads PGHOST, PGPORT, ... (pg_virtualenv)
+}
+// On PostgreSQL a test's folder names its own schema, so reopening the
+// same folder reopens the same data and tests never see each other's.
+inline std::string PgSchemaFor(const std::string& path) {
+  return "t_" + Sha256Hex(path).substr(0, 20);
+}
 
 class TempDir {
  public:
@@ -25,6 +43,13 @@ class TempDir {
     char* made = mkdtemp(tmpl.data());
     REQUIRE(made != nullptr);
     path_ = made;
+    if (OnPostgres()) {  // a folder name may repeat across runs: start empty
+      auto pool = pg::Pool::Open(pg::PoolOptions{PgConninfo(), "public", 1});
+      REQUIRE_MESSAGE(pool.ok(), pool.status().ToString());
+      auto dropped =
+          (*pool)->Exec("DROP SCHEMA IF EXISTS " + pg::QuoteIdent(PgSchemaFor(path_)) + " CASCADE");
+      REQUIRE_MESSAGE(dropped.ok(), dropped.status().ToString());
+    }
   }
   ~TempDir() {
     std::error_code ec;
@@ -40,6 +65,15 @@ class TempDir {
 
 inline std::unique_ptr<Store> OpenStore(const std::string& path, bool sync = false,
                                         uint64_t min_free_bytes = 0) {
+  if (OnPostgres()) {
+    PgStoreOptions o;
+    o.conninfo = PgConninfo();
+    o.schema = PgSchemaFor(path);
+    o.pool_size = 16;
+    StatusOr<std::unique_ptr<Store>> store = OpenPostgresStore(o);
+    REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+    return std::move(store).value();
+  }
   StatusOr<std::unique_ptr<Store>> store = OpenRocksStore(StoreOptions{path, sync, min_free_bytes});
   REQUIRE_MESSAGE(store.ok(), store.status().ToString());
   return std::move(store).value();

@@ -1,0 +1,225 @@
+#include "daemon/store/postgres/pg_client.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace idem::pg {
+namespace {
+
+// The first line of libpq's message, without the trailing newline.
+std::string Trimmed(const char* msg) {
+  std::string s = msg ? msg : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+Status FromResult(PGconn* c, PGresult* r, std::string_view sql) {
+  const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  std::string msg = Trimmed(r ? PQresultErrorMessage(r) : PQerrorMessage(c));
+  if (msg.empty()) msg = Trimmed(PQerrorMessage(c));
+  std::string head(sql.substr(0, 60));
+  std::string text = "postgres: " + msg + " [" + head + (sql.size() > 60 ? "…" : "") + "]";
+  if (PQstatus(c) != CONNECTION_OK) return Unavailable(text);
+  if (state == nullptr) return Unavailable(text);
+  std::string_view st(state);
+  if (st == "40001" || st == "40P01") return Aborted(text).WithRetryable(true);
+  if (st == "23505") return AlreadyExists(text);
+  // 08: connection exception; 57: operator intervention (statement timeout
+  // 57014, admin shutdown 57P01); 53: insufficient resources.
+  if (st.starts_with("08") || st.starts_with("57") || st.starts_with("53")) {
+    return Unavailable(text);
+  }
+  return Internal(text);
+}
+
+}  // namespace
+
+Param Bytea(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\\x";
+  out.reserve(2 + bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+int64_t Result::i64(int row, int col) const {
+  if (null(row, col)) return 0;
+  return std::strtoll(PQgetvalue(r_.get(), row, col), nullptr, 10);
+}
+
+std::string Result::bytea(int row, int col) const {
+  std::string_view t = text(row, col);
+  std::string out;
+  if (!t.starts_with("\\x")) return std::string(t);
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return 0;
+  };
+  out.reserve((t.size() - 2) / 2);
+  for (size_t i = 2; i + 1 < t.size(); i += 2) {
+    out.push_back(static_cast<char>(nib(t[i]) << 4 | nib(t[i + 1])));
+  }
+  return out;
+}
+
+int64_t Result::affected() const {
+  const char* n = r_ ? PQcmdTuples(r_.get()) : nullptr;
+  return (n && *n) ? std::strtoll(n, nullptr, 10) : 0;
+}
+
+std::string QuoteIdent(std::string_view name) {
+  std::string out = "\"";
+  for (char c : name) {
+    if (c == '"') out.push_back('"');
+    out.push_back(c);
+  }
+  out.push_back('"');
+  return out;
+}
+
+StatusOr<std::unique_ptr<Conn>> Conn::Open(const std::string& conninfo, const std::string& schema,
+                                           int64_t statement_timeout_ms) {
+  PGconn* c = PQconnectdb(conninfo.c_str());
+  if (c == nullptr) return Unavailable("postgres: out of memory opening a connection");
+  if (PQstatus(c) != CONNECTION_OK) {
+    std::string msg = Trimmed(PQerrorMessage(c));
+    PQfinish(c);
+    return Unavailable("postgres: cannot connect: " + msg);
+  }
+  std::unique_ptr<Conn> conn(new Conn(c));
+  std::string setup = "SET search_path TO " + QuoteIdent(schema) +
+                      "; SET statement_timeout = " + std::to_string(statement_timeout_ms) +
+                      "; SET client_min_messages = warning";
+  RETURN_IF_ERROR(conn->ExecScript(setup));
+  return conn;
+}
+
+Conn::~Conn() { PQfinish(c_); }
+
+bool Conn::healthy() const { return PQstatus(c_) == CONNECTION_OK; }
+
+StatusOr<Result> Conn::Exec(std::string_view sql, const std::vector<Param>& params) {
+  std::string q(sql);
+  std::vector<const char*> values;
+  values.reserve(params.size());
+  for (const Param& p : params) values.push_back(p ? p->c_str() : nullptr);
+  PGresult* r = PQexecParams(c_, q.c_str(), static_cast<int>(params.size()), nullptr, values.data(),
+                             nullptr, nullptr, 0);
+  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return Result(r);
+  Status s = FromResult(c_, r, sql);
+  if (r) PQclear(r);
+  return s;
+}
+
+Status Conn::ExecScript(std::string_view sql) {
+  std::string q(sql);
+  PGresult* r = PQexec(c_, q.c_str());
+  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  Status s =
+      (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) ? Status::Ok() : FromResult(c_, r, sql);
+  if (r) PQclear(r);
+  return s;
+}
+
+StatusOr<std::unique_ptr<Pool>> Pool::Open(PoolOptions options) {
+  if (options.size < 1) return InvalidArgument("postgres pool size must be at least 1");
+  std::unique_ptr<Pool> pool(new Pool(std::move(options)));
+  // The schema must exist before connections set their search_path to it.
+  ASSIGN_OR_RETURN(std::unique_ptr<Conn> c, Conn::Open(pool->options_.conninfo, "public",
+                                                       pool->options_.statement_timeout_ms));
+  RETURN_IF_ERROR(
+      c->ExecScript("CREATE SCHEMA IF NOT EXISTS " + QuoteIdent(pool->options_.schema)));
+  RETURN_IF_ERROR(c->ExecScript("SET search_path TO " + QuoteIdent(pool->options_.schema)));
+  {
+    std::lock_guard<std::mutex> lock(pool->mu_);
+    pool->idle_.push_back(std::move(c));
+    pool->open_ = 1;
+  }
+  return pool;
+}
+
+Pool::~Pool() = default;
+
+Pool::Lease::~Lease() {
+  if (pool_ && c_) pool_->Give(std::move(c_));
+}
+
+void Pool::Give(std::unique_ptr<Conn> c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (c->healthy()) {
+      idle_.push_back(std::move(c));
+    } else {
+      --open_;  // dropped; the next Acquire opens a new one
+    }
+  }
+  cv_.notify_one();
+}
+
+StatusOr<Pool::Lease> Pool::Acquire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.acquire_timeout_ms);
+  while (true) {
+    if (!idle_.empty()) {
+      std::unique_ptr<Conn> c = std::move(idle_.back());
+      idle_.pop_back();
+      return Lease(this, std::move(c));
+    }
+    if (open_ < options_.size) {
+      ++open_;
+      lock.unlock();
+      StatusOr<std::unique_ptr<Conn>> c =
+          Conn::Open(options_.conninfo, options_.schema, options_.statement_timeout_ms);
+      if (!c.ok()) {
+        lock.lock();
+        --open_;
+        return c.status();
+      }
+      return Lease(this, std::move(c).value());
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
+        open_ >= options_.size) {
+      return Unavailable("postgres: no free connection within " +
+                         std::to_string(options_.acquire_timeout_ms) + " ms (pool size " +
+                         std::to_string(options_.size) + ")");
+    }
+  }
+}
+
+Status Pool::Tx(const std::function<Status(Conn&)>& fn) {
+  Status last;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    ASSIGN_OR_RETURN(Lease lease, Acquire());
+    Conn& c = *lease;
+    RETURN_IF_ERROR(c.ExecScript("BEGIN"));
+    Status s = fn(c);
+    if (s.ok()) s = c.ExecScript("COMMIT");
+    if (s.ok()) return s;
+    if (c.healthy()) (void)c.ExecScript("ROLLBACK");
+    if (s.code() != Code::kAborted || !s.retryable()) return s;
+    last = s;
+  }
+  return last;
+}
+
+StatusOr<Result> Pool::Exec(std::string_view sql, const std::vector<Param>& params) {
+  ASSIGN_OR_RETURN(Lease lease, Acquire());
+  return lease->Exec(sql, params);
+}
+
+StatusOr<int64_t> Pool::ServerNowMillis() {
+  ASSIGN_OR_RETURN(Result r, Exec("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"));
+  if (r.rows() != 1) return Internal("postgres: clock_timestamp() returned no row");
+  return r.i64(0, 0);
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,91 @@
+// OpenPostgresStore: one pool shared by every PostgreSQL domain store.
+#include "daemon/store/postgres/pg_store.h"
+
+#include <memory>
+#include <utility>
+
+#include "daemon/core/crypto.h"
+#include "daemon/store/store.h"
+
+namespace idem {
+namespace {
+
+template <typename T>
+T& Need(const std::unique_ptr<T>& p, const char* what) {
+  if (!p) {
+    std::fprintf(stderr, "idem: the postgres engine has no %s store yet\n", what);
+    std::abort();
+  }
+  return *p;
+}
+
+class PgStore final : public Store {
+ public:
+  PgStore(std::unique_ptr<pg::Pool> pool, std::string instance_id,
+          std::function<void(int64_t)> on_write)
+      : pool_(std::move(pool)), ctx_{*pool_, std::move(instance_id), std::move(on_write)} {
+    meta_ = pg::MakePgMetaStore(ctx_);
+    decisions_ = pg::MakePgDecisionStore(ctx_);
+    idem_keys_ = pg::MakePgIdemKeyStore(ctx_);
+    journal_ = pg::MakePgJournal(ctx_);
+    audit_ = pg::MakePgAuditLog(ctx_);
+    plans_ = pg::MakePgPlanStore(ctx_);
+    leases_ = pg::MakePgLeaseStore(ctx_);
+    escalations_ = pg::MakePgEscalationStore(ctx_);
+    outbox_ = pg::MakePgOutboxStore(ctx_);
+    traces_ = pg::MakePgTraceIndex(ctx_);
+  }
+  ~PgStore() override {
+    traces_.reset();  // may flush through the pool
+  }
+
+  DecisionStore& decisions() override { return Need(decisions_, "decision"); }
+  IdemKeyStore& idem_keys() override { return Need(idem_keys_, "idempotency-key"); }
+  Journal& journal() override { return Need(journal_, "journal"); }
+  PlanStore& plans() override { return Need(plans_, "plan"); }
+  AuditLog& audit() override { return Need(audit_, "audit"); }
+  LeaseStore& leases() override { return Need(leases_, "lease"); }
+  MetaStore& meta() override { return Need(meta_, "meta"); }
+  EscalationStore& escalations() override { return Need(escalations_, "escalation"); }
+  OutboxStore& outbox() override { return Need(outbox_, "outbox"); }
+  TraceIndex& traces() override { return Need(traces_, "trace"); }
+  Status WriteHealth() const override {
+    // Cheap: a round trip only when asked (readyz), not per write.
+    StatusOr<pg::Result> r = pool_->Exec("SELECT 1");
+    return r.ok() ? Status::Ok() : r.status();
+  }
+
+ private:
+  std::unique_ptr<pg::Pool> pool_;  // first: destroyed last
+  pg::PgContext ctx_;
+  std::unique_ptr<MetaStore> meta_;
+  std::unique_ptr<DecisionStore> decisions_;
+  std::unique_ptr<IdemKeyStore> idem_keys_;
+  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<PlanStore> plans_;
+  std::unique_ptr<LeaseStore> leases_;
+  std::unique_ptr<EscalationStore> escalations_;
+  std::unique_ptr<OutboxStore> outbox_;
+  std::unique_ptr<TraceIndex> traces_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Store>> OpenPostgresStore(const PgStoreOptions& options) {
+  pg::PoolOptions po;
+  po.conninfo = options.conninfo;
+  po.schema = options.schema;
+  po.size = options.pool_size;
+  po.statement_timeout_ms = options.statement_timeout_ms;
+  po.acquire_timeout_ms = options.acquire_timeout_ms;
+  ASSIGN_OR_RETURN(std::unique_ptr<pg::Pool> pool, pg::Pool::Open(std::move(po)));
+  if (options.migrate) RETURN_IF_ERROR(pg::Migrate(*pool).status());
+  // Each process is its own owner: records of a daemon that died are taken
+  // over by the others when their leases expire.
+  std::string instance_id = "inst_" + RandomHex(8);
+  return std::unique_ptr<Store>(
+      new PgStore(std::move(pool), std::move(instance_id), options.on_write_micros));
+}
+
+}  // namespace idem

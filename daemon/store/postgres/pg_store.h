@@ -1,0 +1,81 @@
+// The PostgreSQL engine (store.engine: postgres): every store interface of
+// store.h on one database, shared by any number of idem daemons.
+//
+// Each interface lives in its own file (pg_<name>.cc) and adds its tables to
+// the schema through its kSchema* fragment; Migrations() (pg_migrate.cc)
+// applies them, versioned, under an advisory lock.
+//
+// Shared records written inside another store's transaction:
+//   - StageOutboxEvent: an outbox event in the same transaction as the state
+//     change it reports (decisions, plans, journal);
+//   - AppendAuditTx: an audit event in the same transaction (plans).
+//
+// Thread-safety: as store.h; a Pool connection is held only for the length
+// of one call.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/store/postgres/pg_client.h"
+#include "daemon/store/store.h"
+
+namespace idem::pg {
+
+// What every PostgreSQL store gets.
+struct PgContext {
+  Pool& pool;
+  std::string instance_id;  // this process ("inst_" + 16 hex), for records it owns
+  std::function<void(int64_t micros)> on_write_micros;
+};
+
+// --- schema fragments (each defined in its store's file), in Migration 1
+extern const std::string_view kSchemaMeta;
+extern const std::string_view kSchemaDecisions;
+extern const std::string_view kSchemaIdemKeys;
+extern const std::string_view kSchemaJournal;
+extern const std::string_view kSchemaPlans;
+extern const std::string_view kSchemaAudit;
+extern const std::string_view kSchemaLeases;
+extern const std::string_view kSchemaEscalations;
+extern const std::string_view kSchemaOutbox;
+extern const std::string_view kSchemaTraces;
+
+struct Migration {
+  int version;
+  std::string name;
+  std::string sql;
+};
+// Every migration in version order. A released migration is never edited
+// and never destructive (no DROP of data); changes come as the next one.
+const std::vector<Migration>& Migrations();
+// Applies the migrations the database lacks, each in its own transaction,
+// under pg_advisory_lock (so daemons starting together apply them once).
+// Returns the versions applied now (empty: up to date). FailedPrecondition
+// when the database has a version newer than this binary knows.
+StatusOr<std::vector<int>> Migrate(Pool& pool);
+
+// --- the stores (nullptr: not implemented yet)
+std::unique_ptr<MetaStore> MakePgMetaStore(PgContext& ctx);
+std::unique_ptr<DecisionStore> MakePgDecisionStore(PgContext& ctx);
+std::unique_ptr<IdemKeyStore> MakePgIdemKeyStore(PgContext& ctx);
+std::unique_ptr<Journal> MakePgJournal(PgContext& ctx);
+std::unique_ptr<PlanStore> MakePgPlanStore(PgContext& ctx);
+std::unique_ptr<AuditLog> MakePgAuditLog(PgContext& ctx);
+std::unique_ptr<LeaseStore> MakePgLeaseStore(PgContext& ctx);
+std::unique_ptr<EscalationStore> MakePgEscalationStore(PgContext& ctx);
+std::unique_ptr<OutboxStore> MakePgOutboxStore(PgContext& ctx);
+std::unique_ptr<TraceIndex> MakePgTraceIndex(PgContext& ctx);
+
+// --- records other stores write inside their own transaction
+// Stages an outbox event (store.h, OutboxEvent) with the caller's change;
+// it gets its seq only once committed (pg_outbox_store.cc).
+Status StageOutboxEvent(Conn& c, const std::string& type, const std::string& key, int64_t at_ms,
+                        const Json& data);
+// Appends to the one linear audit chain in the caller's transaction;
+// returns the event's seq (pg_audit_log.cc).
+StatusOr<uint64_t> AppendAuditTx(Conn& c, AuditEvent event);
+
+}  // namespace idem::pg

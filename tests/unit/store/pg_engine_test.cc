@@ -1,0 +1,118 @@
+// The PostgreSQL engine's own machinery: migrations and the pool. Suite
+// "postgres": run only by ctest unit_store_postgres (on a real server).
+#include <doctest/doctest.h>
+
+#include <thread>
+#include <vector>
+
+#include "daemon/store/postgres/pg_store.h"
+#include "tests/unit/store/store_test_util.h"
+
+namespace idem {
+namespace {
+
+using testing::PgConninfo;
+using testing::PgSchemaFor;
+using testing::TempDir;
+
+std::unique_ptr<pg::Pool> PoolFor(const std::string& schema, int size = 4) {
+  auto pool = pg::Pool::Open(pg::PoolOptions{PgConninfo(), schema, size});
+  REQUIRE_MESSAGE(pool.ok(), pool.status().ToString());
+  return std::move(pool).value();
+}
+
+TEST_SUITE("postgres") {
+  TEST_CASE("migrations apply once, however many daemons start together") {
+    TempDir dir;
+    const std::string schema = PgSchemaFor(dir.path());
+    std::vector<std::unique_ptr<pg::Pool>> pools;
+    for (int i = 0; i < 4; ++i) pools.push_back(PoolFor(schema, 1));
+    std::vector<StatusOr<std::vector<int>>> results(4,
+                                                    StatusOr<std::vector<int>>(std::vector<int>{}));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&, i] { results[i] = pg::Migrate(*pools[i]); });
+    }
+    for (auto& t : threads) t.join();
+    int applied = 0;
+    for (auto& r : results) {
+      REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+      applied += static_cast<int>(r->size());
+    }
+    CHECK(applied == static_cast<int>(pg::Migrations().size()));
+    auto versions = pools[0]->Exec("SELECT count(*) FROM schema_migrations");
+    REQUIRE(versions.ok());
+    CHECK(versions->i64(0, 0) == static_cast<int64_t>(pg::Migrations().size()));
+    auto again = pg::Migrate(*pools[0]);
+    REQUIRE(again.ok());
+    CHECK(again->empty());
+  }
+
+  TEST_CASE("a database newer than the binary is refused, not migrated") {
+    TempDir dir;
+    auto pool = PoolFor(PgSchemaFor(dir.path()));
+    REQUIRE(pg::Migrate(*pool).ok());
+    REQUIRE(
+        pool->Exec("INSERT INTO schema_migrations (version, name) VALUES (9999, 'future')").ok());
+    auto r = pg::Migrate(*pool);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::kFailedPrecondition);
+    CHECK(r.status().message().find("9999") != std::string::npos);
+  }
+
+  TEST_CASE("an unreachable server is Unavailable and the message holds no password") {
+    auto pool = pg::Pool::Open(pg::PoolOptions{
+        "postgresql://idem:s3cret-pw@127.0.0.1:1/idem?connect_timeout=2", "idem", 1});
+    REQUIRE_FALSE(pool.ok());
+    CHECK(pool.status().code() == Code::kUnavailable);
+    CHECK(pool.status().message().find("s3cret-pw") == std::string::npos);
+  }
+
+  TEST_CASE("a pool never opens more connections than its size and waits for a free one") {
+    TempDir dir;
+    pg::PoolOptions o{PgConninfo(), PgSchemaFor(dir.path()), 2};
+    o.acquire_timeout_ms = 200;
+    auto pool = pg::Pool::Open(o);
+    REQUIRE(pool.ok());
+    auto a = (*pool)->Acquire();
+    auto b = (*pool)->Acquire();
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    auto c = (*pool)->Acquire();
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == Code::kUnavailable);
+  }
+
+  TEST_CASE("a transaction that fails leaves nothing behind") {
+    TempDir dir;
+    auto pool = PoolFor(PgSchemaFor(dir.path()));
+    REQUIRE(pool->Exec("CREATE TABLE t (v int)").ok());
+    Status s = pool->Tx([](pg::Conn& c) -> Status {
+      RETURN_IF_ERROR(c.Exec("INSERT INTO t VALUES (1)").status());
+      return Aborted("changed my mind");
+    });
+    CHECK(s.code() == Code::kAborted);
+    auto n = pool->Exec("SELECT count(*) FROM t");
+    REQUIRE(n.ok());
+    CHECK(n->i64(0, 0) == 0);
+  }
+
+  TEST_CASE("meta values survive a reopen of the same schema") {
+    TempDir dir;
+    {
+      auto store = testing::OpenStore(dir.path());
+      REQUIRE(store->meta().Put("k", "v1").ok());
+      REQUIRE(store->meta().Put("k", "v2").ok());
+    }
+    auto store = testing::OpenStore(dir.path());
+    auto got = store->meta().Get("k");
+    REQUIRE(got.ok());
+    CHECK(*got == std::optional<std::string>("v2"));
+    auto none = store->meta().Get("absent");
+    REQUIRE(none.ok());
+    CHECK_FALSE(none->has_value());
+  }
+}
+
+}  // namespace
+}  // namespace idem
