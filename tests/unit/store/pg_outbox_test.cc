@@ -162,20 +162,27 @@ TEST_SUITE("postgres") {
     }
   }
 
-  TEST_CASE("two daemons advancing one subscriber's cursor leave it at the largest seq") {
+  TEST_CASE("two daemons advancing one subscriber's cursor never move it back") {
     TempDir dir;
     auto first = OpenStore(dir.path());
     auto second = OpenStore(dir.path());
-    std::thread up([&] {
-      for (uint64_t s = 1; s <= 200; ++s) CHECK(first->outbox().Advance("billing", s).ok());
-    });
-    std::thread down([&] {
-      for (uint64_t s = 200; s >= 1; --s) CHECK(second->outbox().Advance("billing", s).ok());
-    });
+    // One daemon moves up, the other (late, stale) down over the same seqs:
+    // after each Advance(s) of either, the cursor is at least s.
+    auto advance = [](Store& store, uint64_t from, int64_t step, int& behind) {
+      for (uint64_t s = from; s >= 1 && s <= 300; s += step) {
+        CHECK(store.outbox().Advance("billing", s).ok());
+        if (*store.outbox().Cursor("billing") < s) ++behind;
+      }
+    };
+    int behind_up = 0, behind_down = 0;
+    std::thread up([&] { advance(*first, 1, 1, behind_up); });
+    std::thread down([&] { advance(*second, 300, -1, behind_down); });
     up.join();
     down.join();
-    CHECK(*first->outbox().Cursor("billing") == 200);
-    CHECK(*second->outbox().Cursor("billing") == 200);
+    CHECK(behind_up == 0);
+    CHECK(behind_down == 0);
+    CHECK(*first->outbox().Cursor("billing") == 300);
+    CHECK(*second->outbox().Cursor("billing") == 300);
   }
 }
 
