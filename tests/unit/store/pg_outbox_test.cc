@@ -145,7 +145,9 @@ TEST_SUITE("postgres") {
       // Every event, once: nothing skipped, nothing repeated.
       CHECK(seen->events.size() == kTotal);
       std::set<std::string> keys;
-      for (const auto& [seq, key] : seen->events) {
+      for (const auto& event : seen->events) {
+        const uint64_t seq = event.first;
+        const std::string& key = event.second;
         keys.insert(key);
         auto [k, new_seq] = key_of.emplace(seq, key);
         if (!new_seq) CHECK_MESSAGE(k->second == key, "seq " << seq << " given to two events");
@@ -157,8 +159,11 @@ TEST_SUITE("postgres") {
     CHECK(key_of.size() == kTotal);
     CHECK(seq_of.size() == kTotal);
     // Both events of a transaction are numbered in the order they were staged.
-    for (const auto& [key, seq] : seq_of) {
-      if (key.ends_with("_a")) CHECK(seq_of.at(key.substr(0, key.size() - 2) + "_b") > seq);
+    for (const auto& numbered : seq_of) {
+      const std::string& key = numbered.first;
+      if (key.ends_with("_a")) {
+        CHECK(seq_of.at(key.substr(0, key.size() - 2) + "_b") > numbered.second);
+      }
     }
   }
 
