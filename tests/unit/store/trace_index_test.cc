@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "daemon/core/failpoints.h"
+#include "daemon/store/rocksdb/rocksdb_trace_index.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -83,6 +85,34 @@ TEST_CASE("a_claim_stores_the_trace_id_of_the_request_that_created_the_work") {
   later.trace_id = kTraceB;
   REQUIRE(store->journal().Claim(later).ok());
   CHECK(store->journal().Get("w-1")->trace_id == kTraceA);
+}
+
+TEST_CASE("entries_past_the_trace_queue_bound_are_dropped_counted_and_missing_from_the_trace" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  TraceIndex& t = store->traces();
+  constexpr size_t kBound = rocks::RocksTraceIndex::kMaxQueued;
+  constexpr size_t kPast = 10;
+  // Writes stall: the background writer takes at most one batch (at most
+  // the bound) and sleeps in its write, so of 2 * bound + kPast entries
+  // added meanwhile at least kPast find the queue full.
+  REQUIRE(Failpoints::Set("store.write=delay(5000)").ok());
+  size_t refused = 0;
+  for (size_t i = 0; i < 2 * kBound + kPast; ++i) {
+    refused += !t.Add(Entry(kTraceA, kT0 + static_cast<int64_t>(i), "request", "r")).ok();
+  }
+  const uint64_t dropped = t.dropped();
+  Failpoints::Clear();
+  CHECK(refused == 0);  // the caller is never failed for it
+  CHECK(dropped >= kPast);
+  CHECK(dropped <= kBound + kPast);
+  // What was kept is written once the disk is back; the dropped ones are
+  // simply not in the trace.
+  auto listed = t.List(kTraceA, 3 * kBound);
+  REQUIRE(listed.ok());
+  CHECK(listed->size() == 2 * kBound + kPast - dropped);
+  CHECK(t.dropped() == dropped);
 }
 
 }  // namespace
