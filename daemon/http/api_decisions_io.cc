@@ -52,6 +52,19 @@ bool IsDecisionId(const std::string& id) {
   return true;
 }
 
+// The next line of `rest` (without its "\r\n"), which moves past it.
+std::string_view NextLine(std::string_view& rest) {
+  const size_t nl = rest.find('\n');
+  std::string_view line = rest.substr(0, nl);
+  rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return line;
+}
+
+bool IsBlank(std::string_view line) {
+  return line.find_first_not_of(" \t") == std::string_view::npos;
+}
+
 // Why `d` may not be imported (a refusal), or OK.
 Status CheckImported(const Decision& d) {
   if (!IsDecisionId(d.decision_id)) {
@@ -138,20 +151,20 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
         Json results = Json::array();
         std::map<std::string, int64_t> counts = {
             {"imported", 0}, {"exists", 0}, {"expired", 0}, {"refused", 0}};
-        size_t line_no = 0, lines = 0;
+        // Counted before anything is stored: a refused import stores nothing.
+        size_t lines = 0;
+        for (std::string_view scan = rest; !scan.empty();) lines += !IsBlank(NextLine(scan));
+        if (lines > kMaxImportLines) {
+          return InvalidArgument("an import takes at most " + std::to_string(kMaxImportLines) +
+                                     " lines; send the rest in another request",
+                                 "");
+        }
+        size_t line_no = 0;
         const int64_t now = deps.clock.NowMillis();
         while (!rest.empty()) {
           ++line_no;
-          const size_t nl = rest.find('\n');
-          std::string_view line = rest.substr(0, nl);
-          rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
-          if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-          if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-          if (++lines > kMaxImportLines) {
-            return InvalidArgument("an import takes at most " + std::to_string(kMaxImportLines) +
-                                       " lines; send the rest in another request",
-                                   "");
-          }
+          std::string_view line = NextLine(rest);
+          if (IsBlank(line)) continue;
           Json verdict = {{"line", line_no}};
           auto refuse = [&](const Status& s) {
             verdict["verdict"] = "refused";
