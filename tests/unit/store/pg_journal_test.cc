@@ -194,6 +194,23 @@ TEST_SUITE("postgres") {
     CHECK(versions() == before);  // a lock would have set xmax, a write xmin
   }
 
+  TEST_CASE("ops on unknown work in a locked batch leave no record behind") {
+    TempDir dir;
+    auto store = OpenStore(dir.path());
+    Journal& j = store->journal();
+    std::vector<JournalOp> batch = {CompleteOp("ghost", "t", kT0),
+                                    JournalOp::Claim(testing::ClaimReq("new", kT0, 60'000)),
+                                    JournalOp::Claim(testing::ClaimReq("new", kT0, 60'000))};
+    std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(j.BeginOps(batch, nullptr));
+    CHECK(out[0].status().code() == Code::kNotFound);
+    REQUIRE((out[1].ok() && out[2].ok()));
+    CHECK(out[1]->outcome == ClaimOutcome::kClaimed);
+    CHECK(out[2]->outcome == ClaimOutcome::kBusy);
+    CHECK(j.Get("ghost").status().code() == Code::kNotFound);
+    auto raw = RawPool(dir.path());
+    CHECK(Count(*raw, "SELECT count(*) FROM journal") == 1);
+  }
+
   TEST_CASE("a crash on the last attempt seen by many daemons at once dies once, with one event") {
     TempDir dir;
     auto daemons = Daemons(dir.path(), 2);
