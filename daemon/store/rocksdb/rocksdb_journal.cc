@@ -197,8 +197,15 @@ void RocksJournal::Stage(RecordBatch& batch, const std::optional<WorkItem>& befo
 void RocksJournal::NoteWrite(size_t stripe, const std::string& work_id,
                              std::optional<WorkItem> stored) {
   StripeState& s = stripes_[stripe];
-  s.work_id = work_id;
-  s.item = std::move(stored);
+  s.cached = stored.has_value();
+  if (stored) {
+    s.work_id = work_id;
+    if (s.item == nullptr) {
+      s.item = std::make_unique<WorkItem>(std::move(*stored));
+    } else {
+      *s.item = std::move(*stored);
+    }
+  }
   // After the write is visible: a reader that saw the old version re-reads.
   s.version.fetch_add(1, std::memory_order_release);
 }
@@ -435,9 +442,9 @@ std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(
     std::optional<WorkItem> current;
     if (auto it = staged.find(work_id); it != staged.end()) {
       current = it->second;
-    } else if (stripe.item && stripe.work_id == work_id) {
-      current = std::move(stripe.item);  // written back by Settle when this op writes
-      stripe.item.reset();
+    } else if (stripe.cached && stripe.work_id == work_id) {
+      current = std::move(*stripe.item);  // noted again by Settle when this op writes
+      stripe.cached = false;
     } else if (seen[i].read && stripe.version.load(std::memory_order_relaxed) == seen[i].version) {
       current = std::move(seen[i].item);
     } else {

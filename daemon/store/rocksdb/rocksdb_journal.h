@@ -30,6 +30,7 @@
 
 #include <array>
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,8 +88,9 @@ class RocksJournal final : public Journal {
   // without the stripe, written with it; the rest only with it held.
   struct StripeState {
     std::atomic<uint64_t> version{0};
-    std::string work_id;           // of `item`
-    std::optional<WorkItem> item;  // as stored (lease token included); absent: none known
+    bool cached = false;             // `item` is what `work_id` holds
+    std::string work_id;             // of `item`, when cached
+    std::unique_ptr<WorkItem> item;  // allocated on the stripe's first write
   };
 
  public:
