@@ -148,7 +148,9 @@ TEST_CASE("every route refuses no token with 401 and a token without its role wi
     CheckProblem(Send(*c, o.method, path, {}), 401, name + " without a token");
     CheckProblem(Send(*c, o.method, path, {{"Authorization", "Bearer not-a-configured-token"}}),
                  401, name + " with an unknown token");
-    for (const auto& [role, secret] : kRoleSecrets) {
+    for (const auto& token : kRoleSecrets) {
+      const std::string& role = token.first;  // not a structured binding: INFO captures it
+      const std::string& secret = token.second;
       const bool holds =
           o.roles.empty() || std::find(o.roles.begin(), o.roles.end(), role) != o.roles.end();
       auto r = Send(*c, o.method, path, {{"Authorization", "Bearer " + secret}});
