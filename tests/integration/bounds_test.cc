@@ -173,4 +173,25 @@ TEST_CASE("an outbox event's data is bounded by its request: external_ref past 1
   CHECK(effects == 1);
 }
 
+TEST_CASE("an inbox event id is 1 to 255 characters: 256 is 400 with the id's pointer") {
+  TempDir dir;
+  Daemon d(dir,
+           WriteTestConfig(dir, kRules,
+                           "inbox:\n  audit_log:\n    event_id: {pointer: /id}\n    on_event: "
+                           "{record: true}\n"),
+           "data");
+  auto post = [&](const std::string& id) {
+    return d.client->Post("/v1/inbox/audit_log", Json{{"id", id}, {"what", "x"}}.dump(),
+                          "application/json");
+  };
+  CheckRefused(post(std::string(256, 'e')), "/id");
+  CheckRefused(post(""), "/id");
+  auto at_bound = post(std::string(255, 'e'));
+  REQUIRE(at_bound);
+  CHECK(at_bound->status == 200);
+  auto again = post(std::string(255, 'e'));
+  REQUIRE(again);
+  CHECK(Json::parse(again->body)["duplicate"] == true);
+}
+
 }  // namespace idem::testing
