@@ -131,9 +131,12 @@ TEST_CASE("approval sweeps of several daemons racing escalate each overdue plan 
   // Each sweep lists the overdue plans, then escalates them one by one: two
   // daemons (here threads) list the same plans before either writes.
   std::atomic<int> changed{0};
+  std::atomic<int> ready{0};
   std::vector<std::thread> sweeps;
   for (int t = 0; t < 4; ++t) {
     sweeps.emplace_back([&] {
+      ready++;
+      while (ready.load() < 4) std::this_thread::yield();  // all start together
       auto n = plans.ExpireDue();
       if (n.ok()) changed += static_cast<int>(*n);
     });
