@@ -8,9 +8,11 @@
 #include <filesystem>
 #include <thread>
 
+#include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
 #include "daemon/decide/cost_ledger.h"
 #include "daemon/decide/decide_engine.h"
+#include "daemon/store/postgres/pg_client.h"
 
 namespace idem {
 namespace {
@@ -273,6 +275,72 @@ TEST_CASE("two daemons' cost flushes on one store lose none of each other's coun
   REQUIRE(rows->size() == 1);
   CHECK((*rows)[0].counts.calls == 2 * kRounds);
   CHECK((*rows)[0].counts.input_tokens == 2 * kRounds * 10);
+}
+
+// The same with two real daemons' stores: two PostgreSQL pools on one
+// schema (runs when IDEM_TEST_PG_URL names a server; skipped otherwise).
+TEST_CASE("on PostgreSQL, identical misses on two daemons' own stores make one provider call") {
+  const char* url = std::getenv("IDEM_TEST_PG_URL");
+  if (url == nullptr || *url == '\0') {
+    MESSAGE("IDEM_TEST_PG_URL is not set: skipped");
+    return;
+  }
+  const std::string schema = "t_multi_" + RandomHex(8);
+  auto open = [&]() {
+    PgStoreOptions o;
+    o.conninfo = url;
+    o.schema = schema;
+    o.pool_size = 8;
+    auto store = OpenPostgresStore(o);
+    REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+    return std::move(store).value();
+  };
+  TwoDaemons t;  // its config, clock and provider; its RocksDB store stays unused
+  std::unique_ptr<Store> store_a = open();
+  std::unique_ptr<Store> store_b = open();
+  CHECK(store_a->shared());
+  auto engine = [&](Store& store, Metrics& metrics) {
+    std::map<std::string, std::unique_ptr<Provider>> providers;
+    providers["main"] = std::make_unique<SlowProvider>(t.calls, t.output, 100);
+    DecideCoordination c;
+    c.leases = &store.leases();
+    c.shared_store = store.shared();
+    return std::move(DecideEngine::Create(t.config, store.decisions(), store.escalations(),
+                                          std::move(providers), t.clock, metrics, nullptr, nullptr,
+                                          c))
+        .value();
+  };
+  auto a = engine(*store_a, t.metrics_a);
+  auto b = engine(*store_b, t.metrics_b);
+  std::vector<std::thread> threads;
+  std::vector<std::string> ids(40);
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 40; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = TwoDaemons::Decide(i % 2 == 0 ? *a : *b);
+      if (r.ok() && !r->escalated) {
+        ids[i] = r->decision.decision_id;
+        ok++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(ok == 40);
+  CHECK(t.calls == 1);
+  for (const auto& id : ids) CHECK(id == ids[0]);
+  // B refreshes; A serves the new decision within recheck_ms.
+  t.output = {{"category", "bug"}};
+  auto refreshed = TwoDaemons::Decide(*b, CacheMode::kRefresh);
+  REQUIRE(refreshed.ok());
+  t.env.Advance(1'000);
+  CHECK(TwoDaemons::Decide(*a)->decision.decision_id == refreshed->decision.decision_id);
+  a.reset();
+  b.reset();
+  store_a.reset();
+  store_b.reset();
+  auto pool = pg::Pool::Open(pg::PoolOptions{url, "public", 1});
+  REQUIRE(pool.ok());
+  CHECK((*pool)->Exec("DROP SCHEMA IF EXISTS " + pg::QuoteIdent(schema) + " CASCADE").ok());
 }
 
 }  // namespace idem
