@@ -175,8 +175,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   // one daemon delivers each outbox subscriber's events, and one provider
   // call answers identical concurrent misses across daemons.
   const std::string holder = "idem-" + RandomHex(8);
+  // On a store one process owns (RocksDB) there is nobody to share with,
+  // and a lease left by a killed process would only delay its restart.
   OutboxCoordination outbox_coordination;
-  outbox_coordination.leases = &d->store_->leases();
+  outbox_coordination.leases = d->store_->shared() ? &d->store_->leases() : nullptr;
   outbox_coordination.holder = holder;
   ASSIGN_OR_RETURN(
       d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(), *d->http_client_,

@@ -110,7 +110,9 @@ TEST_CASE("two dispatchers on one store deliver every event once, one daemon at 
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // room for a duplicate to show
   auto posted = t.Posted();
   CHECK(posted.size() == 60);
-  for (const auto& [id, tags] : posted) {
+  for (const auto& entry : posted) {
+    const std::string& id = entry.first;  // clang 14: no structured binding in INFO
+    const std::vector<std::string>& tags = entry.second;
     INFO(id);
     CHECK(tags.size() == 1);  // no event posted twice, by one daemon or by both
   }
@@ -127,7 +129,9 @@ TEST_CASE("two dispatchers on one store deliver every event once, one daemon at 
   posted = t.Posted();
   CHECK(posted.size() == 100);
   int by_other = 0;
-  for (const auto& [id, tags] : posted) {
+  for (const auto& entry : posted) {
+    const std::string& id = entry.first;
+    const std::vector<std::string>& tags = entry.second;
     INFO(id);
     REQUIRE(tags.size() == 1);
     if (tags[0] == (a_held ? "b" : "a")) by_other++;
