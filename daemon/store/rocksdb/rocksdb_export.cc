@@ -73,7 +73,7 @@ Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
   StatusOr<std::unique_ptr<RocksDatabase>> opened = RocksDatabase::Open(options);
   if (!opened.ok()) {
     Status s = opened.status();
-    if (s.code() == Code::kUnavailable) {
+    if (s.code() == Code::kUnavailable && s.message().find("lock") != std::string::npos) {
       return s.Annotate("the RocksDB store is in use: stop the daemon that holds it first");
     }
     return s;
