@@ -751,6 +751,11 @@ class Store {
   // (it retries about once a second) and a write succeeds again. Reads keep
   // working meanwhile.
   virtual Status WriteHealth() const { return Status::Ok(); }
+  // True when other processes may use the same database at once
+  // (PostgreSQL): what this process remembers of it (the decide engine's
+  // memory of hits) can go stale, and background work is shared through
+  // named leases. RocksDB: false (one process owns the folder).
+  virtual bool shared() const { return false; }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.
