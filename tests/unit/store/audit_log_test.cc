@@ -4,6 +4,7 @@
 
 #include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
+#include "daemon/store/postgres/pg_client.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -22,6 +23,76 @@ AuditEvent Event(const std::string& actor, const std::string& action, int64_t at
   e.at_ms = at_ms;
   e.detail = Json{{"plan_id", "plan_1"}};
   return e;
+}
+
+std::string SeqKey(uint64_t seq) {
+  std::string key(8, '\0');
+  for (int i = 7; i >= 0; --i, seq >>= 8) key[i] = static_cast<char>(seq & 0xff);
+  return key;
+}
+
+// Tampering with a closed store's audit records, below the store: raw
+// RocksDB writes, or SQL on the PostgreSQL engine's tables (an operator with
+// database access). Each engine's Check must catch the same changes.
+std::unique_ptr<pg::Pool> PgPoolFor(const std::string& path) {
+  auto pool = pg::Pool::Open(pg::PoolOptions{testing::PgConninfo(), testing::PgSchemaFor(path), 1});
+  REQUIRE_MESSAGE(pool.ok(), pool.status().ToString());
+  return std::move(pool).value();
+}
+
+// The stored JSON text of event `seq`.
+std::string ReadAuditRecord(const std::string& path, uint64_t seq) {
+  std::string value;
+  if (testing::OnPostgres()) {
+    auto r = PgPoolFor(path)->Exec("SELECT event FROM audit WHERE seq = $1", {pg::P(seq)});
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    REQUIRE(r->rows() == 1);
+    return r->str(0, 0);
+  }
+  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cfs) {
+    REQUIRE(db.Get(rocksdb::ReadOptions(), cfs.at("audit"), SeqKey(seq), &value).ok());
+  });
+  return value;
+}
+
+// Stores `value` as event `seq`'s record (replacing or adding it).
+void WriteAuditRecord(const std::string& path, uint64_t seq, const std::string& value) {
+  if (testing::OnPostgres()) {
+    auto r = PgPoolFor(path)->Exec(
+        "INSERT INTO audit (seq, event) VALUES ($1, $2)"
+        " ON CONFLICT (seq) DO UPDATE SET event = EXCLUDED.event",
+        {pg::P(seq), pg::P(value)});
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    return;
+  }
+  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cfs) {
+    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(seq), value).ok());
+  });
+}
+
+void DeleteAuditRecord(const std::string& path, uint64_t seq) {
+  if (testing::OnPostgres()) {
+    auto r = PgPoolFor(path)->Exec("DELETE FROM audit WHERE seq = $1", {pg::P(seq)});
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    REQUIRE(r->affected() == 1);
+    return;
+  }
+  testing::WithRawDb(path, [seq](rocksdb::DB& db, auto& cfs) {
+    REQUIRE(db.Delete(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(seq)).ok());
+  });
+}
+
+// Removes the record of the chain's head (seq and hash of the last event).
+void DeleteAuditHead(const std::string& path) {
+  if (testing::OnPostgres()) {
+    auto r = PgPoolFor(path)->Exec("DELETE FROM audit_head");
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    REQUIRE(r->affected() == 1);
+    return;
+  }
+  testing::WithRawDb(path, [](rocksdb::DB& db, auto& cfs) {
+    REQUIRE(db.Delete(rocksdb::WriteOptions(), cfs.at("meta"), "audit.head").ok());
+  });
 }
 
 TEST_CASE("audit events are appended with sequence numbers and a hash chain") {
@@ -75,15 +146,10 @@ TEST_CASE("a tampered audit record fails Verify") {
     REQUIRE(store->audit().Verify().ok());
   }
   // Rewrite who did event 2, directly in the database.
-  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
-    std::string key("\0\0\0\0\0\0\0\x02", 8);
-    std::string value;
-    REQUIRE(db.Get(rocksdb::ReadOptions(), cfs.at("audit"), key, &value).ok());
-    Json j = Json::parse(value);
-    REQUIRE(j["actor"] == "alice");
-    j["actor"] = "mallory";
-    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("audit"), key, j.dump()).ok());
-  });
+  Json j = Json::parse(ReadAuditRecord(dir.path(), 2));
+  REQUIRE(j["actor"] == "alice");
+  j["actor"] = "mallory";
+  WriteAuditRecord(dir.path(), 2, j.dump());
   auto store = OpenStore(dir.path());
   Status s = store->audit().Verify();
   CHECK(s.code() == Code::kInternal);
@@ -96,21 +162,11 @@ TEST_CASE("a removed audit record fails Verify") {
     auto store = OpenStore(dir.path());
     for (int i = 0; i < 3; ++i) REQUIRE(store->audit().Append(Event("alice", "a", kT0 + i)).ok());
   }
-  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
-    REQUIRE(
-        db.Delete(rocksdb::WriteOptions(), cfs.at("audit"), std::string("\0\0\0\0\0\0\0\x02", 8))
-            .ok());
-  });
+  DeleteAuditRecord(dir.path(), 2);
   auto store = OpenStore(dir.path());
   Status s = store->audit().Verify();
   CHECK(s.code() == Code::kInternal);
   CHECK(s.message().find("seq 2") != std::string::npos);
-}
-
-std::string SeqKey(uint64_t seq) {
-  std::string key(8, '\0');
-  for (int i = 7; i >= 0; --i, seq >>= 8) key[i] = static_cast<char>(seq & 0xff);
-  return key;
 }
 
 // A closed store at `path` with `n` audit events.
@@ -118,12 +174,6 @@ void WriteEvents(const std::string& path, int n) {
   auto store = OpenStore(path);
   for (int i = 0; i < n; ++i) REQUIRE(store->audit().Append(Event("alice", "a", kT0 + i)).ok());
   REQUIRE(store->audit().Verify().ok());
-}
-
-void DeleteAuditRecord(const std::string& path, uint64_t seq) {
-  testing::WithRawDb(path, [seq](rocksdb::DB& db, auto& cfs) {
-    REQUIRE(db.Delete(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(seq)).ok());
-  });
 }
 
 TEST_CASE("removing the last audit record is detected after a reopen") {
@@ -176,13 +226,10 @@ TEST_CASE("removing every audit record is detected") {
 TEST_CASE("swapped audit records fail Verify at the first swapped seq") {
   TempDir dir;
   WriteEvents(dir.path(), 4);
-  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
-    std::string two, three;
-    REQUIRE(db.Get(rocksdb::ReadOptions(), cfs.at("audit"), SeqKey(2), &two).ok());
-    REQUIRE(db.Get(rocksdb::ReadOptions(), cfs.at("audit"), SeqKey(3), &three).ok());
-    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(2), three).ok());
-    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(3), two).ok());
-  });
+  const std::string two = ReadAuditRecord(dir.path(), 2);
+  const std::string three = ReadAuditRecord(dir.path(), 3);
+  WriteAuditRecord(dir.path(), 2, three);
+  WriteAuditRecord(dir.path(), 3, two);
   auto store = OpenStore(dir.path());
   Status s = store->audit().Verify();
   CHECK(s.code() == Code::kInternal);
@@ -194,16 +241,12 @@ TEST_CASE("swapped audit records with renumbered seqs fail Verify") {
   // changes the hashed content: the prev_hash links and hashes break.
   TempDir dir;
   WriteEvents(dir.path(), 3);
-  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
-    std::string two, three;
-    REQUIRE(db.Get(rocksdb::ReadOptions(), cfs.at("audit"), SeqKey(2), &two).ok());
-    REQUIRE(db.Get(rocksdb::ReadOptions(), cfs.at("audit"), SeqKey(3), &three).ok());
-    Json a = Json::parse(two), b = Json::parse(three);
-    a["seq"] = 3;
-    b["seq"] = 2;
-    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(2), b.dump()).ok());
-    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("audit"), SeqKey(3), a.dump()).ok());
-  });
+  Json a = Json::parse(ReadAuditRecord(dir.path(), 2));
+  Json b = Json::parse(ReadAuditRecord(dir.path(), 3));
+  a["seq"] = 3;
+  b["seq"] = 2;
+  WriteAuditRecord(dir.path(), 2, b.dump());
+  WriteAuditRecord(dir.path(), 3, a.dump());
   auto store = OpenStore(dir.path());
   AuditVerification v = store->audit().Check().value();
   CHECK_FALSE(v.ok);
@@ -213,9 +256,7 @@ TEST_CASE("swapped audit records with renumbered seqs fail Verify") {
 TEST_CASE("a removed audit head record fails Verify") {
   TempDir dir;
   WriteEvents(dir.path(), 2);
-  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
-    REQUIRE(db.Delete(rocksdb::WriteOptions(), cfs.at("meta"), "audit.head").ok());
-  });
+  DeleteAuditHead(dir.path());
   auto store = OpenStore(dir.path());
   CHECK_FALSE(store->audit().Check().value().ok);
 }
