@@ -267,7 +267,13 @@ TEST_CASE("only the holder of a key in progress may extend its lease") {
         Code::kFailedPrecondition);
 }
 
-TEST_CASE("reopening a store releases its own keys in progress and leaves others' leases") {
+// RocksDB: one process owns the folder, and its instance id (meta
+// "store.instance_id") survives a restart, so the restarted daemon knows its
+// orphans. On PostgreSQL every process is a new instance (many daemons share
+// the database); a dead daemon's keys are taken over after their lease
+// (pg_decisions_keys_test.cc).
+TEST_CASE("reopening a store releases its own keys in progress and leaves others' leases" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   const std::string scope = "tok:POST /v1/apply";
   {
@@ -298,7 +304,9 @@ TEST_CASE("reopening a store releases its own keys in progress and leaves others
         BeginOutcome::kNew);
 }
 
-TEST_CASE("a store from before the in-progress index still has its orphans released once") {
+// RocksDB's "idem_in_progress" index and its upgrade path.
+TEST_CASE("a store from before the in-progress index still has its orphans released once" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   const std::string scope = "tok:POST /v1/apply";
   {

@@ -123,6 +123,7 @@ TEST_CASE("the sweep deletes expired leases from disk and keeps live ones") {
     CHECK(s.Acquire("old", "run-3", "", 1'000, kT0 + 1'001)->outcome == LeaseOutcome::kAcquired);
     CHECK(s.SweepExpired(kT0 + 10'000, 1).value() == 1);  // at most `limit`
   }
+  if (testing::OnPostgres()) return;  // RocksDB's family below
   CHECK(RawKeys(dir.path(), "leases") == std::vector<std::string>{"live"});
 }
 
