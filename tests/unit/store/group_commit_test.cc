@@ -36,7 +36,7 @@ struct RawDb {
   }
 };
 
-TEST_CASE("concurrent synced commits all land, sharing writes") {
+TEST_CASE("concurrent synced commits all land, sharing writes" * doctest::test_suite("rocksdb")) {
   RawDb raw;
   std::vector<std::string> written;
   {
@@ -68,7 +68,8 @@ TEST_CASE("concurrent synced commits all land, sharing writes") {
 }
 
 TEST_CASE(
-    "a submitted batch is written by the committer and on_done runs once before Wait returns") {
+    "a submitted batch is written by the committer and on_done runs once before Wait returns" *
+    doctest::test_suite("rocksdb")) {
   RawDb raw;
   rocks::GroupCommit gc(*raw.db, {raw.db->DefaultColumnFamily()});
   constexpr int kBatches = 20;

@@ -117,7 +117,10 @@ TEST_CASE("a refused compare-and-set or a repeated write leaves no outbox event"
                                                        "decision.created dec_a", "effect.done w1"});
 }
 
-TEST_CASE("a write the disk refuses leaves no outbox event and holds nothing back") {
+// The failpoint store.write is RocksDB's; on PostgreSQL, pg_outbox_test.cc
+// covers a rolled back event and one that commits late.
+TEST_CASE("a write the disk refuses leaves no outbox event and holds nothing back" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   REQUIRE(Failpoints::Set("store.write=error").ok());
@@ -129,7 +132,8 @@ TEST_CASE("a write the disk refuses leaves no outbox event and holds nothing bac
   CHECK(Types(All(*store)) == std::vector<std::string>{"plan.proposed plan_kept"});
 }
 
-TEST_CASE("an event that commits late is not skipped by a reader that read past it") {
+TEST_CASE("an event that commits late is not skipped by a reader that read past it" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   // The first write takes its seq, then stalls before its commit.

@@ -80,14 +80,16 @@ TEST_CASE("records survive reopening the store") {
   CHECK(store->meta().Get("m").value() == std::optional<std::string>("v"));
 }
 
-TEST_CASE("a store folder already open is refused as Unavailable") {
+TEST_CASE("a store folder already open is refused as Unavailable" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   StatusOr<std::unique_ptr<Store>> second = OpenRocksStore(StoreOptions{dir.path(), false});
   CHECK(second.status().code() == Code::kUnavailable);
 }
 
-TEST_CASE("a clean close leaves no WAL for the next open to replay") {
+TEST_CASE("a clean close leaves no WAL for the next open to replay" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   {
     auto store = OpenStore(dir.path(), /*sync=*/true);

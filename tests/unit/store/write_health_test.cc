@@ -36,7 +36,8 @@ struct FailpointsCleared {
   ~FailpointsCleared() { Failpoints::Clear(); }
 };
 
-TEST_CASE("a failing disk fails writes Unavailable, keeps reads, and recovers by itself") {
+TEST_CASE("a failing disk fails writes Unavailable, keeps reads, and recovers by itself" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   FailpointsCleared cleanup;
@@ -110,13 +111,15 @@ void FullDiskEpisode(uint64_t min_free_bytes, bool recovery) {
   CHECK(reopened->journal().Get("w-after").ok());
 }
 
-TEST_CASE("below store.min_free writes fail before RocksDB meets the full disk, and recover") {
+TEST_CASE("below store.min_free writes fail before RocksDB meets the full disk, and recover" *
+          doctest::test_suite("rocksdb")) {
   // RocksDB never sees ENOSPC, so no Resume (whose wait can hang in 7.8) is
   // needed: writes simply succeed again once there is room.
   FullDiskEpisode(/*min_free_bytes=*/1 << 20, /*recovery=*/true);
 }
 
-TEST_CASE("a full disk met by RocksDB itself fails writes Unavailable and keeps reads") {
+TEST_CASE("a full disk met by RocksDB itself fails writes Unavailable and keeps reads" *
+          doctest::test_suite("rocksdb")) {
   // Without the floor the WAL write meets ENOSPC. Known gap: RocksDB 7.8's
   // Resume() then sometimes waits for a flush that is never rescheduled
   // (about 1 run in 5 here), so recovery on this path is checked only when
@@ -124,7 +127,8 @@ TEST_CASE("a full disk met by RocksDB itself fails writes Unavailable and keeps 
   FullDiskEpisode(/*min_free_bytes=*/0, std::getenv("IDEM_DISK_RECOVERY_TESTS") != nullptr);
 }
 
-TEST_CASE("a store below its free-space floor refuses writes and names the setting") {
+TEST_CASE("a store below its free-space floor refuses writes and names the setting" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   OpenStore(dir.path());  // made with room (a new folder's first open writes its identity)
   auto store = OpenStore(dir.path(), /*sync=*/false, /*min_free_bytes=*/uint64_t{1} << 62);
