@@ -15,18 +15,19 @@
 //   - BeginOps with claims only, on distinct work: the same statement for
 //     every claim at once (unnest of arrays): one round trip, one commit.
 //   - BeginOps otherwise (completes, fails, repeated work): one transaction
-//     that locks the rows (SELECT ... FOR UPDATE, in work_id order),
+//     that locks the rows in work_id order (an upsert that creates an
+//     uncommitted placeholder for absent work, so new work is locked too),
 //     decides every op in order as RocksDB does, then writes them with one
-//     multi-row UPDATE and one multi-row INSERT, plus the outbox events
-//     (StageOutboxEvent: effect.done, work.dead_letter) in the same
-//     transaction. Complete and Fail are one-op batches.
+//     multi-row UPDATE, plus the outbox events (StageOutboxEvent:
+//     effect.done, work.dead_letter) in the same transaction. Complete and
+//     Fail are one-op batches.
 // BeginOps commits before it returns, so pending ops hold no lock and are
 // never skipped (LockWait only matters to an engine that holds locks until
 // FinishOps); the PendingOps it returns is Ready().
 //
-// Rows are locked in work_id order by every multi-row statement; a deadlock
-// the server still finds (a mixed batch against a claim batch creating the
-// same work) is retried (Aborted, retryable).
+// Every multi-row statement locks (or creates) its rows in work_id order,
+// so batches of several daemons never wait on each other in a cycle; a
+// deadlock the server reports anyway is retried (Aborted, retryable).
 //
 // Failpoint "store.write" (error) fails the commit of every write as a
 // disk error would: the statement runs in a transaction that is rolled
@@ -914,13 +915,27 @@ class PgJournal final : public Journal {
     Status s = ctx_.pool.Tx([&](Conn& c) -> Status {
       writers.clear();
       decided = false;
-      ASSIGN_OR_RETURN(Result locked, c.Exec("SELECT " + Columns() +
-                                                 " FROM journal WHERE work_id = ANY($1::text[])"
-                                                 " ORDER BY work_id FOR UPDATE",
-                                             {P(array)}));
+      // Locks every record of the batch in work_id order, creating a
+      // placeholder (max_attempts 0, never committed) for the absent ones, so
+      // that the locks are taken in the order of every other multi-row
+      // statement here (no deadlock with a claim batch creating the same
+      // work), and another daemon creating the same work waits for us.
+      ASSIGN_OR_RETURN(
+          Result locked,
+          c.Exec("INSERT INTO journal AS j (" + Columns() +
+                     ") SELECT id, '', 'pending', 0, 0, '', 0, '{}', '{}', 'null', '', '', 0, 0,"
+                     " 0, 0, '', '', '', 0 FROM unnest($1::text[]) AS id ORDER BY id"
+                     " ON CONFLICT (work_id) DO UPDATE SET attempt = j.attempt RETURNING " +
+                     Columns("j."),
+                 {P(array)}));
       std::map<std::string, std::optional<WorkItem>> stored;  // as found
+      std::vector<std::string> placeholders;
       std::map<std::string, StatusOr<WorkItem>> unreadable;
       for (int k = 0; k < locked.rows(); ++k) {
+        if (locked.i64(k, 4) == 0) {  // max_attempts: a placeholder, the work is new
+          placeholders.push_back(locked.str(k, 0));
+          continue;
+        }
         StatusOr<WorkItem> w = ParseRow(locked, k, 0);
         if (w.ok()) {
           stored[w->work_id] = std::move(*w);
@@ -964,35 +979,30 @@ class PgJournal final : public Journal {
         writers.push_back(i);
       }
       decided = true;
-      if (staged.empty()) return Status::Ok();
-
-      std::vector<const WorkItem*> updates, inserts;
-      for (const auto& [id, w] : staged) (stored.count(id) ? updates : inserts).push_back(&w);
-      if (!updates.empty()) {
-        ASSIGN_OR_RETURN(std::vector<Param> params, RecordArrays(updates));
-        std::string set;
-        for (int k = 1; k < kNumColumns; ++k) {
-          if (k > 1) set += ", ";
-          set += std::string(kColumnNames[k]) + " = v." + kColumnNames[k];
-        }
-        ASSIGN_OR_RETURN(Result u, c.Exec("UPDATE journal j SET " + set + " FROM " +
-                                              UnnestRecords() + " WHERE j.work_id = v.work_id",
-                                          params));
-        if (u.affected() != static_cast<int64_t>(updates.size())) {
-          return Internal("journal: a locked record vanished during a batch");
-        }
+      std::vector<std::string> unused;  // placeholders no op wrote
+      for (const std::string& id : placeholders) {
+        if (!staged.count(id)) unused.push_back(id);
       }
-      if (!inserts.empty()) {
-        ASSIGN_OR_RETURN(std::vector<Param> params, RecordArrays(inserts));
-        ASSIGN_OR_RETURN(Result ins, c.Exec("INSERT INTO journal (" + Columns() + ") SELECT " +
-                                                Columns("v.") + " FROM " + UnnestRecords() +
-                                                " ORDER BY v.work_id ON CONFLICT (work_id) DO"
-                                                " NOTHING",
-                                            params));
-        if (ins.affected() != static_cast<int64_t>(inserts.size())) {
-          // Another daemon created one of them since the lock: decide again.
-          return Aborted("journal: work created concurrently").WithRetryable(true);
-        }
+      if (!unused.empty()) {
+        RETURN_IF_ERROR(c.Exec("DELETE FROM journal WHERE work_id = ANY($1::text[])"
+                               " AND max_attempts = 0",
+                               {P(ArrayLiteral(unused))})
+                            .status());
+      }
+      if (staged.empty()) return Status::Ok();
+      std::vector<const WorkItem*> records;
+      for (const auto& [id, w] : staged) records.push_back(&w);
+      ASSIGN_OR_RETURN(std::vector<Param> params, RecordArrays(records));
+      std::string set;
+      for (int k = 1; k < kNumColumns; ++k) {
+        if (k > 1) set += ", ";
+        set += std::string(kColumnNames[k]) + " = v." + kColumnNames[k];
+      }
+      ASSIGN_OR_RETURN(Result u, c.Exec("UPDATE journal j SET " + set + " FROM " + UnnestRecords() +
+                                            " WHERE j.work_id = v.work_id",
+                                        params));
+      if (u.affected() != static_cast<int64_t>(records.size())) {
+        return Internal("journal: a locked record vanished during a batch");
       }
       for (const auto& [id, w] : staged) {
         std::optional<WorkItem> before;
@@ -1024,5 +1034,7 @@ class PgJournal final : public Journal {
 }  // namespace
 
 std::unique_ptr<Journal> MakePgJournal(PgContext& ctx) { return std::make_unique<PgJournal>(ctx); }
+
+const std::string& JournalClaimSql() { return ClaimSql(); }
 
 }  // namespace idem::pg

@@ -166,6 +166,51 @@ TEST_SUITE("postgres") {
     CHECK(Count(*raw, "SELECT count(*) FROM outbox WHERE type = 'effect.done'") == 20);
   }
 
+  TEST_CASE("a duplicate claim of held or done work takes no row lock and writes nothing") {
+    TempDir dir;
+    auto daemons = Daemons(dir.path(), 2);
+    StatusOr<ClaimResult> held =
+        daemons[0]->journal().Claim(testing::ClaimReq("held", kT0, 60'000));
+    StatusOr<ClaimResult> done =
+        daemons[0]->journal().Claim(testing::ClaimReq("done", kT0, 60'000));
+    REQUIRE((held.ok() && done.ok()));
+    REQUIRE(daemons[0]->journal().Complete("done", done->item.lease_token, 1, "", kT0).ok());
+    auto raw = RawPool(dir.path());
+    auto versions = [&] {
+      auto r = raw->Exec(
+          "SELECT string_agg(xmin::text || '/' || xmax::text, ',' ORDER BY work_id)"
+          " FROM journal");
+      REQUIRE(r.ok());
+      return r->str(0, 0);
+    };
+    const std::string before = versions();
+    CHECK(daemons[1]->journal().Claim(testing::ClaimReq("held", kT0 + 1, 60'000))->outcome ==
+          ClaimOutcome::kBusy);
+    CHECK(daemons[1]->journal().Claim(testing::ClaimReq("done", kT0 + 1, 60'000))->outcome ==
+          ClaimOutcome::kDone);
+    std::vector<ClaimRequest> batch = {testing::ClaimReq("held", kT0 + 2, 60'000),
+                                       testing::ClaimReq("done", kT0 + 2, 60'000)};
+    for (auto& r : daemons[1]->journal().ClaimMany(batch)) CHECK(r.ok());
+    CHECK(versions() == before);  // a lock would have set xmax, a write xmin
+  }
+
+  TEST_CASE("ops on unknown work in a locked batch leave no record behind") {
+    TempDir dir;
+    auto store = OpenStore(dir.path());
+    Journal& j = store->journal();
+    std::vector<JournalOp> batch = {CompleteOp("ghost", "t", kT0),
+                                    JournalOp::Claim(testing::ClaimReq("new", kT0, 60'000)),
+                                    JournalOp::Claim(testing::ClaimReq("new", kT0, 60'000))};
+    std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(j.BeginOps(batch, nullptr));
+    CHECK(out[0].status().code() == Code::kNotFound);
+    REQUIRE((out[1].ok() && out[2].ok()));
+    CHECK(out[1]->outcome == ClaimOutcome::kClaimed);
+    CHECK(out[2]->outcome == ClaimOutcome::kBusy);
+    CHECK(j.Get("ghost").status().code() == Code::kNotFound);
+    auto raw = RawPool(dir.path());
+    CHECK(Count(*raw, "SELECT count(*) FROM journal") == 1);
+  }
+
   TEST_CASE("a crash on the last attempt seen by many daemons at once dies once, with one event") {
     TempDir dir;
     auto daemons = Daemons(dir.path(), 2);
