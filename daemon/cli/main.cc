@@ -90,6 +90,8 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
     std::ofstream(tmp) << (*daemon)->port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
+  const StoreConfig& sc = (*daemon)->config().store;
+  const std::string store_name = sc.engine == "postgres" ? "postgres schema " + sc.schema : sc.path;
   std::printf(
       "idem listening on %s (store: %s)\n"
       "try:\n"
@@ -97,7 +99,7 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
       "    -d '{\"step\":\"triage_ticket\",\"input\":{\"ticket_id\":42,\"text\":\"refund "
       "please\"}}'\n"
       "  curl -s %s/openapi.json | head -c 300; echo\n",
-      url.c_str(), (*daemon)->config().store.path.c_str(), url.c_str(), url.c_str());
+      url.c_str(), store_name.c_str(), url.c_str(), url.c_str());
   std::fflush(stdout);
   int sig = 0;
   for (;;) {
@@ -147,6 +149,33 @@ int Key(const std::string& config_path, const std::string& step, const std::stri
   return 0;
 }
 
+// `idem migrate`: the schema migrations the daemon applies at start-up, by
+// hand (e.g. before rolling out a new version to every daemon at once).
+int Migrate(const std::string& config_path) {
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) return Fail(config.status());
+  if (config->store.engine != "postgres") {
+    std::printf("store.engine is %s: nothing to migrate (only postgres has a schema)\n",
+                config->store.engine.c_str());
+    return cli::kExitOk;
+  }
+  const PgStoreOptions options = PgStoreOptionsFor(config->store);
+  auto applied = MigratePostgres(options);
+  if (!applied.ok()) {
+    Fail(applied.status().Annotate("migrating postgres schema " + options.schema));
+    return applied.status().code() == Code::kUnavailable ? cli::kExitUnreachable : cli::kExitFailed;
+  }
+  if (applied->empty()) {
+    std::printf("postgres schema %s: up to date, no migration applied\n", options.schema.c_str());
+    return cli::kExitOk;
+  }
+  std::string versions;
+  for (int v : *applied) versions += (versions.empty() ? "" : ", ") + std::to_string(v);
+  std::printf("postgres schema %s: applied migration%s %s\n", options.schema.c_str(),
+              applied->size() == 1 ? "" : "s", versions.c_str());
+  return cli::kExitOk;
+}
+
 }  // namespace
 }  // namespace idem
 
@@ -168,6 +197,13 @@ int main(int argc, char** argv) {
   serve->add_option("--log-level", log_level, "debug, info, warn or error");
 
   app.add_subcommand("canon", "Print the RFC 8785 canonical form of the JSON on stdin");
+
+  std::string migrate_config = "config/idem.yaml";
+  auto* migrate = app.add_subcommand(
+      "migrate",
+      "Apply the store's schema migrations (store.engine postgres; the daemon also does at "
+      "start-up) and print the versions applied");
+  migrate->add_option("--config", migrate_config, "Config file")->default_val("config/idem.yaml");
 
   std::string key_config = "config/idem.yaml", key_step, key_kind;
   auto* key = app.add_subcommand(
@@ -432,6 +468,7 @@ int main(int argc, char** argv) {
     return Serve(serve_opts, port_file);
   }
   if (app.got_subcommand("canon")) return Canon();
+  if (migrate->parsed()) return Migrate(migrate_config);
   if (key->parsed()) {
     if (key_step.empty() && key_kind.empty()) {
       std::fprintf(stderr, "idem key: give --step or --kind\n");

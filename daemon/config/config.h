@@ -57,12 +57,21 @@ struct ServerConfig {
 };
 
 struct StoreConfig {
-  std::string engine = "rocksdb";
+  std::string engine = "rocksdb";  // rocksdb (embedded, one daemon) or postgres (many)
+  // --- rocksdb
   std::string path = "./var/idem";  // resolved against the config file's directory
   bool sync = true;
   // Writes are refused (503) while the store's filesystem has less free
   // space than this, so RocksDB never meets a full disk mid-write (0: off).
   int64_t min_free_mb = 64;
+  // --- postgres: any number of daemons on one database and schema
+  // The NAME of the environment variable holding the libpq URL (the URL may
+  // hold a password, so it is never in the file and never logged). Empty,
+  // or the variable unset or empty: libpq's PG* variables.
+  std::string url_env;
+  std::string schema = "idem";  // created if missing; migrations applied at start-up
+  int pool_size = 16;           // connections per daemon
+  int64_t statement_timeout_ms = 5'000;
 };
 
 struct AuthToken {

@@ -65,6 +65,27 @@ bool IsName(std::string_view name) {
   return true;
 }
 
+// An environment variable's name: letters, digits and _, not starting with a digit.
+bool IsEnvName(const std::string& name) {
+  if (name.empty() || name.size() > 128 || (name[0] >= '0' && name[0] <= '9')) return false;
+  for (char c : name) {
+    bool ok =
+        (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// A PostgreSQL identifier that needs no quoting (lower case, at most 63 bytes).
+bool IsSqlName(const std::string& name) {
+  if (name.empty() || name.size() > 63 || (name[0] >= '0' && name[0] <= '9')) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 StatusOr<std::string> ReadFileText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return InvalidArgument(std::strerror(errno));
@@ -201,6 +222,37 @@ class Resolver {
     s.path = Path(node.value("path", s.path));
     s.sync = node.value("sync", s.sync);
     s.min_free_mb = node.value("min_free_mb", s.min_free_mb);
+    // The schema allows these; they mean something only to one engine.
+    const bool postgres = s.engine == "postgres";
+    for (const char* key : {"url_env", "schema", "pool_size", "statement_timeout"}) {
+      if (node.contains(key) && !postgres) {
+        return doc_.Error("/store/" + std::string(key),
+                          "applies only to engine postgres (store.engine is " + s.engine + ")");
+      }
+    }
+    for (const char* key : {"path", "sync", "min_free_mb"}) {
+      if (node.contains(key) && postgres) {
+        return doc_.Error("/store/" + std::string(key),
+                          "applies only to engine rocksdb (store.engine is postgres)");
+      }
+    }
+    s.url_env = node.value("url_env", s.url_env);
+    if (!s.url_env.empty() && !IsEnvName(s.url_env)) {
+      return doc_.Error("/store/url_env",
+                        "must be the NAME of an environment variable (letters, digits and _), "
+                        "never the URL itself");
+    }
+    s.schema = node.value("schema", s.schema);
+    if (!IsSqlName(s.schema)) {
+      return doc_.Error("/store/schema",
+                        "must be a lower-case SQL name: a-z, 0-9 and _, starting with a letter or "
+                        "_, at most 63 characters");
+    }
+    s.pool_size = node.value("pool_size", s.pool_size);
+    if (node.contains("statement_timeout")) {
+      ASSIGN_OR_RETURN(s.statement_timeout_ms,
+                       Duration("/store/statement_timeout", node["statement_timeout"], false));
+    }
     return Status::Ok();
   }
 

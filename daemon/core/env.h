@@ -86,11 +86,17 @@ class FakeEnv final : public Env {
 // jump) nor keeps them alive forever (a backward jump). It re-anchors only
 // on restart. Every lease, TTL and retry timer in the daemon reads this clock.
 //
+// The anchor may come from elsewhere than env's wall clock: daemons sharing
+// one PostgreSQL database anchor to the database's clock, so that leases and
+// expiries they compute agree however skewed their hosts' clocks are.
+//
 // Thread-safety: NowMillis may be called concurrently.
 class StableClock {
  public:
-  explicit StableClock(Env& env)
-      : env_(env), wall_anchor_ms_(env.WallMillis()), mono_anchor_ns_(env.MonoNanos()) {}
+  explicit StableClock(Env& env) : StableClock(env, env.WallMillis()) {}
+  // Wall-clock milliseconds `wall_anchor_ms` now (e.g. the database's clock).
+  StableClock(Env& env, int64_t wall_anchor_ms)
+      : env_(env), wall_anchor_ms_(wall_anchor_ms), mono_anchor_ns_(env.MonoNanos()) {}
   int64_t NowMillis() { return wall_anchor_ms_ + (env_.MonoNanos() - mono_anchor_ns_) / 1'000'000; }
   Env& env() { return env_; }
 

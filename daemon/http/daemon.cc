@@ -4,6 +4,7 @@
 
 #include "daemon/core/failpoints.h"
 #include "daemon/http/api.h"
+#include "daemon/http/decision_fallback.h"
 #include "daemon/http/request_guard.h"
 #include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
@@ -14,6 +15,9 @@
 namespace idem {
 
 constexpr int kApplyWorkers = 4;
+// postgres: decisions kept in memory to answer reads while the database is
+// unreachable (daemon/http/decision_fallback.h).
+constexpr size_t kRememberedDecisions = 4096;
 // Resolved escalations and finished plans are history once their decision
 // and work exist; kept this long for people to look back at, then swept.
 constexpr int64_t kFinishedRecordRetentionMs = 30LL * 24 * 3600 * 1000;
@@ -99,13 +103,46 @@ Status LintOutputSchemas(const Config& config) {
   return FailedPrecondition("output schemas the provider's strict mode would refuse:" + report);
 }
 
+PgStoreOptions PgStoreOptionsFor(const StoreConfig& config) {
+  PgStoreOptions o;
+  if (!config.url_env.empty()) {
+    const char* url = std::getenv(config.url_env.c_str());
+    if (url != nullptr) o.conninfo = url;  // unset or empty: libpq's PG* variables
+  }
+  o.schema = config.schema;
+  o.pool_size = config.pool_size;
+  o.statement_timeout_ms = config.statement_timeout_ms;
+  return o;
+}
+
+StatusOr<std::unique_ptr<StableClock>> AnchoredClock(Env& env, Store& store) {
+  int64_t local_ms = env.WallMillis();
+  // Tests only: this daemon runs as if its host's clock were an hour ahead.
+  if (!Failpoints::Hit("clock.local_plus_1h").ok()) local_ms += 3'600'000;
+  const int64_t before_ns = env.MonoNanos();
+  StatusOr<int64_t> shared = store.ClockMillis();
+  if (!shared.ok()) {
+    if (shared.status().code() == Code::kNotFound) {
+      return std::make_unique<StableClock>(env, local_ms);  // embedded store: the local clock
+    }
+    return shared.status().Annotate("reading the database's clock");
+  }
+  // The database read its clock about halfway through the round trip.
+  const int64_t half_trip_ms = (env.MonoNanos() - before_ns) / 2'000'000;
+  const int64_t skew_ms = *shared - local_ms;
+  LogEvent(skew_ms > 1'000 || skew_ms < -1'000 ? LogLevel::kWarn : LogLevel::kInfo,
+           "clock_anchored_to_database",
+           {{"skew_ms", skew_ms},
+            {"detail", "leases, windows and expiries follow the database's clock"}});
+  return std::make_unique<StableClock>(env, *shared + half_trip_ms);
+}
+
 Daemon::~Daemon() { Stop(); }
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   Failpoints::InitFromEnv();
   std::unique_ptr<Daemon> d(new Daemon());
   Env& env = options.env != nullptr ? *options.env : Env::Real();
-  d->clock_ = std::make_unique<StableClock>(env);
 
   ASSIGN_OR_RETURN(d->config_, LoadConfig(options.config_path));
   if (!d->config_.log.level.empty()) SetLogLevel(d->config_.log.level);
@@ -138,16 +175,29 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                            "/server/listen");
   }
 
-  StoreOptions so;
-  so.path = d->config_.store.path;
-  so.sync = d->config_.store.sync;
-  so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
-  so.on_write_micros = [metrics = &d->metrics_](int64_t us) {
-    metrics->store_write.ObserveMicros(us);
-  };
-  auto store = OpenRocksStore(so);
-  if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
-  d->store_ = std::move(store).value();
+  auto on_write = [metrics = &d->metrics_](int64_t us) { metrics->store_write.ObserveMicros(us); };
+  std::string store_name;  // for the log: a folder, or the schema (never the URL)
+  if (d->config_.store.engine == "postgres") {
+    PgStoreOptions po = PgStoreOptionsFor(d->config_.store);
+    po.on_write_micros = on_write;
+    store_name = "postgres schema " + po.schema;
+    auto store = OpenPostgresStore(po);
+    if (!store.ok()) return store.status().Annotate("opening the store (" + store_name + ")");
+    // While the database is unreachable, decisions this daemon has seen are
+    // still answered; everything else is 503 (and /readyz says so).
+    d->store_ = WithDecisionFallback(std::move(store).value(), kRememberedDecisions);
+  } else {
+    StoreOptions so;
+    so.path = d->config_.store.path;
+    so.sync = d->config_.store.sync;
+    so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
+    so.on_write_micros = on_write;
+    store_name = so.path;
+    auto store = OpenRocksStore(so);
+    if (!store.ok()) return store.status().Annotate("opening the store at " + so.path);
+    d->store_ = std::move(store).value();
+  }
+  ASSIGN_OR_RETURN(d->clock_, AnchoredClock(env, *d->store_));
   // Keys this store's previous process held when it died: nobody runs them
   // any more, so a retry need not wait out their lease.
   ASSIGN_OR_RETURN(size_t orphans, d->store_->idem_keys().ReleaseOwnInProgress());
@@ -220,7 +270,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   d->outbox_->Start();
   LogEvent(LogLevel::kInfo, "started",
            {{"listen", d->host_ + ":" + std::to_string(d->port_)},
-            {"store", so.path},
+            {"store", store_name},
             {"config", d->config_.source_path}});
   return d;
 }

@@ -5,7 +5,8 @@
 // Start-up refuses (non-OK Status, nothing served) when the config is
 // invalid, the listen address (after --listen) is not loopback while
 // auth.tokens is empty, the store cannot be opened, a provider cannot be
-// built, or a step's prompt (template text, system text or tools:
+// built (store.engine postgres: the database cannot be reached, or its
+// schema is newer than this binary), or a step's prompt (template text, system text or tools:
 // prompt.hash) changed while its version did not (the store keeps the hash
 // per step and version) unless allow_prompt_change is set.
 //
@@ -82,6 +83,18 @@ class Daemon {
   bool stopping_ = false;
   std::thread sweeper_;
 };
+
+// The PostgreSQL store's options from the config: the URL read from the
+// environment variable store.url_env names (unset or empty: libpq's PG*
+// variables); never logged.
+PgStoreOptions PgStoreOptionsFor(const StoreConfig& config);
+
+// The daemon's clock: anchored to the store's shared clock when it has one
+// (postgres: the database's, so daemons on skewed hosts agree), else to
+// env's wall clock. Unavailable if the database cannot tell its time.
+// Failpoint "clock.local_plus_1h" (error; tests only) moves the local wall
+// clock an hour ahead.
+StatusOr<std::unique_ptr<StableClock>> AnchoredClock(Env& env, Store& store);
 
 // Every step's output schema against the strict structured-output mode of
 // each provider in its chain (providers/schema_lint.h): FailedPrecondition

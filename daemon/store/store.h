@@ -751,6 +751,11 @@ class Store {
   // (it retries about once a second) and a write succeeds again. Reads keep
   // working meanwhile.
   virtual Status WriteHealth() const { return Status::Ok(); }
+  // The shared clock of a store that several daemons open at once (the
+  // database's clock for postgres), ms since the epoch; daemons anchor their
+  // StableClock to it so that leases and expiries agree across hosts.
+  // NotFound for an embedded store (rocksdb): the local clock is the clock.
+  virtual StatusOr<int64_t> ClockMillis() { return NotFound("the store has no clock of its own"); }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.
@@ -772,5 +777,12 @@ struct PgStoreOptions {
 // open the same database and schema at once. Unavailable if the server
 // cannot be reached.
 StatusOr<std::unique_ptr<Store>> OpenPostgresStore(const PgStoreOptions& options);
+
+// Applies the schema migrations the database lacks (`idem migrate`; the
+// daemon does the same at start-up), under the advisory lock; returns the
+// versions applied now (empty: up to date). Unavailable if the server
+// cannot be reached; FailedPrecondition if the schema is newer than this
+// binary.
+StatusOr<std::vector<int>> MigratePostgres(const PgStoreOptions& options);
 
 }  // namespace idem

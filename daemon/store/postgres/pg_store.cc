@@ -54,6 +54,7 @@ class PgStore final : public Store {
     StatusOr<pg::Result> r = pool_->Exec("SELECT 1");
     return r.ok() ? Status::Ok() : r.status();
   }
+  StatusOr<int64_t> ClockMillis() override { return pool_->ServerNowMillis(); }
 
  private:
   std::unique_ptr<pg::Pool> pool_;  // first: destroyed last
@@ -86,6 +87,17 @@ StatusOr<std::unique_ptr<Store>> OpenPostgresStore(const PgStoreOptions& options
   std::string instance_id = "inst_" + RandomHex(8);
   return std::unique_ptr<Store>(
       new PgStore(std::move(pool), std::move(instance_id), options.on_write_micros));
+}
+
+StatusOr<std::vector<int>> MigratePostgres(const PgStoreOptions& options) {
+  pg::PoolOptions po;
+  po.conninfo = options.conninfo;
+  po.schema = options.schema;
+  po.size = 1;
+  po.statement_timeout_ms = options.statement_timeout_ms;
+  po.acquire_timeout_ms = options.acquire_timeout_ms;
+  ASSIGN_OR_RETURN(std::unique_ptr<pg::Pool> pool, pg::Pool::Open(std::move(po)));
+  return pg::Migrate(*pool);
 }
 
 }  // namespace idem

@@ -475,7 +475,8 @@ TEST_CASE("duplicate claims and idempotency replays write nothing") {
   CHECK(fresh.status().code() == Code::kUnavailable);  // the failpoint was live
 }
 
-TEST_CASE("a stored journal record that cannot be decoded reads as Internal") {
+TEST_CASE("a stored journal record that cannot be decoded reads as Internal" *
+          doctest::test_suite("rocksdb")) {
   TempDir dir;
   {
     auto store = OpenStore(dir.path());
