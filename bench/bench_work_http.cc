@@ -5,7 +5,10 @@
 // and duplicate claims of done work (a read, no fsync) at 1 and 64, beside
 // the bare HTTP reference route.
 //
-//   build/bench/bench_work_http [--seconds 5]
+//   build/bench/bench_work_http [--seconds 5] [--conns N] [--only TEXT]
+//
+// --only TEXT: only the rows whose name contains TEXT (e.g. "complete"),
+// for profiling one row with perf record -p <daemon pid>.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -44,9 +47,11 @@ std::string Claim(const std::string& identity) {
 int main(int argc, char** argv) {
   double seconds = 5;
   int only_conns = 0;  // --conns N: only the rows at N connections
+  std::string only;    // --only TEXT: only the rows whose name holds TEXT
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
     if (std::string(argv[i]) == "--conns") only_conns = std::atoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--only") only = argv[i + 1];
   }
   auto wanted = [only_conns](int conns) { return only_conns == 0 || only_conns == conns; };
   BenchDaemon daemon;
@@ -58,6 +63,7 @@ int main(int argc, char** argv) {
               "errors", "cpu us/op");
   // Runs one row and prints it with the daemon's CPU time per operation.
   auto measured = [&](const char* name, int conns, const std::function<LoadResult()>& load) {
+    if (!only.empty() && std::string(name).find(only) == std::string::npos) return LoadResult{};
     const double cpu_before = daemon.CpuMillis();
     LoadResult r = load();
     Row(name, conns, r, daemon.CpuMillis() - cpu_before);

@@ -206,13 +206,14 @@ struct BenchDaemon {
   std::string dir;
   pid_t pid = -1;
   int port = 0;
+  std::string config;  // empty: the repository's config/idem.yaml
 
   // Returns false (and says why on stderr) if it did not come up in 20 s.
   bool Start() {
     char tmpl[] = "/tmp/idem-bench-XXXXXX";
     dir = mkdtemp(tmpl);
     const std::string port_file = dir + "/port";
-    const std::string config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
+    if (config.empty()) config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
     pid = fork();
     if (pid == 0) {
       const std::string log = dir + "/daemon.log";

@@ -54,6 +54,8 @@ void WriteJson(http1::Response& res, int status, const Json& body, const char* t
 
 using SteadyTime = std::chrono::steady_clock::time_point;
 
+const std::string kAnonymous = "anonymous";
+
 // The access log line of one answered request (log.h LogAccess), and its
 // trace index entry (a request that may change something: not a GET).
 // `route` is null when no route matched; `ctx` is as far as Admit got.
@@ -61,24 +63,27 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 void LogRequest(const std::string& method, const std::string& path, const http1::Response& res,
                 const Route* route, const RequestContext& ctx, std::string_view idempotency,
                 SteadyTime start, bool lane) {
+  const bool traced =
+      route != nullptr && !ctx.trace.trace_id.empty() && method != "GET" && method != "HEAD";
+  const bool logged = AccessLogEnabled();
+  if (!traced && !logged) return;
   const auto elapsed = std::chrono::steady_clock::now() - start;
-  const double duration_ms = std::chrono::duration<double, std::milli>(elapsed).count();
-  std::string request_id =
+  const double duration_ms =
+      static_cast<double>(
+          static_cast<int64_t>(std::chrono::duration<double, std::milli>(elapsed).count() * 1000)) /
+      1000.0;
+  const std::string& request_id =
       ctx.request_id.empty() ? res.HeaderValue("X-Request-Id") : ctx.request_id;
-  Json fields = {
-      {"method", method},
-      {"route", route != nullptr ? route->pattern : ""},
-      {"status", res.status},
-      {"duration_ms", static_cast<double>(static_cast<int64_t>(duration_ms * 1000)) / 1000.0},
-      {"request_id", request_id},
-      {"trace_id", ctx.trace.trace_id},
-      {"caller", ctx.caller.empty() ? "anonymous" : ctx.caller},
-      {"idempotency", idempotency}};
-  if (lane) fields["lane"] = "batch";
-  LogAccess(fields);
-  if (route == nullptr || ctx.trace.trace_id.empty() || method == "GET" || method == "HEAD") {
-    return;
+  const std::string& caller = ctx.caller.empty() ? kAnonymous : ctx.caller;
+  if (logged) {
+    Json fields = {{"method", method},         {"route", route != nullptr ? route->pattern : ""},
+                   {"status", res.status},     {"duration_ms", duration_ms},
+                   {"request_id", request_id}, {"trace_id", ctx.trace.trace_id},
+                   {"caller", caller},         {"idempotency", idempotency}};
+    if (lane) fields["lane"] = "batch";
+    LogAccess(fields);
   }
+  if (!traced) return;
   TraceScope scope(ctx.trace);
   RecordTraceEvent(
       "request", request_id,
@@ -86,8 +91,8 @@ void LogRequest(const std::string& method, const std::string& path, const http1:
        {"route", route->pattern},
        {"path", path},
        {"status", res.status},
-       {"caller", fields["caller"]},
-       {"duration_ms", fields["duration_ms"]},
+       {"caller", caller},
+       {"duration_ms", duration_ms},
        {"started_at_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
                              (std::chrono::system_clock::now() - elapsed).time_since_epoch())
                              .count()},
@@ -715,15 +720,21 @@ std::unique_ptr<BatchLane::Ticket> HttpServer::Begin(std::span<Exchange*> batch,
                                                      bool others_pending) {
   auto ticket = std::make_unique<LaneTicket>();
   std::vector<JournalOp> ops;
+  ops.reserve(batch.size());
+  // Moved, not copied (a claim's op holds its identity and args), and
+  // moved back below: a skipped op is begun again.
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i]->answered) continue;
-    ops.push_back(std::static_pointer_cast<LaneState>(batch[i]->state)->op);
+    ops.push_back(std::move(static_cast<LaneState*>(batch[i]->state.get())->op));
     ticket->index.push_back(i);
   }
   if (!ops.empty()) {
     ticket->pending = deps_.journal.BeginOps(
         ops, std::move(wake),
         others_pending ? Journal::LockWait::kSkipBusy : Journal::LockWait::kBlock);
+  }
+  for (size_t k = 0; k < ops.size(); ++k) {
+    static_cast<LaneState*>(batch[ticket->index[k]]->state.get())->op = std::move(ops[k]);
   }
   return ticket;
 }

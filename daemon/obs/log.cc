@@ -71,6 +71,10 @@ void LogAccess(const nlohmann::json& fields) {
 
 bool LogEnabled(LogLevel level) { return Logger()->should_log(ToSpd(level)); }
 
+bool AccessLogEnabled() {
+  return access_log.load(std::memory_order_relaxed) && LogEnabled(LogLevel::kInfo);
+}
+
 void LogEvent(LogLevel level, std::string_view event, const nlohmann::json& fields) {
   auto logger = Logger();
   if (!logger->should_log(ToSpd(level))) return;

@@ -25,5 +25,7 @@ void LogEvent(LogLevel level, std::string_view event, const nlohmann::json& fiel
 // (so log.level warn or error silences it too). On by default.
 void SetAccessLog(bool on);
 void LogAccess(const nlohmann::json& fields);
+// Would LogAccess write a line? (Callers skip building the fields when not.)
+bool AccessLogEnabled();
 
 }  // namespace idem

@@ -41,12 +41,6 @@ std::string TestPgUrl() {
   return url != nullptr ? url : "";
 }
 
-int64_t WallNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // A TCP relay between daemons and the PostgreSQL server that a test can
 // cut (every connection closed, new ones refused) and restore: the database
 // "unreachable" without touching the shared server.

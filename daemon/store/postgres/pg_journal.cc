@@ -1035,4 +1035,6 @@ class PgJournal final : public Journal {
 
 std::unique_ptr<Journal> MakePgJournal(PgContext& ctx) { return std::make_unique<PgJournal>(ctx); }
 
+const std::string& JournalClaimSql() { return ClaimSql(); }
+
 }  // namespace idem::pg

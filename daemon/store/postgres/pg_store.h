@@ -69,6 +69,11 @@ std::unique_ptr<EscalationStore> MakePgEscalationStore(PgContext& ctx);
 std::unique_ptr<OutboxStore> MakePgOutboxStore(PgContext& ctx);
 std::unique_ptr<TraceIndex> MakePgTraceIndex(PgContext& ctx);
 
+// The journal's claim statement (INSERT ... ON CONFLICT ... RETURNING over
+// unnest of its 15 request arrays, pg_journal.cc), for bench_pg_claims to
+// run the very same statement through pgbench.
+const std::string& JournalClaimSql();
+
 // --- records other stores write inside their own transaction
 // Stages an outbox event (store.h, OutboxEvent) with the caller's change;
 // it gets its seq only once committed (pg_outbox_store.cc).

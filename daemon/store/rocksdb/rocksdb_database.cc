@@ -633,9 +633,9 @@ StatusOr<std::vector<std::string>> RocksDatabase::ExpiredIndexKeys(Family index,
   return keys;
 }
 
-Mutex& RocksDatabase::LockFor(Family f, std::string_view key) {
+size_t RocksDatabase::StripeOf(Family f, std::string_view key) {
   size_t h = std::hash<std::string_view>{}(key) ^ (static_cast<size_t>(f) * 0x9e3779b97f4a7c15ull);
-  return stripes_[h % kStripes];
+  return h % kStripes;
 }
 
 }  // namespace idem::rocks

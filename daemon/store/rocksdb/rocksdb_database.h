@@ -167,8 +167,12 @@ class RocksDatabase {
   StatusOr<std::vector<std::string>> ExpiredIndexKeys(Family index, int64_t now_ms, size_t limit,
                                                       std::string_view what);
 
-  // The lock stripe for `key` of family `f` (1024 stripes). Hold at most one.
-  Mutex& LockFor(Family f, std::string_view key);
+  // The lock stripe for `key` of family `f` (kStripes of them). Hold at most one.
+  Mutex& LockFor(Family f, std::string_view key) { return stripes_[StripeOf(f, key)]; }
+  // Which stripe LockFor(f, key) is, in [0, kStripes): for state a store
+  // keeps per stripe, guarded by that stripe.
+  static size_t StripeOf(Family f, std::string_view key);
+  static constexpr size_t kStripes = 1024;
 
   rocksdb::DB& raw() { return *db_; }
   rocksdb::ColumnFamilyHandle* handle(Family f) { return handles_[static_cast<int>(f)]; }
@@ -189,7 +193,6 @@ class RocksDatabase {
   static constexpr char kOutboxSweptKey[] = "outbox.swept_through";
 
  private:
-  static constexpr size_t kStripes = 1024;
   class ErrorListener;
   explicit RocksDatabase(const StoreOptions& options) : options_(options) {}
 

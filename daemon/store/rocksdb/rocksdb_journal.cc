@@ -194,24 +194,45 @@ void RocksJournal::Stage(RecordBatch& batch, const std::optional<WorkItem>& befo
   }
 }
 
-StatusOr<ClaimResult> RocksJournal::Claim(const ClaimRequest& req) {
-  RETURN_IF_ERROR(ValidateRequest(req));
-  {
-    // Any outcome that writes nothing is linearizable at this read.
-    ASSIGN_OR_RETURN(std::optional<WorkItem> seen, Load(req.work_id));
-    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(seen, req.now_ms)) {
-      return ClaimResult{*o, Scrubbed(std::move(*seen))};
+void RocksJournal::NoteWrite(size_t stripe, const std::string& work_id,
+                             std::optional<WorkItem> stored) {
+  StripeState& s = stripes_[stripe];
+  s.cached = stored.has_value();
+  if (stored) {
+    s.work_id = work_id;
+    if (s.item == nullptr) {
+      s.item = std::make_unique<WorkItem>(std::move(*stored));
+    } else {
+      *s.item = std::move(*stored);
     }
   }
-  MutexLock lock(db_.LockFor(Family::kJournal, req.work_id));
+  // After the write is visible: a reader that saw the old version re-reads.
+  s.version.fetch_add(1, std::memory_order_release);
+}
+
+StatusOr<ClaimResult> RocksJournal::Claim(const ClaimRequest& req) {
+  RETURN_IF_ERROR(ValidateRequest(req));
+  const size_t stripe = RocksDatabase::StripeOf(Family::kJournal, req.work_id);
+  // Any outcome that writes nothing is linearizable at this read.
+  const uint64_t seen_version = stripes_[stripe].version.load(std::memory_order_acquire);
   ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(req.work_id));
   if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, req.now_ms)) {
     return ClaimResult{*o, Scrubbed(std::move(*current))};
   }
+  MutexLock lock(db_.LockFor(Family::kJournal, req.work_id));
+  // Written since the read above: read again.
+  if (stripes_[stripe].version.load(std::memory_order_relaxed) != seen_version) {
+    ASSIGN_OR_RETURN(current, Load(req.work_id));
+    if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(current, req.now_ms)) {
+      return ClaimResult{*o, Scrubbed(std::move(*current))};
+    }
+  }
   ClaimResult r = Transition(current, req);
   RecordBatch batch(db_);
   Stage(batch, current, &r.item);
-  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  Status written = db_.Commit(batch, /*durable=*/true);
+  NoteWrite(stripe, req.work_id, written.ok() ? std::optional<WorkItem>(r.item) : std::nullopt);
+  RETURN_IF_ERROR(written);
   if (r.outcome != ClaimOutcome::kClaimed) r.item = Scrubbed(std::move(r.item));
   return r;
 }
@@ -222,8 +243,10 @@ namespace {
 // held for the writing ones, and their write in flight.
 class RocksPendingOps final : public Journal::PendingOps {
  public:
-  explicit RocksPendingOps(RocksDatabase& db, size_t n)
-      : batch(db), results(n, StatusOr<JournalOpResult>(Internal("op not decided"))) {}
+  explicit RocksPendingOps(RocksDatabase& db, RocksJournal& journal, size_t n)
+      : journal(journal),
+        batch(db),
+        results(n, StatusOr<JournalOpResult>(Internal("op not decided"))) {}
   ~RocksPendingOps() override { Settle(); }
 
   bool Ready() const override { return ticket == nullptr || ticket->done(); }
@@ -238,6 +261,11 @@ class RocksPendingOps final : public Journal::PendingOps {
     if (written.ok() && ticket != nullptr) {
       written = RocksDatabase::Translate(ticket->Wait(), "writing");
     }
+    // Still under the stripes: what each written work_id now holds.
+    for (auto& [work_id, item] : staged_items) {
+      journal.NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id,
+                        written.ok() ? std::optional<WorkItem>(std::move(item)) : std::nullopt);
+    }
     for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) (*it)->Unlock();
     for (size_t i : writers) {
       if (!written.ok()) {
@@ -248,8 +276,12 @@ class RocksPendingOps final : public Journal::PendingOps {
     }
   }
 
+  RocksJournal& journal;
   RecordBatch batch;
   std::vector<StatusOr<JournalOpResult>> results;
+  // The record staged for each work_id written (the last one when an op
+  // batch writes a work_id twice).
+  std::map<std::string, WorkItem, std::less<>> staged_items;
   std::vector<Mutex*> stripes;  // held, in address order
   std::vector<size_t> writers;  // results whose outcome is written
   std::vector<size_t> skipped;  // ops whose stripe was busy (kSkipBusy)
@@ -334,7 +366,15 @@ StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& current,
 std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(
     std::span<const JournalOp> ops, std::function<void()> on_durable,
     LockWait wait) NO_THREAD_SAFETY_ANALYSIS {
-  auto p = std::make_unique<RocksPendingOps>(db_, ops.size());
+  auto p = std::make_unique<RocksPendingOps>(db_, *this, ops.size());
+  // A claim's lock-free read, kept for use under the lock while its
+  // stripe's version says nothing was written since.
+  struct Seen {
+    bool read = false;
+    uint64_t version = 0;
+    std::optional<WorkItem> item;
+  };
+  std::vector<Seen> seen(ops.size());
   // Lock-free first pass: invalid requests and claims that write nothing.
   std::vector<size_t> candidates;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -344,15 +384,18 @@ std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(
     }
     if (ops[i].type == JournalOp::Type::kClaim) {
       const ClaimRequest& req = ops[i].claim;
-      StatusOr<std::optional<WorkItem>> seen = Load(req.work_id);
-      if (!seen.ok()) {
-        p->results[i] = seen.status();
+      const size_t stripe = RocksDatabase::StripeOf(Family::kJournal, req.work_id);
+      const uint64_t version = stripes_[stripe].version.load(std::memory_order_acquire);
+      StatusOr<std::optional<WorkItem>> loaded = Load(req.work_id);
+      if (!loaded.ok()) {
+        p->results[i] = loaded.status();
         continue;
       }
-      if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(*seen, req.now_ms)) {
-        p->results[i] = JournalOpResult{.outcome = *o, .item = Scrubbed(std::move(**seen))};
+      if (std::optional<ClaimOutcome> o = ReadOnlyOutcome(*loaded, req.now_ms)) {
+        p->results[i] = JournalOpResult{.outcome = *o, .item = Scrubbed(std::move(**loaded))};
         continue;
       }
+      seen[i] = Seen{.read = true, .version = version, .item = std::move(*loaded)};
     }
     candidates.push_back(i);
   }
@@ -388,14 +431,22 @@ std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(
   }
 
   // Under the locks: re-read, decide, stage. A work_id seen earlier in this
-  // batch reads the record staged for it, not the stored one.
-  std::map<std::string_view, WorkItem> staged;
+  // batch reads the record staged for it, not the stored one; else the
+  // stripe's last written record when it is this work_id's, else the
+  // claim's own read when nothing was written under its stripe since.
+  std::map<std::string, WorkItem, std::less<>>& staged = p->staged_items;
   for (size_t i : candidates) {
     const JournalOp& op = ops[i];
     const std::string& work_id = OpWorkId(op);
+    StripeState& stripe = stripes_[RocksDatabase::StripeOf(Family::kJournal, work_id)];
     std::optional<WorkItem> current;
     if (auto it = staged.find(work_id); it != staged.end()) {
       current = it->second;
+    } else if (stripe.cached && stripe.work_id == work_id) {
+      current = std::move(*stripe.item);  // noted again by Settle when this op writes
+      stripe.cached = false;
+    } else if (seen[i].read && stripe.version.load(std::memory_order_relaxed) == seen[i].version) {
+      current = std::move(seen[i].item);
     } else {
       StatusOr<std::optional<WorkItem>> loaded = Load(work_id);
       if (!loaded.ok()) {
@@ -462,7 +513,9 @@ StatusOr<WorkItem> RocksJournal::Enqueue(const ClaimRequest& req) {
   next.next_attempt_at_ms = req.now_ms;
   RecordBatch batch(db_);
   Stage(batch, current, &next);
-  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  Status written = db_.Commit(batch, /*durable=*/true);
+  NoteWrite(RocksDatabase::StripeOf(Family::kJournal, req.work_id), req.work_id, std::nullopt);
+  RETURN_IF_ERROR(written);
   return next;
 }
 
@@ -485,7 +538,9 @@ Status RocksJournal::RecordExternalRef(const std::string& work_id, const std::st
   next.updated_at_ms = now_ms;
   RecordBatch batch(db_);
   Stage(batch, before, &next);
-  return db_.Commit(batch, /*durable=*/true);
+  Status written = db_.Commit(batch, /*durable=*/true);
+  NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id, std::nullopt);
+  return written;
 }
 
 // Complete and Fail are one-op batches, so the lane and the single calls
@@ -610,7 +665,9 @@ StatusOr<WorkItem> RocksJournal::Requeue(const std::string& work_id, int64_t now
   next.expires_at_ms = 0;
   RecordBatch batch(db_);
   Stage(batch, current, &next);
-  RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
+  Status written = db_.Commit(batch, /*durable=*/true);
+  NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id, std::nullopt);
+  RETURN_IF_ERROR(written);
   return next;
 }
 
@@ -632,7 +689,9 @@ StatusOr<size_t> RocksJournal::SweepExpired(int64_t now_ms, size_t limit) {
       batch.Delete(Family::kJournalExpiry, index_key);  // stale; not expected
     }
     // Losing a sweep in a crash only brings back a record that reads as absent.
-    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    Status written = db_.Commit(batch, /*durable=*/false);
+    NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id, std::nullopt);
+    RETURN_IF_ERROR(written);
   }
   return swept;
 }

@@ -16,9 +16,21 @@
 // BeginOps/FinishOps do the same for a whole batch of claims, completes and
 // fails with one write and one fsync; Complete and Fail are one-op batches.
 //
+// Each lock stripe keeps, under that stripe, a version (bumped after every
+// journal write under it) and the record last written under it. A claim
+// whose stripe version is unchanged between its lock-free read and taking
+// the lock uses that read instead of reading again; an op whose work_id is
+// the stripe's last written record (a complete right after its claim) takes
+// it from there instead of reading and decoding the stored one. Every write
+// of the journal family holds the key's stripe, so both stay exact; the
+// cache holds at most one record per stripe and is empty at start.
+//
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,7 +84,25 @@ class RocksJournal final : public Journal {
   // Up to `limit` items named by the index keys `prefix | BE8 | work_id`.
   StatusOr<std::vector<WorkItem>> ScanIndex(Family f, const std::string& prefix, size_t limit);
 
+  // Per lock stripe of the journal family (see above). `version` is read
+  // without the stripe, written with it; the rest only with it held.
+  struct StripeState {
+    std::atomic<uint64_t> version{0};
+    bool cached = false;             // `item` is what `work_id` holds
+    std::string work_id;             // of `item`, when cached
+    std::unique_ptr<WorkItem> item;  // allocated on the stripe's first write
+  };
+
+ public:
+  // For this journal's batches, with stripe `stripe` held, after a write
+  // under it: `stored` is what `work_id` now holds; nullopt forgets the
+  // stripe's record (a failed write, a deletion, a write not worth keeping).
+  // Bumps the stripe's version either way.
+  void NoteWrite(size_t stripe, const std::string& work_id, std::optional<WorkItem> stored);
+
+ private:
   RocksDatabase& db_;
+  std::array<StripeState, RocksDatabase::kStripes> stripes_;
 };
 
 }  // namespace idem::rocks

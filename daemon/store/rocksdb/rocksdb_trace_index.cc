@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "daemon/core/json.h"
 #include "daemon/store/record_codec.h"
 
 namespace idem::rocks {
@@ -13,12 +14,28 @@ namespace {
 constexpr size_t kTraceIdSize = 32;
 constexpr size_t kFlushAt = 256;
 
-Json EntryJson(const TraceEntry& e) {
-  return Json{{"trace_id", e.trace_id},
-              {"at_ms", e.at_ms},
-              {"type", e.type},
-              {"ref", e.ref},
-              {"detail", e.detail}};
+// The stored text of an entry: the JSON object {at_ms, detail, ref,
+// trace_id, type} (members in name order, as Json::dump writes them),
+// written without building a Json copy of the detail. False when some text
+// is not UTF-8.
+bool EncodeEntry(const TraceEntry& e, std::string& out) {
+  if (!IsValidUtf8(e.trace_id) || !IsValidUtf8(e.type) || !IsValidUtf8(e.ref)) return false;
+  out.assign("{\"at_ms\":");
+  out += std::to_string(e.at_ms);
+  out += ",\"detail\":";
+  try {
+    out += e.detail.dump();
+  } catch (const Json::exception&) {
+    return false;  // dump() throws only for strings that are not UTF-8
+  }
+  out += ",\"ref\":\"";
+  AppendJsonStringContent(e.ref, out);
+  out += "\",\"trace_id\":\"";
+  AppendJsonStringContent(e.trace_id, out);
+  out += "\",\"type\":\"";
+  AppendJsonStringContent(e.type, out);
+  out += "\"}";
+  return true;
 }
 
 StatusOr<TraceEntry> EntryFromJson(const Json& j) {
@@ -83,11 +100,18 @@ Status RocksTraceIndex::Flush() {
   }
   if (batch.empty()) return Status::Ok();
   RecordBatch rb(db_);
+  std::string key;
+  std::string value;
   for (const TraceEntry& e : batch) {
+    // An entry that cannot be stored (text that is not UTF-8) is left out
+    // rather than failing the others.
+    if (!EncodeEntry(e, value)) continue;
     std::string seq = BigEndian8(seq_.fetch_add(1, std::memory_order_relaxed));
     std::string at = BigEndian8(e.at_ms);
-    rb.PutJson(Family::kTraces, e.trace_id + at + seq, EntryJson(e));
-    rb.Put(Family::kTracesByTime, at + e.trace_id + seq, "");
+    key.assign(e.trace_id).append(at).append(seq);
+    rb.Put(Family::kTraces, key, value);
+    key.assign(at).append(e.trace_id).append(seq);
+    rb.Put(Family::kTracesByTime, key, "");
   }
   return db_.Commit(rb, /*durable=*/false);
 }

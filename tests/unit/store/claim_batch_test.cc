@@ -285,6 +285,35 @@ TEST_CASE("a failed write fails every complete in the batch and stores none") {
   CHECK_FALSE(out[0].ok());
   CHECK(j.Get("a")->state == WorkState::kRunning);
   CHECK(j.Complete("a", a->item.lease_token, Json{}, "", kT0 + 2).ok());
+  // Written now, not taken for a retry of the failed write.
+  CHECK(j.Get("a")->state == WorkState::kDone);
+}
+
+TEST_CASE("a batch after a write outside the batch lane works from the record that write stored") {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  Journal& j = store->journal();
+  std::vector<StatusOr<JournalOpResult>> claimed =
+      j.FinishOps(j.BeginOps(Claims({Req("w", kT0)}), nullptr));
+  REQUIRE(claimed[0].ok());
+  std::vector<JournalOp> fail = {FailOp("w", claimed[0]->item.lease_token, kT0 + 1, false)};
+  std::vector<StatusOr<JournalOpResult>> failed = j.FinishOps(j.BeginOps(fail, nullptr));
+  REQUIRE(failed[0].ok());
+  REQUIRE(failed[0]->item.state == WorkState::kDead);
+  // Requeue writes outside the lane: the next batch claims the requeued work.
+  REQUIRE(j.Requeue("w", kT0 + 2).ok());
+  std::vector<StatusOr<JournalOpResult>> again =
+      j.FinishOps(j.BeginOps(Claims({Req("w", kT0 + 3)}), nullptr));
+  REQUIRE(again[0].ok());
+  CHECK(again[0]->outcome == ClaimOutcome::kClaimed);
+  CHECK(again[0]->item.attempt == 1);
+  // And a completion in a batch keeps what RecordExternalRef stored.
+  REQUIRE(j.RecordExternalRef("w", again[0]->item.lease_token, "crm:9", kT0 + 4).ok());
+  std::vector<JournalOp> done = {CompleteOp("w", again[0]->item.lease_token, kT0 + 5)};
+  std::vector<StatusOr<JournalOpResult>> completed = j.FinishOps(j.BeginOps(done, nullptr));
+  REQUIRE(completed[0].ok());
+  CHECK(j.Get("w")->state == WorkState::kDone);
+  CHECK(j.Get("w")->external_ref == "crm:9");
 }
 
 TEST_CASE("concurrent batches and single claims over the same work give one winner per work") {

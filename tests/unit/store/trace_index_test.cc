@@ -72,6 +72,27 @@ TEST_CASE("a_malformed_trace_entry_is_refused") {
   CHECK(store->traces().List("short", 10).status().code() == Code::kInvalidArgument);
 }
 
+TEST_CASE("a_trace_entry_whose_text_is_not_utf8_is_left_out_and_escaped_text_round_trips" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  TraceIndex& t = store->traces();
+  TraceEntry odd = Entry(kTraceA, kT0, "request", "r \"q\"\n\\ \x01 \xc3\xa9");
+  odd.detail = {{"path", "/v1/x?\"y\"\t\xe2\x82\xac"}, {"n", -3}, {"f", 1.5}, {"z", nullptr}};
+  REQUIRE(t.Add(odd).ok());
+  REQUIRE(t.Add(Entry(kTraceA, kT0 + 1, "request", "bad \xff")).ok());
+  TraceEntry bad_detail = Entry(kTraceA, kT0 + 2, "request", "r2");
+  bad_detail.detail = {{"x", "\xc3"}};
+  REQUIRE(t.Add(bad_detail).ok());
+  auto listed = t.List(kTraceA, 10);
+  REQUIRE(listed.ok());
+  REQUIRE(listed->size() == 1);
+  CHECK((*listed)[0].ref == odd.ref);
+  CHECK((*listed)[0].type == "request");
+  CHECK((*listed)[0].at_ms == kT0);
+  CHECK((*listed)[0].detail == odd.detail);
+}
+
 TEST_CASE("a_claim_stores_the_trace_id_of_the_request_that_created_the_work") {
   TempDir dir;
   auto store = OpenStore(dir.path());
