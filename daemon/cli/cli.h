@@ -26,6 +26,7 @@
 #include "daemon/core/http_client.h"
 #include "daemon/core/status.h"
 #include "daemon/store/store.h"
+#include "daemon/store/store_copy.h"
 
 namespace idem::cli {
 
@@ -158,5 +159,13 @@ int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
                     size_t max_request_bytes);
 int Cost(DaemonClient& api, const Output& o, const std::string& by, const std::string& since,
          const std::string& until);
+
+// `idem store copy`: the RocksDB store at `rocks_path` (its daemon stopped)
+// into the PostgreSQL schema `to` names, which must hold no records
+// (store_copy.h). Prints the records copied per family (--json: an object
+// of counts). Exit: 3 no store at the path, 4 the schema holds records,
+// 2 the store is in use or the server unreachable, 7 other errors.
+std::string RenderCopyCounts(const CopyCounts& counts, const Style& style);
+int StoreCopy(const Output& o, const std::string& rocks_path, const PgStoreOptions& to);
 
 }  // namespace idem::cli

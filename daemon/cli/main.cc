@@ -338,6 +338,23 @@ int main(int argc, char** argv) {
                    "Send at most this many KiB per request (under server.max_body_bytes)")
       ->default_val(512)
       ->check(CLI::Range(1, 1 << 20));
+  // `idem store copy`: local, no daemon (it must be stopped).
+  auto* store_cmd = app.add_subcommand("store", "The store itself (the daemon stopped)");
+  store_cmd->require_subcommand(1);
+  std::string copy_config = "config/idem.yaml", copy_data, copy_url_env = "IDEM_PG_URL",
+              copy_schema = "idem";
+  auto* store_copy = store_cmd->add_subcommand(
+      "copy", "Copy the RocksDB store into an empty PostgreSQL schema (leases are not copied)");
+  store_copy->add_option("--config", copy_config, "Config file (its store.path is the source)")
+      ->default_val("config/idem.yaml");
+  store_copy->add_option("--data", copy_data, "RocksDB store folder (overrides the config)");
+  store_copy
+      ->add_option("--to-url-env", copy_url_env,
+                   "Environment variable holding the PostgreSQL URL (never a flag: it may hold "
+                   "a password)")
+      ->default_val("IDEM_PG_URL");
+  store_copy->add_option("--schema", copy_schema, "PostgreSQL schema to fill")->default_val("idem");
+
   std::string cost_by = "step", cost_since, cost_until;
   auto* cost = app.add_subcommand(
       "cost", "Tokens and USD spent, and USD saved by cache hits (default: the last 30 days)");
@@ -352,6 +369,28 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? cli::kExitOk : cli::kExitUsage;
+  }
+
+  if (store_copy->parsed()) {
+    std::string rocks_path = copy_data;
+    if (rocks_path.empty()) {
+      auto config = LoadConfig(copy_config);
+      if (!config.ok()) return Fail(config.status());
+      rocks_path = config->store.path;
+    }
+    const char* conninfo = std::getenv(copy_url_env.c_str());
+    if (conninfo == nullptr || *conninfo == '\0') {
+      std::fprintf(stderr, "idem store copy: %s is not set (the PostgreSQL URL)\n",
+                   copy_url_env.c_str());
+      return cli::kExitUsage;
+    }
+    PgStoreOptions to;
+    to.conninfo = conninfo;
+    to.schema = copy_schema;
+    cli::Output out;
+    out.json = json_out;
+    out.style.color = !json_out && cli::UseColor(stdout);
+    return cli::StoreCopy(out, rocks_path, to);
   }
 
   if (decisions->parsed() || cost->parsed()) {

@@ -1,10 +1,12 @@
 #include "daemon/decide/cost_ledger.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <thread>
 
+#include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
 
 namespace idem {
@@ -117,10 +119,47 @@ StatusOr<std::map<std::pair<std::string, std::string>, CostCounts>> CostLedger::
   return rows;
 }
 
+CostLedger::CostLedger(MetaStore& meta, CostLedgerSharing sharing)
+    : meta_(meta), sharing_([&] {
+        if (sharing.holder.empty()) sharing.holder = "cost-" + RandomHex(8);
+        if (sharing.clock == nullptr) sharing.leases = nullptr;
+        return std::move(sharing);
+      }()) {}
+
 Status CostLedger::Flush() {
   MutexLock flush(flush_mu_);
   std::map<Key, CostCounts> pending = TakePending();
   if (pending.empty()) return Status::Ok();
+  if (sharing_.leases == nullptr) return WriteDays(std::move(pending));
+  // Another daemon's flush holds the turn for the few milliseconds of its
+  // read-modify-write: wait for it, briefly.
+  constexpr char kLease[] = "cost:flush";
+  constexpr int64_t kTtlMs = 10'000;
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(sharing_.wait_ms);
+  int64_t backoff_ms = 2;
+  while (true) {
+    StatusOr<LeaseResult> turn =
+        sharing_.leases->Acquire(kLease, sharing_.holder, "", kTtlMs, sharing_.clock->NowMillis());
+    if (!turn.ok()) {
+      Restore(pending);
+      return turn.status();
+    }
+    if (turn->outcome != LeaseOutcome::kHeld) {
+      Status written = WriteDays(std::move(pending));
+      (void)sharing_.leases->Release(kLease, sharing_.holder, turn->lease.token);
+      return written;
+    }
+    if (std::chrono::steady_clock::now() >= give_up) {
+      Restore(pending);
+      return Status::Ok();  // pending until the next flush
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 50);
+  }
+}
+
+Status CostLedger::WriteDays(std::map<Key, CostCounts> pending) {
   std::map<int64_t, std::map<std::pair<std::string, std::string>, CostCounts>> by_day;
   for (const auto& [key, counts] : pending) {
     by_day[std::get<0>(key)][{std::get<1>(key), std::get<2>(key)}].Add(counts);

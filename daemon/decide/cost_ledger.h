@@ -9,6 +9,10 @@
 // daemon's sweeper about once a second and at shutdown, merges them into the
 // MetaStore, one record per day under "cost/day/YYYY-MM-DD". A crash loses
 // at most the last second of counts; numbers are statistics, not a bill.
+// Daemons sharing one store (issue 13) each keep their own pending counts;
+// with CostLedgerSharing their flushes (read-modify-write of the day
+// records) take turns under the named lease "cost:flush", so that no
+// daemon's counts overwrite another's.
 //
 // Rows reads the days of a range (whole UTC days: a range is widened to the
 // days it touches) from the MetaStore plus what is not flushed yet.
@@ -28,6 +32,7 @@
 #include <tuple>
 #include <vector>
 
+#include "daemon/core/env.h"
 #include "daemon/core/mutex.h"
 #include "daemon/core/status.h"
 #include "daemon/store/store.h"
@@ -54,12 +59,22 @@ struct CostRow {
   CostCounts counts;
 };
 
+// How the ledgers of daemons sharing one store take turns (null: alone).
+struct CostLedgerSharing {
+  LeaseStore* leases = nullptr;  // must outlive the ledger
+  StableClock* clock = nullptr;  // required with leases
+  std::string holder;            // "" : "cost-" + 16 random hex
+  // How long a Flush waits for another daemon's flush before it leaves its
+  // counts pending for the next one.
+  int64_t wait_ms = 500;
+};
+
 class CostLedger {
  public:
   static constexpr int64_t kMaxRangeDays = 3660;
 
   // `meta` must outlive the ledger.
-  explicit CostLedger(MetaStore& meta) : meta_(meta) {}
+  explicit CostLedger(MetaStore& meta, CostLedgerSharing sharing = {});
 
   void RecordCall(int64_t now_ms, const std::string& step, const std::string& model,
                   int64_t input_tokens, int64_t output_tokens, double usd);
@@ -90,7 +105,11 @@ class CostLedger {
   void Restore(const std::map<Key, CostCounts>& counts);
   StatusOr<std::map<std::pair<std::string, std::string>, CostCounts>> ReadDay(int64_t day);
 
+  // Writes `pending` into the day records (the caller holds the turn).
+  Status WriteDays(std::map<Key, CostCounts> pending);
+
   MetaStore& meta_;
+  const CostLedgerSharing sharing_;
   std::array<Shard, kShards> shards_;
   Mutex flush_mu_;  // one Flush (read-modify-write of day records) at a time
 };

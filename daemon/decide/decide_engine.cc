@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <kainjow/mustache.hpp>
 #include <mutex>
+#include <unordered_map>
 
 #include "daemon/core/backoff.h"
 #include "daemon/core/crypto.h"
@@ -89,6 +90,37 @@ struct ChainOutcome {
   bool escalated = false;
   Decision decision;
   Escalation escalation;
+  bool elsewhere = false;  // another daemon's run produced it (cross-daemon single flight)
+};
+
+// Wakes the engines of this process that wait on another holder's decide
+// lease whenever any of them ends a guarded run, so that waiting on an
+// engine next door costs no polling delay. A generation count: a waiter
+// reads it before it looks at the store, and wakes when it moved.
+struct RunWake {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t gen = 0;
+
+  static RunWake& Get() {
+    static RunWake w;
+    return w;
+  }
+  uint64_t Gen() {
+    std::lock_guard<std::mutex> lock(mu);
+    return gen;
+  }
+  void Notify() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++gen;
+    }
+    cv.notify_all();
+  }
+  void WaitFor(uint64_t seen, int64_t ms) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return gen != seen; });
+  }
 };
 
 // The outcome a single-flight leader hands to the requests that joined it.
@@ -103,7 +135,8 @@ class DecideEngineImpl final : public DecideEngine {
  public:
   DecideEngineImpl(const Config& config, DecisionStore& decisions, EscalationStore& escalations,
                    std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-                   Metrics& metrics, Notifier* notifier, CostLedger* costs)
+                   Metrics& metrics, Notifier* notifier, CostLedger* costs,
+                   DecideCoordination coordination)
       : config_(config),
         store_(decisions),
         escalations_(escalations),
@@ -111,7 +144,11 @@ class DecideEngineImpl final : public DecideEngine {
         clock_(clock),
         metrics_(metrics),
         notifier_(notifier),
-        costs_(costs) {}
+        costs_(costs),
+        leases_(coordination.leases),
+        holder_(coordination.holder.empty() ? "decide-" + RandomHex(8) : coordination.holder),
+        shared_store_(coordination.shared_store),
+        recheck_ms_(std::max<int64_t>(0, coordination.recheck_ms)) {}
 
   Status Init() {
     for (const auto& [step_name, step] : config_.steps) {
@@ -215,8 +252,7 @@ class DecideEngineImpl final : public DecideEngine {
       return ToResult(*outcome, false, true);
     }
 
-    StatusOr<ChainOutcome> outcome = RunChain(step, step.config->prompt, key, req, step.chain,
-                                              step.config->temperature, /*dry_run=*/false);
+    StatusOr<ChainOutcome> outcome = RunLeader(step, key, req);
     {
       MutexLock lock(flights_mu_);
       flights_.erase(key.key.key);
@@ -228,7 +264,7 @@ class DecideEngineImpl final : public DecideEngine {
     }
     flight->cv.notify_all();
     if (!outcome.ok()) return outcome.status();
-    return ToResult(*outcome, false, false);
+    return ToResult(*outcome, false, outcome->elsewhere);
   }
 
   StatusOr<Decision> ResolveEscalation(const std::string& escalation_id, const Json& output,
@@ -273,13 +309,119 @@ class DecideEngineImpl final : public DecideEngine {
     RETURN_IF_ERROR(
         escalations_.Resolve(escalation_id, d.decision_id, actor, d.created_at_ms).status());
     RETURN_IF_ERROR(store_.Replace(d));
+    Remember(d);
     return d;
   }
 
  private:
+  // The run of this process's leader for a key, single-flight across
+  // daemons through the decide lease (DecideCoordination).
+  StatusOr<ChainOutcome> RunLeader(const CompiledStep& step, const StepKey& key,
+                                   const DecideRequest& req) {
+    auto run = [&] {
+      return RunChain(step, step.config->prompt, key, req, step.chain, step.config->temperature,
+                      /*dry_run=*/false);
+    };
+    if (leases_ == nullptr || req.cache == CacheMode::kRefresh) return run();
+    const std::string name = "decide:" + key.key.key;
+    const int64_t ttl =
+        std::max<int64_t>(1, step.config->timeout_ms) + DecideCoordination::kLeaseMarginMs;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(ttl);
+    int64_t backoff_ms = kLeasePollFirstMs;
+    RunWake& wake = RunWake::Get();
+    while (true) {
+      const uint64_t seen = wake.Gen();
+      StatusOr<LeaseResult> lease = leases_->Acquire(name, holder_, "", ttl, clock_.NowMillis());
+      if (!lease.ok()) {
+        // The guard saves provider calls; it is not what keeps one decision
+        // per key (PutIfAbsent is): run without it rather than fail.
+        LogEvent(LogLevel::kWarn, "decide_lease_failed",
+                 {{"decision_key", key.key.key}, {"error", lease.status().ToString()}});
+        return run();
+      }
+      if (lease->outcome != LeaseOutcome::kHeld) {
+        // A run elsewhere may have stored its decision and released just
+        // before this acquire: then that decision is the answer.
+        StatusOr<std::optional<DecideResult>> cached = Cached(key.key.key, step);
+        StatusOr<ChainOutcome> outcome = Unavailable("unset");
+        if (cached.ok() && cached->has_value()) {
+          outcome = FromElsewhere(**cached);
+        } else {
+          outcome = run();
+        }
+        Status released = leases_->Release(name, holder_, lease->lease.token);
+        if (!released.ok()) {
+          LogEvent(LogLevel::kWarn, "decide_lease_release_failed",
+                   {{"decision_key", key.key.key}, {"error", released.ToString()}});
+        }
+        wake.Notify();
+        return outcome;
+      }
+      // Another daemon is deciding this key: its decision is ours too.
+      ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key, step));
+      if (cached) return FromElsewhere(*cached);
+      if (std::chrono::steady_clock::now() >= give_up) {
+        LogEvent(LogLevel::kWarn, "decide_lease_wait_expired",
+                 {{"decision_key", key.key.key}, {"holder", lease->lease.holder}});
+        return run();
+      }
+      const int64_t left = std::max<int64_t>(1, lease->lease.expires_at_ms - clock_.NowMillis());
+      wake.WaitFor(seen, std::min(backoff_ms, left));
+      backoff_ms = std::min(backoff_ms * 2, kLeasePollMaxMs);
+    }
+  }
+
+  ChainOutcome FromElsewhere(const DecideResult& r) {
+    metrics_.decide_single_flight_joined.Inc();
+    ChainOutcome o;
+    o.escalated = r.escalated;
+    o.decision = r.decision;
+    o.escalation = r.escalation;
+    o.elsewhere = true;
+    return o;
+  }
+
+  // The engine's own memory of hits (shared stores only): a decision read
+  // from the store, trusted for recheck_ms_.
+  std::optional<Decision> Recall(const std::string& key, int64_t now_ms) {
+    MutexLock lock(hot_mu_);
+    auto it = hot_.find(key);
+    if (it == hot_.end()) return std::nullopt;
+    const HotEntry& e = it->second;
+    if (now_ms - e.read_at_ms >= recheck_ms_ ||
+        (e.decision.expires_at_ms != 0 && e.decision.expires_at_ms <= now_ms)) {
+      hot_.erase(it);
+      return std::nullopt;
+    }
+    return e.decision;
+  }
+  void Remember(const Decision& d) {
+    if (!shared_store_) return;
+    const int64_t now = clock_.NowMillis();
+    MutexLock lock(hot_mu_);
+    if (hot_.size() >= kHotMaxEntries && hot_.count(d.decision_key) == 0) {
+      hot_.erase(hot_.begin());  // arbitrary: the bound matters, not the choice
+    }
+    hot_[d.decision_key] = HotEntry{d, now};
+  }
+  void Forget(const std::string& key) {
+    if (!shared_store_) return;
+    MutexLock lock(hot_mu_);
+    hot_.erase(key);
+  }
+
   // The cached answer for a key: a live decision, or an open escalation.
   StatusOr<std::optional<DecideResult>> Cached(const std::string& key, const CompiledStep& step) {
-    auto hit = store_.GetByKey(key, clock_.NowMillis());
+    StatusOr<Decision> hit = NotFound("");
+    std::optional<Decision> recalled;
+    if (shared_store_) recalled = Recall(key, clock_.NowMillis());
+    if (recalled) {
+      hit = std::move(*recalled);
+    } else {
+      hit = store_.GetByKey(key, clock_.NowMillis());
+      if (hit.ok()) Remember(*hit);
+      if (hit.status().code() == Code::kNotFound) Forget(key);
+    }
     if (hit.ok()) {
       step.cache_hits->Inc();
       if (costs_ != nullptr) {
@@ -541,8 +683,10 @@ class DecideEngineImpl final : public DecideEngine {
         } else if (req.cache == CacheMode::kRefresh) {
           RETURN_IF_ERROR(store_.Replace(d));
           out.decision = std::move(d);
+          Remember(out.decision);
         } else {
           ASSIGN_OR_RETURN(out.decision, store_.PutIfAbsent(d, d.created_at_ms));
+          Remember(out.decision);
         }
         return out;
       }
@@ -625,6 +769,14 @@ class DecideEngineImpl final : public DecideEngine {
   ProviderMetrics OverflowProviderMetrics() { return metrics_.ForProvider("other", "other"); }
 
   static constexpr size_t kMaxRawInTrace = 16 * 1024;
+  static constexpr int64_t kLeasePollFirstMs = 5;
+  static constexpr int64_t kLeasePollMaxMs = 200;
+  static constexpr size_t kHotMaxEntries = 16'384;
+
+  struct HotEntry {
+    Decision decision;
+    int64_t read_at_ms = 0;
+  };
 
   const Config& config_;
   DecisionStore& store_;
@@ -637,6 +789,12 @@ class DecideEngineImpl final : public DecideEngine {
   std::map<std::string, CompiledStep> steps_;
   Mutex flights_mu_;
   std::map<std::string, std::shared_ptr<Flight>> flights_ GUARDED_BY(flights_mu_);
+  LeaseStore* const leases_;  // may be null
+  const std::string holder_;
+  const bool shared_store_;
+  const int64_t recheck_ms_;
+  Mutex hot_mu_;
+  std::unordered_map<std::string, HotEntry> hot_ GUARDED_BY(hot_mu_);
 };
 
 }  // namespace
@@ -693,9 +851,10 @@ double CallCostUsd(const Config& config, const std::string& model, int64_t input
 StatusOr<std::unique_ptr<DecideEngine>> DecideEngine::Create(
     const Config& config, DecisionStore& decisions, EscalationStore& escalations,
     std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-    Metrics& metrics, Notifier* notifier, CostLedger* costs) {
-  auto engine = std::make_unique<DecideEngineImpl>(
-      config, decisions, escalations, std::move(providers), clock, metrics, notifier, costs);
+    Metrics& metrics, Notifier* notifier, CostLedger* costs, DecideCoordination coordination) {
+  auto engine =
+      std::make_unique<DecideEngineImpl>(config, decisions, escalations, std::move(providers),
+                                         clock, metrics, notifier, costs, std::move(coordination));
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<DecideEngine>(std::move(engine));
 }

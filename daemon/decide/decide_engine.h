@@ -18,7 +18,9 @@
 //     repeated decide for the same key returns the same open escalation
 //     without calling a provider, until a human resolves it
 //     (ResolveEscalation), whose output then becomes the cached decision.
-// Identical concurrent misses share one run of the chain (single-flight).
+// Identical concurrent misses share one run of the chain (single-flight):
+// in this process through a table of flights; across daemons sharing one
+// store through a named lease (DecideCoordination below).
 //
 // Cache modes: kDefault (use the cache), kRefresh (decide again and replace
 // the cached decision; the old one stays readable by id), kOnly (never call
@@ -81,6 +83,33 @@ struct ReplayOptions {
   Json* trace_out = nullptr;
 };
 
+// How the engine coordinates with other daemons on the same store (issue 13).
+struct DecideCoordination {
+  // Cross-daemon single flight (null: in this process only). A miss takes
+  // the lease "decide:<decision_key>" (store.h, LeaseStore; TTL the step's
+  // timeout plus kLeaseMarginMs) before it calls a provider, and releases it
+  // once the decision (or escalation) is stored: one lease write and one
+  // release per miss, nothing on a hit. A miss that finds the lease held by
+  // another daemon calls no provider: it polls the store with backoff (5 ms
+  // doubling to 200 ms; woken at once when an engine of this process ends a
+  // run) until the decision or escalation appears, then answers with it
+  // (joined); if the lease is released without one (that run failed) or
+  // expires (that daemon died), it takes the lease and runs the chain itself.
+  // The wait is bounded by the lease's TTL; past it the miss runs unguarded.
+  // A refresh (kRefresh) is explicit and never waits on the lease.
+  LeaseStore* leases = nullptr;
+  std::string holder;  // the lease holder; "" : "decide-" + 16 random hex
+  // Another process may replace decisions in this store (Store::shared()):
+  // the engine then keeps its own memory of hits, each trusted for at most
+  // recheck_ms after it was read from the store, so a decision refreshed,
+  // or promoted by a human, on another daemon is served here within
+  // recheck_ms. false (RocksDB: one process owns the store, whose own
+  // write-through cache is exact): no memory here, no checks.
+  bool shared_store = false;
+  int64_t recheck_ms = 1'000;
+  static constexpr int64_t kLeaseMarginMs = 5'000;
+};
+
 // The key material a step and input would be cached under, for `idem key`.
 struct StepKey {
   KeyMaterial key;
@@ -101,11 +130,13 @@ class DecideEngine {
   // call as the command and <link_base>/ui/#/escalations as the link.
   // `costs` (may be null; must outlive the engine) is told every provider
   // answer (tokens, USD) and every cache hit (the cached decision's
-  // trace.cost_usd, saved).
+  // trace.cost_usd, saved). `coordination.leases` (may be null) must
+  // outlive the engine.
   static StatusOr<std::unique_ptr<DecideEngine>> Create(
       const Config& config, DecisionStore& decisions, EscalationStore& escalations,
       std::map<std::string, std::unique_ptr<Provider>> providers, StableClock& clock,
-      Metrics& metrics, Notifier* notifier = nullptr, CostLedger* costs = nullptr);
+      Metrics& metrics, Notifier* notifier = nullptr, CostLedger* costs = nullptr,
+      DecideCoordination coordination = {});
 
   virtual StatusOr<DecideResult> Decide(const DecideRequest& request) = 0;
   virtual StatusOr<StepKey> KeyFor(const std::string& step, const Json& input) const = 0;

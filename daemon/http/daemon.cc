@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include "daemon/core/crypto.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/http/api.h"
 #include "daemon/http/decision_fallback.h"
@@ -220,8 +221,18 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                  .ref = std::string(ref),
                                  .detail = detail});
   });
-  ASSIGN_OR_RETURN(d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(),
-                                                        *d->http_client_, *d->clock_));
+  // Daemons sharing one store (issue 13) hold named leases as this holder:
+  // one daemon delivers each outbox subscriber's events, and one provider
+  // call answers identical concurrent misses across daemons.
+  const std::string holder = "idem-" + RandomHex(8);
+  // On a store one process owns (RocksDB) there is nobody to share with,
+  // and a lease left by a killed process would only delay its restart.
+  OutboxCoordination outbox_coordination;
+  outbox_coordination.leases = d->store_->shared() ? &d->store_->leases() : nullptr;
+  outbox_coordination.holder = holder;
+  ASSIGN_OR_RETURN(
+      d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(), *d->http_client_,
+                                           *d->clock_, outbox_coordination));
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
     auto p = MakeProvider(pc, *d->traced_client_, env);
@@ -242,11 +253,23 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   }
   apply_options.notifier = d->notifier_.get();
 
-  d->costs_ = std::make_unique<CostLedger>(d->store_->meta());
+  CostLedgerSharing cost_sharing;
+  if (d->store_->shared()) {
+    cost_sharing.leases = &d->store_->leases();
+    cost_sharing.clock = d->clock_.get();
+    cost_sharing.holder = holder;
+  }
+  d->costs_ = std::make_unique<CostLedger>(d->store_->meta(), cost_sharing);
+  // One process owning the store needs no cross-daemon guard (its flight
+  // table is exact) and no memory of its own (the store's cache is exact).
+  DecideCoordination decide_coordination;
+  decide_coordination.leases = d->store_->shared() ? &d->store_->leases() : nullptr;
+  decide_coordination.holder = holder;
+  decide_coordination.shared_store = d->store_->shared();
   ASSIGN_OR_RETURN(
       d->decide_, DecideEngine::Create(d->config_, d->store_->decisions(), d->store_->escalations(),
                                        std::move(providers), *d->clock_, d->metrics_,
-                                       d->notifier_.get(), d->costs_.get()));
+                                       d->notifier_.get(), d->costs_.get(), decide_coordination));
 
   ASSIGN_OR_RETURN(d->apply_,
                    ApplyEngine::Create(d->config_, d->store_->journal(), *d->traced_client_,

@@ -16,6 +16,16 @@
 //     final at once (retrying the same body cannot help).
 //   - Subscribers are independent: one thread each, so a slow or dead
 //     subscriber delays only itself.
+//   - One daemon per subscriber (issue 13): with a LeaseStore
+//     (OutboxCoordination), a subscriber's events are delivered only under
+//     the named lease "outbox:<subscriber>". It is checked (and renewed when
+//     half its TTL has passed) before every POST, dead letter and replay,
+//     and while waiting between retries, so two dispatchers on one store
+//     never deliver one subscriber's events concurrently; the other daemons
+//     poll the lease every poll_ms and take over when it is released (Stop)
+//     or expires (a crash: after at most lease_ms). A dispatcher that finds
+//     its lease lost drops what it was doing; the new holder starts from the
+//     durable cursor.
 //
 // Failpoints: "outbox.deliver" before each delivery attempt, and
 // "outbox.delivered" after a 2xx and before the cursor moves.
@@ -37,13 +47,24 @@
 
 namespace idem {
 
+// How dispatchers of several daemons on one store share the subscribers.
+struct OutboxCoordination {
+  LeaseStore* leases = nullptr;  // null: this dispatcher delivers alone
+  std::string holder;            // "" : "outbox-" + 16 random hex
+  // The lease's TTL; raised to at least 2 * (a subscriber's timeout + 5 s),
+  // so that a POST started under the lease ends before it could expire.
+  int64_t lease_ms = 30'000;
+};
+
 class OutboxDispatcher {
  public:
   // FailedPrecondition (field: the header's config path) if a header names
-  // an unset environment variable.
+  // an unset environment variable. `coordination.leases` (may be null)
+  // must outlive the dispatcher.
   static StatusOr<std::unique_ptr<OutboxDispatcher>> Create(const OutboxConfig& config,
                                                             OutboxStore& store, HttpClient& http,
-                                                            StableClock& clock);
+                                                            StableClock& clock,
+                                                            OutboxCoordination coordination = {});
   ~OutboxDispatcher();  // Stop()
 
   void Start();
@@ -61,26 +82,42 @@ class OutboxDispatcher {
     HttpHeaders headers;  // expanded; held in memory only
     std::thread thread;
     int64_t next_replay_scan_ms = 0;  // its thread only
+    // The subscriber's lease, as this dispatcher holds it (its thread only):
+    // empty token: not held.
+    std::string lease_token;
+    int64_t lease_until_ms = 0;
+    int64_t lease_ttl_ms = 0;
   };
   OutboxDispatcher(const OutboxConfig& config, OutboxStore& store, HttpClient& http,
-                   StableClock& clock)
-      : config_(config), store_(store), http_(http), clock_(clock) {}
+                   StableClock& clock, OutboxCoordination coordination);
+
+  // How a delivery ended.
+  enum class Delivered { kDone, kStopping, kLost };
 
   void Run(Subscriber& s);
   // One POST; OK on 2xx. *final: retrying cannot help. *retry_after_ms: the
   // upstream's Retry-After, 0 if none.
   Status Post(const Subscriber& s, const OutboxEvent& e, bool* final, int64_t* retry_after_ms);
-  // Delivers `e` with retries; false when stopping (nothing recorded).
-  bool Deliver(Subscriber& s, const OutboxEvent& e);
+  // Delivers `e` with retries; kStopping / kLost: nothing recorded.
+  Delivered Deliver(Subscriber& s, const OutboxEvent& e);
   void ReplayRequested(Subscriber& s);
   // Sleeps up to ms; false when stopping.
   bool Wait(int64_t ms);
+  // Sleeps up to ms while keeping the subscriber's lease.
+  Delivered WaitHolding(Subscriber& s, int64_t ms);
+  // True if this dispatcher holds s's lease for at least half its TTL more
+  // (acquiring or renewing it when needed); always true without leases.
+  bool Hold(Subscriber& s);
+  void ReleaseLease(Subscriber& s);
 
   const OutboxConfig config_;
   OutboxStore& store_;
   HttpClient& http_;
   StableClock& clock_;
   std::vector<std::unique_ptr<Subscriber>> subscribers_;
+  LeaseStore* const leases_;  // may be null
+  const std::string holder_;
+  const int64_t lease_ms_;
 
   std::mutex mu_;
   std::condition_variable cv_;

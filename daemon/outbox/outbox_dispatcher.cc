@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "daemon/core/backoff.h"
+#include "daemon/core/crypto.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "daemon/obs/log.h"
@@ -50,14 +51,25 @@ int64_t RetryAfterMs(const HttpResponse& r) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(const OutboxConfig& config,
-                                                                     OutboxStore& store,
-                                                                     HttpClient& http,
-                                                                     StableClock& clock) {
-  std::unique_ptr<OutboxDispatcher> d(new OutboxDispatcher(config, store, http, clock));
+OutboxDispatcher::OutboxDispatcher(const OutboxConfig& config, OutboxStore& store, HttpClient& http,
+                                   StableClock& clock, OutboxCoordination coordination)
+    : config_(config),
+      store_(store),
+      http_(http),
+      clock_(clock),
+      leases_(coordination.leases),
+      holder_(coordination.holder.empty() ? "outbox-" + RandomHex(8) : coordination.holder),
+      lease_ms_(std::max<int64_t>(1'000, coordination.lease_ms)) {}
+
+StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(
+    const OutboxConfig& config, OutboxStore& store, HttpClient& http, StableClock& clock,
+    OutboxCoordination coordination) {
+  std::unique_ptr<OutboxDispatcher> d(
+      new OutboxDispatcher(config, store, http, clock, std::move(coordination)));
   for (const auto& [name, sub] : config.subscribers) {
     auto s = std::make_unique<Subscriber>();
     s->config = sub;
+    s->lease_ttl_ms = std::max(d->lease_ms_, 2 * (sub.retry.timeout_ms + 5'000));
     for (const auto& [hname, value] : sub.headers) {
       ASSIGN_OR_RETURN(std::string v,
                        Expand(value, "/outbox/subscribers/" + JsonPointerToken(name) + "/headers/" +
@@ -95,6 +107,52 @@ bool OutboxDispatcher::Wait(int64_t ms) {
   return !stopping_;
 }
 
+bool OutboxDispatcher::Hold(Subscriber& s) {
+  if (leases_ == nullptr) return true;
+  const int64_t now = clock_.NowMillis();
+  if (!s.lease_token.empty() && s.lease_until_ms - now > s.lease_ttl_ms / 2) return true;
+  StatusOr<LeaseResult> r =
+      leases_->Acquire("outbox:" + s.config.name, holder_, s.lease_token, s.lease_ttl_ms, now);
+  if (r.ok() && r->outcome != LeaseOutcome::kHeld) {
+    if (s.lease_token.empty()) {
+      LogEvent(LogLevel::kInfo, "outbox_lease_acquired",
+               {{"subscriber", s.config.name}, {"holder", holder_}});
+    }
+    s.lease_token = r->lease.token;
+    s.lease_until_ms = r->lease.expires_at_ms;
+    return true;
+  }
+  if (!s.lease_token.empty()) {
+    // Lost (it expired and another daemon took it), or unknown (the store
+    // failed): either way this dispatcher must not deliver now.
+    LogEvent(LogLevel::kWarn, "outbox_lease_lost",
+             {{"subscriber", s.config.name},
+              {"holder", holder_},
+              {"error", r.ok() ? "held by " + r->lease.holder : r.status().ToString()}});
+  }
+  s.lease_token.clear();
+  return false;
+}
+
+void OutboxDispatcher::ReleaseLease(Subscriber& s) {
+  if (leases_ == nullptr || s.lease_token.empty()) return;
+  // Released at once, so that another daemon takes over without waiting
+  // for the TTL.
+  (void)leases_->Release("outbox:" + s.config.name, holder_, s.lease_token);
+  s.lease_token.clear();
+}
+
+OutboxDispatcher::Delivered OutboxDispatcher::WaitHolding(Subscriber& s, int64_t ms) {
+  const int64_t slice = leases_ == nullptr ? ms : std::max<int64_t>(1, s.lease_ttl_ms / 4);
+  while (ms > 0) {
+    const int64_t step = std::min(ms, slice);
+    if (!Wait(step)) return Delivered::kStopping;
+    ms -= step;
+    if (!Hold(s)) return Delivered::kLost;
+  }
+  return Delivered::kDone;
+}
+
 Status OutboxDispatcher::Post(const Subscriber& s, const OutboxEvent& e, bool* final,
                               int64_t* retry_after_ms) {
   *final = false;
@@ -119,7 +177,7 @@ Status OutboxDispatcher::Post(const Subscriber& s, const OutboxEvent& e, bool* f
   return Unavailable("subscriber " + s.config.name + " answered HTTP " + std::to_string(st));
 }
 
-bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
+OutboxDispatcher::Delivered OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
   const int max_attempts = std::max(1, s.config.retry.attempts);
   std::string error;
   int attempt = 1;
@@ -127,9 +185,11 @@ bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
     if (Status fp = Failpoints::Hit("outbox.deliver"); !fp.ok()) {
       error = fp.message();
       if (attempt >= max_attempts) break;
-      if (!Wait(s.config.retry.base_ms)) return false;
+      if (Delivered w = WaitHolding(s, s.config.retry.base_ms); w != Delivered::kDone) return w;
       continue;
     }
+    // Only the lease's holder posts: another daemon may have taken over.
+    if (!Hold(s)) return Delivered::kLost;
     bool final = false;
     int64_t retry_after = 0;
     Status sent = Post(s, e, &final, &retry_after);
@@ -138,18 +198,19 @@ bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
       // Until this is written, a restart delivers the event again (at least once).
       while (true) {
         Status moved = store_.Advance(s.config.name, e.seq);
-        if (moved.ok()) return true;
+        if (moved.ok()) return Delivered::kDone;
         LogEvent(LogLevel::kWarn, "outbox_cursor_failed",
                  {{"subscriber", s.config.name}, {"error", moved.ToString()}});
-        if (!Wait(1'000)) return false;
+        if (!Wait(1'000)) return Delivered::kStopping;
       }
     }
     error = sent.message();
     if (final || attempt >= max_attempts) break;
     int64_t delay = RetryDelayMs(attempt, s.config.retry.base_ms, s.config.retry.cap_ms,
                                  clock_.env().RandomUnit(), retry_after);
-    if (!Wait(delay)) return false;
+    if (Delivered w = WaitHolding(s, delay); w != Delivered::kDone) return w;
   }
+  if (!Hold(s)) return Delivered::kLost;
   OutboxDeadLetter dl;
   dl.subscriber = s.config.name;
   dl.event = e;
@@ -161,7 +222,7 @@ bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
     if (stored.ok()) break;
     LogEvent(LogLevel::kWarn, "outbox_dead_letter_failed",
              {{"subscriber", s.config.name}, {"error", stored.ToString()}});
-    if (!Wait(1'000)) return false;
+    if (!Wait(1'000)) return Delivered::kStopping;
   }
   LogEvent(LogLevel::kWarn, "outbox_dead_letter",
            {{"subscriber", s.config.name},
@@ -169,7 +230,7 @@ bool OutboxDispatcher::Deliver(Subscriber& s, const OutboxEvent& e) {
             {"type", e.type},
             {"attempts", attempt},
             {"error", error}});
-  return true;
+  return Delivered::kDone;
 }
 
 void OutboxDispatcher::ReplayRequested(Subscriber& s) {
@@ -182,6 +243,7 @@ void OutboxDispatcher::ReplayRequested(Subscriber& s) {
   if (!dead.ok()) return;
   for (const OutboxDeadLetter& d : *dead) {
     if (d.state != "replaying") continue;
+    if (!Hold(s)) return;
     bool final = false;
     int64_t retry_after = 0;
     Status sent = Post(s, d.event, &final, &retry_after);
@@ -197,10 +259,20 @@ void OutboxDispatcher::ReplayRequested(Subscriber& s) {
 }
 
 void OutboxDispatcher::Run(Subscriber& s) {
+  struct Releaser {
+    OutboxDispatcher* d;
+    Subscriber& s;
+    ~Releaser() { d->ReleaseLease(s); }
+  } releaser{this, s};
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
+    }
+    // Another daemon delivers this subscriber's events: look again later.
+    if (!Hold(s)) {
+      if (!Wait(config_.poll_ms)) return;
+      continue;
     }
     ReplayRequested(s);
     StatusOr<uint64_t> cursor = store_.Cursor(s.config.name);
@@ -216,7 +288,9 @@ void OutboxDispatcher::Run(Subscriber& s) {
       continue;
     }
     for (const OutboxEvent& e : *events) {
-      if (!Deliver(s, e)) return;
+      Delivered d = Deliver(s, e);
+      if (d == Delivered::kStopping) return;
+      if (d == Delivered::kLost) break;  // the new holder starts from the cursor
     }
   }
 }

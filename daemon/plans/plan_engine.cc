@@ -743,7 +743,12 @@ StatusOr<size_t> PlanEngine::ExpireDue() {
       auto esc = m.Transition(
           p.plan_id, "awaiting_approval", "awaiting_approval", kSystemActor, "approval overdue",
           {{"escalated", true}},
-          [](Plan& q) {
+          [](Plan& q) -> Status {
+            // Inside the write: another daemon's sweep (or this one's, a
+            // pass earlier) may have escalated it since it was listed.
+            if (q.approval.value("escalated", false)) {
+              return FailedPrecondition("the plan's approval is escalated already");
+            }
             q.approval["escalated"] = true;
             return Status::Ok();
           },

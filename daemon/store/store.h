@@ -756,6 +756,11 @@ class Store {
   // StableClock to it so that leases and expiries agree across hosts.
   // NotFound for an embedded store (rocksdb): the local clock is the clock.
   virtual StatusOr<int64_t> ClockMillis() { return NotFound("the store has no clock of its own"); }
+  // True when other processes may use the same database at once
+  // (PostgreSQL): what this process remembers of it (the decide engine's
+  // memory of hits) can go stale, and background work is shared through
+  // named leases. RocksDB: false (one process owns the folder).
+  virtual bool shared() const { return false; }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.

@@ -49,6 +49,7 @@ class PgStore final : public Store {
   EscalationStore& escalations() override { return Need(escalations_, "escalation"); }
   OutboxStore& outbox() override { return Need(outbox_, "outbox"); }
   TraceIndex& traces() override { return Need(traces_, "trace"); }
+  bool shared() const override { return true; }
   Status WriteHealth() const override {
     // Cheap: a round trip only when asked (readyz), not per write.
     StatusOr<pg::Result> r = pool_->Exec("SELECT 1");

@@ -38,7 +38,9 @@ bool EncodeEntry(const TraceEntry& e, std::string& out) {
   return true;
 }
 
-StatusOr<TraceEntry> EntryFromJson(const Json& j) {
+}  // namespace
+
+StatusOr<TraceEntry> TraceEntryFromJson(const Json& j) {
   if (!j.is_object() || !j.contains("trace_id") || !j["trace_id"].is_string() ||
       !j.contains("type") || !j["type"].is_string()) {
     return Internal("stored trace entry is malformed");
@@ -51,8 +53,6 @@ StatusOr<TraceEntry> EntryFromJson(const Json& j) {
   if (j.contains("detail")) e.detail = j["detail"];
   return e;
 }
-
-}  // namespace
 
 RocksTraceIndex::RocksTraceIndex(RocksDatabase& db) : db_(db) {
   // Keys of one millisecond are told apart by seq; a random start keeps a
@@ -145,7 +145,7 @@ StatusOr<std::vector<TraceEntry>> RocksTraceIndex::List(const std::string& trace
     ASSIGN_OR_RETURN(
         Json j, store_internal::DecodeJson(std::string_view(it->value().data(), it->value().size()),
                                            "trace entry"));
-    ASSIGN_OR_RETURN(TraceEntry e, EntryFromJson(j));
+    ASSIGN_OR_RETURN(TraceEntry e, TraceEntryFromJson(j));
     out.push_back(std::move(e));
   }
   RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning traces"));

@@ -19,6 +19,10 @@
 
 namespace idem::rocks {
 
+// The stored JSON of an entry, back to the entry (also read by
+// rocksdb_export.cc). Internal when malformed.
+StatusOr<TraceEntry> TraceEntryFromJson(const Json& j);
+
 class RocksTraceIndex final : public TraceIndex {
  public:
   static constexpr size_t kMaxQueued = 65'536;

@@ -4,10 +4,12 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/apply/apply_test_util.h"
@@ -117,6 +119,33 @@ TEST_CASE("an overdue plan whose policy escalates is notified once and keeps wai
   REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
   CHECK(approved->plan.state == "applied");
   CHECK(h.fake().stats().effects == 1);
+}
+
+TEST_CASE("approval sweeps of several daemons racing escalate each overdue plan once") {
+  PlanHarness h;
+  h.Kind("wire", Always(1'000, "escalate"));
+  constexpr int kPlans = 30;
+  for (int i = 0; i < kPlans; ++i) h.Gated("wire", {{"id", "w-" + std::to_string(i)}});
+  h.env_.Advance(1'001);
+  PlanEngine& plans = h.Plans();
+  // Each sweep lists the overdue plans, then escalates them one by one: two
+  // daemons (here threads) list the same plans before either writes.
+  std::atomic<int> changed{0};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> sweeps;
+  for (int t = 0; t < 4; ++t) {
+    sweeps.emplace_back([&] {
+      ready++;
+      while (ready.load() < 4) std::this_thread::yield();  // all start together
+      auto n = plans.ExpireDue();
+      if (n.ok()) changed += static_cast<int>(*n);
+    });
+  }
+  for (auto& t : sweeps) t.join();
+  CHECK(changed == kPlans);
+  int overdue = 0;
+  for (const Notification& n : h.notifier.Sent()) overdue += n.kind == "approval_overdue";
+  CHECK(overdue == kPlans);
 }
 
 TEST_CASE("a rule that cannot be evaluated gates the action instead of letting it through") {

@@ -1,0 +1,161 @@
+// VisitRocksStore (store_copy.h): every record of a RocksDB store, read from
+// one snapshot and decoded with the codecs the RocksDB stores use.
+//
+// Records come from the record families; the index families (by time, by
+// step, due, expiry, in progress, ...) are derived from them and are not
+// visited. Meta holds, besides the facts other components put there, the
+// engine's own bookkeeping, which is visited as what it means:
+//   "audit.head"             -> OnAuditHead
+//   "outbox.cursor/<sub>"    -> OnOutboxCursor
+//   "outbox.swept_through"   -> part of OnOutboxLastSeq
+// and the keys that only make sense to this folder ("store.instance_id",
+// "store.write_probe", "idem_keys.in_progress_indexed") are left out.
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "daemon/store/record_codec.h"
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/rocksdb/rocksdb_trace_index.h"
+#include "daemon/store/store_copy.h"
+
+namespace idem {
+namespace {
+
+using rocks::Family;
+using rocks::RocksDatabase;
+
+constexpr std::string_view kAuditHeadKey = "audit.head";
+constexpr std::string_view kCursorPrefix = "outbox.cursor/";
+constexpr std::string_view kEngineOnlyKeys[] = {"store.instance_id", "store.write_probe",
+                                                "idem_keys.in_progress_indexed"};
+
+std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
+
+// Calls fn(key, value) for every entry of family f in the snapshot.
+template <typename Fn>
+Status ForEach(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f, std::string_view what,
+               Fn&& fn) {
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap;
+  std::unique_ptr<rocksdb::Iterator> it = db.NewIterator(f, ro);
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    Status s = fn(View(it->key()), View(it->value()));
+    if (!s.ok()) return s.Annotate(std::string(what));
+  }
+  return RocksDatabase::IteratorStatus(*it, what);
+}
+
+// A family of JSON records, each decoded with `decode`.
+template <typename Decode, typename Visit>
+Status ForEachJson(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f,
+                   std::string_view what, Decode&& decode, Visit&& visit) {
+  return ForEach(db, snap, f, what, [&](std::string_view, std::string_view value) -> Status {
+    ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(value, what));
+    auto record = decode(j);
+    RETURN_IF_ERROR(record.status());
+    return visit(*record);
+  });
+}
+
+}  // namespace
+
+Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
+    return NotFound("no RocksDB store at '" + path + "'");
+  }
+  StoreOptions options;
+  options.path = path;
+  options.sync = false;
+  StatusOr<std::unique_ptr<RocksDatabase>> opened = RocksDatabase::Open(options);
+  if (!opened.ok()) {
+    Status s = opened.status();
+    if (s.code() == Code::kUnavailable && s.message().find("lock") != std::string::npos) {
+      return s.Annotate("the RocksDB store is in use: stop the daemon that holds it first");
+    }
+    return s;
+  }
+  RocksDatabase& db = **opened;
+  rocks::ScopedSnapshot snapshot(db.raw());
+  const rocksdb::Snapshot* snap = snapshot.get();
+
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kDecisions, "decision", [](const Json& j) { return Decision::FromJson(j); },
+      [&](const Decision& d) { return v.OnDecision(d); }));
+  RETURN_IF_ERROR(ForEach(db, snap, Family::kDecisionKeys, "decision key",
+                          [&](std::string_view key, std::string_view id) {
+                            return v.OnCachedDecision(std::string(key), std::string(id));
+                          }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kIdemKeys, "idempotency key",
+      [](const Json& j) { return store_internal::IdemRecordFromJson(j); },
+      [&](const IdemRecord& r) { return v.OnIdemRecord(r); }));
+  RETURN_IF_ERROR(ForEach(db, snap, Family::kJournal, "journal",
+                          [&](std::string_view, std::string_view value) -> Status {
+                            ASSIGN_OR_RETURN(WorkItem w, store_internal::DecodeWorkItem(value));
+                            return v.OnWorkItem(w);
+                          }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kPlans, "plan", [](const Json& j) { return Plan::FromJson(j); },
+      [&](const Plan& p) { return v.OnPlan(p); }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kAudit, "audit event",
+      [](const Json& j) { return store_internal::AuditEventFromJson(j); },
+      [&](const AuditEvent& e) { return v.OnAuditEvent(e); }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kEscalations, "escalation",
+      [](const Json& j) { return Escalation::FromJson(j); },
+      [&](const Escalation& e) { return v.OnEscalation(e); }));
+  uint64_t last_seq = 0;
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kOutbox, "outbox event",
+      [](const Json& j) { return OutboxEvent::FromJson(j); },
+      [&](const OutboxEvent& e) {
+        last_seq = std::max(last_seq, e.seq);
+        return v.OnOutboxEvent(e);
+      }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kOutboxDead, "outbox dead letter",
+      [](const Json& j) { return OutboxDeadLetter::FromJson(j); },
+      [&](const OutboxDeadLetter& dl) { return v.OnOutboxDeadLetter(dl); }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kTraces, "trace entry",
+      [](const Json& j) { return rocks::TraceEntryFromJson(j); },
+      [&](const TraceEntry& e) { return v.OnTrace(e); }));
+  RETURN_IF_ERROR(ForEachJson(
+      db, snap, Family::kLeases, "lease",
+      [](const Json& j) { return store_internal::NamedLeaseFromJson(j); },
+      [&](const NamedLease& l) { return v.OnLease(l); }));
+
+  RETURN_IF_ERROR(ForEach(
+      db, snap, Family::kMeta, "meta", [&](std::string_view key, std::string_view value) -> Status {
+        if (key == kAuditHeadKey) {
+          ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(value, "audit head"));
+          if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_unsigned() ||
+              !j.contains("hash") || !j["hash"].is_string()) {
+            return Internal("stored audit head is malformed");
+          }
+          return v.OnAuditHead(j["seq"].get<uint64_t>(), j["hash"].get<std::string>());
+        }
+        if (key.starts_with(kCursorPrefix)) {
+          if (value.size() != 8) return Internal("stored outbox cursor is malformed");
+          return v.OnOutboxCursor(std::string(key.substr(kCursorPrefix.size())),
+                                  rocks::ReadBigEndian8(value));
+        }
+        if (key == RocksDatabase::kOutboxSweptKey) {
+          if (value.size() != 8) return Internal("stored outbox retention mark is malformed");
+          last_seq = std::max(last_seq, rocks::ReadBigEndian8(value));
+          return Status::Ok();
+        }
+        for (std::string_view engine_only : kEngineOnlyKeys) {
+          if (key == engine_only) return Status::Ok();
+        }
+        return v.OnMeta(std::string(key), std::string(value));
+      }));
+  return v.OnOutboxLastSeq(last_seq);
+}
+
+}  // namespace idem
