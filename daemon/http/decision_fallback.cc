@@ -121,6 +121,7 @@ class FallbackStore final : public Store {
   TraceIndex& traces() override { return inner_->traces(); }
   Status WriteHealth() const override { return inner_->WriteHealth(); }
   StatusOr<int64_t> ClockMillis() override { return inner_->ClockMillis(); }
+  bool shared() const override { return inner_->shared(); }
 
  private:
   std::unique_ptr<Store> inner_;
