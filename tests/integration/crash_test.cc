@@ -9,116 +9,22 @@
 // IDEM_CRASH_N (default 200) sets N; IDEM_CRASH_ROUNDS (default 10) the
 // number of rounds that end in a crash.
 #include <doctest/doctest.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "daemon/apply/work_identity.h"
+#include "tests/integration/crash_support.h"
 #include "tests/integration/harness.h"
 
 namespace idem::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-const char* kRules = R"(rules: []
-default:
-  output: '{"category":"question","priority":"normal","summary":"a question","actions":[]}'
-)";
-
-int EnvInt(const char* name, int def) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : def;
-}
-
-// idem_fake_effector as a child process.
-class FakeEffectorProcess {
- public:
-  ~FakeEffectorProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-
-  bool Start() {
-    int fds[2];
-    if (pipe(fds) != 0) return false;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], 1);
-      close(fds[0]);
-      close(fds[1]);
-      execl(IDEM_FAKE_EFFECTOR, IDEM_FAKE_EFFECTOR, "--port", "0", "--threads", "96",
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(fds[1]);
-    FILE* out = fdopen(fds[0], "r");
-    if (out == nullptr) return false;
-    bool ok = std::fscanf(out, "port %d", &port_) == 1 && port_ > 0;
-    std::fclose(out);
-    return ok;
-  }
-
-  int port() const { return port_; }
-  std::string url(const std::string& path) const {
-    return "http://127.0.0.1:" + std::to_string(port_) + path;
-  }
-  Json Get(const std::string& path) const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(10, 0);
-    auto res = c.Get(path);
-    if (!res || res->status != 200) return nullptr;
-    return Json::parse(res->body, nullptr, false);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
-
-struct Item {
-  std::string kind;
-  Json args;
-  std::string work_id;
-  std::atomic<int> settled{0};  // 0: not yet; 1: done; 2: dead
-};
-
-std::string ActionsYaml(const FakeEffectorProcess& fake) {
-  auto kind = [](const std::string& name, const std::string& effector) {
-    return "  " + name +
-           ":\n"
-           "    identity: {fields: [/n], version: v1}\n"
-           "    window: forever\n"
-           "    on_duplicate: return_original\n"
-           "    effector: {http: " +
-           effector +
-           "}\n"
-           "    retry: {attempts: 100, base: 50ms, cap: 400ms, timeout: 1s}\n";
-  };
-  return "actions:\n" +
-         kind("crash_header",
-              "{method: POST, url: \"" + fake.url("/replies") + "\", idempotency: header}") +
-         kind("crash_upsert", "{method: PUT, url: \"" + fake.url("/items/{key}") +
-                                  "\", idempotency: upsert, upsert_key: /n}") +
-         kind("crash_cta", "{method: POST, url: \"" + fake.url("/records") +
-                               "\", idempotency: check_then_act, lookup: {url: \"" +
-                               fake.url("/records?fingerprint={fingerprint}") + "\"}}");
-}
 
 }  // namespace
 
@@ -130,31 +36,13 @@ TEST_CASE("crash test: N actions under kill -9 and crash failpoints make exactly
 
   FakeEffectorProcess fake;
   REQUIRE(fake.Start());
-  {
-    // A little latency at the target keeps effects in flight when the kills land.
-    httplib::Client c("127.0.0.1", fake.port());
-    auto res = c.Post("/_faults", R"({"latency_ms": 5})", "application/json");
-    REQUIRE(res);
-    REQUIRE(res->status == 200);
-  }
+  REQUIRE(fake.SetLatencyMs(5));  // keeps effects in flight when the kills land
   TempDir dir;
-  const std::string config = WriteTestConfig(dir, kRules, ActionsYaml(fake));
+  const std::string config = WriteTestConfig(dir, kCrashRules, CrashActionsYaml(fake));
   const std::string data = dir.path() + "/data";
 
-  const std::vector<std::string> kinds = {"crash_header", "crash_upsert", "crash_cta"};
-  std::vector<Item> items(n);
-  for (int i = 0; i < n; ++i) {
-    Item& it = items[i];
-    it.kind = kinds[i % kinds.size()];
-    it.args = {{"n", it.kind + "-" + std::to_string(i)}, {"text", "invoice #" + std::to_string(i)}};
-    ActionConfig action;
-    action.name = it.kind;
-    action.identity_fields = {"/n"};
-    action.identity_version = "v1";
-    auto id = ActionWorkId(action, it.args);
-    REQUIRE(id.ok());
-    it.work_id = id->key;
-  }
+  std::vector<CrashItem> items(n);
+  InitCrashItems(items);
 
   // Crash schedule: each failpoint of the apply path, and SIGKILL at a
   // random moment, in turn. "N*crash" fires on the Nth hit in that process.
@@ -171,7 +59,7 @@ TEST_CASE("crash test: N actions under kill -9 and crash failpoints make exactly
 
   auto unsettled = [&] {
     int left = 0;
-    for (const Item& it : items) left += it.settled.load() == 0 ? 1 : 0;
+    for (const CrashItem& it : items) left += it.settled.load() == 0 ? 1 : 0;
     return left;
   };
 
@@ -201,9 +89,9 @@ TEST_CASE("crash test: N actions under kill -9 and crash failpoints make exactly
         int attempt = 0;
         while (!down.load()) {
           // Round-robin over the unsettled items.
-          Item* item = nullptr;
+          CrashItem* item = nullptr;
           for (int scanned = 0; scanned < n && item == nullptr; ++scanned) {
-            Item& candidate = items[next.fetch_add(1) % n];
+            CrashItem& candidate = items[next.fetch_add(1) % n];
             if (candidate.settled.load() == 0) item = &candidate;
           }
           if (item == nullptr) return;
@@ -276,43 +164,20 @@ TEST_CASE("crash test: N actions under kill -9 and crash failpoints make exactly
   // Verify the journal through a fresh, crash-free daemon.
   auto daemon = DaemonProcess::Start(DaemonArgs{config, data, {}, {}});
   REQUIRE(daemon != nullptr);
-  auto client = daemon->Client();
-  int done = 0, dead = 0, other = 0;
-  for (const Item& it : items) {
-    auto res = client->Get("/v1/work/" + it.work_id);
-    REQUIRE(res);
-    REQUIRE(res->status == 200);
-    const std::string state = Json::parse(res->body).value("state", "");
-    if (state == "done") {
-      ++done;
-    } else if (state == "dead") {
-      ++dead;
-    } else {
-      ++other;
-    }
-  }
-  Json stats = fake.Get("/_stats");
-  REQUIRE(stats.is_object());
+  const CrashTally tally = TallyCrashTest(*daemon, fake, items);
   const auto took_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
-  const Json replies = fake.Get("/replies"), upserts = fake.Get("/items"),
-             records = fake.Get("/records");
   MESSAGE("crash test: N=" << n << " sigkills=" << sigkills
                            << " failpoint_crashes=" << failpoint_crashes << " restarts=" << restarts
                            << " requests=" << requests.load() << " conflicts=" << conflicts.load()
-                           << " retrying=" << retrying.load()
-                           << " connection_errors=" << connection_errors.load() << " done=" << done
-                           << " dead=" << dead << " effects=" << stats["effects"]
-                           << " duplicates=" << stats["duplicates_by_key"]
-                           << " raw_calls=" << stats["raw_calls"] << " replays=" << stats["replays"]
-                           << " upsert_overwrites=" << stats["updates"]
-                           << " lookups=" << stats["lookups"] << " time_ms=" << took_ms);
-  CHECK(other == 0);
-  CHECK(done + dead == n);
-  CHECK(dead == 0);  // 100 attempts per item: no item runs out
-  CHECK(stats["effects"] == n);
-  CHECK(stats["duplicates_by_key"] == 0);
-  CHECK(replies.size() + upserts.size() + records.size() == static_cast<size_t>(n));
+                           << " retrying=" << retrying.load() << " connection_errors="
+                           << connection_errors.load() << " done=" << tally.done
+                           << " dead=" << tally.dead << " effects=" << tally.stats["effects"]
+                           << " duplicates=" << tally.stats["duplicates_by_key"] << " raw_calls="
+                           << tally.stats["raw_calls"] << " replays=" << tally.stats["replays"]
+                           << " upsert_overwrites=" << tally.stats["updates"]
+                           << " lookups=" << tally.stats["lookups"] << " time_ms=" << took_ms);
+  CheckExactlyOnce(tally, n);
   std::string by_failpoint;
   for (const auto& [name, count] : crashes_by_failpoint) {
     by_failpoint += " " + name + "=" + std::to_string(count);
