@@ -33,7 +33,9 @@ rm -rf build/responses
 echo "== PostgreSQL: the store conformance suite and the multi-daemon tests (pg_virtualenv)"
 # A throwaway cluster for this step only; libpq finds it through the PG*
 # variables pg_virtualenv sets.
-(cd build && pg_virtualenv -- ctest --output-on-failure -L postgres)
+# IDEM_TEST_PG_URL spells the same server out for the tests that need a
+# key=value URL (the outage test relays it).
+(cd build && pg_virtualenv -- bash -c 'IDEM_TEST_PG_URL="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$PGDATABASE" ctest --output-on-failure -L postgres')
 
 echo "== OpenAPI: every recorded response against /openapi.json (ajv)"
 node tests/e2e/openapi_check.mjs build/idem build/responses
