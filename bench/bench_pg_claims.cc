@@ -118,6 +118,9 @@ void Row(const char* name, int conns, double per_s, double p50_us, double p99_us
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered: the daemons are forked children, and a buffer still
+  // pending at fork would be written twice.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   double seconds = 5;
   int conns = 64;
   for (int i = 1; i + 1 < argc; ++i) {
