@@ -274,22 +274,6 @@ class PgDecisionStore final : public DecisionStore {
   }
 
  private:
-  // Reports a write's duration to on_write_micros (when set).
-  class WriteTimer {
-   public:
-    explicit WriteTimer(PgContext& ctx) : ctx_(ctx), start_(std::chrono::steady_clock::now()) {}
-    ~WriteTimer() {
-      if (!ctx_.on_write_micros) return;
-      ctx_.on_write_micros(std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::steady_clock::now() - start_)
-                               .count());
-    }
-
-   private:
-    PgContext& ctx_;
-    std::chrono::steady_clock::time_point start_;
-  };
-
   // The live decision cached under the key, if any.
   StatusOr<std::optional<Decision>> Current(const std::string& decision_key, int64_t now_ms) {
     if (CheckText(decision_key, "/decision_key").code() != Code::kOk) {

@@ -334,22 +334,6 @@ class PgIdemKeyStore final : public IdemKeyStore {
   }
 
  private:
-  // Reports a write's duration to on_write_micros (when set).
-  class WriteTimer {
-   public:
-    explicit WriteTimer(PgContext& ctx) : ctx_(ctx), start_(std::chrono::steady_clock::now()) {}
-    ~WriteTimer() {
-      if (!ctx_.on_write_micros) return;
-      ctx_.on_write_micros(std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::steady_clock::now() - start_)
-                               .count());
-    }
-
-   private:
-    PgContext& ctx_;
-    std::chrono::steady_clock::time_point start_;
-  };
-
   static Status Contended(const std::string& key) {
     return Unavailable("idempotency key '" + key + "' kept changing under concurrent requests");
   }

@@ -46,10 +46,13 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
+#include "daemon/store/journal_rules.h"
 #include "daemon/store/postgres/pg_store.h"
 #include "daemon/store/record_codec.h"
 
 namespace idem::pg {
+
+using namespace ::idem::journal_rules;  // NOLINT: the rules both engines share
 
 extern const std::string_view kSchemaJournal = R"sql(
 CREATE TABLE journal (
@@ -88,7 +91,6 @@ CREATE INDEX journal_expiry ON journal (expires_at_ms, work_id)
 
 namespace {
 
-constexpr size_t kLeaseTokenBytes = 16;
 // Rounds of a claim that found the record changing under it (another daemon
 // wrote between the statement's read and its upsert) before giving up.
 constexpr int kClaimRounds = 16;
@@ -127,15 +129,6 @@ std::string Columns(const std::string& prefix = "") {
     out += prefix + kColumnNames[i];
   }
   return out;
-}
-
-bool Expired(const WorkItem& w, int64_t now_ms) {
-  return w.state == WorkState::kDone && w.expires_at_ms != 0 && w.expires_at_ms <= now_ms;
-}
-
-WorkItem Scrubbed(WorkItem w) {
-  w.lease_token.clear();
-  return w;
 }
 
 StatusOr<WorkItem> ParseRow(const Result& r, int row, int first_col) {
@@ -343,59 +336,6 @@ const std::string& EnqueueSql() {
   return *s;
 }
 
-Status ValidateRequest(const ClaimRequest& req) {
-  if (req.work_id.empty()) return InvalidArgument("work_id is empty", "/work_id");
-  if (req.lease_ms <= 0) return InvalidArgument("lease_ms must be positive", "/lease_ms");
-  if (req.window_ms < 0) return InvalidArgument("window_ms must not be negative", "/window_ms");
-  if (req.max_attempts < 1) {
-    return InvalidArgument("max_attempts must be at least 1", "/max_attempts");
-  }
-  return Status::Ok();
-}
-
-WorkItem NewItem(const ClaimRequest& req) {
-  WorkItem w;
-  w.work_id = req.work_id;
-  w.kind = req.kind;
-  w.max_attempts = req.max_attempts;
-  w.args = req.args;
-  w.identity = req.identity;
-  w.run_id = req.run_id;
-  w.request_id = req.request_id;
-  w.trace_id = req.trace_id;
-  w.window_ms = req.window_ms;
-  w.created_at_ms = req.now_ms;
-  w.updated_at_ms = req.now_ms;
-  return w;
-}
-
-void GrantLease(WorkItem& w, const ClaimRequest& req) {
-  w.state = WorkState::kRunning;
-  w.attempt += 1;
-  w.lease_token = RandomHex(kLeaseTokenBytes);
-  w.locked_until_ms = req.now_ms + req.lease_ms;
-  w.next_attempt_at_ms = 0;
-  w.updated_at_ms = req.now_ms;
-}
-
-std::optional<ClaimOutcome> ReadOnlyOutcome(const std::optional<WorkItem>& current,
-                                            int64_t now_ms) {
-  if (!current || Expired(*current, now_ms)) return std::nullopt;
-  switch (current->state) {
-    case WorkState::kDone:
-      return ClaimOutcome::kDone;
-    case WorkState::kDead:
-      return ClaimOutcome::kDead;
-    case WorkState::kRunning:
-      if (current->locked_until_ms > now_ms) return ClaimOutcome::kBusy;
-      return std::nullopt;
-    case WorkState::kPending:
-    case WorkState::kFailed:
-      return std::nullopt;
-  }
-  return std::nullopt;
-}
-
 void MakeDead(WorkItem& next, int64_t now_ms) {
   next.state = WorkState::kDead;
   next.last_error = "lease expired on attempt " + std::to_string(next.attempt) + " of " +
@@ -425,72 +365,6 @@ Status StaleLeaseStatus(const WorkItem& w) {
   return FailedPrecondition("the lease token does not hold work " + w.work_id + " (it is " +
                             std::string(WorkStateName(w.state)) + ", attempt " +
                             std::to_string(w.attempt) + ")");
-}
-
-bool Holds(const WorkItem& w, const std::string& token) {
-  return w.state == WorkState::kRunning && ConstantTimeEquals(w.lease_token, token);
-}
-
-JournalOpResult StaleLease(const WorkItem& found) {
-  JournalOpResult r;
-  r.item = Scrubbed(found);
-  r.stale_lease = true;
-  return r;
-}
-
-StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& current,
-                                         const JournalOp& op, bool* writes) {
-  *writes = false;
-  if (!current) return NotFound("no such work: " + op.work_id);
-  if (op.type == JournalOp::Type::kComplete) {
-    if (current->state == WorkState::kDone &&
-        ConstantTimeEquals(current->lease_token, op.lease_token)) {
-      JournalOpResult r{.outcome = ClaimOutcome::kDone, .item = Scrubbed(*current)};
-      r.repeated = true;
-      return r;
-    }
-    if (!Holds(*current, op.lease_token)) return StaleLease(*current);
-    WorkItem next = *current;
-    next.state = WorkState::kDone;
-    next.result = op.result;
-    if (!op.external_ref.empty()) next.external_ref = op.external_ref;
-    next.locked_until_ms = 0;
-    next.updated_at_ms = op.now_ms;
-    next.expires_at_ms = next.window_ms == 0 ? 0 : op.now_ms + next.window_ms;
-    // lease_token stays (never returned) so that a retried Complete is a no-op.
-    *writes = true;
-    return JournalOpResult{.outcome = ClaimOutcome::kDone, .item = std::move(next)};
-  }
-  if (!Holds(*current, op.lease_token)) return StaleLease(*current);
-  WorkItem next = *current;
-  next.last_error = op.error;
-  next.lease_token.clear();
-  next.locked_until_ms = 0;
-  next.updated_at_ms = op.now_ms;
-  ClaimOutcome outcome = ClaimOutcome::kDone;
-  if (op.retryable && next.attempt < next.max_attempts) {
-    next.state = WorkState::kFailed;
-    int64_t delay = op.retry_delay_ms ? std::max<int64_t>(0, op.retry_delay_ms(*current)) : 0;
-    next.next_attempt_at_ms = op.now_ms + delay;
-  } else {
-    next.state = WorkState::kDead;
-    next.next_attempt_at_ms = 0;
-    next.expires_at_ms = 0;
-    outcome = ClaimOutcome::kDead;
-  }
-  *writes = true;
-  return JournalOpResult{.outcome = outcome, .item = std::move(next)};
-}
-
-const std::string& OpWorkId(const JournalOp& op) {
-  return op.type == JournalOp::Type::kClaim ? op.claim.work_id : op.work_id;
-}
-
-Status ValidateOp(const JournalOp& op) {
-  if (op.type == JournalOp::Type::kClaim) return ValidateRequest(op.claim);
-  if (op.work_id.empty()) return InvalidArgument("work_id is empty", "/work_id");
-  if (op.lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
-  return Status::Ok();
 }
 
 // The outbox hears of work done and work dead, in the same transaction.

@@ -168,22 +168,6 @@ class PgLeaseStore final : public LeaseStore {
   }
 
  private:
-  // Reports a write's duration to on_write_micros (when set).
-  class WriteTimer {
-   public:
-    explicit WriteTimer(PgContext& ctx) : ctx_(ctx), start_(std::chrono::steady_clock::now()) {}
-    ~WriteTimer() {
-      if (!ctx_.on_write_micros) return;
-      ctx_.on_write_micros(std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::steady_clock::now() - start_)
-                               .count());
-    }
-
-   private:
-    PgContext& ctx_;
-    std::chrono::steady_clock::time_point start_;
-  };
-
   StatusOr<std::optional<NamedLease>> Load(const std::string& name) {
     ASSIGN_OR_RETURN(
         Result r, ctx_.pool.Exec(std::string("SELECT ") + kColumns + " FROM leases WHERE name = $1",

@@ -14,6 +14,8 @@
 // of one call.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -29,6 +31,25 @@ struct PgContext {
   Pool& pool;
   std::string instance_id;  // this process ("inst_" + 16 hex), for records it owns
   std::function<void(int64_t micros)> on_write_micros;
+};
+
+// Reports a write's duration to ctx.on_write_micros (when set) when it
+// goes out of scope.
+class WriteTimer {
+ public:
+  explicit WriteTimer(PgContext& ctx) : ctx_(ctx), start_(std::chrono::steady_clock::now()) {}
+  ~WriteTimer() {
+    if (!ctx_.on_write_micros) return;
+    ctx_.on_write_micros(std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - start_)
+                             .count());
+  }
+  WriteTimer(const WriteTimer&) = delete;
+  WriteTimer& operator=(const WriteTimer&) = delete;
+
+ private:
+  PgContext& ctx_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // --- schema fragments (each defined in its store's file), in Migration 1

@@ -6,23 +6,13 @@
 #include <utility>
 
 #include "daemon/core/crypto.h"
+#include "daemon/store/journal_rules.h"
 #include "daemon/store/record_codec.h"
 
 namespace idem::rocks {
+
+using namespace ::idem::journal_rules;  // NOLINT: the rules both engines share
 namespace {
-
-constexpr size_t kLeaseTokenBytes = 16;
-
-bool Expired(const WorkItem& w, int64_t now_ms) {
-  return w.state == WorkState::kDone && w.expires_at_ms != 0 && w.expires_at_ms <= now_ms;
-}
-
-// Only the claimer learns the token; every other caller gets the record
-// without it, so a duplicate cannot complete or fail someone else's lease.
-WorkItem Scrubbed(WorkItem w) {
-  w.lease_token.clear();
-  return w;
-}
 
 std::vector<std::pair<Family, std::string>> IndexEntries(const WorkItem& w) {
   std::vector<std::pair<Family, std::string>> out;
@@ -52,61 +42,6 @@ std::vector<std::pair<Family, std::string>> IndexEntries(const WorkItem& w) {
                      LengthPrefixed(w.run_id) + BigEndian8(w.created_at_ms) + w.work_id);
   }
   return out;
-}
-
-Status ValidateRequest(const ClaimRequest& req) {
-  if (req.work_id.empty()) return InvalidArgument("work_id is empty", "/work_id");
-  if (req.lease_ms <= 0) return InvalidArgument("lease_ms must be positive", "/lease_ms");
-  if (req.window_ms < 0) return InvalidArgument("window_ms must not be negative", "/window_ms");
-  if (req.max_attempts < 1) {
-    return InvalidArgument("max_attempts must be at least 1", "/max_attempts");
-  }
-  return Status::Ok();
-}
-
-WorkItem NewItem(const ClaimRequest& req) {
-  WorkItem w;
-  w.work_id = req.work_id;
-  w.kind = req.kind;
-  w.max_attempts = req.max_attempts;
-  w.args = req.args;
-  w.identity = req.identity;
-  w.run_id = req.run_id;
-  w.request_id = req.request_id;
-  w.trace_id = req.trace_id;
-  w.window_ms = req.window_ms;
-  w.created_at_ms = req.now_ms;
-  w.updated_at_ms = req.now_ms;
-  return w;
-}
-
-void GrantLease(WorkItem& w, const ClaimRequest& req) {
-  w.state = WorkState::kRunning;
-  w.attempt += 1;
-  w.lease_token = RandomHex(kLeaseTokenBytes);
-  w.locked_until_ms = req.now_ms + req.lease_ms;
-  w.next_attempt_at_ms = 0;
-  w.updated_at_ms = req.now_ms;
-}
-
-// The outcome of a claim that writes nothing, or nullopt when the claim must
-// write (and so must hold the lock).
-std::optional<ClaimOutcome> ReadOnlyOutcome(const std::optional<WorkItem>& current,
-                                            int64_t now_ms) {
-  if (!current || Expired(*current, now_ms)) return std::nullopt;
-  switch (current->state) {
-    case WorkState::kDone:
-      return ClaimOutcome::kDone;
-    case WorkState::kDead:
-      return ClaimOutcome::kDead;
-    case WorkState::kRunning:
-      if (current->locked_until_ms > now_ms) return ClaimOutcome::kBusy;
-      return std::nullopt;
-    case WorkState::kPending:
-    case WorkState::kFailed:
-      return std::nullopt;
-  }
-  return std::nullopt;
 }
 
 // The record a writing claim stores, and its outcome: a new lease for new,
@@ -289,75 +224,6 @@ class RocksPendingOps final : public Journal::PendingOps {
   std::shared_ptr<GroupCommit::Ticket> ticket;
   bool settled = false;
 };
-
-const std::string& OpWorkId(const JournalOp& op) {
-  return op.type == JournalOp::Type::kClaim ? op.claim.work_id : op.work_id;
-}
-
-Status ValidateOp(const JournalOp& op) {
-  if (op.type == JournalOp::Type::kClaim) return ValidateRequest(op.claim);
-  if (op.work_id.empty()) return InvalidArgument("work_id is empty", "/work_id");
-  if (op.lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
-  return Status::Ok();
-}
-
-// Does `token` hold `w` (running under that token)?
-bool Holds(const WorkItem& w, const std::string& token) {
-  return w.state == WorkState::kRunning && ConstantTimeEquals(w.lease_token, token);
-}
-
-JournalOpResult StaleLease(const WorkItem& found) {
-  JournalOpResult r;
-  r.item = Scrubbed(found);
-  r.stale_lease = true;
-  return r;
-}
-
-// The record a Complete or Fail stores, or why nothing is written
-// (repeated, stale). `current` is what the work's stripe protects.
-StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& current,
-                                         const JournalOp& op, bool* writes) {
-  *writes = false;
-  if (!current) return NotFound("no such work: " + op.work_id);
-  if (op.type == JournalOp::Type::kComplete) {
-    if (current->state == WorkState::kDone &&
-        ConstantTimeEquals(current->lease_token, op.lease_token)) {
-      JournalOpResult r{.outcome = ClaimOutcome::kDone, .item = Scrubbed(*current)};
-      r.repeated = true;  // a retried Complete by the holder that completed it
-      return r;
-    }
-    if (!Holds(*current, op.lease_token)) return StaleLease(*current);
-    WorkItem next = *current;
-    next.state = WorkState::kDone;
-    next.result = op.result;
-    if (!op.external_ref.empty()) next.external_ref = op.external_ref;
-    next.locked_until_ms = 0;
-    next.updated_at_ms = op.now_ms;
-    next.expires_at_ms = next.window_ms == 0 ? 0 : op.now_ms + next.window_ms;
-    // lease_token stays (never returned) so that a retried Complete is a no-op.
-    *writes = true;
-    return JournalOpResult{.outcome = ClaimOutcome::kDone, .item = std::move(next)};
-  }
-  if (!Holds(*current, op.lease_token)) return StaleLease(*current);
-  WorkItem next = *current;
-  next.last_error = op.error;
-  next.lease_token.clear();
-  next.locked_until_ms = 0;
-  next.updated_at_ms = op.now_ms;
-  ClaimOutcome outcome = ClaimOutcome::kDone;
-  if (op.retryable && next.attempt < next.max_attempts) {
-    next.state = WorkState::kFailed;
-    int64_t delay = op.retry_delay_ms ? std::max<int64_t>(0, op.retry_delay_ms(*current)) : 0;
-    next.next_attempt_at_ms = op.now_ms + delay;
-  } else {
-    next.state = WorkState::kDead;
-    next.next_attempt_at_ms = 0;
-    next.expires_at_ms = 0;
-    outcome = ClaimOutcome::kDead;
-  }
-  *writes = true;
-  return JournalOpResult{.outcome = outcome, .item = std::move(next)};
-}
 
 }  // namespace
 
