@@ -259,6 +259,45 @@ TEST_SUITE("postgres") {
     CHECK(busy == 63);
   }
 
+  TEST_CASE("100_identical_decide_misses_spread_over_three_daemons_make_one_provider_call") {
+    // The provider answers after 300 ms, so the misses on the three daemons
+    // overlap: only the cross-daemon lease keeps them to one call.
+    Cluster cluster(R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+  delay_ms: 300
+)",
+                    "");
+    cluster.StartN(3);
+    const Json body = {{"step", "triage_ticket"},
+                       {"input", {{"ticket_id", 100}, {"text", "one decision"}}}};
+    std::vector<std::string> ids(100);
+    std::atomic<int> ok{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 100; ++i) {
+      threads.emplace_back([&, i] {
+        auto r = Cluster::Post(*cluster.daemons[i % 3], "/v1/decide", body, kAgent);
+        if (r && r->status == 200) {
+          ids[i] = Json::parse(r->body).value("decision_id", "");
+          ok++;
+        } else if (r) {
+          MESSAGE("status " << r->status << " " << r->body);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(ok == 100);
+    for (const std::string& id : ids) CHECK(id == ids[0]);
+    long calls = 0;
+    for (auto& d : cluster.daemons) {
+      auto c = d->Client();
+      c->set_default_headers({{"Authorization", std::string("Bearer ") + kAgent}});
+      const long n = MetricValue(*c, "idem_provider_calls_total");
+      REQUIRE(n >= 0);
+      calls += n;
+    }
+    CHECK(calls == 1);
+  }
+
   TEST_CASE("a_retry_with_the_same_idempotency_key_on_another_daemon_replays_the_response") {
     Cluster cluster(kQuestionRules, "");
     cluster.StartN(3);
