@@ -1095,7 +1095,10 @@ TEST_CASE("a parked request frees its worker and is answered when resumed") {
   REQUIRE(b.ok());
   REQUIRE(c.ok());
   REQUIRE(a.Send(Get("/park")));
-  REQUIRE(b.Send(Get("/park")));  // queued behind the first until its worker is free
+  // a parks first (so it is parked request 0): the two connections race
+  // otherwise. b then needs the only worker, which a's parking gave back.
+  REQUIRE(parker.WaitParked(1));
+  REQUIRE(b.Send(Get("/park")));
   REQUIRE(parker.WaitParked(2));
   // Both are parked and the only worker is free: another request is served.
   REQUIRE(c.Send(Get("/other")));
