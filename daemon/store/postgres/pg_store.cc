@@ -10,15 +10,6 @@
 namespace idem {
 namespace {
 
-template <typename T>
-T& Need(const std::unique_ptr<T>& p, const char* what) {
-  if (!p) {
-    std::fprintf(stderr, "idem: the postgres engine has no %s store yet\n", what);
-    std::abort();
-  }
-  return *p;
-}
-
 class PgStore final : public Store {
  public:
   PgStore(std::unique_ptr<pg::Pool> pool, std::string instance_id,
@@ -39,16 +30,16 @@ class PgStore final : public Store {
     traces_.reset();  // may flush through the pool
   }
 
-  DecisionStore& decisions() override { return Need(decisions_, "decision"); }
-  IdemKeyStore& idem_keys() override { return Need(idem_keys_, "idempotency-key"); }
-  Journal& journal() override { return Need(journal_, "journal"); }
-  PlanStore& plans() override { return Need(plans_, "plan"); }
-  AuditLog& audit() override { return Need(audit_, "audit"); }
-  LeaseStore& leases() override { return Need(leases_, "lease"); }
-  MetaStore& meta() override { return Need(meta_, "meta"); }
-  EscalationStore& escalations() override { return Need(escalations_, "escalation"); }
-  OutboxStore& outbox() override { return Need(outbox_, "outbox"); }
-  TraceIndex& traces() override { return Need(traces_, "trace"); }
+  DecisionStore& decisions() override { return *decisions_; }
+  IdemKeyStore& idem_keys() override { return *idem_keys_; }
+  Journal& journal() override { return *journal_; }
+  PlanStore& plans() override { return *plans_; }
+  AuditLog& audit() override { return *audit_; }
+  LeaseStore& leases() override { return *leases_; }
+  MetaStore& meta() override { return *meta_; }
+  EscalationStore& escalations() override { return *escalations_; }
+  OutboxStore& outbox() override { return *outbox_; }
+  TraceIndex& traces() override { return *traces_; }
   bool shared() const override { return true; }
   Status WriteHealth() const override {
     // Cheap: a round trip only when asked (readyz), not per write.

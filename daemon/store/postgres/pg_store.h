@@ -78,7 +78,7 @@ const std::vector<Migration>& Migrations();
 // when the database has a version newer than this binary knows.
 StatusOr<std::vector<int>> Migrate(Pool& pool);
 
-// --- the stores (nullptr: not implemented yet)
+// --- the stores, one factory per interface (each in its pg_<name>.cc)
 std::unique_ptr<MetaStore> MakePgMetaStore(PgContext& ctx);
 std::unique_ptr<DecisionStore> MakePgDecisionStore(PgContext& ctx);
 std::unique_ptr<IdemKeyStore> MakePgIdemKeyStore(PgContext& ctx);
