@@ -3,6 +3,7 @@
 #include <rocksdb/cache.h>
 #include <rocksdb/convenience.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/memtablerep.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
@@ -335,6 +336,9 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     // Level-0 files pile up by design; RocksDB does not stall writes on the
     // level-0 file count of a family without auto compactions (tested).
     trace_log_options.disable_auto_compactions = true;
+    // Random trace ids make every skiplist insert a deep search; a vector
+    // memtable appends, and sorts once at flush (or for a rare lookup).
+    trace_log_options.memtable_factory = std::make_shared<rocksdb::VectorRepFactory>();
     trace_log_options.compression = rocksdb::kLZ4Compression;
     trace_log_options.bottommost_compression = rocksdb::kDisableCompressionOption;
   }
