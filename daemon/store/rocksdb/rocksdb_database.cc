@@ -341,6 +341,9 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   {
     rocksdb::BlockBasedTableOptions trace_table = table;
     trace_table.whole_key_filtering = false;  // keys are only ever looked up by trace id
+    // Every file of this family stays in level 0: pinning their index and
+    // filter blocks would keep up to the whole budget's worth in memory.
+    trace_table.pin_l0_filter_and_index_blocks_in_cache = false;
     trace_log_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(trace_table));
     trace_log_options.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(kTraceIdBytes));
     // Level-0 files pile up by design; RocksDB does not stall writes on the
