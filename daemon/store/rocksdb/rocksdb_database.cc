@@ -76,6 +76,8 @@ std::string_view ColumnFamilyName(Family f) {
       return "traces";
     case Family::kTracesByTime:
       return "traces_by_time";
+    case Family::kDecisionTraces:
+      return "decision_traces";
     case Family::kCount:
       break;
   }
@@ -316,10 +318,15 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   rocksdb::ColumnFamilyOptions point_lookup_options(cf_options);
   point_lookup_options.memtable_whole_key_filtering = true;
   point_lookup_options.memtable_prefix_bloom_size_ratio = 0.02;
+  // Decision traces are written once and read rarely (by id, export):
+  // ZSTD on every level, and small memtables' worth of room is enough.
+  rocksdb::ColumnFamilyOptions cold_options(cf_options);
+  cold_options.compression = rocksdb::kZSTD;
   auto options_for = [&](const std::string& name) {
     for (Family f : {Family::kJournal, Family::kIdemKeys, Family::kDecisionKeys}) {
       if (name == ColumnFamilyName(f)) return point_lookup_options;
     }
+    if (name == ColumnFamilyName(Family::kDecisionTraces)) return cold_options;
     return cf_options;
   };
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;

@@ -73,6 +73,7 @@ enum class Family : int {
   kOutboxDead,         // LP(subscriber) | BE8(seq) -> OutboxDeadLetter JSON
   kTraces,             // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON
   kTracesByTime,       // BE8(at_ms) | trace_id | BE8(seq) -> ""
+  kDecisionTraces,     // decision_id -> the decision's whole trace JSON (cold)
   kCount,
 };
 
