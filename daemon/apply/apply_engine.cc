@@ -15,6 +15,7 @@
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/backoff.h"
 #include "daemon/core/failpoints.h"
+#include "daemon/core/json.h"
 #include "daemon/core/mutex.h"
 #include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
@@ -251,7 +252,9 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
     item_trace.emplace(TraceContext::Continue(claimed.trace_id, claimed.request_id));
   }
   if (claimed.attempt == 1) {
-    RecordTraceEvent("work", claimed.work_id, {{"kind", claimed.kind}, {"run_id", claimed.run_id}});
+    RecordTraceEvent(
+        "work", claimed.work_id,
+        JsonObjectWriter().Str("kind", claimed.kind).Str("run_id", claimed.run_id).Take());
   }
   const int64_t attempt_started_ms = clock_.NowMillis();
   EffectAttempt attempt;
@@ -276,12 +279,14 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
   IDEM_FAILPOINT("apply.after_effect");
   const int64_t now = clock_.NowMillis();
   RecordTraceEvent("attempt", claimed.work_id,
-                   {{"kind", claimed.kind},
-                    {"attempt", claimed.attempt},
-                    {"ok", attempt.status.ok()},
-                    {"error", attempt.status.ok() ? "" : attempt.status.ToString()},
-                    {"started_at_ms", attempt_started_ms},
-                    {"duration_ms", now - attempt_started_ms}});
+                   JsonObjectWriter()
+                       .Str("kind", claimed.kind)
+                       .Int("attempt", claimed.attempt)
+                       .Bool("ok", attempt.status.ok())
+                       .Str("error", attempt.status.ok() ? "" : attempt.status.ToString())
+                       .Int("started_at_ms", attempt_started_ms)
+                       .Int("duration_ms", now - attempt_started_ms)
+                       .Take());
 
   if (attempt.status.ok()) {
     Status completed = journal_.Complete(claimed.work_id, claimed.lease_token,

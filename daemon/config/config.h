@@ -64,6 +64,9 @@ struct StoreConfig {
   // Writes are refused (503) while the store's filesystem has less free
   // space than this, so RocksDB never meets a full disk mid-write (0: off).
   int64_t min_free_mb = 64;
+  // Disk for the trace index (one entry per request); past it the oldest
+  // entries go, a table file at a time.
+  int64_t trace_budget_mb = 256;
   // --- postgres: any number of daemons on one database and schema
   // The NAME of the environment variable holding the libpq URL (the URL may
   // hold a password, so it is never in the file and never logged). Empty,

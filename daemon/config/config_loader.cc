@@ -222,6 +222,7 @@ class Resolver {
     s.path = Path(node.value("path", s.path));
     s.sync = node.value("sync", s.sync);
     s.min_free_mb = node.value("min_free_mb", s.min_free_mb);
+    s.trace_budget_mb = node.value("trace_budget_mb", s.trace_budget_mb);
     // The schema allows these; they mean something only to one engine.
     const bool postgres = s.engine == "postgres";
     for (const char* key : {"url_env", "schema", "pool_size", "statement_timeout"}) {
@@ -230,7 +231,7 @@ class Resolver {
                           "applies only to engine postgres (store.engine is " + s.engine + ")");
       }
     }
-    for (const char* key : {"path", "sync", "min_free_mb"}) {
+    for (const char* key : {"path", "sync", "min_free_mb", "trace_budget_mb"}) {
       if (node.contains(key) && postgres) {
         return doc_.Error("/store/" + std::string(key),
                           "applies only to engine rocksdb (store.engine is postgres)");

@@ -493,4 +493,51 @@ std::string JsonPointerToken(std::string_view token) {
   return out;
 }
 
+void JsonObjectWriter::Name(std::string_view name) {
+  if (out_.size() > 1) out_ += ',';
+  AppendEscapedString(name, out_);
+  out_ += ':';
+}
+
+JsonObjectWriter& JsonObjectWriter::Str(std::string_view name, std::string_view value) {
+  Name(name);
+  out_ += '"';
+  if (IsValidUtf8(value)) {
+    AppendJsonStringContent(value, out_);
+  } else if (bad_.empty()) {
+    bad_ = name;
+  }
+  out_ += '"';
+  return *this;
+}
+
+JsonObjectWriter& JsonObjectWriter::Int(std::string_view name, int64_t value) {
+  Name(name);
+  out_ += std::to_string(value);
+  return *this;
+}
+
+JsonObjectWriter& JsonObjectWriter::Double(std::string_view name, double value) {
+  Name(name);
+  out_ += std::isfinite(value) ? FormatJcsNumber(value) : "null";
+  return *this;
+}
+
+JsonObjectWriter& JsonObjectWriter::Bool(std::string_view name, bool value) {
+  Name(name);
+  out_ += value ? "true" : "false";
+  return *this;
+}
+
+JsonObjectWriter& JsonObjectWriter::Raw(std::string_view name, std::string_view json_text) {
+  Name(name);
+  out_ += json_text;
+  return *this;
+}
+
+std::string JsonObjectWriter::Take() {
+  out_ += '}';
+  return std::move(out_);
+}
+
 }  // namespace idem

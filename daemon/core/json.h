@@ -56,6 +56,32 @@ std::string CutUtf8(std::string_view s, size_t max_bytes, std::string_view marke
 // ECMAScript Number::toString for a finite double (RFC 8785 3.2.2.3).
 std::string FormatJcsNumber(double value);
 
+// Writes one JSON object as text, member by member, without building a
+// Json value first (for hot paths). Names are the caller's literals. A
+// string value that is not UTF-8 is written as "" and remembered (bad()).
+//
+//   std::string text = JsonObjectWriter().Str("kind", k).Int("attempt", 2).Take();
+class JsonObjectWriter {
+ public:
+  JsonObjectWriter() : out_("{") {}
+  JsonObjectWriter& Str(std::string_view name, std::string_view value);
+  JsonObjectWriter& Int(std::string_view name, int64_t value);
+  JsonObjectWriter& Double(std::string_view name, double value);  // not finite: null
+  JsonObjectWriter& Bool(std::string_view name, bool value);
+  // `json_text` must be one JSON value's text; it is copied as is.
+  JsonObjectWriter& Raw(std::string_view name, std::string_view json_text);
+  // The name of the first string value that was not UTF-8, "" if none.
+  std::string_view bad() const { return bad_; }
+  // The object's text, closed; the writer is spent.
+  std::string Take();
+
+ private:
+  void Name(std::string_view name);
+
+  std::string out_;
+  std::string_view bad_;
+};
+
 // Escapes one reference token for a JSON pointer (RFC 6901: ~ -> ~0, / -> ~1).
 std::string JsonPointerToken(std::string_view token);
 

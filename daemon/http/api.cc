@@ -164,53 +164,53 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                            return RouteResponse{200, deps.metrics.RenderPrometheus(), {}};
                          }});
 
-  routes.push_back(
-      Route{.method = "POST",
-            .pattern = "/v1/decide",
-            .summary = "Decide a step for an input: the cached decision, or a new validated one.",
-            .key_policy = KeyPolicy::kOptional,
-            .request_schema = "decide.request",
-            .responses = {{200, "decide.response"},
-                          {400, "problem"},
-                          {404, "problem"},
-                          {409, "problem"},
-                          {422, "problem"},
-                          {503, "problem"},
-                          {504, "problem"}},
-            .roles = {"agent"},
-            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              DecideRequest req;
-              req.step = ctx.body.value("step", "");
-              req.input = ctx.body.contains("input") ? ctx.body["input"] : Json::object();
-              std::string cache = ctx.body.value("cache", "default");
-              req.cache = cache == "refresh" ? CacheMode::kRefresh
-                          : cache == "only"  ? CacheMode::kOnly
-                                             : CacheMode::kDefault;
-              req.request_id = ctx.request_id;
-              ASSIGN_OR_RETURN(DecideResult r, deps.decide.Decide(req));
-              if (r.escalated) {
-                RecordTraceEvent("escalation", r.escalation.escalation_id,
-                                 {{"step", r.escalation.step}, {"cache", CacheName(r)}});
-                Json body = EscalationSummary(r.escalation);
-                body["cache"] = CacheName(r);
-                return RouteResponse{200, std::move(body), {}};
-              }
-              RecordTraceEvent("decision", r.decision.decision_id,
-                               {{"step", r.decision.step},
-                                {"cache", CacheName(r)},
-                                {"decided_by", r.decision.decided_by}});
-              Json body = DecisionSummary(r.decision);
-              body["cache"] = CacheName(r);
-              ASSIGN_OR_RETURN(std::optional<Json> plan, PlanOf(deps, r.decision, ctx.caller));
-              if (plan) body["plan"] = std::move(*plan);
-              double cost = r.decision.trace.value("cost_usd", 0.0);
-              if (r.cache_hit) {
-                body["saved_cost_usd"] = cost;  // what this answer would have cost again
-              } else {
-                body["cost_usd"] = cost;
-              }
-              return RouteResponse{200, std::move(body), {}};
-            }});
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/decide",
+      .summary = "Decide a step for an input: the cached decision, or a new validated one.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "decide.request",
+      .responses = {{200, "decide.response"},
+                    {400, "problem"},
+                    {404, "problem"},
+                    {409, "problem"},
+                    {422, "problem"},
+                    {503, "problem"},
+                    {504, "problem"}},
+      .roles = {"agent"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        DecideRequest req;
+        req.step = ctx.body.value("step", "");
+        req.input = ctx.body.contains("input") ? ctx.body["input"] : Json::object();
+        std::string cache = ctx.body.value("cache", "default");
+        req.cache = cache == "refresh" ? CacheMode::kRefresh
+                    : cache == "only"  ? CacheMode::kOnly
+                                       : CacheMode::kDefault;
+        req.request_id = ctx.request_id;
+        ASSIGN_OR_RETURN(DecideResult r, deps.decide.Decide(req));
+        if (r.escalated) {
+          RecordTraceEvent("escalation", r.escalation.escalation_id,
+                           TraceDetail({{"step", r.escalation.step}, {"cache", CacheName(r)}}));
+          Json body = EscalationSummary(r.escalation);
+          body["cache"] = CacheName(r);
+          return RouteResponse{200, std::move(body), {}};
+        }
+        RecordTraceEvent("decision", r.decision.decision_id,
+                         TraceDetail({{"step", r.decision.step},
+                                      {"cache", CacheName(r)},
+                                      {"decided_by", r.decision.decided_by}}));
+        Json body = DecisionSummary(r.decision);
+        body["cache"] = CacheName(r);
+        ASSIGN_OR_RETURN(std::optional<Json> plan, PlanOf(deps, r.decision, ctx.caller));
+        if (plan) body["plan"] = std::move(*plan);
+        double cost = r.decision.trace.value("cost_usd", 0.0);
+        if (r.cache_hit) {
+          body["saved_cost_usd"] = cost;  // what this answer would have cost again
+        } else {
+          body["cost_usd"] = cost;
+        }
+        return RouteResponse{200, std::move(body), {}};
+      }});
 
   // Before /v1/decisions/{id}: the first route that matches a path serves it.
   AddDecisionIoRoutes(deps, routes);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/json.h"
 #include "daemon/http/api.h"
 #include "daemon/http/problem.h"
 #include "daemon/obs/trace.h"
@@ -32,13 +33,16 @@ StatusOr<Json> TraceEvents(Store& store, const std::string& trace_id) {
                    store.traces().List(trace_id, kMaxTraceEntries));
   std::vector<Json> events;
   for (const TraceEntry& e : entries) {
-    Json ev = {{"at_ms", e.at_ms}, {"type", e.type}, {"ref", e.ref}, {"detail", e.detail}};
+    StatusOr<Json> parsed = ParseJson(e.detail);
+    Json detail = parsed.ok() && parsed->is_object() ? std::move(*parsed) : Json::object();
     // A request is indexed when it ends, after what it caused: place it at
     // its start.
-    if (e.type == "request" && e.detail.contains("started_at_ms") &&
-        e.detail["started_at_ms"].is_number_integer()) {
-      ev["at_ms"] = std::min(e.at_ms, e.detail["started_at_ms"].get<int64_t>());
+    int64_t at_ms = e.at_ms;
+    if (e.type == "request" && detail.contains("started_at_ms") &&
+        detail["started_at_ms"].is_number_integer()) {
+      at_ms = std::min(e.at_ms, detail["started_at_ms"].get<int64_t>());
     }
+    Json ev = {{"at_ms", at_ms}, {"type", e.type}, {"ref", e.ref}, {"detail", std::move(detail)}};
     std::vector<Json> history;
     if (e.type == "decision") {
       auto d = store.decisions().Get(e.ref);

@@ -254,8 +254,9 @@ struct ClaimRoute {
       case ClaimOutcome::kClaimed: {
         metrics.work_claimed.Inc();
         if (r.item.attempt == 1) {
-          RecordTraceEvent("work", r.item.work_id,
-                           {{"kind", r.item.kind}, {"run_id", r.item.run_id}});
+          RecordTraceEvent(
+              "work", r.item.work_id,
+              JsonObjectWriter().Str("kind", r.item.kind).Str("run_id", r.item.run_id).Take());
         }
         Json body = WorkBody(r.item);
         body["lease_token"] = r.item.lease_token;
@@ -298,12 +299,14 @@ void RecordClientAttempt(const WorkItem& item, const RequestContext& ctx, bool o
   if (!ValidTraceId(item.trace_id)) return;
   TraceScope scope(TraceContext::Continue(item.trace_id, ctx.request_id));
   RecordTraceEvent("attempt", item.work_id,
-                   {{"kind", item.kind},
-                    {"attempt", item.attempt},
-                    {"ok", ok},
-                    {"error", error},
-                    {"by", "client"},
-                    {"request_id", ctx.request_id}});
+                   JsonObjectWriter()
+                       .Str("kind", item.kind)
+                       .Int("attempt", item.attempt)
+                       .Bool("ok", ok)
+                       .Str("error", error)
+                       .Str("by", "client")
+                       .Str("request_id", ctx.request_id)
+                       .Take());
 }
 
 struct CompleteRoute {

@@ -192,6 +192,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     so.path = d->config_.store.path;
     so.sync = d->config_.store.sync;
     so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
+    so.trace_budget_bytes = static_cast<uint64_t>(d->config_.store.trace_budget_mb) << 20;
+    so.trace_retention_ms = kFinishedRecordRetentionMs;  // as the sweep below
     so.on_write_micros = on_write;
     store_name = so.path;
     auto store = OpenRocksStore(so);
@@ -214,12 +216,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   d->traced_client_ = MakeTracingHttpClient(*d->http_client_);
   SetTraceSink([traces = &d->store_->traces(), clock = d->clock_.get()](
                    const std::string& trace_id, std::string_view type, std::string_view ref,
-                   const Json& detail) {
+                   std::string detail) {
     (void)traces->Add(TraceEntry{.trace_id = trace_id,
                                  .at_ms = clock->NowMillis(),
                                  .type = std::string(type),
                                  .ref = std::string(ref),
-                                 .detail = detail});
+                                 .detail = std::move(detail)});
   });
   // Daemons sharing one store (issue 13) hold named leases as this holder:
   // one daemon delivers each outbox subscriber's events, and one provider

@@ -87,16 +87,18 @@ void LogRequest(const std::string& method, const std::string& path, const http1:
   TraceScope scope(ctx.trace);
   RecordTraceEvent(
       "request", request_id,
-      {{"method", method},
-       {"route", route->pattern},
-       {"path", path},
-       {"status", res.status},
-       {"caller", caller},
-       {"duration_ms", duration_ms},
-       {"started_at_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                             (std::chrono::system_clock::now() - elapsed).time_since_epoch())
-                             .count()},
-       {"idempotency", idempotency}});
+      JsonObjectWriter()
+          .Str("method", method)
+          .Str("route", route->pattern)
+          .Str("path", path)
+          .Int("status", res.status)
+          .Str("caller", caller)
+          .Double("duration_ms", duration_ms)
+          .Int("started_at_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    (std::chrono::system_clock::now() - elapsed).time_since_epoch())
+                                    .count())
+          .Str("idempotency", idempotency)
+          .Take());
 }
 
 // LogRequest when it goes out of scope (every return of Handle).

@@ -212,14 +212,18 @@ void SetTraceSink(TraceSink s) {
   sink = std::move(next);
 }
 
-void RecordTraceEvent(std::string_view type, std::string_view ref, const nlohmann::json& detail) {
+void RecordTraceEvent(std::string_view type, std::string_view ref, std::string detail) {
   if (current_trace == nullptr) return;
   std::shared_ptr<const TraceSink> s;
   {
     std::lock_guard<std::mutex> lock(sink_mu);
     s = sink;
   }
-  if (s) (*s)(current_trace->trace_id, type, ref, detail);
+  if (s) (*s)(current_trace->trace_id, type, ref, std::move(detail));
+}
+
+std::string TraceDetail(const nlohmann::json& detail) {
+  return detail.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::unique_ptr<HttpClient> MakeTracingHttpClient(HttpClient& inner) {

@@ -102,14 +102,18 @@ class TraceScope {
 
 // Where RecordTraceEvent goes (the daemon points it at the store's trace
 // index, store.h TraceIndex); empty: nowhere. Set before threads use it,
-// cleared (empty) before what it refers to is destroyed.
+// cleared (empty) before what it refers to is destroyed. `detail` is the
+// text of a JSON object.
 using TraceSink = std::function<void(const std::string& trace_id, std::string_view type,
-                                     std::string_view ref, const nlohmann::json& detail)>;
+                                     std::string_view ref, std::string detail)>;
 void SetTraceSink(TraceSink sink);
 // Records that `type` `ref` happened under the calling thread's trace; a
-// no-op without a TraceScope or a sink.
-void RecordTraceEvent(std::string_view type, std::string_view ref,
-                      const nlohmann::json& detail = nlohmann::json::object());
+// no-op without a TraceScope or a sink. `detail`: the text of a JSON object
+// (JsonObjectWriter on hot paths, TraceDetail elsewhere).
+void RecordTraceEvent(std::string_view type, std::string_view ref, std::string detail = "{}");
+// `detail`'s text for RecordTraceEvent; text that is not UTF-8 is replaced
+// (U+FFFD), so it never fails.
+std::string TraceDetail(const nlohmann::json& detail);
 
 // An HttpClient that adds the current thread's trace headers (see above)
 // to every request, then sends it through `inner` (which must outlive it).

@@ -271,8 +271,9 @@ struct PlanEngine::Impl {
     Status put = store.plans().Put(plan, waits ? &event : nullptr);
     if (put.code() == Code::kAlreadyExists) return store.plans().Get(plan.plan_id);
     RETURN_IF_ERROR(put);
-    RecordTraceEvent("plan", plan.plan_id,
-                     {{"state", plan.state}, {"origin", plan.origin}, {"step", plan.step}});
+    RecordTraceEvent(
+        "plan", plan.plan_id,
+        TraceDetail({{"state", plan.state}, {"origin", plan.origin}, {"step", plan.step}}));
     if (waits) {
       metrics.plans_awaiting_approval.Inc();
       NotifyAwaiting(plan);

@@ -550,57 +550,35 @@ StatusOr<WorkItem> DecodeWorkItem(std::string_view text) {
 }
 
 StatusOr<std::string> EncodeWorkItem(const WorkItem& w) {
-  std::string out;
-  out.reserve(512);
-  std::string_view bad;
-  auto name = [&](std::string_view n) {
-    out += '"';
-    out += n;
-    out += "\":";
-  };
-  auto str = [&](std::string_view n, std::string_view v) {
-    if (bad.empty() && !IsValidUtf8(v)) bad = n;
-    name(n);
-    out += '"';
-    AppendJsonStringContent(v, out);
-    out += "\",";
-  };
-  auto num = [&](std::string_view n, int64_t v) {
-    name(n);
-    out += std::to_string(v);
-    out += ',';
-  };
-  out += '{';
-  str("work_id", w.work_id);
-  str("kind", w.kind);
-  str("state", WorkStateName(w.state));
-  num("attempt", w.attempt);
-  num("max_attempts", w.max_attempts);
-  str("lease_token", w.lease_token);
-  num("locked_until_ms", w.locked_until_ms);
+  JsonObjectWriter out;
+  out.Str("work_id", w.work_id)
+      .Str("kind", w.kind)
+      .Str("state", WorkStateName(w.state))
+      .Int("attempt", w.attempt)
+      .Int("max_attempts", w.max_attempts)
+      .Str("lease_token", w.lease_token)
+      .Int("locked_until_ms", w.locked_until_ms);
   for (const auto& [n, v] : {std::pair<std::string_view, const Json*>{"args", &w.args},
                              {"identity", &w.identity},
                              {"result", &w.result}}) {
     ASSIGN_OR_RETURN(std::string text, EncodeJson(*v));
-    name(n);
-    out += text;
-    out += ',';
+    out.Raw(n, text);
   }
-  str("external_ref", w.external_ref);
-  str("last_error", w.last_error);
-  num("next_attempt_at_ms", w.next_attempt_at_ms);
-  num("created_at_ms", w.created_at_ms);
-  num("updated_at_ms", w.updated_at_ms);
-  num("expires_at_ms", w.expires_at_ms);
-  str("run_id", w.run_id);
-  str("request_id", w.request_id);
-  str("trace_id", w.trace_id);
-  num("window_ms", w.window_ms);
-  out.back() = '}';
-  if (!bad.empty()) {
-    return InvalidArgument("record cannot be stored: " + std::string(bad) + " is not valid UTF-8");
+  out.Str("external_ref", w.external_ref)
+      .Str("last_error", w.last_error)
+      .Int("next_attempt_at_ms", w.next_attempt_at_ms)
+      .Int("created_at_ms", w.created_at_ms)
+      .Int("updated_at_ms", w.updated_at_ms)
+      .Int("expires_at_ms", w.expires_at_ms)
+      .Str("run_id", w.run_id)
+      .Str("request_id", w.request_id)
+      .Str("trace_id", w.trace_id)
+      .Int("window_ms", w.window_ms);
+  if (!out.bad().empty()) {
+    return InvalidArgument("record cannot be stored: " + std::string(out.bad()) +
+                           " is not valid UTF-8");
   }
-  return out;
+  return out.Take();
 }
 
 StatusOr<WorkState> ParseWorkState(std::string_view name) {

@@ -548,13 +548,15 @@ class AuditLog {
 // One thing that happened under a W3C trace id (daemon/obs/trace.h): a
 // request, a decision, a plan, a work item, an attempt. `ref` names the
 // record (request_id, decision_id, plan_id, work_id); `detail` is a small
-// summary known when it happened.
+// summary known when it happened, as the text of a JSON object (entries are
+// written on every request: text is built once and stored as it is, where a
+// Json value would be built, copied and destroyed on the way).
 struct TraceEntry {
   std::string trace_id;  // 32 lower-case hex
   int64_t at_ms = 0;
   std::string type;
   std::string ref;
-  Json detail = Json::object();
+  std::string detail = "{}";  // a JSON object's text (the writer's promise)
 };
 
 // trace_id -> entries, so that everything under one trace is a prefix scan.
@@ -572,8 +574,10 @@ class TraceIndex {
   virtual Status Flush() = 0;
   // Up to `limit` entries of `trace_id` in time order (queued ones too).
   virtual StatusOr<std::vector<TraceEntry>> List(const std::string& trace_id, size_t limit) = 0;
-  // Deletes up to `limit` entries added at or before cutoff_ms; returns
-  // how many.
+  // Entries at or before cutoff_ms (queued ones too) are no longer listed; deletes up to
+  // `limit` of them and returns how many it deleted. An engine may free
+  // the space of recent entries later and in bulk (RocksDB drops a whole
+  // table file at once; see rocksdb_trace_index.h) and report 0 for them.
   virtual StatusOr<size_t> SweepBefore(int64_t cutoff_ms, size_t limit) = 0;
   // Entries dropped because the queue was full.
   virtual uint64_t dropped() const = 0;
@@ -741,6 +745,10 @@ struct StoreOptions {
   // Below this much free space on the store's filesystem writes fail with
   // Unavailable before reaching the engine (0: no check).
   uint64_t min_free_bytes = 0;
+  // RocksDB: the trace index's disk budget and retention. It drops its
+  // oldest entries, a whole table file at a time, past either.
+  uint64_t trace_budget_bytes = uint64_t{256} << 20;
+  int64_t trace_retention_ms = 30LL * 24 * 3600 * 1000;
   // Called (may be empty) after every write to the database with its
   // duration in microseconds, on the writing thread with no lock held; must
   // be cheap (the daemon feeds idem_store_write_seconds).

@@ -235,7 +235,7 @@ class PgImporterImpl final : public PgImporter {
   }
 
   Status OnTrace(const TraceEntry& e) override {
-    ASSIGN_OR_RETURN(std::string detail, store_internal::EncodeJson(e.detail));
+    const std::string& detail = e.detail;
     // In the order visited: ids keep the entries of one millisecond in order.
     RETURN_IF_ERROR(
         Exec("INSERT INTO traces (trace_id, at_ms, type, ref, detail)"

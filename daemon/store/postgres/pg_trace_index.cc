@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/json.h"
 #include "daemon/store/postgres/pg_store.h"
 #include "daemon/store/record_codec.h"
 
@@ -88,28 +89,32 @@ class PgTraceIndex final : public TraceIndex {
     }
     Status first = Status::Ok();
     for (size_t from = 0; from < batch.size(); from += kRowsPerInsert) {
-      Json rows = Json::array();
+      // A JSON array of rows, the details' text copied as it is; an entry
+      // with text that is not UTF-8 is left out rather than failing the others.
+      std::string rows = "[";
       for (size_t i = from; i < std::min(batch.size(), from + kRowsPerInsert); ++i) {
         const TraceEntry& e = batch[i];
-        rows.push_back(Json{{"trace_id", e.trace_id},
-                            {"at_ms", e.at_ms},
-                            {"type", e.type},
-                            {"ref", e.ref},
-                            {"detail", e.detail}});
+        if (!IsValidUtf8(e.detail)) continue;
+        JsonObjectWriter row;
+        row.Str("trace_id", e.trace_id)
+            .Int("at_ms", e.at_ms)
+            .Str("type", e.type)
+            .Str("ref", e.ref)
+            .Raw("detail", e.detail.empty() ? std::string_view("{}") : std::string_view(e.detail));
+        if (!row.bad().empty()) continue;
+        if (rows.size() > 1) rows += ',';
+        rows += row.Take();
       }
-      StatusOr<std::string> text = store_internal::EncodeJson(rows);
-      Status s = text.status();
-      if (s.ok()) {
-        s = ctx_.pool
-                .Exec(
-                    "INSERT INTO traces (trace_id, at_ms, type, ref, detail)"
-                    " SELECT v->>'trace_id', (v->>'at_ms')::bigint, v->>'type',"
-                    "        coalesce(v->>'ref', ''), coalesce(v->'detail', '{}'::jsonb)"
-                    " FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS e(v, ord)"
-                    " ORDER BY ord",
-                    {P(*text)})
-                .status();
-      }
+      rows += ']';
+      Status s = ctx_.pool
+                     .Exec(
+                         "INSERT INTO traces (trace_id, at_ms, type, ref, detail)"
+                         " SELECT v->>'trace_id', (v->>'at_ms')::bigint, v->>'type',"
+                         "        coalesce(v->>'ref', ''), coalesce(v->'detail', '{}'::jsonb)"
+                         " FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS e(v, ord)"
+                         " ORDER BY ord",
+                         {P(rows)})
+                     .status();
       if (first.ok() && !s.ok()) first = s;
     }
     return first;
@@ -133,7 +138,7 @@ class PgTraceIndex final : public TraceIndex {
       e.at_ms = r.i64(i, 0);
       e.type = r.str(i, 1);
       e.ref = r.str(i, 2);
-      ASSIGN_OR_RETURN(e.detail, store_internal::DecodeJson(r.text(i, 3), "trace entry"));
+      e.detail = r.str(i, 3);
       out.push_back(std::move(e));
     }
     return out;
@@ -141,6 +146,7 @@ class PgTraceIndex final : public TraceIndex {
 
   StatusOr<size_t> SweepBefore(int64_t cutoff_ms, size_t limit) override {
     if (limit == 0) return size_t{0};
+    RETURN_IF_ERROR(Flush());  // queued entries are swept too
     ASSIGN_OR_RETURN(
         Result r,
         ctx_.pool.Exec("DELETE FROM traces WHERE id IN ("

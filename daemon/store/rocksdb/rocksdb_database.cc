@@ -4,6 +4,7 @@
 #include <rocksdb/convenience.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
+#include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
 #include <sys/statvfs.h>
 
@@ -76,6 +77,8 @@ std::string_view ColumnFamilyName(Family f) {
       return "traces";
     case Family::kTracesByTime:
       return "traces_by_time";
+    case Family::kTraceLog:
+      return "trace_log";
     case Family::kDecisionTraces:
       return "decision_traces";
     case Family::kCount:
@@ -326,6 +329,25 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   rocksdb::ColumnFamilyOptions point_lookup_options(cf_options);
   point_lookup_options.memtable_whole_key_filtering = true;
   point_lookup_options.memtable_prefix_bloom_size_ratio = 0.02;
+  // The trace index takes an entry per request: written at the request
+  // rate, read rarely, never updated. Compacting it cost more CPU than the
+  // requests themselves (a third of the daemon's samples on duplicate
+  // claims), so its family is never compacted: flushed table files stay in
+  // level 0 until the trace index drops the oldest (rocksdb_trace_index.h;
+  // RocksDB's own FIFO style would need every table file held open), and a
+  // lookup skips the files whose bloom filter does not hold its trace id.
+  rocksdb::ColumnFamilyOptions trace_log_options(cf_options);
+  {
+    rocksdb::BlockBasedTableOptions trace_table = table;
+    trace_table.whole_key_filtering = false;  // keys are only ever looked up by trace id
+    trace_log_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(trace_table));
+    trace_log_options.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(kTraceIdBytes));
+    // Level-0 files pile up by design; RocksDB does not stall writes on the
+    // level-0 file count of a family without auto compactions (tested).
+    trace_log_options.disable_auto_compactions = true;
+    trace_log_options.compression = rocksdb::kLZ4Compression;
+    trace_log_options.bottommost_compression = rocksdb::kDisableCompressionOption;
+  }
   // Decision traces are written once and read rarely (by id, export):
   // ZSTD on every level, and small memtables' worth of room is enough.
   rocksdb::ColumnFamilyOptions cold_options(cf_options);
@@ -334,6 +356,7 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     for (Family f : {Family::kJournal, Family::kIdemKeys, Family::kDecisionKeys}) {
       if (name == ColumnFamilyName(f)) return point_lookup_options;
     }
+    if (name == ColumnFamilyName(Family::kTraceLog)) return trace_log_options;
     if (name == ColumnFamilyName(Family::kDecisionTraces)) return cold_options;
     return cf_options;
   };

@@ -71,13 +71,19 @@ enum class Family : int {
   kDecisionsExpiry,    // BE8(expires_at) | decision_id -> ""  (decisions with a window)
   kOutbox,             // BE8(seq) -> OutboxEvent JSON (rocksdb_outbox_store.h)
   kOutboxDead,         // LP(subscriber) | BE8(seq) -> OutboxDeadLetter JSON
-  kTraces,             // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON
-  kTracesByTime,       // BE8(at_ms) | trace_id | BE8(seq) -> ""
-  kDecisionTraces,     // decision_id -> the decision's whole trace JSON (cold)
+  kTraces,  // legacy (older builds; read, swept, not written): trace_id | BE8(at_ms) | BE8(seq) ->
+            // TraceEntry JSON
+  kTracesByTime,  // legacy: BE8(at_ms) | trace_id | BE8(seq) -> ""
+  kTraceLog,  // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON (FIFO: rocksdb_trace_index.h)
+  kDecisionTraces,  // decision_id -> the decision's whole trace JSON (cold)
   kCount,
 };
 
 std::string_view ColumnFamilyName(Family f);
+
+// The trace id that prefixes every key of kTraceLog (its bloom filters are
+// built on it).
+inline constexpr size_t kTraceIdBytes = 32;
 
 // --- key encoding: big-endian integers sort like the numbers; a length
 // prefix (LP) keeps variable-length parts from bleeding into each other.
@@ -176,6 +182,7 @@ class RocksDatabase {
   static constexpr size_t kStripes = 1024;
 
   rocksdb::DB& raw() { return *db_; }
+  const StoreOptions& options() const { return options_; }
   rocksdb::ColumnFamilyHandle* handle(Family f) { return handles_[static_cast<int>(f)]; }
 
   static Status Translate(const rocksdb::Status& s, std::string_view what);

@@ -32,7 +32,8 @@ using rocks::RocksDatabase;
 constexpr std::string_view kAuditHeadKey = "audit.head";
 constexpr std::string_view kCursorPrefix = "outbox.cursor/";
 constexpr std::string_view kEngineOnlyKeys[] = {"store.instance_id", "store.write_probe",
-                                                "idem_keys.in_progress_indexed"};
+                                                "idem_keys.in_progress_indexed",
+                                                "traces.swept_before"};
 
 std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
 
@@ -42,6 +43,7 @@ Status ForEach(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f, std::
                Fn&& fn) {
   rocksdb::ReadOptions ro;
   ro.snapshot = snap;
+  ro.total_order_seek = true;  // the whole family, whatever its prefix extractor
   std::unique_ptr<rocksdb::Iterator> it = db.NewIterator(f, ro);
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     Status s = fn(View(it->key()), View(it->value()));
@@ -136,10 +138,15 @@ Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
       db, snap, Family::kOutboxDead, "outbox dead letter",
       [](const Json& j) { return OutboxDeadLetter::FromJson(j); },
       [&](const OutboxDeadLetter& dl) { return v.OnOutboxDeadLetter(dl); }));
-  RETURN_IF_ERROR(ForEachJson(
-      db, snap, Family::kTraces, "trace entry",
-      [](const Json& j) { return rocks::TraceEntryFromJson(j); },
-      [&](const TraceEntry& e) { return v.OnTrace(e); }));
+  // Trace entries an older build wrote, then the log's; none a sweep hid.
+  ASSIGN_OR_RETURN(const int64_t traces_hidden_through, rocks::TraceSweptBefore(db));
+  for (Family f : {Family::kTraces, Family::kTraceLog}) {
+    RETURN_IF_ERROR(ForEachJson(
+        db, snap, f, "trace entry", [](const Json& j) { return rocks::TraceEntryFromJson(j); },
+        [&](const TraceEntry& e) {
+          return e.at_ms <= traces_hidden_through ? Status::Ok() : v.OnTrace(e);
+        }));
+  }
   RETURN_IF_ERROR(ForEachJson(
       db, snap, Family::kLeases, "lease",
       [](const Json& j) { return store_internal::NamedLeaseFromJson(j); },

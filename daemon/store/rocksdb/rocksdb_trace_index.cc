@@ -1,5 +1,6 @@
 #include "daemon/store/rocksdb/rocksdb_trace_index.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <random>
@@ -11,23 +12,22 @@
 namespace idem::rocks {
 namespace {
 
-constexpr size_t kTraceIdSize = 32;
+constexpr size_t kTraceIdSize = kTraceIdBytes;
+constexpr char kSweptBeforeKey[] = "traces.swept_before";
 constexpr size_t kFlushAt = 256;
 
 // The stored text of an entry: the JSON object {at_ms, detail, ref,
-// trace_id, type} (members in name order, as Json::dump writes them),
-// written without building a Json copy of the detail. False when some text
-// is not UTF-8.
+// trace_id, type} (members in name order, as Json::dump writes them), the
+// detail's text copied as it is. False when some text is not UTF-8.
 bool EncodeEntry(const TraceEntry& e, std::string& out) {
-  if (!IsValidUtf8(e.trace_id) || !IsValidUtf8(e.type) || !IsValidUtf8(e.ref)) return false;
+  if (!IsValidUtf8(e.trace_id) || !IsValidUtf8(e.type) || !IsValidUtf8(e.ref) ||
+      !IsValidUtf8(e.detail)) {
+    return false;
+  }
   out.assign("{\"at_ms\":");
   out += std::to_string(e.at_ms);
   out += ",\"detail\":";
-  try {
-    out += e.detail.dump();
-  } catch (const Json::exception&) {
-    return false;  // dump() throws only for strings that are not UTF-8
-  }
+  out += e.detail.empty() ? std::string_view("{}") : std::string_view(e.detail);
   out += ",\"ref\":\"";
   AppendJsonStringContent(e.ref, out);
   out += "\",\"trace_id\":\"";
@@ -50,7 +50,7 @@ StatusOr<TraceEntry> TraceEntryFromJson(const Json& j) {
   e.type = j["type"].get<std::string>();
   if (j.contains("at_ms") && j["at_ms"].is_number_integer()) e.at_ms = j["at_ms"].get<int64_t>();
   if (j.contains("ref") && j["ref"].is_string()) e.ref = j["ref"].get<std::string>();
-  if (j.contains("detail")) e.detail = j["detail"];
+  if (j.contains("detail")) e.detail = j["detail"].dump();
   return e;
 }
 
@@ -59,6 +59,8 @@ RocksTraceIndex::RocksTraceIndex(RocksDatabase& db) : db_(db) {
   // restarted process from reusing the last one's.
   std::random_device rd;
   seq_.store((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  // Unreadable: nothing is hidden, as before any sweep.
+  if (StatusOr<int64_t> mark = TraceSweptBefore(db_); mark.ok()) swept_before_.store(*mark);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -109,24 +111,67 @@ Status RocksTraceIndex::Flush() {
     std::string seq = BigEndian8(seq_.fetch_add(1, std::memory_order_relaxed));
     std::string at = BigEndian8(e.at_ms);
     key.assign(e.trace_id).append(at).append(seq);
-    rb.Put(Family::kTraces, key, value);
-    key.assign(at).append(e.trace_id).append(seq);
-    rb.Put(Family::kTracesByTime, key, "");
+    rb.Put(Family::kTraceLog, key, value);
   }
   return db_.Commit(rb, /*durable=*/false);
 }
 
 void RocksTraceIndex::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
+  auto next_prune = std::chrono::steady_clock::now();
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(200),
                  [this] { return stopping_ || queue_.size() >= kFlushAt; });
     if (stopping_) break;
-    if (queue_.empty()) continue;
+    const bool queued = !queue_.empty();
+    const bool prune = std::chrono::steady_clock::now() >= next_prune;
+    if (!queued && !prune) continue;
     lock.unlock();
-    (void)Flush();  // a failed write is retried by nobody: the index is best effort
+    // Best effort: a failed write is retried by nobody, a failed prune by
+    // the next one.
+    if (queued) (void)Flush();
+    if (prune) {
+      (void)PruneLog();
+      next_prune = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
     lock.lock();
   }
+}
+
+StatusOr<size_t> RocksTraceIndex::PruneLog() {
+  std::lock_guard<std::mutex> lock(sweep_mu_);
+  rocksdb::ColumnFamilyMetaData meta;
+  db_.raw().GetColumnFamilyMetaData(db_.handle(Family::kTraceLog), &meta);
+  // Every file is in level 0 (the family is never compacted); the oldest
+  // holds the smallest sequence numbers.
+  std::vector<const rocksdb::SstFileMetaData*> files;
+  uint64_t total = 0;
+  for (const rocksdb::LevelMetaData& level : meta.levels) {
+    for (const rocksdb::SstFileMetaData& f : level.files) {
+      files.push_back(&f);
+      total += f.size;
+    }
+  }
+  std::sort(files.begin(), files.end(),
+            [](const auto* a, const auto* b) { return a->smallest_seqno < b->smallest_seqno; });
+  const StoreOptions& options = db_.options();
+  const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  const int64_t retention_s = options.trace_retention_ms / 1000;
+  size_t dropped = 0;
+  for (const rocksdb::SstFileMetaData* f : files) {
+    // file_creation_time: when it was flushed, so no later than its newest entry.
+    const bool over_budget = total > options.trace_budget_bytes;
+    const bool expired = f->file_creation_time > 0 &&
+                         static_cast<int64_t>(f->file_creation_time) + retention_s < now_s;
+    if (!over_budget && !expired) break;
+    rocksdb::Status s = db_.raw().DeleteFile(f->relative_filename);
+    if (!s.ok()) return RocksDatabase::Translate(s, "dropping the oldest trace log file");
+    total -= f->size;
+    ++dropped;
+  }
+  return dropped;
 }
 
 StatusOr<std::vector<TraceEntry>> RocksTraceIndex::List(const std::string& trace_id, size_t limit) {
@@ -134,25 +179,37 @@ StatusOr<std::vector<TraceEntry>> RocksTraceIndex::List(const std::string& trace
     return InvalidArgument("trace_id must be 32 characters", "/trace_id");
   }
   RETURN_IF_ERROR(Flush());
+  const int64_t hidden_through = swept_before_.load();
   std::vector<TraceEntry> out;
   std::string upper = trace_id + std::string(16, '\xff') + '\xff';
   rocksdb::Slice upper_slice(upper);
-  rocksdb::ReadOptions ro;
-  ro.iterate_upper_bound = &upper_slice;
-  std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kTraces, ro);
-  for (it->Seek(trace_id); it->Valid() && out.size() < limit; it->Next()) {
-    if (!it->key().starts_with(trace_id)) break;
-    ASSIGN_OR_RETURN(
-        Json j, store_internal::DecodeJson(std::string_view(it->value().data(), it->value().size()),
-                                           "trace entry"));
-    ASSIGN_OR_RETURN(TraceEntry e, TraceEntryFromJson(j));
-    out.push_back(std::move(e));
+  // Entries an older build wrote come first: they are older than any
+  // entry of the log.
+  for (Family f : {Family::kTraces, Family::kTraceLog}) {
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper_slice;
+    ro.prefix_same_as_start = f == Family::kTraceLog;
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(f, ro);
+    for (it->Seek(trace_id); it->Valid() && out.size() < limit; it->Next()) {
+      if (!it->key().starts_with(trace_id)) break;
+      ASSIGN_OR_RETURN(
+          Json j, store_internal::DecodeJson(
+                      std::string_view(it->value().data(), it->value().size()), "trace entry"));
+      ASSIGN_OR_RETURN(TraceEntry e, TraceEntryFromJson(j));
+      if (e.at_ms <= hidden_through) continue;
+      out.push_back(std::move(e));
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning traces"));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning traces"));
   return out;
 }
 
 StatusOr<size_t> RocksTraceIndex::SweepBefore(int64_t cutoff_ms, size_t limit) {
+  // The log's entries are hidden at once and their space freed with their
+  // table file (by the budget or the retention); an older build's entries
+  // are deleted one by one, through their time index.
+  RETURN_IF_ERROR(HideThrough(cutoff_ms));
+  RETURN_IF_ERROR(PruneLog().status());
   ASSIGN_OR_RETURN(std::vector<std::string> keys,
                    db_.ExpiredIndexKeys(Family::kTracesByTime, cutoff_ms, limit, "traces_by_time"));
   if (keys.empty()) return size_t{0};
@@ -168,6 +225,23 @@ StatusOr<size_t> RocksTraceIndex::SweepBefore(int64_t cutoff_ms, size_t limit) {
   }
   RETURN_IF_ERROR(db_.Commit(rb, /*durable=*/false));
   return keys.size();
+}
+
+Status RocksTraceIndex::HideThrough(int64_t cutoff_ms) {
+  std::lock_guard<std::mutex> lock(sweep_mu_);
+  if (cutoff_ms <= swept_before_.load()) return Status::Ok();
+  RecordBatch rb(db_);
+  rb.Put(Family::kMeta, kSweptBeforeKey, BigEndian8(cutoff_ms));
+  RETURN_IF_ERROR(db_.Commit(rb, /*durable=*/false));
+  swept_before_.store(cutoff_ms);
+  return Status::Ok();
+}
+
+StatusOr<int64_t> TraceSweptBefore(RocksDatabase& db) {
+  ASSIGN_OR_RETURN(std::optional<std::string> v, db.Get(Family::kMeta, kSweptBeforeKey));
+  if (!v) return int64_t{0};
+  if (v->size() != 8) return Internal("stored trace sweep mark is malformed");
+  return static_cast<int64_t>(ReadBigEndian8(*v));
 }
 
 }  // namespace idem::rocks

@@ -1,8 +1,15 @@
-// The trace index (store.h, class TraceIndex) on RocksDB: families
-// "traces" (trace_id | BE8(at_ms) | BE8(seq) -> entry JSON) and
-// "traces_by_time" (BE8(at_ms) | trace_id | BE8(seq) -> "", for the sweep).
-// Add queues; a background thread writes the queue (not synced) every
-// 200 ms or once 256 entries wait; List and Flush write it first.
+// The trace index (store.h, class TraceIndex) on RocksDB. Add queues; a
+// background thread writes the queue (not synced) every 200 ms or once 256
+// entries wait; List and Flush write it first.
+//
+// Entries go to the family "trace_log" (trace_id | BE8(at_ms) | BE8(seq) ->
+// entry JSON), one key each, first in first out: the family is never
+// compacted, and its oldest table file is dropped (DB::DeleteFile) while the
+// family is over StoreOptions::trace_budget_bytes or that file is older
+// than trace_retention_ms. SweepBefore hides the log's entries at or before its
+// cutoff at once (a mark in "meta"); their space goes with their file.
+// Entries written by builds before the log ("traces", with the time index
+// "traces_by_time") are still listed, and swept one by one.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -22,6 +29,9 @@ namespace idem::rocks {
 // The stored JSON of an entry, back to the entry (also read by
 // rocksdb_export.cc). Internal when malformed.
 StatusOr<TraceEntry> TraceEntryFromJson(const Json& j);
+// The sweep mark: entries of the log at or before it are no longer listed
+// (0 before any sweep). Internal when malformed.
+StatusOr<int64_t> TraceSweptBefore(RocksDatabase& db);
 
 class RocksTraceIndex final : public TraceIndex {
  public:
@@ -41,10 +51,17 @@ class RocksTraceIndex final : public TraceIndex {
 
  private:
   void Loop();
+  Status HideThrough(int64_t cutoff_ms);
+  // Drops the log's oldest table files while it is over its budget or the
+  // oldest is past the retention; returns how many. Also run by the
+  // background thread once a second.
+  StatusOr<size_t> PruneLog();
 
   RocksDatabase& db_;
   std::atomic<uint64_t> seq_;
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<int64_t> swept_before_{0};  // written under sweep_mu_
+  std::mutex sweep_mu_;
   std::mutex flush_mu_;  // one writer of the queue at a time (keeps entries in order)
   std::mutex mu_;
   std::condition_variable cv_;

@@ -114,5 +114,19 @@ TEST_CASE("rocksdb_keys_under_engine_postgres_are_an_error_naming_the_key") {
   CHECK(config.status().field() == "/store/path");
 }
 
+TEST_CASE("store_trace_budget_mb_is_read_and_bounded") {
+  StoreConfigDir dir;
+  auto config = dir.Load("store:\n  trace_budget_mb: 64\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->store.trace_budget_mb == 64);
+  CHECK(dir.Load("store:\n  sync: true\n")->store.trace_budget_mb == 256);  // the default
+  auto zero = dir.Load("store:\n  trace_budget_mb: 0\n");
+  REQUIRE_FALSE(zero.ok());
+  CHECK(zero.status().field() == "/store/trace_budget_mb");
+  auto on_postgres = dir.Load("store:\n  engine: postgres\n  trace_budget_mb: 64\n");
+  REQUIRE_FALSE(on_postgres.ok());
+  CHECK(on_postgres.status().field() == "/store/trace_budget_mb");
+}
+
 }  // namespace
 }  // namespace idem

@@ -290,4 +290,31 @@ TEST_CASE("a byte cut inside text that is not UTF-8 stays a byte cut") {
 }
 
 }  // namespace
+TEST_CASE("json_object_writer_text_parses_back_to_the_members_it_was_given") {
+  std::string text = JsonObjectWriter()
+                         .Str("path", "/v1/x?\"q\"\t\xe2\x82\xac\x01")
+                         .Int("n", -3)
+                         .Double("ms", 1.25)
+                         .Double("inf", std::numeric_limits<double>::infinity())
+                         .Bool("ok", false)
+                         .Raw("args", R"({"a":[1,2]})")
+                         .Take();
+  Json parsed = Json::parse(text);
+  CHECK(parsed == Json{{"path", "/v1/x?\"q\"\t\xe2\x82\xac\x01"},
+                       {"n", -3},
+                       {"ms", 1.25},
+                       {"inf", nullptr},
+                       {"ok", false},
+                       {"args", {{"a", {1, 2}}}}});
+  CHECK(JsonObjectWriter().Take() == "{}");
+}
+
+TEST_CASE("json_object_writer_writes_text_that_is_not_utf8_as_empty_and_names_it") {
+  JsonObjectWriter w;
+  w.Str("good", "ok").Str("bad", "\xff\xfe").Str("worse", "\xc3");
+  CHECK(w.bad() == "bad");
+  std::string text = w.Take();
+  CHECK(Json::parse(text) == Json{{"good", "ok"}, {"bad", ""}, {"worse", ""}});
+}
+
 }  // namespace idem

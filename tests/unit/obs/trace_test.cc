@@ -140,10 +140,10 @@ TEST_CASE("trace_scope_sets_and_restores_the_threads_context") {
 
 TEST_CASE("trace_events_reach_the_sink_only_inside_a_scope") {
   std::string got;
-  SetTraceSink([&](const std::string& trace_id, std::string_view type, std::string_view ref,
-                   const nlohmann::json&) {
-    got = trace_id + " " + std::string(type) + " " + std::string(ref);
-  });
+  SetTraceSink(
+      [&](const std::string& trace_id, std::string_view type, std::string_view ref, std::string) {
+        got = trace_id + " " + std::string(type) + " " + std::string(ref);
+      });
   RecordTraceEvent("decision", "dec_1");
   CHECK(got.empty());
   {
