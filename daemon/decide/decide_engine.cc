@@ -402,7 +402,12 @@ class DecideEngineImpl final : public DecideEngine {
     if (hot_.size() >= kHotMaxEntries && hot_.count(d.decision_key) == 0) {
       hot_.erase(hot_.begin());  // arbitrary: the bound matters, not the choice
     }
-    hot_[d.decision_key] = HotEntry{d, now};
+    HotEntry& e = hot_[d.decision_key] = HotEntry{d, now};
+    // A hit needs the trace's summary only (store.h, GetByKey), not the attempts.
+    if (TraceHasDetail(e.decision.trace)) {
+      e.decision.trace = TraceSummary(e.decision.trace);
+      e.decision.trace_whole = false;
+    }
   }
   void Forget(const std::string& key) {
     if (!shared_store_) return;

@@ -37,7 +37,8 @@ class DecisionMemory {
   std::optional<Decision> ById(const std::string& id) {
     MutexLock lock(mu_);
     auto it = by_id_.find(id);
-    if (it == by_id_.end()) return std::nullopt;
+    // One remembered from GetByKey has only its trace's summary; Get promises it whole.
+    if (it == by_id_.end() || !it->second->trace_whole) return std::nullopt;
     return *it->second;
   }
   std::optional<Decision> ByKey(const std::string& key, int64_t now_ms) {

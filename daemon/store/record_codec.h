@@ -6,6 +6,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,27 @@ StatusOr<WorkItem> DecodeWorkItem(std::string_view text);
 // tree (every claim writes one): the members of WorkItem::ToJson, which
 // DecodeWorkItem reads back. InvalidArgument if a string is not UTF-8.
 StatusOr<std::string> EncodeWorkItem(const WorkItem& w);
+
+// A decision as both engines store it (store.h, DecisionStore::GetByKey):
+// the hot record, Decision::ToJson with `trace` cut to TraceSummary and
+// kTraceApartMember true, and beside it the whole trace, which only reads
+// by id need. A trace without detail stays whole in the hot record (no
+// `trace`). InvalidArgument if a string is not UTF-8.
+inline constexpr char kTraceApartMember[] = "trace_apart";
+struct StoredDecision {
+  std::string hot;
+  std::optional<std::string> trace;  // the whole trace's JSON text, when apart
+};
+StatusOr<StoredDecision> EncodeDecision(const Decision& d);
+// Decodes a hot record. A record holding its whole trace (no
+// kTraceApartMember: a trace without detail, or a record written before
+// the split) reads whole. `trace_apart` (optional) tells whether the whole
+// trace is stored apart; d.trace_whole is its negation.
+StatusOr<Decision> DecodeDecision(std::string_view hot, bool* trace_apart = nullptr);
+// Puts the whole trace, stored apart, back into `d`; Internal if not JSON.
+Status AttachTrace(Decision& d, std::string_view trace_text);
+// Cuts a whole trace with detail to its summary (what GetByKey answers).
+void CutTraceToSummary(Decision& d);
 
 Json IdemRecordToJson(const IdemRecord& r);
 StatusOr<IdemRecord> IdemRecordFromJson(const Json& j);

@@ -146,6 +146,23 @@ StatusOr<Decision> Decision::FromJson(const Json& j) {
   return d;
 }
 
+Json TraceSummary(const Json& trace) {
+  Json summary = Json::object();
+  if (!trace.is_object()) return summary;
+  for (const auto& [k, v] : trace.items()) {
+    if (!v.is_object() && !v.is_array()) summary[k] = v;
+  }
+  return summary;
+}
+
+bool TraceHasDetail(const Json& trace) {
+  if (!trace.is_object()) return !trace.is_null();
+  for (const auto& [k, v] : trace.items()) {
+    if (v.is_object() || v.is_array()) return true;
+  }
+  return false;
+}
+
 // ---------------------------------------------------------------- WorkItem
 
 Json WorkItem::ToJson() const {
@@ -587,6 +604,42 @@ StatusOr<Json> DecodeJson(std::string_view text, std::string_view what) {
     return Internal("stored " + std::string(what) + " record is not valid JSON");
   }
   return j;
+}
+
+// ---------------------------------------------------------- stored decision
+
+StatusOr<StoredDecision> EncodeDecision(const Decision& d) {
+  StoredDecision out;
+  Json hot = d.ToJson();
+  if (TraceHasDetail(d.trace)) {
+    ASSIGN_OR_RETURN(std::string trace, EncodeJson(d.trace));
+    out.trace = std::move(trace);
+    hot["trace"] = TraceSummary(d.trace);
+    hot[kTraceApartMember] = true;
+  }
+  ASSIGN_OR_RETURN(out.hot, EncodeJson(hot));
+  return out;
+}
+
+StatusOr<Decision> DecodeDecision(std::string_view hot, bool* trace_apart) {
+  ASSIGN_OR_RETURN(Json j, DecodeJson(hot, "decision"));
+  ASSIGN_OR_RETURN(Decision d, Decision::FromJson(j));
+  auto apart = j.find(kTraceApartMember);
+  d.trace_whole = !(apart != j.end() && apart->is_boolean() && apart->get<bool>());
+  if (trace_apart != nullptr) *trace_apart = !d.trace_whole;
+  return d;
+}
+
+Status AttachTrace(Decision& d, std::string_view trace_text) {
+  ASSIGN_OR_RETURN(d.trace, DecodeJson(trace_text, "decision trace"));
+  d.trace_whole = true;
+  return Status::Ok();
+}
+
+void CutTraceToSummary(Decision& d) {
+  if (!d.trace_whole || !TraceHasDetail(d.trace)) return;
+  d.trace = TraceSummary(d.trace);
+  d.trace_whole = false;
 }
 
 // --------------------------------------------------------------- IdemRecord

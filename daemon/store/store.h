@@ -49,10 +49,21 @@ struct Decision {
   int64_t created_at_ms = 0;
   int64_t expires_at_ms = 0;  // 0: kept forever
   std::string trace_id;       // W3C trace id of the request that decided ("" before traces)
+  // false: `trace` holds only TraceSummary(trace) (a decision as GetByKey
+  // answers it); Get(decision_id) reads it whole. Not part of ToJson.
+  bool trace_whole = true;
 
   Json ToJson() const;
   static StatusOr<Decision> FromJson(const Json& j);
 };
+
+// The part of a trace the cache-hit path needs: its top-level members that
+// are neither objects nor arrays (cost_usd, input_tokens, output_tokens,
+// latency_ms, request_id, escalation_id, ...), without the attempts and
+// their raw outputs. A non-object trace has an empty summary.
+Json TraceSummary(const Json& trace);
+// Whether `trace` holds more than its summary (an object or array member).
+bool TraceHasDetail(const Json& trace);
 
 struct DecisionPage {
   std::vector<Decision> items;
@@ -63,17 +74,22 @@ class DecisionStore {
  public:
   virtual ~DecisionStore() = default;
   // The current decision cached under `decision_key`, NotFound if none or if
-  // it expired before `now_ms`.
+  // it expired before `now_ms`. The cache-hit path: its trace is only
+  // TraceSummary (trace_whole false when the trace had more), and the
+  // engines keep the rest of the trace apart so that this read neither
+  // reads nor decodes it.
   virtual StatusOr<Decision> GetByKey(const std::string& decision_key, int64_t now_ms) = 0;
-  // A decision by id (also superseded ones), NotFound if none.
+  // A decision by id (also superseded ones), whole (with its whole trace),
+  // NotFound if none.
   virtual StatusOr<Decision> Get(const std::string& decision_id) = 0;
   // Stores `d` as the decision for d.decision_key unless a live one exists;
-  // returns the one that is cached afterwards (the existing one, or `d`).
+  // returns the one that is cached afterwards (`d`, or the existing one as
+  // GetByKey answers it).
   virtual StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) = 0;
   // Stores `d` and makes it the cached decision for its key (cache=refresh);
   // an older decision stays readable by id.
   virtual Status Replace(const Decision& d) = 0;
-  // Decisions (superseded and expired ones too), newest first; filters may
+  // Decisions (superseded and expired ones too), whole, newest first; filters may
   // be empty. `cursor` from a previous page; InvalidArgument for a malformed
   // cursor or limit == 0.
   virtual StatusOr<DecisionPage> List(const std::string& step, const std::string& status,

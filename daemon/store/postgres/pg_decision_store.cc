@@ -2,8 +2,11 @@
 // daemon on the database.
 //
 // Table "decisions" holds every decision by id (superseded ones too), its
-// record as the JSON text of Decision::ToJson in `body`, and the columns
-// List and SweepExpired filter and order on. "decision_keys" maps a
+// hot record in `body` (record_codec.h, EncodeDecision: Decision::ToJson
+// with the trace's summary), its whole trace in `trace` (NULL when the
+// trace has no detail and is whole in `body`), and the columns List and
+// SweepExpired filter and order on. GetByKey selects `body` only, so a
+// cache hit never reads (nor detoasts) the trace. "decision_keys" maps a
 // decision_key to the id of the cached decision, with a copy of its
 // expiry, so that "is the cached decision still live?" is a question about
 // the one row that PutIfAbsent locks:
@@ -45,7 +48,8 @@ CREATE TABLE decisions (
   status        text NOT NULL,
   created_at_ms bigint NOT NULL,
   expires_at_ms bigint NOT NULL,  -- 0: kept forever
-  body          text NOT NULL     -- Decision::ToJson
+  body          text NOT NULL,    -- the hot record (EncodeDecision)
+  trace         text              -- the whole trace; NULL: whole in body
 );
 CREATE INDEX decisions_by_time ON decisions (created_at_ms DESC, decision_id);
 CREATE INDEX decisions_by_step ON decisions (step, created_at_ms DESC, decision_id);
@@ -81,9 +85,23 @@ Status Validate(const Decision& d) {
   return CheckText(d.status, "/status");
 }
 
-StatusOr<Decision> Decode(std::string_view body) {
-  ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(body, "decision"));
-  return Decision::FromJson(j);
+// A decision as GetByKey answers it, from its hot record.
+StatusOr<Decision> DecodeHot(std::string_view body) {
+  ASSIGN_OR_RETURN(Decision d, store_internal::DecodeDecision(body));
+  store_internal::CutTraceToSummary(d);
+  return d;
+}
+
+// A whole decision, from columns `body` and `trace` of row `row`.
+StatusOr<Decision> DecodeWhole(const Result& r, int row, int body_col, int trace_col) {
+  ASSIGN_OR_RETURN(Decision d, store_internal::DecodeDecision(r.text(row, body_col)));
+  if (!d.trace_whole) {
+    if (r.null(row, trace_col)) {
+      return Internal("the trace of decision " + d.decision_id + " is missing");
+    }
+    RETURN_IF_ERROR(store_internal::AttachTrace(d, r.text(row, trace_col)));
+  }
+  return d;
 }
 
 // Cursor: hex of "<created_at_ms>/<decision_id>" of the last item returned.
@@ -128,16 +146,16 @@ std::string WriteSql(bool only_if_free) {
       " VALUES ($1, $2, $3::bigint)"
       " ON CONFLICT (decision_key) DO UPDATE"
       " SET decision_id = EXCLUDED.decision_id, expires_at_ms = EXCLUDED.expires_at_ms";
-  if (only_if_free) sql += " WHERE k.expires_at_ms <> 0 AND k.expires_at_ms <= $8::bigint";
+  if (only_if_free) sql += " WHERE k.expires_at_ms <> 0 AND k.expires_at_ms <= $9::bigint";
   sql +=
       " RETURNING 1)"
       " INSERT INTO decisions AS d"
-      " (decision_id, decision_key, step, status, created_at_ms, expires_at_ms, body)"
-      " SELECT $2, $1, $4, $5, $6::bigint, $3::bigint, $7 FROM k"
+      " (decision_id, decision_key, step, status, created_at_ms, expires_at_ms, body, trace)"
+      " SELECT $2, $1, $4, $5, $6::bigint, $3::bigint, $7, $8 FROM k"
       " ON CONFLICT (decision_id) DO UPDATE SET decision_key = EXCLUDED.decision_key,"
       " step = EXCLUDED.step, status = EXCLUDED.status,"
       " created_at_ms = EXCLUDED.created_at_ms, expires_at_ms = EXCLUDED.expires_at_ms,"
-      " body = EXCLUDED.body"
+      " body = EXCLUDED.body, trace = EXCLUDED.trace"
       " RETURNING (d.xmax = 0) AS created";
   return sql;
 }
@@ -156,10 +174,11 @@ class PgDecisionStore final : public DecisionStore {
     if (CheckText(decision_id, "/decision_id").code() != Code::kOk) {
       return NotFound("no such decision: " + decision_id);
     }
-    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec("SELECT body FROM decisions WHERE decision_id = $1",
-                                              {P(decision_id)}));
+    ASSIGN_OR_RETURN(Result r,
+                     ctx_.pool.Exec("SELECT body, trace FROM decisions WHERE decision_id = $1",
+                                    {P(decision_id)}));
     if (r.rows() == 0) return NotFound("no such decision: " + decision_id);
-    return Decode(r.text(0, 0));
+    return DecodeWhole(r, 0, 0, 1);
   }
 
   StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) override {
@@ -169,7 +188,7 @@ class PgDecisionStore final : public DecisionStore {
       ASSIGN_OR_RETURN(std::optional<Decision> current, Current(d.decision_key, now_ms));
       if (current) return std::move(*current);
     }
-    ASSIGN_OR_RETURN(std::string body, store_internal::EncodeJson(d.ToJson()));
+    ASSIGN_OR_RETURN(store_internal::StoredDecision body, store_internal::EncodeDecision(d));
     std::optional<Decision> winner;
     StatusOr<bool> stored = Write(d, body, /*only_if_free=*/true, now_ms, [&](Conn& c) -> Status {
       // Another decision is live under the key: the row ON CONFLICT locked
@@ -181,7 +200,7 @@ class PgDecisionStore final : public DecisionStore {
       if (r.rows() == 0) {
         return Internal("decision key " + d.decision_key + " points at a missing decision");
       }
-      ASSIGN_OR_RETURN(Decision found, Decode(r.text(0, 0)));
+      ASSIGN_OR_RETURN(Decision found, DecodeHot(r.text(0, 0)));
       winner = std::move(found);
       return Status::Ok();
     });
@@ -193,7 +212,7 @@ class PgDecisionStore final : public DecisionStore {
 
   Status Replace(const Decision& d) override {
     RETURN_IF_ERROR(Validate(d));
-    ASSIGN_OR_RETURN(std::string body, store_internal::EncodeJson(d.ToJson()));
+    ASSIGN_OR_RETURN(store_internal::StoredDecision body, store_internal::EncodeDecision(d));
     StatusOr<bool> stored = Write(d, body, /*only_if_free=*/false, 0, [&](Conn&) -> Status {
       return Internal("replacing decision " + d.decision_id + " stored nothing");
     });
@@ -213,7 +232,7 @@ class PgDecisionStore final : public DecisionStore {
         CheckText(status, "/status").code() != Code::kOk) {
       return page;
     }
-    std::string sql = "SELECT body, created_at_ms, decision_id FROM decisions WHERE true";
+    std::string sql = "SELECT body, created_at_ms, decision_id, trace FROM decisions WHERE true";
     std::vector<Param> params;
     auto next = [&params](Param p) {
       params.push_back(std::move(p));
@@ -237,7 +256,7 @@ class PgDecisionStore final : public DecisionStore {
         page.next_cursor = EncodeCursor(r.i64(i - 1, 1), r.str(i - 1, 2));
         break;
       }
-      ASSIGN_OR_RETURN(Decision d, Decode(r.text(i, 0)));
+      ASSIGN_OR_RETURN(Decision d, DecodeWhole(r, i, 0, 3));
       page.items.push_back(std::move(d));
     }
     return page;
@@ -284,7 +303,7 @@ class PgDecisionStore final : public DecisionStore {
                                               " WHERE k.decision_key = $1",
                                               {P(decision_key)}));
     if (r.rows() == 0 || !Live(r.i64(0, 1), now_ms)) return std::optional<Decision>();
-    ASSIGN_OR_RETURN(Decision d, Decode(r.text(0, 0)));
+    ASSIGN_OR_RETURN(Decision d, DecodeHot(r.text(0, 0)));
     return std::optional<Decision>(std::move(d));
   }
 
@@ -292,11 +311,12 @@ class PgDecisionStore final : public DecisionStore {
   // one transaction; when `only_if_free` and the key holds a live decision,
   // nothing is stored and `on_taken` runs in the transaction instead.
   // Returns whether `d` was stored (by the attempt that committed).
-  StatusOr<bool> Write(const Decision& d, const std::string& body, bool only_if_free,
-                       int64_t now_ms, const std::function<Status(Conn&)>& on_taken) {
-    std::vector<Param> params = {
-        P(d.decision_key),  P(d.decision_id), P(d.expires_at_ms), P(d.step), P(d.status),
-        P(d.created_at_ms), P(body)};
+  StatusOr<bool> Write(const Decision& d, const store_internal::StoredDecision& body,
+                       bool only_if_free, int64_t now_ms,
+                       const std::function<Status(Conn&)>& on_taken) {
+    std::vector<Param> params = {P(d.decision_key), P(d.decision_id), P(d.expires_at_ms),
+                                 P(d.step),         P(d.status),      P(d.created_at_ms),
+                                 P(body.hot),       body.trace};
     if (only_if_free) params.push_back(P(now_ms));
     const std::string sql = WriteSql(only_if_free);
     WriteTimer timer(ctx_);

@@ -63,12 +63,12 @@ class PgImporterImpl final : public PgImporter {
   }
 
   Status OnDecision(const Decision& d) override {
-    ASSIGN_OR_RETURN(std::string body, store_internal::EncodeJson(d.ToJson()));
+    ASSIGN_OR_RETURN(store_internal::StoredDecision body, store_internal::EncodeDecision(d));
     RETURN_IF_ERROR(
         Exec("INSERT INTO decisions (decision_id, decision_key, step, status,"
-             " created_at_ms, expires_at_ms, body) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             " created_at_ms, expires_at_ms, body, trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
              {P(d.decision_id), P(d.decision_key), P(d.step), P(d.status), P(d.created_at_ms),
-              P(d.expires_at_ms), P(body)},
+              P(d.expires_at_ms), P(body.hot), body.trace},
              "decision " + d.decision_id));
     ++counts_.decisions;
     return Status::Ok();

@@ -75,6 +75,7 @@ enum class Family : int {
             // TraceEntry JSON
   kTracesByTime,  // legacy: BE8(at_ms) | trace_id | BE8(seq) -> ""
   kTraceLog,  // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON (FIFO: rocksdb_trace_index.h)
+  kDecisionTraces,  // decision_id -> the decision's whole trace JSON (cold)
   kCount,
 };
 

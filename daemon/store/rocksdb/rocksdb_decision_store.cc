@@ -85,11 +85,26 @@ size_t ApproxBytes(const Decision& d) {
 
 }  // namespace
 
-StatusOr<std::optional<Decision>> RocksDecisionStore::Load(const std::string& decision_id) {
-  ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kDecisions, decision_id));
+StatusOr<std::optional<Decision>> RocksDecisionStore::Load(const std::string& decision_id,
+                                                           bool whole,
+                                                           const rocksdb::Snapshot* snapshot,
+                                                           bool* trace_apart) {
+  // The hot record and its trace from one point in time: a sweep between
+  // the two reads would otherwise leave a record without its trace.
+  std::optional<ScopedSnapshot> own;
+  if (whole && snapshot == nullptr) snapshot = own.emplace(db_.raw()).get();
+  ASSIGN_OR_RETURN(std::optional<std::string> raw,
+                   db_.Get(Family::kDecisions, decision_id, snapshot));
   if (!raw) return std::optional<Decision>();
-  ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "decision"));
-  ASSIGN_OR_RETURN(Decision d, Decision::FromJson(j));
+  bool apart = false;
+  ASSIGN_OR_RETURN(Decision d, store_internal::DecodeDecision(*raw, &apart));
+  if (trace_apart != nullptr) *trace_apart = apart;
+  if (whole && apart) {
+    ASSIGN_OR_RETURN(std::optional<std::string> trace,
+                     db_.Get(Family::kDecisionTraces, decision_id, snapshot));
+    if (!trace) return Internal("the trace of decision " + decision_id + " is missing");
+    RETURN_IF_ERROR(store_internal::AttachTrace(d, *trace));
+  }
   return std::optional<Decision>(std::move(d));
 }
 
@@ -116,7 +131,9 @@ void RocksDecisionStore::Insert(CacheShard& shard, std::shared_ptr<const Decisio
 }
 
 void RocksDecisionStore::Remember(const Decision& d) {
-  auto shared = std::make_shared<const Decision>(d);  // shared: readers copy out of it
+  auto hot = std::make_shared<Decision>(d);  // shared: readers copy out of it
+  store_internal::CutTraceToSummary(*hot);
+  std::shared_ptr<const Decision> shared = std::move(hot);
   CacheShard& shard = ShardFor(d.decision_key);
   MutexLock lock(shard.mu);
   shard.generation++;
@@ -153,8 +170,9 @@ StatusOr<std::optional<Decision>> RocksDecisionStore::Current(const std::string&
   }
   ASSIGN_OR_RETURN(std::optional<std::string> id, db_.Get(Family::kDecisionKeys, decision_key));
   if (!id) return std::optional<Decision>();
-  ASSIGN_OR_RETURN(std::optional<Decision> d, Load(*id));
+  ASSIGN_OR_RETURN(std::optional<Decision> d, Load(*id, /*whole=*/false));
   if (d) {
+    store_internal::CutTraceToSummary(*d);  // a record from before the split
     auto shared = std::make_shared<const Decision>(*d);
     MutexLock lock(shard.mu);
     if (shard.generation == generation) Insert(shard, std::move(shared));
@@ -169,7 +187,7 @@ StatusOr<Decision> RocksDecisionStore::GetByKey(const std::string& decision_key,
 }
 
 StatusOr<Decision> RocksDecisionStore::Get(const std::string& decision_id) {
-  ASSIGN_OR_RETURN(std::optional<Decision> d, Load(decision_id));
+  ASSIGN_OR_RETURN(std::optional<Decision> d, Load(decision_id, /*whole=*/true));
   if (!d) return NotFound("no such decision: " + decision_id);
   return std::move(*d);
 }
@@ -177,7 +195,10 @@ StatusOr<Decision> RocksDecisionStore::Get(const std::string& decision_id) {
 Status RocksDecisionStore::Store(const Decision& d) {
   // Rewriting an id (same decision stored again) must not leave its old
   // index entries behind.
-  ASSIGN_OR_RETURN(std::optional<Decision> previous, Load(d.decision_id));
+  bool previous_apart = false;
+  ASSIGN_OR_RETURN(std::optional<Decision> previous,
+                   Load(d.decision_id, /*whole=*/false, nullptr, &previous_apart));
+  ASSIGN_OR_RETURN(store_internal::StoredDecision stored, store_internal::EncodeDecision(d));
   RecordBatch batch(db_);
   if (previous) {
     batch.Delete(Family::kDecisionsByTime, Position(*previous));
@@ -187,7 +208,12 @@ Status RocksDecisionStore::Store(const Decision& d) {
     }
   }
   if (d.expires_at_ms != 0) batch.Put(Family::kDecisionsExpiry, ExpiryKey(d), "");
-  batch.PutJson(Family::kDecisions, d.decision_id, d.ToJson());
+  batch.Put(Family::kDecisions, d.decision_id, stored.hot);
+  if (stored.trace) {
+    batch.Put(Family::kDecisionTraces, d.decision_id, *stored.trace);
+  } else if (previous_apart) {
+    batch.Delete(Family::kDecisionTraces, d.decision_id);
+  }
   batch.Put(Family::kDecisionKeys, d.decision_key, d.decision_id);
   batch.Put(Family::kDecisionsByTime, Position(d), "");
   batch.Put(Family::kDecisionsByStep, LengthPrefixed(d.step) + Position(d), "");
@@ -242,16 +268,21 @@ StatusOr<DecisionPage> RocksDecisionStore::List(const std::string& step, const s
     if (!key.starts_with(prefix)) break;
     std::string_view position = key.substr(prefix.size());
     if (position.size() <= 8) continue;
-    ASSIGN_OR_RETURN(std::optional<std::string> raw,
-                     db_.Get(Family::kDecisions, std::string(position.substr(8)), snapshot.get()));
-    if (!raw) continue;
-    ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(*raw, "decision"));
-    ASSIGN_OR_RETURN(Decision d, Decision::FromJson(j));
+    ASSIGN_OR_RETURN(std::optional<Decision> loaded,
+                     Load(std::string(position.substr(8)), /*whole=*/false, snapshot.get()));
+    if (!loaded) continue;
+    Decision& d = *loaded;
     if (!status.empty() && d.status != status) continue;
     if (page.items.size() == limit) {
       // One more match exists: the page is full and another follows.
       page.next_cursor = HexEncode(last_position);
       break;
+    }
+    if (!d.trace_whole) {  // only the page's own items read their traces
+      ASSIGN_OR_RETURN(std::optional<std::string> trace,
+                       db_.Get(Family::kDecisionTraces, d.decision_id, snapshot.get()));
+      if (!trace) return Internal("the trace of decision " + d.decision_id + " is missing");
+      RETURN_IF_ERROR(store_internal::AttachTrace(d, *trace));
     }
     last_position.assign(position);
     page.items.push_back(std::move(d));
@@ -269,7 +300,7 @@ StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) 
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
     const std::string id = index_key.substr(8);
-    ASSIGN_OR_RETURN(std::optional<Decision> seen, Load(id));
+    ASSIGN_OR_RETURN(std::optional<Decision> seen, Load(id, /*whole=*/false));
     RecordBatch batch(db_);
     batch.Delete(Family::kDecisionsExpiry, index_key);
     if (!seen) {
@@ -279,9 +310,11 @@ StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) 
     // The key's stripe: a PutIfAbsent or Replace of the same key waits, so
     // it never sees the key pointing at a record that is gone.
     MutexLock lock(db_.LockFor(Family::kDecisionKeys, seen->decision_key));
-    ASSIGN_OR_RETURN(std::optional<Decision> d, Load(id));
+    bool apart = false;
+    ASSIGN_OR_RETURN(std::optional<Decision> d, Load(id, /*whole=*/false, nullptr, &apart));
     if (d && d->expires_at_ms != 0 && d->expires_at_ms <= now_ms) {
       batch.Delete(Family::kDecisions, id);
+      if (apart) batch.Delete(Family::kDecisionTraces, id);
       batch.Delete(Family::kDecisionsByTime, Position(*d));
       batch.Delete(Family::kDecisionsByStep, LengthPrefixed(d->step) + Position(*d));
       ASSIGN_OR_RETURN(std::optional<std::string> current,

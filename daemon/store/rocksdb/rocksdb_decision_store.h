@@ -6,6 +6,13 @@
 // List; "decisions_expiry" orders those with a window by its end, for
 // SweepExpired. PutIfAbsent and Replace hold the decision_key's lock stripe.
 //
+// A decision's trace lives apart from it (record_codec.h, EncodeDecision):
+// "decisions" holds the hot record with the trace's summary, and
+// "decision_traces" (ZSTD, cold) the whole trace by id, written in the same
+// batch and swept with it. GetByKey and the in-memory cache never touch the
+// latter; Get, List and export read it. Records written before the split
+// hold their whole trace and read whole.
+//
 // List cursors are opaque (hex of the position after the last item).
 //
 // Thread-safety: all methods may be called concurrently.
@@ -45,7 +52,12 @@ class RocksDecisionStore final : public DecisionStore {
   size_t CachedBytes();
 
  private:
-  StatusOr<std::optional<Decision>> Load(const std::string& decision_id);
+  // The decision stored under the id; `whole`: with its whole trace (read
+  // from `snapshot`, or from one of its own), else as its hot record holds
+  // it. `trace_apart` (optional): whether its trace is stored apart.
+  StatusOr<std::optional<Decision>> Load(const std::string& decision_id, bool whole,
+                                         const rocksdb::Snapshot* snapshot = nullptr,
+                                         bool* trace_apart = nullptr);
   // The decision currently cached under the key (expired or not).
   StatusOr<std::optional<Decision>> Current(const std::string& decision_key);
   // Stages `d` as the cached decision for its key. REQUIRES: the key's stripe.

@@ -1,7 +1,8 @@
 // VisitRocksStore (store_copy.h): every record of a RocksDB store, read from
 // one snapshot and decoded with the codecs the RocksDB stores use.
 //
-// Records come from the record families; the index families (by time, by
+// Records come from the record families (a decision's trace, kept in a
+// family of its own, joins its decision); the index families (by time, by
 // step, due, expiry, in progress, ...) are derived from them and are not
 // visited. Meta holds, besides the facts other components put there, the
 // engine's own bookkeeping, which is visited as what it means:
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -84,9 +86,22 @@ Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
   rocks::ScopedSnapshot snapshot(db.raw());
   const rocksdb::Snapshot* snap = snapshot.get();
 
-  RETURN_IF_ERROR(ForEachJson(
-      db, snap, Family::kDecisions, "decision", [](const Json& j) { return Decision::FromJson(j); },
-      [&](const Decision& d) { return v.OnDecision(d); }));
+  // Each decision whole: its trace, kept apart (rocksdb_decision_store.h), joins it.
+  RETURN_IF_ERROR(
+      ForEach(db, snap, Family::kDecisions, "decision",
+              [&](std::string_view, std::string_view value) -> Status {
+                bool apart = false;
+                ASSIGN_OR_RETURN(Decision d, store_internal::DecodeDecision(value, &apart));
+                if (apart) {
+                  ASSIGN_OR_RETURN(std::optional<std::string> trace,
+                                   db.Get(Family::kDecisionTraces, d.decision_id, snap));
+                  if (!trace) {
+                    return Internal("the trace of decision " + d.decision_id + " is missing");
+                  }
+                  RETURN_IF_ERROR(store_internal::AttachTrace(d, *trace));
+                }
+                return v.OnDecision(d);
+              }));
   RETURN_IF_ERROR(ForEach(db, snap, Family::kDecisionKeys, "decision key",
                           [&](std::string_view key, std::string_view id) {
                             return v.OnCachedDecision(std::string(key), std::string(id));

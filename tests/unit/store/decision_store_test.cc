@@ -79,6 +79,117 @@ TEST_CASE("an expired decision is not returned by GetByKey and may be replaced b
   CHECK(s.GetByKey("key-a", kT0 + 200)->decision_id == "dec_2");
 }
 
+// A trace as the decide engine writes it: attempts with the raw output, and totals.
+Json LongTrace(const std::string& raw) {
+  return Json{{"attempts", Json::array({Json{{"raw", raw}, {"tokens", 12}}})},
+              {"input_tokens", 10},
+              {"output_tokens", 2},
+              {"cost_usd", 0.25},
+              {"request_id", "req_1"}};
+}
+const Json kSummary = {
+    {"input_tokens", 10}, {"output_tokens", 2}, {"cost_usd", 0.25}, {"request_id", "req_1"}};
+
+TEST_CASE("a cache hit answers the trace's summary and a read by id the whole trace") {
+  TempDir dir;
+  const std::string raw(4000, 'r');
+  {
+    auto store = OpenStore(dir.path());
+    DecisionStore& s = store->decisions();
+    Decision d = MakeDecision("dec_1", "key-a", "triage", kT0);
+    d.trace = LongTrace(raw);
+    REQUIRE(s.PutIfAbsent(d, kT0).ok());
+    StatusOr<Decision> hit = s.GetByKey("key-a", kT0);
+    REQUIRE(hit.ok());
+    CHECK(hit->trace == kSummary);
+    CHECK_FALSE(hit->trace_whole);
+    CHECK(hit->output == Json{{"label", "dec_1"}});
+    // The existing decision a later PutIfAbsent answers is the cache hit's.
+    StatusOr<Decision> existing =
+        s.PutIfAbsent(MakeDecision("dec_2", "key-a", "triage", kT0 + 1), kT0 + 1);
+    REQUIRE(existing.ok());
+    CHECK(existing->decision_id == "dec_1");
+    CHECK(existing->trace == kSummary);
+    StatusOr<Decision> whole = s.Get("dec_1");
+    REQUIRE(whole.ok());
+    CHECK(whole->trace == LongTrace(raw));
+    CHECK(whole->trace_whole);
+    StatusOr<DecisionPage> page = s.List("", "", "", 10);
+    REQUIRE(page.ok());
+    REQUIRE(page->items.size() == 1);
+    CHECK(page->items[0].trace == LongTrace(raw));
+    // A trace without detail (a human's answer) is whole either way.
+    Decision human = MakeDecision("dec_3", "key-b", "triage", kT0);
+    human.trace = Json{{"escalation_id", "esc_1"}, {"cost_usd", 0}};
+    REQUIRE(s.PutIfAbsent(human, kT0).ok());
+    CHECK(s.GetByKey("key-b", kT0)->trace == human.trace);
+    CHECK(s.Get("dec_3")->trace == human.trace);
+  }
+  // Read again from disk, not from any memory of the write.
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  CHECK(s.GetByKey("key-a", kT0)->trace == kSummary);
+  CHECK(s.Get("dec_1")->trace == LongTrace(raw));
+  // Replace under the same id with a trace without detail: no trace stays behind.
+  Decision plain = MakeDecision("dec_1", "key-a", "triage", kT0);
+  plain.trace = Json{{"cost_usd", 0.5}};
+  REQUIRE(s.Replace(plain).ok());
+  CHECK(s.Get("dec_1")->trace == plain.trace);
+  CHECK(s.GetByKey("key-a", kT0)->trace == plain.trace);
+}
+
+// Rewrites the value of `key` in `family` of a closed store.
+void RawPut(const std::string& path, const std::string& family, const std::string& key,
+            const std::string& value) {
+  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cf) {
+    REQUIRE(db.Put(rocksdb::WriteOptions(), cf.at(family), key, value).ok());
+  });
+}
+
+TEST_CASE("a cache hit neither reads nor decodes the trace kept apart" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    Decision d = MakeDecision("dec_1", "key-a", "triage", kT0);
+    d.trace = LongTrace("raw output");
+    REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+  }
+  RawPut(dir.path(), "decision_traces", "dec_1", "not json");
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  StatusOr<Decision> hit = s.GetByKey("key-a", kT0);
+  REQUIRE_MESSAGE(hit.ok(), hit.status().ToString());
+  CHECK(hit->trace == kSummary);
+  // The read by id does read it (and finds it damaged).
+  CHECK(s.Get("dec_1").status().code() == Code::kInternal);
+}
+
+TEST_CASE("a decision stored with its whole trace inside (before the split) still reads whole" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  { OpenStore(dir.path()); }  // the families
+  Decision old = MakeDecision("dec_old", "key-a", "triage", kT0);
+  old.trace = LongTrace("raw output");
+  RawPut(dir.path(), "decisions", "dec_old", old.ToJson().dump());
+  RawPut(dir.path(), "decision_keys", "key-a", "dec_old");
+  RawPut(dir.path(), "decisions_by_time", rocks::InvertedBigEndian8(kT0) + "dec_old", "");
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  StatusOr<Decision> whole = s.Get("dec_old");
+  REQUIRE_MESSAGE(whole.ok(), whole.status().ToString());
+  CHECK(whole->trace == LongTrace("raw output"));
+  CHECK(whole->trace_whole);
+  StatusOr<DecisionPage> page = s.List("", "", "", 10);
+  REQUIRE(page.ok());
+  REQUIRE(page->items.size() == 1);
+  CHECK(page->items[0].trace == LongTrace("raw output"));
+  StatusOr<Decision> hit = s.GetByKey("key-a", kT0);  // the same contract as new records
+  REQUIRE(hit.ok());
+  CHECK(hit->trace == kSummary);
+  CHECK_FALSE(hit->trace_whole);
+}
+
 TEST_CASE("List pages through decisions newest first with a cursor and a step filter") {
   TempDir dir;
   auto store = OpenStore(dir.path());
@@ -160,7 +271,9 @@ TEST_CASE("the in-memory decision cache stays within its byte budget, large deci
     StatusOr<Decision> got = s.GetByKey("key-" + std::to_string(i), kT0);
     REQUIRE(got.ok());
     CHECK(got->decision_id == "dec_" + std::to_string(i));
-    CHECK(got->trace["attempts"][0]["n"] == i);
+    StatusOr<Decision> whole = s.Get("dec_" + std::to_string(i));  // the trace is read by id
+    REQUIRE(whole.ok());
+    CHECK(whole->trace["attempts"][0]["n"] == i);
   }
   CHECK(s.CachedBytes() <= kBudget);
   // A decision larger than a shard's whole share is served but not kept.
@@ -187,10 +300,15 @@ TEST_CASE(
   {
     auto store = OpenStore(dir.path());
     DecisionStore& s = store->decisions();
-    REQUIRE(s.PutIfAbsent(MakeDecision("dec_old", "key-a", "t", kT0, kT0 + 100), kT0).ok());
-    REQUIRE(s.Replace(MakeDecision("dec_new", "key-a", "t", kT0 + 1, kT0 + 1'000)).ok());
-    REQUIRE(s.PutIfAbsent(MakeDecision("dec_forever", "key-b", "t", kT0), kT0).ok());
-    REQUIRE(s.PutIfAbsent(MakeDecision("dec_short", "key-c", "t", kT0, kT0 + 100), kT0).ok());
+    auto traced = [](Decision d) {  // with a trace kept apart, which goes with it
+      d.trace = LongTrace("raw of " + d.decision_id);
+      return d;
+    };
+    REQUIRE(s.PutIfAbsent(traced(MakeDecision("dec_old", "key-a", "t", kT0, kT0 + 100)), kT0).ok());
+    REQUIRE(s.Replace(traced(MakeDecision("dec_new", "key-a", "t", kT0 + 1, kT0 + 1'000))).ok());
+    REQUIRE(s.PutIfAbsent(traced(MakeDecision("dec_forever", "key-b", "t", kT0)), kT0).ok());
+    REQUIRE(
+        s.PutIfAbsent(traced(MakeDecision("dec_short", "key-c", "t", kT0, kT0 + 100)), kT0).ok());
     CHECK(s.GetByKey("key-c", kT0).ok());  // in the in-memory cache
     CHECK(s.SweepExpired(kT0 + 99, 100).value() == 0);
     CHECK(s.SweepExpired(kT0 + 100, 100).value() == 2);  // dec_old (superseded), dec_short
@@ -205,9 +323,11 @@ TEST_CASE(
     StatusOr<DecisionPage> page = s.List("", "", "", 10);
     REQUIRE(page.ok());
     CHECK(page->items.size() == 2);  // dec_forever, dec_short2
+    CHECK(s.Get("dec_forever")->trace == LongTrace("raw of dec_forever"));
   }
   if (testing::OnPostgres()) return;  // RocksDB's index families below
   CHECK(RawKeys(dir.path(), "decisions") == std::vector<std::string>{"dec_forever", "dec_short2"});
+  CHECK(RawKeys(dir.path(), "decision_traces") == std::vector<std::string>{"dec_forever"});
   CHECK(RawKeys(dir.path(), "decision_keys") == std::vector<std::string>{"key-b", "key-c"});
   CHECK(RawKeys(dir.path(), "decisions_by_time").size() == 2);
   CHECK(RawKeys(dir.path(), "decisions_by_step").size() == 2);

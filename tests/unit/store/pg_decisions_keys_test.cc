@@ -328,6 +328,25 @@ TEST_SUITE("postgres") {
     CHECK(b.Release("cron:x", "run-1", token).ok());
     CHECK(a.Acquire("cron:x", "run-2", "", 1'000, kT0 + 1'001)->outcome == LeaseOutcome::kAcquired);
   }
+
+  TEST_CASE("a cache hit does not read the trace column, a read by id does") {
+    TempDir dir;
+    auto store = OpenStore(dir.path());
+    Decision d;
+    d.decision_id = "dec_1";
+    d.decision_key = "key-a";
+    d.step = "triage";
+    d.output = Json{{"label", "x"}};
+    d.trace = Json{{"attempts", Json::array({Json{{"raw", "{}"}}})}, {"cost_usd", 0.5}};
+    REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+    auto raw = RawPool(dir.path());
+    CHECK(Count(*raw, "SELECT count(*) FROM decisions WHERE trace IS NOT NULL") == 1);
+    REQUIRE(raw->Exec("UPDATE decisions SET trace = 'not json'").ok());
+    StatusOr<Decision> hit = store->decisions().GetByKey("key-a", kT0);
+    REQUIRE_MESSAGE(hit.ok(), hit.status().ToString());
+    CHECK(hit->trace == Json{{"cost_usd", 0.5}});
+    CHECK(store->decisions().Get("dec_1").status().code() == Code::kInternal);
+  }
 }
 
 }  // namespace

@@ -52,7 +52,9 @@ Decision MakeDecision(const std::string& id, const std::string& key, int64_t at,
   d.step = "triage";
   d.output = Json{{"label", id}};
   d.material = Json{{"input", key}};
-  d.trace = Json{{"attempts", 1}};
+  // Attempts make the trace one the engines keep apart from the decision.
+  d.trace = Json{{"attempts", Json::array({Json{{"raw", "{\"label\":\"" + id + "\"}"}}})},
+                 {"cost_usd", 0.25}};
   d.provider = "fake";
   d.model = "m1";
   d.prompt_version = "v1";
