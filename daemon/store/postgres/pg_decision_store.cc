@@ -48,8 +48,7 @@ CREATE TABLE decisions (
   status        text NOT NULL,
   created_at_ms bigint NOT NULL,
   expires_at_ms bigint NOT NULL,  -- 0: kept forever
-  body          text NOT NULL,    -- the hot record (EncodeDecision)
-  trace         text              -- the whole trace; NULL: whole in body
+  body          text NOT NULL     -- the hot record (EncodeDecision)
 );
 CREATE INDEX decisions_by_time ON decisions (created_at_ms DESC, decision_id);
 CREATE INDEX decisions_by_step ON decisions (step, created_at_ms DESC, decision_id);
@@ -59,6 +58,11 @@ CREATE TABLE decision_keys (
   decision_id   text COLLATE "C" NOT NULL,
   expires_at_ms bigint NOT NULL  -- the cached decision's
 );
+)sql";
+
+// Migration 2 (session 7): the trace kept apart from the hot record.
+extern const std::string_view kSchemaDecisionTraces = R"sql(
+ALTER TABLE decisions ADD COLUMN trace text;  -- the whole trace; NULL: whole in body
 )sql";
 
 namespace {

@@ -17,6 +17,7 @@ const std::vector<Migration>& Migrations() {
       v1 += "\n";
     }
     m->push_back(Migration{1, "initial schema", std::move(v1)});
+    m->push_back(Migration{2, "decision traces apart", std::string(kSchemaDecisionTraces)});
     return m;
   }();
   return *all;

@@ -63,6 +63,8 @@ extern const std::string_view kSchemaLeases;
 extern const std::string_view kSchemaEscalations;
 extern const std::string_view kSchemaOutbox;
 extern const std::string_view kSchemaTraces;
+// --- later migrations
+extern const std::string_view kSchemaDecisionTraces;  // 2
 
 struct Migration {
   int version;

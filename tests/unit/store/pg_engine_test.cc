@@ -48,6 +48,37 @@ TEST_SUITE("postgres") {
     CHECK(again->empty());
   }
 
+  TEST_CASE("a schema of migration 1 gains the decision trace column and stores traces apart") {
+    TempDir dir;
+    const std::string schema = PgSchemaFor(dir.path());
+    auto pool = PoolFor(schema);
+    REQUIRE(pg::Migrate(*pool).ok());
+    // Back to what the first release created.
+    REQUIRE(pool->Exec("ALTER TABLE decisions DROP COLUMN trace").ok());
+    REQUIRE(pool->Exec("DELETE FROM schema_migrations WHERE version >= 2").ok());
+    auto applied = pg::Migrate(*pool);
+    REQUIRE_MESSAGE(applied.ok(), applied.status().ToString());
+    CHECK(*applied == std::vector<int>{2});
+
+    PgStoreOptions o;
+    o.conninfo = PgConninfo();
+    o.schema = schema;
+    o.pool_size = 2;
+    auto store = OpenPostgresStore(o);
+    REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+    Decision d;
+    d.decision_id = "dec_00000000000000000000000000000001";
+    d.decision_key = std::string(64, 'a');
+    d.step = "triage";
+    d.output = Json{{"label", "spam"}};
+    d.trace = Json{{"attempts", Json::array({Json{{"raw", "{...}"}}})}, {"cost_usd", 0.001}};
+    d.created_at_ms = testing::kT0;
+    REQUIRE((*store)->decisions().PutIfAbsent(d, testing::kT0).ok());
+    auto read = (*store)->decisions().Get(d.decision_id);
+    REQUIRE_MESSAGE(read.ok(), read.status().ToString());
+    CHECK(read->trace == d.trace);
+  }
+
   TEST_CASE("a database newer than the binary is refused, not migrated") {
     TempDir dir;
     auto pool = PoolFor(PgSchemaFor(dir.path()));
