@@ -537,7 +537,7 @@ TEST_SUITE("postgres") {
     std::map<std::string, std::string> env = {{"IDEM_PG_URL", cluster.url}};
     CliResult first = RunCli({"migrate", "--config", cluster.config}, "", env);
     CHECK_MESSAGE(first.exit_code == 0, first.err);
-    CHECK(first.out.find("applied migration 1") != std::string::npos);
+    CHECK(first.out.find("applied migrations 1, 2") != std::string::npos);
     CliResult again = RunCli({"migrate", "--config", cluster.config}, "", env);
     CHECK_MESSAGE(again.exit_code == 0, again.err);
     CHECK(again.out.find("up to date") != std::string::npos);
