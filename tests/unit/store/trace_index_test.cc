@@ -225,6 +225,12 @@ TEST_CASE("many_trace_log_files_never_stall_the_other_writes" * doctest::test_su
     REQUIRE(t.Add(Entry(kTraceA, kT0 + i, "request", "r" + std::to_string(i))).ok());
     FlushTraceLog(**db, t);
   }
+  // Compaction would have moved them out of level 0 (or merged them).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  rocksdb::ColumnFamilyMetaData meta;
+  (*db)->raw().GetColumnFamilyMetaData((*db)->handle(rocks::Family::kTraceLog), &meta);
+  REQUIRE(!meta.levels.empty());
+  CHECK(meta.levels[0].files.size() == 40);
   CHECK(TraceLogFiles(**db) == 40);
   rocks::RecordBatch rb(**db);
   rb.Put(rocks::Family::kMeta, "probe", "1");
