@@ -1,26 +1,71 @@
 // The libcurl implementation of HttpClient. This is the one file that talks
-// to libcurl: CURLcode values become Status here.
+// to libcurl: CURLcode values become Status here. libcurl is not linked: it is
+// loaded on the first Send (daemon/core/dynlib.h) and called through CurlApi;
+// <curl/curl.h> gives the types and constants only.
 #include <curl/curl.h>
 #include <strings.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "daemon/core/dynlib.h"
 #include "daemon/core/http_client.h"
 #include "daemon/core/mutex.h"
 
 namespace idem {
 namespace {
 
-void GlobalInitOnce() {
+// The libcurl functions this file calls. decltype keeps the variadic ones
+// (curl_easy_setopt, curl_easy_getinfo, curl_share_setopt) variadic. The
+// members are not named like the functions: curl's typecheck-gcc.h defines
+// function-like macros of those names.
+struct CurlApi {
+  decltype(&::curl_global_init) global_init;
+  decltype(&::curl_easy_strerror) easy_strerror;
+  decltype(&::curl_slist_append) slist_append;
+  decltype(&::curl_slist_free_all) slist_free_all;
+  decltype(&::curl_share_init) share_init;
+  decltype(&::curl_share_setopt) share_setopt;
+  decltype(&::curl_share_cleanup) share_cleanup;
+  decltype(&::curl_easy_init) easy_init;
+  decltype(&::curl_easy_setopt) easy_setopt;
+  decltype(&::curl_easy_perform) easy_perform;
+  decltype(&::curl_easy_getinfo) easy_getinfo;
+  decltype(&::curl_easy_reset) easy_reset;
+  decltype(&::curl_easy_cleanup) easy_cleanup;
+};
+
+void BindCurl(DynSymbols& s, CurlApi& a) {
+  s.Bind(a.global_init, "curl_global_init");
+  s.Bind(a.easy_strerror, "curl_easy_strerror");
+  s.Bind(a.slist_append, "curl_slist_append");
+  s.Bind(a.slist_free_all, "curl_slist_free_all");
+  s.Bind(a.share_init, "curl_share_init");
+  s.Bind(a.share_setopt, "curl_share_setopt");
+  s.Bind(a.share_cleanup, "curl_share_cleanup");
+  s.Bind(a.easy_init, "curl_easy_init");
+  s.Bind(a.easy_setopt, "curl_easy_setopt");
+  s.Bind(a.easy_perform, "curl_easy_perform");
+  s.Bind(a.easy_getinfo, "curl_easy_getinfo");
+  s.Bind(a.easy_reset, "curl_easy_reset");
+  s.Bind(a.easy_cleanup, "curl_easy_cleanup");
+}
+
+// libcurl, loaded and globally initialised once per process.
+StatusOr<const CurlApi*> LoadCurl() {
+  // Never destroyed: threads may still send while the process exits.
+  static auto* lib = new LazyLibrary<CurlApi>("libcurl.so.4", "libcurl4", &BindCurl);
+  ASSIGN_OR_RETURN(const CurlApi* api, lib->Get());
   // curl_global_init is not guaranteed thread-safe; run it exactly once.
   static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  std::call_once(once, [api] { api->global_init(CURL_GLOBAL_DEFAULT); });
+  return api;
 }
 
 // The URL as it may appear in an error message: without the query string or
@@ -82,14 +127,16 @@ size_t OnHeader(char* data, size_t size, size_t count, void* user) {
 }
 
 struct SlistDeleter {
-  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+  const CurlApi* curl;
+  void operator()(curl_slist* list) const { curl->slist_free_all(list); }
 };
 using Slist = std::unique_ptr<curl_slist, SlistDeleter>;
 
 bool HasLineBreak(std::string_view s) { return s.find_first_of("\r\n") != std::string_view::npos; }
 
-Status StatusFromCurl(CURLcode code, const std::string& what, const char* errbuf) {
-  std::string detail = curl_easy_strerror(code);
+Status StatusFromCurl(const CurlApi& curl, CURLcode code, const std::string& what,
+                      const char* errbuf) {
+  std::string detail = curl.easy_strerror(code);
   if (errbuf[0] != '\0') {
     detail += ": ";
     detail += Trim(errbuf);
@@ -121,41 +168,31 @@ Status StatusFromCurl(CURLcode code, const std::string& what, const char* errbuf
 
 class CurlHttpClient final : public HttpClient {
  public:
-  CurlHttpClient() {
-    share_ = curl_share_init();
-    if (share_ != nullptr) {
-      curl_share_setopt(share_, CURLSHOPT_LOCKFUNC, &CurlHttpClient::LockShared);
-      curl_share_setopt(share_, CURLSHOPT_UNLOCKFUNC, &CurlHttpClient::UnlockShared);
-      curl_share_setopt(share_, CURLSHOPT_USERDATA, this);
-      curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-      curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
-      // The connection cache is deliberately not shared (CURL_LOCK_DATA_CONNECT):
-      // with transfers running in several threads, libcurl 7.x reads the
-      // state of connections in use by other threads while scanning a shared
-      // cache (curl issue #4915). Each pooled easy handle keeps its own live
-      // connections instead, which curl_easy_reset preserves, so a handle
-      // taken from the pool reuses the connection its last request opened.
-    }
-  }
+  CurlHttpClient() = default;
 
   ~CurlHttpClient() override {
+    const CurlApi* curl = curl_.load(std::memory_order_acquire);
+    if (curl == nullptr) return;  // never sent: nothing of libcurl's to free
     {
       MutexLock lock(pool_mu_);
-      for (CURL* h : idle_) curl_easy_cleanup(h);
+      for (CURL* h : idle_) curl->easy_cleanup(h);
       idle_.clear();
     }
-    if (share_ != nullptr) curl_share_cleanup(share_);
+    if (share_ != nullptr) curl->share_cleanup(share_);
   }
 
   StatusOr<HttpResponse> Send(const HttpRequest& request) override {
     const std::string what = request.method + " " + UrlForMessages(request.url);
     if (request.url.empty()) return InvalidArgument("HTTP request without a URL");
+    StatusOr<const CurlApi*> loaded = Curl();
+    if (!loaded.ok()) return loaded.status().Annotate(what);
+    const CurlApi& curl = **loaded;
     static constexpr std::array<std::string_view, 6> kMethods = {"GET",   "POST",   "PUT",
                                                                  "PATCH", "DELETE", "HEAD"};
     if (std::find(kMethods.begin(), kMethods.end(), request.method) == kMethods.end()) {
       return InvalidArgument(what + ": unsupported HTTP method");
     }
-    Slist headers;
+    Slist headers(nullptr, SlistDeleter{&curl});
     bool has_expect = false;
     for (const auto& [name, value] : request.headers) {
       if (name.empty() || HasLineBreak(name) || HasLineBreak(value) ||
@@ -165,7 +202,7 @@ class CurlHttpClient final : public HttpClient {
                                (HasLineBreak(name) ? std::string("?") : name) + "'");
       }
       std::string line = name + ": " + value;
-      curl_slist* next = curl_slist_append(headers.get(), line.c_str());
+      curl_slist* next = curl.slist_append(headers.get(), line.c_str());
       if (next == nullptr) return Internal(what + ": out of memory building headers");
       headers.release();
       headers.reset(next);
@@ -173,13 +210,13 @@ class CurlHttpClient final : public HttpClient {
     }
     if (!has_expect) {
       // No "Expect: 100-continue" round trip before large bodies.
-      curl_slist* next = curl_slist_append(headers.get(), "Expect:");
+      curl_slist* next = curl.slist_append(headers.get(), "Expect:");
       if (next == nullptr) return Internal(what + ": out of memory building headers");
       headers.release();
       headers.reset(next);
     }
 
-    CURL* h = Acquire();
+    CURL* h = Acquire(curl);
     if (h == nullptr) return Internal(what + ": curl_easy_init failed");
 
     HttpResponse response;
@@ -187,56 +224,56 @@ class CurlHttpClient final : public HttpClient {
     char errbuf[CURL_ERROR_SIZE];
     errbuf[0] = '\0';
 
-    curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
-    if (share_ != nullptr) curl_easy_setopt(h, CURLOPT_SHARE, share_);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // required with threads and timeouts
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
-    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "");  // whatever curl can decode
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+    curl.easy_setopt(h, CURLOPT_URL, request.url.c_str());
+    if (share_ != nullptr) curl.easy_setopt(h, CURLOPT_SHARE, share_);
+    curl.easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // required with threads and timeouts
+    curl.easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+    curl.easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl.easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    curl.easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl.easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "");  // whatever curl can decode
+    curl.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(std::max<int64_t>(1, request.connect_timeout_ms)));
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS,
+    curl.easy_setopt(h, CURLOPT_TIMEOUT_MS,
                      static_cast<long>(std::max<int64_t>(1, request.timeout_ms)));
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &write);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, &response.headers);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+    curl.easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    curl.easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
+    curl.easy_setopt(h, CURLOPT_WRITEDATA, &write);
+    curl.easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
+    curl.easy_setopt(h, CURLOPT_HEADERDATA, &response.headers);
+    curl.easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
 
     if (request.method == "GET") {
-      curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+      curl.easy_setopt(h, CURLOPT_HTTPGET, 1L);
     } else if (request.method == "HEAD") {
-      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+      curl.easy_setopt(h, CURLOPT_NOBODY, 1L);
     } else {
       if (request.method != "POST") {
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+        curl.easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
       }
       if (request.method == "POST" || !request.body.empty()) {
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
-        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+        curl.easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
+        curl.easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
                          static_cast<curl_off_t>(request.body.size()));
       }
     }
 
-    CURLcode rc = curl_easy_perform(h);
+    CURLcode rc = curl.easy_perform(h);
     long status = 0;
-    if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (rc == CURLE_OK) curl.easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     Status error;
     if (rc != CURLE_OK) {
       if (rc == CURLE_WRITE_ERROR && write.too_large) {
         error = ResourceExhausted(what + ": response body larger than " +
                                   std::to_string(request.max_response_bytes) + " bytes");
       } else {
-        error = StatusFromCurl(rc, what, errbuf);
+        error = StatusFromCurl(curl, rc, what, errbuf);
       }
     }
     // Drop every pointer into this stack frame; live connections survive.
-    curl_easy_reset(h);
-    Release(h);
+    curl.easy_reset(h);
+    Release(curl, h);
     if (!error.ok()) return error;
     response.status = static_cast<int>(status);
     return response;
@@ -254,7 +291,32 @@ class CurlHttpClient final : public HttpClient {
     self->share_locks_[static_cast<size_t>(data) % self->share_locks_.size()].unlock();
   }
 
-  CURL* Acquire() {
+  // libcurl and this client's share handle, made on the first Send.
+  StatusOr<const CurlApi*> Curl() {
+    if (const CurlApi* curl = curl_.load(std::memory_order_acquire)) return curl;
+    MutexLock lock(init_mu_);
+    if (const CurlApi* curl = curl_.load(std::memory_order_relaxed)) return curl;
+    ASSIGN_OR_RETURN(const CurlApi* curl, LoadCurl());
+    share_ = curl->share_init();
+    if (share_ != nullptr) {
+      curl->share_setopt(share_, CURLSHOPT_LOCKFUNC, &CurlHttpClient::LockShared);
+      curl->share_setopt(share_, CURLSHOPT_UNLOCKFUNC, &CurlHttpClient::UnlockShared);
+      curl->share_setopt(share_, CURLSHOPT_USERDATA, this);
+      curl->share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+      curl->share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+      // The connection cache is deliberately not shared (CURL_LOCK_DATA_CONNECT):
+      // with transfers running in several threads, libcurl 7.x reads the
+      // state of connections in use by other threads while scanning a shared
+      // cache (curl issue #4915). Each pooled easy handle keeps its own live
+      // connections instead, which curl_easy_reset preserves, so a handle
+      // taken from the pool reuses the connection its last request opened.
+    }
+    // Publishes share_ with the table: readers load curl_ first.
+    curl_.store(curl, std::memory_order_release);
+    return curl;
+  }
+
+  CURL* Acquire(const CurlApi& curl) {
     {
       MutexLock lock(pool_mu_);
       if (!idle_.empty()) {
@@ -263,10 +325,10 @@ class CurlHttpClient final : public HttpClient {
         return h;
       }
     }
-    return curl_easy_init();
+    return curl.easy_init();
   }
 
-  void Release(CURL* h) {
+  void Release(const CurlApi& curl, CURL* h) {
     {
       MutexLock lock(pool_mu_);
       if (idle_.size() < kMaxIdleHandles) {
@@ -274,10 +336,12 @@ class CurlHttpClient final : public HttpClient {
         return;
       }
     }
-    curl_easy_cleanup(h);
+    curl.easy_cleanup(h);
   }
 
-  CURLSH* share_ = nullptr;
+  Mutex init_mu_;  // serialises the first Send's Curl()
+  std::atomic<const CurlApi*> curl_{nullptr};
+  CURLSH* share_ = nullptr;  // written once before curl_ is set, then read-only
   // One lock per kind of shared data, as curl_share_setopt asks.
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks_;
   Mutex pool_mu_;
@@ -288,9 +352,6 @@ class CurlHttpClient final : public HttpClient {
 
 }  // namespace
 
-std::unique_ptr<HttpClient> MakeCurlHttpClient() {
-  GlobalInitOnce();
-  return std::make_unique<CurlHttpClient>();
-}
+std::unique_ptr<HttpClient> MakeCurlHttpClient() { return std::make_unique<CurlHttpClient>(); }
 
 }  // namespace idem

@@ -14,6 +14,9 @@
 //                                 max_response_bytes;
 //   InvalidArgument               malformed URL, unsupported scheme or
 //                                 method, a header containing CR or LF.
+//   FailedPrecondition            (the libcurl client) libcurl.so.4 cannot
+//                                 be loaded: the message names it and the
+//                                 Debian package to install (libcurl4).
 // Status messages name the method and the URL without its query string and
 // never contain request headers or bodies (headers carry API keys).
 //
@@ -69,7 +72,12 @@ class HttpClient {
 // live connections for reuse (keep-alive), and shares the DNS cache and TLS
 // sessions between them. TLS peer and host verification are always on; the
 // usual proxy variables (http_proxy, https_proxy, no_proxy) are honoured.
-// Calls curl_global_init once per process on first use.
+// Creating a client costs nothing: libcurl is not linked into `idem` but
+// loaded (dlopen, daemon/core/dynlib.h) by the first Send of any client in
+// the process, which also calls curl_global_init; a daemon that never calls
+// out never maps libcurl and its TLS/Kerberos/LDAP dependencies (idle RSS,
+// issue 9). If it cannot be loaded, every Send fails with FailedPrecondition
+// (and tries loading again).
 std::unique_ptr<HttpClient> MakeCurlHttpClient();
 
 }  // namespace idem

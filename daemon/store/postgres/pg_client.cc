@@ -5,8 +5,60 @@
 #include <cstring>
 #include <utility>
 
+#include "daemon/core/dynlib.h"
+
 namespace idem::pg {
 namespace {
+
+// The libpq functions this file calls.
+struct PqApi {
+  decltype(&::PQconnectdb) connectdb;
+  decltype(&::PQstatus) status;
+  decltype(&::PQerrorMessage) error_message;
+  decltype(&::PQfinish) finish;
+  decltype(&::PQexec) exec;
+  decltype(&::PQexecParams) exec_params;
+  decltype(&::PQresultStatus) result_status;
+  decltype(&::PQresultErrorField) result_error_field;
+  decltype(&::PQresultErrorMessage) result_error_message;
+  decltype(&::PQntuples) ntuples;
+  decltype(&::PQgetisnull) getisnull;
+  decltype(&::PQgetvalue) getvalue;
+  decltype(&::PQgetlength) getlength;
+  decltype(&::PQcmdTuples) cmd_tuples;
+  decltype(&::PQclear) clear;
+};
+
+void BindPq(DynSymbols& s, PqApi& a) {
+  s.Bind(a.connectdb, "PQconnectdb");
+  s.Bind(a.status, "PQstatus");
+  s.Bind(a.error_message, "PQerrorMessage");
+  s.Bind(a.finish, "PQfinish");
+  s.Bind(a.exec, "PQexec");
+  s.Bind(a.exec_params, "PQexecParams");
+  s.Bind(a.result_status, "PQresultStatus");
+  s.Bind(a.result_error_field, "PQresultErrorField");
+  s.Bind(a.result_error_message, "PQresultErrorMessage");
+  s.Bind(a.ntuples, "PQntuples");
+  s.Bind(a.getisnull, "PQgetisnull");
+  s.Bind(a.getvalue, "PQgetvalue");
+  s.Bind(a.getlength, "PQgetlength");
+  s.Bind(a.cmd_tuples, "PQcmdTuples");
+  s.Bind(a.clear, "PQclear");
+}
+
+StatusOr<const PqApi*> LoadPq() {
+  // Never destroyed: connections may still close while the process exits.
+  static auto* lib = new LazyLibrary<PqApi>("libpq.so.5", "libpq5", &BindPq);
+  return lib->Get();
+}
+
+// libpq, for code that holds a connection or a result: Conn::Open loaded it.
+const PqApi& Pq() {
+  StatusOr<const PqApi*> pq = LoadPq();
+  if (!pq.ok()) std::abort();  // a PGconn or PGresult without libpq: a bug
+  return **pq;
+}
 
 // The first line of libpq's message, without the trailing newline.
 std::string Trimmed(const char* msg) {
@@ -16,12 +68,13 @@ std::string Trimmed(const char* msg) {
 }
 
 Status FromResult(PGconn* c, PGresult* r, std::string_view sql) {
-  const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
-  std::string msg = Trimmed(r ? PQresultErrorMessage(r) : PQerrorMessage(c));
-  if (msg.empty()) msg = Trimmed(PQerrorMessage(c));
+  const PqApi& pq = Pq();
+  const char* state = r ? pq.result_error_field(r, PG_DIAG_SQLSTATE) : nullptr;
+  std::string msg = Trimmed(r ? pq.result_error_message(r) : pq.error_message(c));
+  if (msg.empty()) msg = Trimmed(pq.error_message(c));
   std::string head(sql.substr(0, 60));
   std::string text = "postgres: " + msg + " [" + head + (sql.size() > 60 ? "…" : "") + "]";
-  if (PQstatus(c) != CONNECTION_OK) return Unavailable(text);
+  if (pq.status(c) != CONNECTION_OK) return Unavailable(text);
   if (state == nullptr) return Unavailable(text);
   std::string_view st(state);
   if (st == "40001" || st == "40P01") return Aborted(text).WithRetryable(true);
@@ -47,9 +100,20 @@ Param Bytea(std::string_view bytes) {
   return out;
 }
 
+Result::Result(PGresult* r) : r_(r, Pq().clear) {}
+
+int Result::rows() const { return r_ ? Pq().ntuples(r_.get()) : 0; }
+
+bool Result::null(int row, int col) const { return Pq().getisnull(r_.get(), row, col) != 0; }
+
+std::string_view Result::text(int row, int col) const {
+  const PqApi& pq = Pq();
+  return {pq.getvalue(r_.get(), row, col), static_cast<size_t>(pq.getlength(r_.get(), row, col))};
+}
+
 int64_t Result::i64(int row, int col) const {
   if (null(row, col)) return 0;
-  return std::strtoll(PQgetvalue(r_.get(), row, col), nullptr, 10);
+  return std::strtoll(Pq().getvalue(r_.get(), row, col), nullptr, 10);
 }
 
 std::string Result::bytea(int row, int col) const {
@@ -70,7 +134,7 @@ std::string Result::bytea(int row, int col) const {
 }
 
 int64_t Result::affected() const {
-  const char* n = r_ ? PQcmdTuples(r_.get()) : nullptr;
+  const char* n = r_ ? Pq().cmd_tuples(r_.get()) : nullptr;
   return (n && *n) ? std::strtoll(n, nullptr, 10) : 0;
 }
 
@@ -86,11 +150,14 @@ std::string QuoteIdent(std::string_view name) {
 
 StatusOr<std::unique_ptr<Conn>> Conn::Open(const std::string& conninfo, const std::string& schema,
                                            int64_t statement_timeout_ms) {
-  PGconn* c = PQconnectdb(conninfo.c_str());
+  StatusOr<const PqApi*> loaded = LoadPq();
+  if (!loaded.ok()) return loaded.status().Annotate("postgres");
+  const PqApi& pq = **loaded;
+  PGconn* c = pq.connectdb(conninfo.c_str());
   if (c == nullptr) return Unavailable("postgres: out of memory opening a connection");
-  if (PQstatus(c) != CONNECTION_OK) {
-    std::string msg = Trimmed(PQerrorMessage(c));
-    PQfinish(c);
+  if (pq.status(c) != CONNECTION_OK) {
+    std::string msg = Trimmed(pq.error_message(c));
+    pq.finish(c);
     return Unavailable("postgres: cannot connect: " + msg);
   }
   std::unique_ptr<Conn> conn(new Conn(c));
@@ -101,31 +168,33 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const std::string& conninfo, const st
   return conn;
 }
 
-Conn::~Conn() { PQfinish(c_); }
+Conn::~Conn() { Pq().finish(c_); }
 
-bool Conn::healthy() const { return PQstatus(c_) == CONNECTION_OK; }
+bool Conn::healthy() const { return Pq().status(c_) == CONNECTION_OK; }
 
 StatusOr<Result> Conn::Exec(std::string_view sql, const std::vector<Param>& params) {
   std::string q(sql);
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const Param& p : params) values.push_back(p ? p->c_str() : nullptr);
-  PGresult* r = PQexecParams(c_, q.c_str(), static_cast<int>(params.size()), nullptr, values.data(),
-                             nullptr, nullptr, 0);
-  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  const PqApi& pq = Pq();
+  PGresult* r = pq.exec_params(c_, q.c_str(), static_cast<int>(params.size()), nullptr,
+                               values.data(), nullptr, nullptr, 0);
+  ExecStatusType st = r ? pq.result_status(r) : PGRES_FATAL_ERROR;
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return Result(r);
   Status s = FromResult(c_, r, sql);
-  if (r) PQclear(r);
+  if (r) pq.clear(r);
   return s;
 }
 
 Status Conn::ExecScript(std::string_view sql) {
   std::string q(sql);
-  PGresult* r = PQexec(c_, q.c_str());
-  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  const PqApi& pq = Pq();
+  PGresult* r = pq.exec(c_, q.c_str());
+  ExecStatusType st = r ? pq.result_status(r) : PGRES_FATAL_ERROR;
   Status s =
       (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) ? Status::Ok() : FromResult(c_, r, sql);
-  if (r) PQclear(r);
+  if (r) pq.clear(r);
   return s;
 }
 

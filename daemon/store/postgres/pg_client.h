@@ -12,6 +12,13 @@
 // Messages carry libpq's text, never the connection string (it may hold a
 // password).
 //
+// libpq is not linked into `idem`: the first Conn::Open loads libpq.so.5
+// (dlopen, daemon/core/dynlib.h), so a daemon on RocksDB never maps it and
+// its dependencies (idle RSS, issue 9); <libpq-fe.h> gives types and
+// constants only. When it cannot be loaded, Conn::Open (and so Pool::Open)
+// fails with FailedPrecondition naming libpq.so.5 and the Debian package
+// libpq5.
+//
 // Thread-safety: a Conn is used by one thread at a time; Pool's methods may
 // be called from any thread.
 #pragma once
@@ -47,12 +54,11 @@ Param Bytea(std::string_view bytes);
 class Result {
  public:
   Result() = default;
-  explicit Result(PGresult* r) : r_(r, &PQclear) {}
-  int rows() const { return r_ ? PQntuples(r_.get()) : 0; }
-  bool null(int row, int col) const { return PQgetisnull(r_.get(), row, col) != 0; }
-  std::string_view text(int row, int col) const {
-    return {PQgetvalue(r_.get(), row, col), static_cast<size_t>(PQgetlength(r_.get(), row, col))};
-  }
+  // Takes `r`, which a Conn made (libpq is loaded).
+  explicit Result(PGresult* r);
+  int rows() const;
+  bool null(int row, int col) const;
+  std::string_view text(int row, int col) const;
   std::string str(int row, int col) const { return std::string(text(row, col)); }
   int64_t i64(int row, int col) const;  // 0 for NULL
   bool boolean(int row, int col) const { return text(row, col) == "t"; }
