@@ -352,6 +352,8 @@ class CurlHttpClient final : public HttpClient {
 
 }  // namespace
 
+Status LoadLibcurl() { return LoadCurl().status(); }
+
 std::unique_ptr<HttpClient> MakeCurlHttpClient() { return std::make_unique<CurlHttpClient>(); }
 
 }  // namespace idem

@@ -80,4 +80,9 @@ class HttpClient {
 // (and tries loading again).
 std::unique_ptr<HttpClient> MakeCurlHttpClient();
 
+// Loads libcurl now, as the first Send would: for a caller that will surely
+// call out (a daemon with an LLM provider) and wants a missing library
+// reported when it starts. OK, or the FailedPrecondition above.
+Status LoadLibcurl();
+
 }  // namespace idem

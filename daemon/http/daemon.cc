@@ -237,6 +237,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                            *d->clock_, outbox_coordination));
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
+    if (pc.type != "scripted" && pc.type != "replay") {
+      // An LLM over HTTP: libcurl is needed at once, so a missing one stops
+      // the start (effectors load it on their first call: an idle daemon on
+      // the default config never maps it).
+      if (Status curl = LoadLibcurl(); !curl.ok()) return curl.Annotate("provider " + name);
+    }
     auto p = MakeProvider(pc, *d->traced_client_, env);
     if (!p.ok()) return p.status().Annotate("provider " + name);
     providers.emplace(name, std::move(p).value());

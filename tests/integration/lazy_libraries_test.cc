@@ -1,0 +1,129 @@
+// libcurl and libpq are loaded only when first needed (issue 9, idle RSS):
+// the real daemon's /proc/<pid>/maps shows which shared libraries it mapped.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+
+#include "tests/fakes/fake_effector.h"
+#include "tests/fakes/fake_provider.h"
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+using fakes::FakeEffectorServer;
+using fakes::FakeProviderServer;
+using fakes::FakeReply;
+
+// True if the process maps a file whose name contains `library`
+// ("/libcurl.so", "/libpq.so").
+bool Maps(const DaemonProcess& daemon, const std::string& library) {
+  std::ifstream in("/proc/" + std::to_string(daemon.pid()) + "/maps");
+  REQUIRE(in.good());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(library) != std::string::npos) return true;
+  }
+  return false;
+}
+
+const char* kDecide =
+    R"({"step":"triage_ticket","input":{"ticket_id":"T-1","text":"where is my refund"}})";
+
+TEST_CASE("a daemon on RocksDB and a scripted provider maps neither libcurl nor libpq") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kQuestionRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  // Serving and deciding need neither.
+  auto decided = daemon->Client()->Post("/v1/decide", kDecide, "application/json");
+  REQUIRE(decided);
+  CHECK(decided->status == 200);
+  CHECK_FALSE(Maps(*daemon, "/libcurl.so"));
+  CHECK_FALSE(Maps(*daemon, "/libpq.so"));
+  // The process does map shared libraries (the check can see them).
+  CHECK(Maps(*daemon, "/librocksdb.so"));
+}
+
+TEST_CASE("an HTTP effector loads libcurl on its first call, not when the daemon starts") {
+  auto target = FakeEffectorServer::Start();
+  REQUIRE(target != nullptr);
+  TempDir dir;
+  std::string config =
+      WriteTestConfig(dir, kQuestionRules,
+                      "actions:\n"
+                      "  send_invoice:\n"
+                      "    identity: {fields: [/invoice_id], version: v1}\n"
+                      "    window: forever\n"
+                      "    on_duplicate: return_original\n"
+                      "    effector: {http: {method: POST, url: \"" +
+                          target->base_url() +
+                          "/records\", idempotency: header}}\n"
+                          "    retry: {attempts: 2, base: 10ms, cap: 20ms, timeout: 5s}\n");
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  CHECK_FALSE(Maps(*daemon, "/libcurl.so"));
+
+  auto done = daemon->Client()->Post("/v1/actions/send_invoice", {{"Idempotency-Key", "\"l-1\""}},
+                                     R"({"args":{"invoice_id":"INV-1"}})", "application/json");
+  REQUIRE(done);
+  CHECK(done->status == 201);
+  CHECK(target->stats().effects == 1);
+  CHECK(Maps(*daemon, "/libcurl.so"));
+  CHECK_FALSE(Maps(*daemon, "/libpq.so"));
+}
+
+TEST_CASE("an LLM provider over HTTP has libcurl loaded when the daemon starts, and decides") {
+  auto model = FakeProviderServer::Start();
+  REQUIRE(model != nullptr);
+  model->SetDefault(FakeReply::Output({{"category", "question"},
+                                       {"priority", "normal"},
+                                       {"summary", "q"},
+                                       {"actions", Json::array()}}));
+  TempDir dir;
+  const std::string src = IDEM_SOURCE_DIR;
+  std::string config = dir.File("idem.yaml",
+                                "server:\n  listen: 127.0.0.1:0\n  threads: 8\n"
+                                "store:\n  engine: rocksdb\n  path: " +
+                                    dir.path() +
+                                    "/data\n"
+                                    "providers:\n"
+                                    "  fake:\n"
+                                    "    type: openai_compatible\n"
+                                    "    base_url: " +
+                                    model->base_url() +
+                                    "/v1\n"
+                                    "    api_key_env: IDEM_TEST_LAZY_KEY\n"
+                                    "steps:\n"
+                                    "  triage_ticket:\n"
+                                    "    provider: fake\n"
+                                    "    model: m-1\n"
+                                    "    prompt:\n"
+                                    "      template: " +
+                                    src +
+                                    "/config/prompts/triage_ticket.mustache\n"
+                                    "      version: v1\n"
+                                    "    output_schema: " +
+                                    src +
+                                    "/schemas/examples/triage_ticket.v1.json\n"
+                                    "    attempts: 1\n");
+  std::string err;
+  auto daemon = DaemonProcess::Start(
+      {config, dir.path() + "/data", {}, {{"IDEM_TEST_LAZY_KEY", "sk-lazy"}}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  // Loaded at start, so that a missing libcurl stops the start instead of
+  // failing every decision.
+  CHECK(Maps(*daemon, "/libcurl.so"));
+  CHECK(model->calls() == 0);
+  auto decided = daemon->Client()->Post("/v1/decide", kDecide, "application/json");
+  REQUIRE(decided);
+  CHECK(decided->status == 200);
+  CHECK(model->calls() == 1);
+  CHECK_FALSE(Maps(*daemon, "/libpq.so"));
+}
+
+}  // namespace
+}  // namespace idem::testing
