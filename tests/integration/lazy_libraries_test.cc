@@ -2,9 +2,12 @@
 // the real daemon's /proc/<pid>/maps shows which shared libraries it mapped.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "daemon/core/crypto.h"
+#include "daemon/store/postgres/pg_client.h"
 #include "tests/fakes/fake_effector.h"
 #include "tests/fakes/fake_provider.h"
 #include "tests/integration/harness.h"
@@ -126,4 +129,40 @@ TEST_CASE("an LLM provider over HTTP has libcurl loaded when the daemon starts, 
 }
 
 }  // namespace
+
+// On the PostgreSQL server of IDEM_TEST_PG_URL (or the PG* variables), like
+// tests/integration/postgres_cluster_test.cc.
+TEST_SUITE("postgres") {
+  TEST_CASE("a daemon on PostgreSQL loads libpq when it opens the store, and not libcurl") {
+    const char* env_url = std::getenv("IDEM_TEST_PG_URL");
+    const std::string url = env_url != nullptr ? env_url : "";
+    const std::string schema = "lazy_" + RandomHex(6);
+    TempDir dir;
+    std::string text = ReadFile(WriteTestConfig(dir, kQuestionRules));
+    const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
+    REQUIRE(text.find(rocks) != std::string::npos);
+    text.replace(text.find(rocks), rocks.size(),
+                 "  engine: postgres\n  url_env: IDEM_PG_URL\n  schema: " + schema + "\n");
+    std::string config = dir.File("idem-pg.yaml", text);
+    std::string err;
+    auto daemon =
+        DaemonProcess::Start({config, dir.path() + "/data", {}, {{"IDEM_PG_URL", url}}}, &err);
+    REQUIRE_MESSAGE(daemon != nullptr, err);
+    auto decided = daemon->Client()->Post("/v1/decide", kDecide, "application/json");
+    REQUIRE(decided);
+    CHECK(decided->status == 200);
+    CHECK(Maps(*daemon, "/libpq.so"));
+    CHECK_FALSE(Maps(*daemon, "/libcurl.so"));
+    daemon.reset();
+    pg::PoolOptions po;
+    po.conninfo = url;
+    po.schema = schema;
+    po.size = 1;
+    auto pool = pg::Pool::Open(po);
+    if (pool.ok()) {
+      (void)(*pool)->Exec("DROP SCHEMA IF EXISTS " + pg::QuoteIdent(schema) + " CASCADE");
+    }
+  }
+}
+
 }  // namespace idem::testing
