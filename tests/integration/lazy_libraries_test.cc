@@ -1,6 +1,11 @@
 // libcurl and libpq are loaded only when first needed (issue 9, idle RSS):
 // the real daemon's /proc/<pid>/maps shows which shared libraries it mapped.
+#include <dlfcn.h>
 #include <doctest/doctest.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -29,6 +34,51 @@ bool Maps(const DaemonProcess& daemon, const std::string& library) {
     if (line.find(library) != std::string::npos) return true;
   }
   return false;
+}
+
+// The file the dynamic loader finds for `soname` ("libcurl.so.4" ->
+// "/usr/lib/x86_64-linux-gnu/libcurl.so.4.8.0"), or "".
+std::string LibraryFile(const char* soname) {
+  void* handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return "";
+  link_map* map = nullptr;
+  std::string path;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) {
+    char* real = realpath(map->l_name, nullptr);
+    if (real != nullptr) path = real;
+    free(real);
+  }
+  dlclose(handle);
+  return path;
+}
+
+struct Run {
+  bool possible = false;  // false: this machine cannot hide a library
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+// Runs `env_prefix idem args` (a shell line) in a private mount namespace
+// where the file of `soname` is empty, as if its Debian package were not
+// installed: dlopen then fails ("file too short"). Needs unprivileged user
+// namespaces (unshare -rm); without them, possible is false.
+Run RunIdemWithout(const char* soname, const std::string& env_prefix, const std::string& args) {
+  Run run;
+  if (std::system("unshare -rm true >/dev/null 2>&1") != 0) return run;
+  const std::string file = LibraryFile(soname);
+  REQUIRE_MESSAGE(!file.empty(), soname);
+  run.possible = true;
+  std::string cmd =
+      env_prefix + " timeout 60 unshare -rm sh -c 'mount --bind /dev/null \"$0\" && exec \"$@\"' " +
+      file + " " + IDEM_BINARY + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.out.append(buf, n);
+  int status = pclose(p);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
 }
 
 const char* kDecide =
@@ -129,6 +179,73 @@ TEST_CASE("an LLM provider over HTTP has libcurl loaded when the daemon starts, 
 }
 
 }  // namespace
+
+TEST_CASE("without libcurl a daemon with an LLM provider does not start, and names the package") {
+  TempDir dir;
+  const std::string src = IDEM_SOURCE_DIR;
+  std::string config = dir.File("idem.yaml",
+                                "server:\n  listen: 127.0.0.1:0\n"
+                                "store:\n  engine: rocksdb\n  path: " +
+                                    dir.path() +
+                                    "/data\n"
+                                    "providers:\n"
+                                    "  llm:\n"
+                                    "    type: openai_compatible\n"
+                                    "    base_url: http://127.0.0.1:1/v1\n"
+                                    "steps:\n"
+                                    "  triage_ticket:\n"
+                                    "    provider: llm\n"
+                                    "    model: m-1\n"
+                                    "    prompt:\n"
+                                    "      template: " +
+                                    src +
+                                    "/config/prompts/triage_ticket.mustache\n"
+                                    "      version: v1\n"
+                                    "    output_schema: " +
+                                    src + "/schemas/examples/triage_ticket.v1.json\n");
+  Run run = RunIdemWithout("libcurl.so.4", "", "serve --config " + config);
+  if (!run.possible) {
+    MESSAGE("skipped: unshare -rm is not allowed here");
+    return;
+  }
+  INFO(run.out);
+  CHECK(run.exit_code == 1);
+  CHECK(run.out.find("provider llm: libcurl.so.4 cannot be loaded") != std::string::npos);
+  CHECK(run.out.find("install the Debian package libcurl4") != std::string::npos);
+}
+
+TEST_CASE("without libcurl a client command fails naming libcurl.so.4 and its package") {
+  Run run = RunIdemWithout("libcurl.so.4", "", "plans ls --url http://127.0.0.1:1");
+  if (!run.possible) {
+    MESSAGE("skipped: unshare -rm is not allowed here");
+    return;
+  }
+  INFO(run.out);
+  CHECK(run.exit_code != 0);
+  CHECK(run.out.find("libcurl.so.4 cannot be loaded") != std::string::npos);
+  CHECK(run.out.find("install the Debian package libcurl4") != std::string::npos);
+}
+
+TEST_CASE("without libpq a daemon on PostgreSQL does not start, and names the package") {
+  TempDir dir;
+  std::string text = ReadFile(WriteTestConfig(dir, kQuestionRules));
+  const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
+  REQUIRE(text.find(rocks) != std::string::npos);
+  text.replace(text.find(rocks), rocks.size(),
+               "  engine: postgres\n  url_env: IDEM_LAZY_PG_URL\n  schema: lazy_none\n");
+  std::string config = dir.File("idem-pg.yaml", text);
+  // No server is needed: the library is missing before any connection.
+  Run run = RunIdemWithout("libpq.so.5", "IDEM_LAZY_PG_URL='host=127.0.0.1 port=1'",
+                           "serve --config " + config);
+  if (!run.possible) {
+    MESSAGE("skipped: unshare -rm is not allowed here");
+    return;
+  }
+  INFO(run.out);
+  CHECK(run.exit_code == 1);
+  CHECK(run.out.find("libpq.so.5 cannot be loaded") != std::string::npos);
+  CHECK(run.out.find("install the Debian package libpq5") != std::string::npos);
+}
 
 // On the PostgreSQL server of IDEM_TEST_PG_URL (or the PG* variables), like
 // tests/integration/postgres_cluster_test.cc.
