@@ -81,6 +81,26 @@ enum class Family : int {
 
 std::string_view ColumnFamilyName(Family f);
 
+// The families read only by iterators, never by a point lookup (Get): their
+// table files carry no bloom filter. A new point lookup on one of these
+// must take it off this list.
+inline constexpr Family kScanOnlyFamilies[] = {Family::kDecisionsByTime,
+                                               Family::kDecisionsByStep,
+                                               Family::kIdemExpiry,
+                                               Family::kJournalDue,
+                                               Family::kJournalDead,
+                                               Family::kJournalRun,
+                                               Family::kJournalDoneRef,
+                                               Family::kJournalExpiry,
+                                               Family::kPlansByState,
+                                               Family::kAudit,
+                                               Family::kEscalationsByTime,
+                                               Family::kIdemInProgress,
+                                               Family::kDecisionsExpiry,
+                                               Family::kOutbox,
+                                               Family::kTraces,
+                                               Family::kTracesByTime};
+
 // The trace id that prefixes every key of kTraceLog (its bloom filters are
 // built on it).
 inline constexpr size_t kTraceIdBytes = 32;
