@@ -212,19 +212,24 @@ RecordBatch::~RecordBatch() {
 
 void RecordBatch::AddOutboxEvent(const std::string& type, const std::string& key, int64_t at_ms,
                                  Json data) {
+  StatusOr<std::string> data_text = store_internal::EncodeJson(data);
+  if (!data_text.ok()) return Fail(data_text.status());
+  AddOutboxEventText(type, key, at_ms, *data_text);
+}
+
+void RecordBatch::AddOutboxEventText(const std::string& type, const std::string& key, int64_t at_ms,
+                                     std::string_view data) {
   const uint64_t seq = db_.TakeOutboxSeq();
   outbox_seqs_.push_back(seq);
   // OutboxEvent::ToJson's members, written as text without building the
   // event (one per complete: the apply cycle's hot path).
-  StatusOr<std::string> data_text = store_internal::EncodeJson(data);
-  if (!data_text.ok()) return Fail(data_text.status());
   JsonObjectWriter text;
   text.Int("seq", static_cast<int64_t>(seq))
       .Str("event_id", OutboxEvent::IdFor(seq))
       .Str("type", type)
       .Str("key", key)
       .Int("at_ms", at_ms)
-      .Raw("data", *data_text);
+      .Raw("data", data);
   if (!text.bad().empty()) {
     return Fail(InvalidArgument("outbox event cannot be stored: " + std::string(text.bad()) +
                                 " is not valid UTF-8"));

@@ -138,6 +138,9 @@ class RecordBatch {
   // is dropped. Stage it while holding the lock of the record it reports,
   // so events of one key are numbered in the order they commit.
   void AddOutboxEvent(const std::string& type, const std::string& key, int64_t at_ms, Json data);
+  // The same with `data` already the text of a JSON object (valid UTF-8).
+  void AddOutboxEventText(const std::string& type, const std::string& key, int64_t at_ms,
+                          std::string_view data);
 
  private:
   friend class RocksDatabase;
