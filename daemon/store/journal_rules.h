@@ -8,6 +8,7 @@
 #include <string>
 
 #include "daemon/core/crypto.h"
+#include "daemon/core/json.h"
 #include "daemon/store/store.h"
 
 namespace idem::journal_rules {
@@ -148,6 +149,36 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
   }
   *writes = true;
   return JournalOpResult{.outcome = outcome, .item = std::move(next)};
+}
+
+// The outbox event a journal write raises (work done, work dead), as the
+// event's type and its data's text; nullopt when the write raises none.
+// InvalidArgument when a member is not valid UTF-8.
+struct WorkEvent {
+  const char* type;
+  std::string data;
+};
+inline StatusOr<std::optional<WorkEvent>> WorkEventFor(const std::optional<WorkItem>& before,
+                                                       const WorkItem& after) {
+  if ((before && before->state == after.state) ||
+      (after.state != WorkState::kDone && after.state != WorkState::kDead)) {
+    return std::optional<WorkEvent>();
+  }
+  const bool done = after.state == WorkState::kDone;
+  // Members sorted, as a Json object writes them.
+  JsonObjectWriter data;
+  data.Int("attempt", after.attempt);
+  if (!done) data.Str("error", after.last_error);
+  if (done && !after.external_ref.empty()) data.Str("external_ref", after.external_ref);
+  data.Str("kind", after.kind);
+  if (!after.run_id.empty()) data.Str("run_id", after.run_id);
+  data.Str("state", WorkStateName(after.state)).Str("work_id", after.work_id);
+  if (!data.bad().empty()) {
+    return InvalidArgument("outbox event cannot be stored: " + std::string(data.bad()) +
+                           " is not valid UTF-8");
+  }
+  return std::optional<WorkEvent>(
+      WorkEvent{done ? "effect.done" : "work.dead_letter", data.Take()});
 }
 
 }  // namespace idem::journal_rules

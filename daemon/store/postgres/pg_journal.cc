@@ -369,20 +369,9 @@ Status StaleLeaseStatus(const WorkItem& w) {
 
 // The outbox hears of work done and work dead, in the same transaction.
 Status StageEvent(Conn& c, const std::optional<WorkItem>& before, const WorkItem& after) {
-  if ((before && before->state == after.state) ||
-      (after.state != WorkState::kDone && after.state != WorkState::kDead)) {
-    return Status::Ok();
-  }
-  const bool done = after.state == WorkState::kDone;
-  Json data = {{"work_id", after.work_id},
-               {"kind", after.kind},
-               {"state", WorkStateName(after.state)},
-               {"attempt", after.attempt}};
-  if (!after.run_id.empty()) data["run_id"] = after.run_id;
-  if (done && !after.external_ref.empty()) data["external_ref"] = after.external_ref;
-  if (!done) data["error"] = after.last_error;
-  return StageOutboxEvent(c, done ? "effect.done" : "work.dead_letter", after.work_id,
-                          after.updated_at_ms, data);
+  ASSIGN_OR_RETURN(std::optional<WorkEvent> event, WorkEventFor(before, after));
+  if (!event) return Status::Ok();
+  return StageOutboxEventText(c, event->type, after.work_id, after.updated_at_ms, event->data);
 }
 
 Status WriteFailed(const Status& fp) {

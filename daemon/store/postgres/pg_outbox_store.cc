@@ -106,9 +106,14 @@ CREATE INDEX outbox_dead_seq ON outbox_dead (seq, subscriber);
 Status StageOutboxEvent(Conn& c, const std::string& type, const std::string& key, int64_t at_ms,
                         const Json& data) {
   ASSIGN_OR_RETURN(std::string text, store_internal::EncodeJson(data));
+  return StageOutboxEventText(c, type, key, at_ms, text);
+}
+
+Status StageOutboxEventText(Conn& c, const std::string& type, const std::string& key, int64_t at_ms,
+                            const std::string& data) {
   return c
       .Exec("INSERT INTO outbox (type, key, at_ms, data) VALUES ($1, $2, $3, $4)",
-            {P(type), P(key), P(at_ms), P(text)})
+            {P(type), P(key), P(at_ms), P(data)})
       .status();
 }
 

@@ -102,6 +102,9 @@ const std::string& JournalClaimSql();
 // it gets its seq only once committed (pg_outbox_store.cc).
 Status StageOutboxEvent(Conn& c, const std::string& type, const std::string& key, int64_t at_ms,
                         const Json& data);
+// The same with `data` already a JSON object's text.
+Status StageOutboxEventText(Conn& c, const std::string& type, const std::string& key, int64_t at_ms,
+                            const std::string& data);
 // Appends to the one linear audit chain in the caller's transaction;
 // returns the event's seq (pg_audit_log.cc).
 StatusOr<uint64_t> AppendAuditTx(Conn& c, AuditEvent event);

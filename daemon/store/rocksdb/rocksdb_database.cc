@@ -212,19 +212,24 @@ RecordBatch::~RecordBatch() {
 
 void RecordBatch::AddOutboxEvent(const std::string& type, const std::string& key, int64_t at_ms,
                                  Json data) {
+  StatusOr<std::string> data_text = store_internal::EncodeJson(data);
+  if (!data_text.ok()) return Fail(data_text.status());
+  AddOutboxEventText(type, key, at_ms, *data_text);
+}
+
+void RecordBatch::AddOutboxEventText(const std::string& type, const std::string& key, int64_t at_ms,
+                                     std::string_view data) {
   const uint64_t seq = db_.TakeOutboxSeq();
   outbox_seqs_.push_back(seq);
   // OutboxEvent::ToJson's members, written as text without building the
   // event (one per complete: the apply cycle's hot path).
-  StatusOr<std::string> data_text = store_internal::EncodeJson(data);
-  if (!data_text.ok()) return Fail(data_text.status());
   JsonObjectWriter text;
   text.Int("seq", static_cast<int64_t>(seq))
       .Str("event_id", OutboxEvent::IdFor(seq))
       .Str("type", type)
       .Str("key", key)
       .Int("at_ms", at_ms)
-      .Raw("data", *data_text);
+      .Raw("data", data);
   if (!text.bad().empty()) {
     return Fail(InvalidArgument("outbox event cannot be stored: " + std::string(text.bad()) +
                                 " is not valid UTF-8"));
@@ -325,9 +330,20 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   // filter blocks finer-grained in the cache (100k fill: peak RSS 100 -> 94 MB).
   cf_options.target_file_size_base = 16 << 20;
   // Records are JSON and compress well. LZ4 where compaction rewrites often,
-  // ZSTD on the last level, where most bytes end up and stay cold.
+  // ZSTD on the last level, where most bytes end up and stay cold. Level 0
+  // is not compressed: its files live until the next compaction reads them
+  // back, so compressing at flush cost CPU (a fifth of the background work
+  // on claim + complete) for bytes kept only seconds.
   cf_options.compression = rocksdb::kLZ4Compression;
+  cf_options.compression_per_level = {rocksdb::kNoCompression,  rocksdb::kLZ4Compression,
+                                      rocksdb::kLZ4Compression, rocksdb::kLZ4Compression,
+                                      rocksdb::kLZ4Compression, rocksdb::kLZ4Compression,
+                                      rocksdb::kLZ4Compression};
   cf_options.bottommost_compression = rocksdb::kZSTD;
+  // ZSTD's level 1: on the journal's records smaller than its default (3)
+  // and faster (a small store's every compaction writes the last level).
+  cf_options.bottommost_compression_opts.level = 1;
+  cf_options.bottommost_compression_opts.enabled = true;
 
   // Every existing family must be opened, including ones this version does
   // not know (written by a newer idem): keep them open and untouched.
@@ -362,16 +378,30 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     // Random trace ids make every skiplist insert a deep search; a vector
     // memtable appends, and sorts once at flush (or for a rare lookup).
     trace_log_options.memtable_factory = std::make_shared<rocksdb::VectorRepFactory>();
+    trace_log_options.compression_per_level.clear();  // its files stay in level 0
     trace_log_options.compression = rocksdb::kLZ4Compression;
     trace_log_options.bottommost_compression = rocksdb::kDisableCompressionOption;
   }
   // Decision traces are written once and read rarely (by id, export):
   // ZSTD on every level, and small memtables' worth of room is enough.
   rocksdb::ColumnFamilyOptions cold_options(cf_options);
+  cold_options.compression_per_level.clear();
   cold_options.compression = rocksdb::kZSTD;
+  // Indexes and logs are only ever scanned, never looked up by key: a bloom
+  // filter would only take block cache room (at 1M decisions, the outbox's
+  // alone is ~4 MB) and CPU at every flush and compaction.
+  rocksdb::ColumnFamilyOptions scan_only_options(cf_options);
+  {
+    rocksdb::BlockBasedTableOptions scan_table = table;
+    scan_table.filter_policy.reset();
+    scan_only_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(scan_table));
+  }
   auto options_for = [&](const std::string& name) {
     for (Family f : {Family::kJournal, Family::kIdemKeys, Family::kDecisionKeys}) {
       if (name == ColumnFamilyName(f)) return point_lookup_options;
+    }
+    for (Family f : kScanOnlyFamilies) {
+      if (name == ColumnFamilyName(f)) return scan_only_options;
     }
     if (name == ColumnFamilyName(Family::kTraceLog)) return trace_log_options;
     if (name == ColumnFamilyName(Family::kDecisionTraces)) return cold_options;
@@ -481,6 +511,11 @@ RocksDatabase::~RocksDatabase() {
 
 StatusOr<std::optional<std::string>> RocksDatabase::Get(Family f, std::string_view key,
                                                         const rocksdb::Snapshot* snapshot) {
+  for (Family scan_only : kScanOnlyFamilies) {
+    // Its files have no bloom filter: every lookup would read a data block per level.
+    if (f == scan_only)
+      return Internal("point lookup in scan-only family " + std::string(ColumnFamilyName(f)));
+  }
   rocksdb::ReadOptions ro;
   ro.snapshot = snapshot;
   std::optional<std::string> value(std::in_place);

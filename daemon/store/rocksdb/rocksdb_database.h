@@ -81,6 +81,26 @@ enum class Family : int {
 
 std::string_view ColumnFamilyName(Family f);
 
+// The families read only by iterators, never by a point lookup (Get): their
+// table files carry no bloom filter. A new point lookup on one of these
+// must take it off this list.
+inline constexpr Family kScanOnlyFamilies[] = {Family::kDecisionsByTime,
+                                               Family::kDecisionsByStep,
+                                               Family::kIdemExpiry,
+                                               Family::kJournalDue,
+                                               Family::kJournalDead,
+                                               Family::kJournalRun,
+                                               Family::kJournalDoneRef,
+                                               Family::kJournalExpiry,
+                                               Family::kPlansByState,
+                                               Family::kAudit,
+                                               Family::kEscalationsByTime,
+                                               Family::kIdemInProgress,
+                                               Family::kDecisionsExpiry,
+                                               Family::kOutbox,
+                                               Family::kTraces,
+                                               Family::kTracesByTime};
+
 // The trace id that prefixes every key of kTraceLog (its bloom filters are
 // built on it).
 inline constexpr size_t kTraceIdBytes = 32;
@@ -118,6 +138,9 @@ class RecordBatch {
   // is dropped. Stage it while holding the lock of the record it reports,
   // so events of one key are numbered in the order they commit.
   void AddOutboxEvent(const std::string& type, const std::string& key, int64_t at_ms, Json data);
+  // The same with `data` already the text of a JSON object (valid UTF-8).
+  void AddOutboxEventText(const std::string& type, const std::string& key, int64_t at_ms,
+                          std::string_view data);
 
  private:
   friend class RocksDatabase;

@@ -104,18 +104,14 @@ void RocksJournal::Stage(RecordBatch& batch, const std::optional<WorkItem>& befo
     if (!existed) batch.Put(e.first, e.second, "");
   }
   // The outbox hears of work done and work dead, in this same write.
-  if (after != nullptr && (!before || before->state != after->state) &&
-      (after->state == WorkState::kDone || after->state == WorkState::kDead)) {
-    const bool done = after->state == WorkState::kDone;
-    Json data = {{"work_id", after->work_id},
-                 {"kind", after->kind},
-                 {"state", WorkStateName(after->state)},
-                 {"attempt", after->attempt}};
-    if (!after->run_id.empty()) data["run_id"] = after->run_id;
-    if (done && !after->external_ref.empty()) data["external_ref"] = after->external_ref;
-    if (!done) data["error"] = after->last_error;
-    batch.AddOutboxEvent(done ? "effect.done" : "work.dead_letter", after->work_id,
-                         after->updated_at_ms, std::move(data));
+  if (after != nullptr) {
+    StatusOr<std::optional<WorkEvent>> event = WorkEventFor(before, *after);
+    if (!event.ok()) {
+      batch.Fail(event.status());
+    } else if (*event) {
+      batch.AddOutboxEventText((*event)->type, after->work_id, after->updated_at_ms,
+                               (*event)->data);
+    }
   }
   if (after != nullptr) {
     StatusOr<std::string> text = store_internal::EncodeWorkItem(*after);

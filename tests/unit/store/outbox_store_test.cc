@@ -82,7 +82,16 @@ TEST_CASE("each committed state change leaves one outbox event, in commit order"
   CHECK(events[0].event_id == "evt_" + std::string(19, '0') + std::to_string(events[0].seq));
   CHECK(events[1].data["from"] == "proposed");
   CHECK(events[1].data["actor"] == "alice");
-  CHECK(events[3].data["external_ref"] == "ref-7");
+  CHECK(events[3].data == Json{{"attempt", 1},
+                               {"external_ref", "ref-7"},
+                               {"kind", "send_email"},
+                               {"state", "done"},
+                               {"work_id", "w1"}});
+  CHECK(events[4].data == Json{{"attempt", 1},
+                               {"error", "boom"},
+                               {"kind", "send_email"},
+                               {"state", "dead"},
+                               {"work_id", "w2"}});
   CHECK_FALSE(events[3].data.contains("result"));  // small: no results or args
   CHECK(events[4].data["error"] == "boom");
   // A cursor continues after the last event seen.

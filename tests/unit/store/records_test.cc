@@ -74,6 +74,31 @@ TEST_CASE("records written before a field existed still decode") {
   CHECK(Plan::FromJson(Json{{"plan_id", "p"}, {"state", "applied"}})->trace_id.empty());
 }
 
+TEST_CASE("a_work_record_leaves_out_members_at_their_default_and_decodes_them_back") {
+  WorkItem w;
+  w.work_id = "w1";
+  w.kind = "send";
+  w.state = WorkState::kRunning;
+  w.attempt = 1;
+  w.identity = Json{{"id", 5}};
+  w.created_at_ms = 13;
+  w.updated_at_ms = 13;
+  StatusOr<std::string> encoded = store_internal::EncodeWorkItem(w);
+  REQUIRE(encoded.ok());
+  Json stored = Json::parse(*encoded);
+  for (const char* left_out :
+       {"lease_token", "locked_until_ms", "args", "result", "external_ref", "last_error",
+        "next_attempt_at_ms", "expires_at_ms", "run_id", "request_id", "trace_id", "window_ms"}) {
+    CHECK_MESSAGE(!stored.contains(left_out), left_out);
+  }
+  CHECK(stored.size() == 8);
+  StatusOr<WorkItem> decoded = store_internal::DecodeWorkItem(*encoded);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->ToJson() == w.ToJson());
+  CHECK(decoded->args == Json::object());
+  CHECK(decoded->result.is_null());
+}
+
 TEST_CASE("the journal's streaming decoder agrees with WorkItem::FromJson") {
   WorkItem w;
   w.work_id = "w1";

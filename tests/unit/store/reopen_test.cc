@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <rocksdb/table_properties.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -111,6 +112,52 @@ TEST_CASE("a clean close leaves no WAL for the next open to replay" *
   auto store = OpenStore(dir.path());
   CHECK(store->decisions().GetByKey("key-199", kT0)->decision_id == "dec_199");
   CHECK(store->meta().Get("k").value() == std::optional<std::string>("v"));
+}
+
+// What a clean close flushed: each family's level-0 files. Point-lookup
+// families carry a bloom filter and scan-only ones none (rocksdb_database.h,
+// kScanOnlyFamilies); level 0 is not compressed, except the trace log, whose
+// files never leave it.
+TEST_CASE("flushed_tables_have_filters_only_where_keys_are_looked_up_and_level0_is_uncompressed" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path(), /*sync=*/true);
+    ClaimRequest r;
+    r.work_id = "w-1";
+    r.kind = "k";
+    r.now_ms = kT0;
+    r.window_ms = 60'000;
+    StatusOr<ClaimResult> c = store->journal().Claim(r);
+    REQUIRE(c.ok());
+    REQUIRE(store->journal().Complete("w-1", c->item.lease_token, 7, "ext-7", kT0).ok());
+    REQUIRE(store->traces()
+                .Add(TraceEntry{.trace_id = std::string(32, 'a'), .at_ms = kT0, .type = "request"})
+                .ok());
+    REQUIRE(store->traces().Flush().ok());
+  }
+  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
+    auto tables = [&](const std::string& family) {
+      rocksdb::TablePropertiesCollection props;
+      REQUIRE(db.GetPropertiesOfAllTables(cfs.at(family), &props).ok());
+      REQUIRE_MESSAGE(!props.empty(), family);
+      return props;
+    };
+    for (const auto& [file, p] : tables("journal")) {
+      CHECK(p->filter_size > 0);
+      CHECK(p->compression_name == "NoCompression");
+    }
+    for (const std::string family : {"outbox", "journal_expiry", "journal_done_ref"}) {
+      for (const auto& [file, p] : tables(family)) {
+        CHECK_MESSAGE(p->filter_size == 0, family);
+        CHECK(p->compression_name == "NoCompression");
+      }
+    }
+    for (const auto& [file, p] : tables("trace_log")) {
+      CHECK(p->filter_size > 0);
+      CHECK(p->compression_name == "LZ4");
+    }
+  });
 }
 
 }  // namespace
