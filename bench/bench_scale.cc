@@ -185,6 +185,25 @@ struct Daemon {
   }
 };
 
+// The store's memory by part, from the daemon's /metrics
+// (idem_store_memory_bytes{part=...}).
+void PrintStoreMemory(int port) {
+  Client c(port);
+  std::string text;
+  if (c.Call(GetRequest("/metrics"), &text) != 200) return;
+  const std::string prefix = "idem_store_memory_bytes{part=\"";
+  std::printf("  of it, the store's parts:");
+  for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+    size_t name_end = text.find('"', at + prefix.size());
+    size_t value_at = text.find(' ', name_end);
+    if (name_end == std::string::npos || value_at == std::string::npos) break;
+    std::printf(" %s %.1f MB",
+                text.substr(at + prefix.size(), name_end - at - prefix.size()).c_str(),
+                std::atof(text.c_str() + value_at + 1) / 1048576.0);
+  }
+  std::printf("\n");
+}
+
 // Bytes on disk (SST + memtable) and keys per column family, read with the
 // daemon stopped.
 void PrintFamilies(const std::string& path) {
@@ -263,8 +282,11 @@ int main(int argc, char** argv) {
     return status == 200;
   });
 
-  std::printf("\nRSS after fill               %10.1f MB (peak %.1f MB)\n",
-              Mb(StatusKb(d.pid, "VmRSS:")), Mb(StatusKb(d.pid, "VmHWM:")));
+  std::printf(
+      "\nRSS after fill               %10.1f MB (peak %.1f MB; RssAnon %.1f MB, RssFile %.1f MB)\n",
+      Mb(StatusKb(d.pid, "VmRSS:")), Mb(StatusKb(d.pid, "VmHWM:")), Mb(StatusKb(d.pid, "RssAnon:")),
+      Mb(StatusKb(d.pid, "RssFile:")));
+  PrintStoreMemory(d.port);
   std::printf("store on disk after fill     %10.1f MB (WAL %.1f MB)\n", DirBytes(data) / 1048576.0,
               WalBytes(data) / 1048576.0);
   std::fflush(stdout);

@@ -90,6 +90,9 @@ class StoreGauges {
         m.store_errors.Inc();
       }
     }
+    for (const Store::MemoryPart& part : deps_.store.MemoryUsage()) {
+      m.store_memory.Declare({part.name}).Set(static_cast<int64_t>(part.bytes));
+    }
     if (auto open = deps_.store.escalations().List("open", kCap); open.ok()) {
       m.escalations_open_count.Set(static_cast<int64_t>(open->size()));
     } else {

@@ -319,6 +319,10 @@ struct Metrics {
       {"kind"}};
   // Store counts, refreshed by a bounded scan at most every few seconds
   // (StoreGauges in daemon/http/api.cc).
+  Family<Gauge> store_memory{"idem_store_memory_bytes",
+                             "Memory the store holds in this process, by part (memtables, "
+                             "block_cache, block_cache_pinned, table_readers, decision_cache).",
+                             {"part"}};
   Family<Gauge> dead_letters{
       "idem_dead_letters", "Dead work items (bounded count, see README).", {}};
   Family<Gauge> plans_by_state{

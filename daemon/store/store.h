@@ -785,6 +785,15 @@ class Store {
   // memory of hits) can go stale, and background work is shared through
   // named leases. RocksDB: false (one process owns the folder).
   virtual bool shared() const { return false; }
+  // What the engine holds in this process's memory, in bytes, by part
+  // (RocksDB: "memtables", "block_cache" (of it "block_cache_pinned"),
+  // "table_readers", "decision_cache"); empty when the engine keeps nothing
+  // of note (postgres). Cheap enough for every /metrics scrape; thread-safe.
+  struct MemoryPart {
+    std::string name;
+    uint64_t bytes = 0;
+  };
+  virtual std::vector<MemoryPart> MemoryUsage() { return {}; }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.

@@ -202,6 +202,13 @@ try {
   assert.equal(value(later, 'idem_dead_letters'), 1, 'the dead-letter gauge counts it');
   assert.equal(value(later, 'idem_work_dead_total') - value(after, 'idem_work_dead_total'), 1);
   assert.equal(value(later, 'idem_plans', { state: 'awaiting_approval' }), 0);
+  // Where the store's memory is: the decisions above sit in the decision
+  // cache, and writes in the memtables; the pinned part is in the cache.
+  for (const part of ['memtables', 'block_cache', 'decision_cache']) {
+    assert.ok(value(later, 'idem_store_memory_bytes', { part }) > 0, `${part} bytes reported`);
+  }
+  assert.ok(value(later, 'idem_store_memory_bytes', { part: 'block_cache_pinned' }) <=
+    value(later, 'idem_store_memory_bytes', { part: 'block_cache' }));
   console.log('metrics_scrape: all checks passed');
 } catch (e) {
   failed = true;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "daemon/core/failpoints.h"
@@ -630,6 +631,23 @@ void RocksDatabase::RecoveryLoop() {
     lock.lock();
     recovering_.store(false, std::memory_order_release);
   }
+}
+
+std::vector<std::pair<std::string, uint64_t>> RocksDatabase::MemoryUsage() const {
+  std::vector<std::pair<std::string, uint64_t>> parts;
+  // Summed over the families; the block cache is one, shared by all.
+  for (const auto& [name, property, aggregated] :
+       {std::tuple<const char*, const char*, bool>{"memtables", "rocksdb.cur-size-all-mem-tables",
+                                                   true},
+        {"table_readers", "rocksdb.estimate-table-readers-mem", true},
+        {"block_cache", "rocksdb.block-cache-usage", false},
+        {"block_cache_pinned", "rocksdb.block-cache-pinned-usage", false}}) {
+    uint64_t bytes = 0;
+    const bool ok = aggregated ? db_->GetAggregatedIntProperty(property, &bytes)
+                               : db_->GetIntProperty(property, &bytes);
+    if (ok) parts.emplace_back(name, bytes);
+  }
+  return parts;
 }
 
 void RocksDatabase::TryRecover() {

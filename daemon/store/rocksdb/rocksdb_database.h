@@ -213,6 +213,8 @@ class RocksDatabase {
   // OK while writes succeed; Unavailable (retryable), naming the last write
   // error, from a failed write until a write succeeds again.
   Status WriteHealth() const;
+  // RocksDB's memory by part (store.h, Store::MemoryUsage), from its properties.
+  std::vector<std::pair<std::string, uint64_t>> MemoryUsage() const;
 
   // The outbox sequence. Every seq <= the watermark is committed or will
   // never be (its write failed or its batch was dropped); readers serve only

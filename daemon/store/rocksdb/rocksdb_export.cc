@@ -141,9 +141,10 @@ Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
   // Trace entries an older build wrote, then the log's; none a sweep hid.
   ASSIGN_OR_RETURN(const int64_t traces_hidden_through, rocks::TraceSweptBefore(db));
   for (Family f : {Family::kTraces, Family::kTraceLog}) {
-    RETURN_IF_ERROR(ForEachJson(
-        db, snap, f, "trace entry", [](const Json& j) { return rocks::TraceEntryFromJson(j); },
-        [&](const TraceEntry& e) {
+    RETURN_IF_ERROR(ForEach(
+        db, snap, f, "trace entry", [&](std::string_view key, std::string_view value) -> Status {
+          ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(value, "trace entry"));
+          ASSIGN_OR_RETURN(TraceEntry e, rocks::TraceEntryFromStored(key, j));
           return e.at_ms <= traces_hidden_through ? Status::Ok() : v.OnTrace(e);
         }));
   }

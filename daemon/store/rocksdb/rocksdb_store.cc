@@ -45,6 +45,12 @@ class RocksStore final : public Store {
   OutboxStore& outbox() override { return outbox_; }
   TraceIndex& traces() override { return traces_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
+  std::vector<MemoryPart> MemoryUsage() override {
+    std::vector<MemoryPart> parts;
+    for (const auto& [name, bytes] : db_->MemoryUsage()) parts.push_back({name, bytes});
+    parts.push_back({"decision_cache", decisions_.CachedBytes()});
+    return parts;
+  }
 
  private:
   // Declared first: destroyed last, after every store that refers to it.

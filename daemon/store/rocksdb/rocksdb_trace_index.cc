@@ -16,22 +16,20 @@ constexpr size_t kTraceIdSize = kTraceIdBytes;
 constexpr char kSweptBeforeKey[] = "traces.swept_before";
 constexpr size_t kFlushAt = 256;
 
-// The stored text of an entry: the JSON object {at_ms, detail, ref,
-// trace_id, type} (members in name order, as Json::dump writes them), the
-// detail's text copied as it is. False when some text is not UTF-8.
+// The stored text of an entry: what its key (trace_id | BE8(at_ms) |
+// BE8(seq)) does not already hold, the JSON object {detail, ref, type}
+// (members in name order, as Json::dump writes them; a fifth fewer bytes
+// than with trace_id and at_ms), the detail's text copied as it is. False
+// when some text is not UTF-8.
 bool EncodeEntry(const TraceEntry& e, std::string& out) {
   if (!IsValidUtf8(e.trace_id) || !IsValidUtf8(e.type) || !IsValidUtf8(e.ref) ||
       !IsValidUtf8(e.detail)) {
     return false;
   }
-  out.assign("{\"at_ms\":");
-  out += std::to_string(e.at_ms);
-  out += ",\"detail\":";
+  out.assign("{\"detail\":");
   out += e.detail.empty() ? std::string_view("{}") : std::string_view(e.detail);
   out += ",\"ref\":\"";
   AppendJsonStringContent(e.ref, out);
-  out += "\",\"trace_id\":\"";
-  AppendJsonStringContent(e.trace_id, out);
   out += "\",\"type\":\"";
   AppendJsonStringContent(e.type, out);
   out += "\"}";
@@ -40,15 +38,19 @@ bool EncodeEntry(const TraceEntry& e, std::string& out) {
 
 }  // namespace
 
-StatusOr<TraceEntry> TraceEntryFromJson(const Json& j) {
-  if (!j.is_object() || !j.contains("trace_id") || !j["trace_id"].is_string() ||
-      !j.contains("type") || !j["type"].is_string()) {
+StatusOr<TraceEntry> TraceEntryFromStored(std::string_view key, const Json& j) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string() ||
+      key.size() < kTraceIdBytes + 8) {
     return Internal("stored trace entry is malformed");
   }
   TraceEntry e;
-  e.trace_id = j["trace_id"].get<std::string>();
+  e.trace_id = j.contains("trace_id") && j["trace_id"].is_string()
+                   ? j["trace_id"].get<std::string>()
+                   : std::string(key.substr(0, kTraceIdBytes));
+  e.at_ms = j.contains("at_ms") && j["at_ms"].is_number_integer()
+                ? j["at_ms"].get<int64_t>()
+                : static_cast<int64_t>(ReadBigEndian8(key.substr(kTraceIdBytes, 8)));
   e.type = j["type"].get<std::string>();
-  if (j.contains("at_ms") && j["at_ms"].is_number_integer()) e.at_ms = j["at_ms"].get<int64_t>();
   if (j.contains("ref") && j["ref"].is_string()) e.ref = j["ref"].get<std::string>();
   if (j.contains("detail")) e.detail = j["detail"].dump();
   return e;
@@ -195,7 +197,8 @@ StatusOr<std::vector<TraceEntry>> RocksTraceIndex::List(const std::string& trace
       ASSIGN_OR_RETURN(
           Json j, store_internal::DecodeJson(
                       std::string_view(it->value().data(), it->value().size()), "trace entry"));
-      ASSIGN_OR_RETURN(TraceEntry e, TraceEntryFromJson(j));
+      ASSIGN_OR_RETURN(TraceEntry e, TraceEntryFromStored(
+                                         std::string_view(it->key().data(), it->key().size()), j));
       if (e.at_ms <= hidden_through) continue;
       out.push_back(std::move(e));
     }

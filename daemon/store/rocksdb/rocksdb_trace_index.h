@@ -26,9 +26,11 @@
 
 namespace idem::rocks {
 
-// The stored JSON of an entry, back to the entry (also read by
-// rocksdb_export.cc). Internal when malformed.
-StatusOr<TraceEntry> TraceEntryFromJson(const Json& j);
+// A stored entry, back to the entry (also read by rocksdb_export.cc):
+// its key (trace_id | BE8(at_ms) | BE8(seq)) and its JSON. The log's
+// entries keep trace_id and at_ms only in the key; an older build's carry
+// them in the JSON too. Internal when malformed.
+StatusOr<TraceEntry> TraceEntryFromStored(std::string_view key, const Json& j);
 // The sweep mark: entries of the log at or before it are no longer listed
 // (0 before any sweep). Internal when malformed.
 StatusOr<int64_t> TraceSweptBefore(RocksDatabase& db);

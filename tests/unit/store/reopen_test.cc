@@ -160,5 +160,30 @@ TEST_CASE("flushed_tables_have_filters_only_where_keys_are_looked_up_and_level0_
   });
 }
 
+TEST_CASE("the_rocksdb_store_reports_its_memory_by_part" * doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  auto bytes = [&](const std::string& name) -> uint64_t {
+    for (const Store::MemoryPart& p : store->MemoryUsage()) {
+      if (p.name == name) return p.bytes;
+    }
+    FAIL("no part " << name);
+    return 0;
+  };
+  const uint64_t memtables_before = bytes("memtables");
+  CHECK(bytes("decision_cache") == 0);
+  Decision d;
+  d.decision_id = "dec_1";
+  d.decision_key = "key-a";
+  d.step = "t";
+  d.output = Json{{"text", std::string(4096, 'x')}};
+  REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+  REQUIRE(store->decisions().GetByKey("key-a", kT0).ok());
+  CHECK(bytes("memtables") > memtables_before);
+  CHECK(bytes("decision_cache") > 4096);
+  CHECK(bytes("block_cache_pinned") <= bytes("block_cache"));
+  bytes("table_readers");
+}
+
 }  // namespace
 }  // namespace idem

@@ -253,5 +253,42 @@ TEST_CASE("a_trace_sweep_stays_in_force_after_a_reopen") {
   CHECK((*left)[0].ref == "new");
 }
 
+TEST_CASE("a_log_entry_keeps_its_trace_id_and_time_only_in_its_key_and_old_entries_still_list" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    REQUIRE(store->traces().Add(Entry(kTraceA, kT0 + 5, "request", "new")).ok());
+  }
+  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db.NewIterator(rocksdb::ReadOptions(), cfs.at("trace_log")));
+    it->SeekToFirst();
+    REQUIRE(it->Valid());
+    CHECK(it->value().ToString() == R"({"detail":{"n":1},"ref":"new","type":"request"})");
+    // An entry as an older build wrote it, in the family it wrote.
+    const std::string old_key =
+        kTraceA + rocks::BigEndian8(int64_t{kT0}) + rocks::BigEndian8(uint64_t{1});
+    const std::string old_value = Json{
+        {"at_ms", kT0},
+        {"detail", {{"n", 0}}},
+        {"ref", "old"},
+        {"trace_id", kTraceA},
+        {"type", "request"}}.dump();
+    REQUIRE(db.Put(rocksdb::WriteOptions(), cfs.at("traces"), old_key, old_value).ok());
+  });
+  auto store = OpenStore(dir.path());
+  auto listed = store->traces().List(kTraceA, 10);
+  REQUIRE(listed.ok());
+  REQUIRE(listed->size() == 2);
+  CHECK((*listed)[0].ref == "old");
+  CHECK((*listed)[0].at_ms == kT0);
+  CHECK((*listed)[0].detail == R"({"n":0})");
+  CHECK((*listed)[1].ref == "new");
+  CHECK((*listed)[1].trace_id == kTraceA);
+  CHECK((*listed)[1].at_ms == kT0 + 5);
+  CHECK((*listed)[1].detail == R"({"n":1})");
+}
+
 }  // namespace
 }  // namespace idem
