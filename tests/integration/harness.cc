@@ -1,5 +1,6 @@
 #include "tests/integration/harness.h"
 
+#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -219,6 +220,16 @@ CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_
   r.out = ReadFile(out);
   r.err = ReadFile(err);
   return r;
+}
+
+std::string OnPostgres(const TempDir& dir, const std::string& config_path,
+                       const std::string& store_yaml) {
+  std::string text = ReadFile(config_path);
+  const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
+  const size_t at = text.find(rocks);
+  REQUIRE_MESSAGE(at != std::string::npos, "not a WriteTestConfig config: " << config_path);
+  text.replace(at, rocks.size(), "  engine: postgres\n" + store_yaml);
+  return dir.File("idem-pg.yaml", text);
 }
 
 std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,

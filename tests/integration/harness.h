@@ -95,6 +95,13 @@ std::string ReadFile(const std::string& path);
 std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,
                             const std::string& extra_yaml = "");
 
+// The config WriteTestConfig wrote at `config_path`, its store moved to
+// PostgreSQL: `store_yaml` (the lines under `store:` after the engine,
+// e.g. "  url_env: IDEM_PG_URL\n  schema: s\n") replaces the RocksDB
+// store; written beside it as idem-pg.yaml, whose path is returned.
+std::string OnPostgres(const TempDir& dir, const std::string& config_path,
+                       const std::string& store_yaml);
+
 // The value of a Prometheus counter from GET /metrics, or -1.
 long MetricValue(httplib::Client& client, const std::string& name);
 

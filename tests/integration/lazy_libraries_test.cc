@@ -228,12 +228,8 @@ TEST_CASE("without libcurl a client command fails naming libcurl.so.4 and its pa
 
 TEST_CASE("without libpq a daemon on PostgreSQL does not start, and names the package") {
   TempDir dir;
-  std::string text = ReadFile(WriteTestConfig(dir, kQuestionRules));
-  const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
-  REQUIRE(text.find(rocks) != std::string::npos);
-  text.replace(text.find(rocks), rocks.size(),
-               "  engine: postgres\n  url_env: IDEM_LAZY_PG_URL\n  schema: lazy_none\n");
-  std::string config = dir.File("idem-pg.yaml", text);
+  std::string config = OnPostgres(dir, WriteTestConfig(dir, kQuestionRules),
+                                  "  url_env: IDEM_LAZY_PG_URL\n  schema: lazy_none\n");
   // No server is needed: the library is missing before any connection.
   Run run = RunIdemWithout("libpq.so.5", "IDEM_LAZY_PG_URL='host=127.0.0.1 port=1'",
                            "serve --config " + config);
@@ -255,12 +251,8 @@ TEST_SUITE("postgres") {
     const std::string url = env_url != nullptr ? env_url : "";
     const std::string schema = "lazy_" + RandomHex(6);
     TempDir dir;
-    std::string text = ReadFile(WriteTestConfig(dir, kQuestionRules));
-    const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
-    REQUIRE(text.find(rocks) != std::string::npos);
-    text.replace(text.find(rocks), rocks.size(),
-                 "  engine: postgres\n  url_env: IDEM_PG_URL\n  schema: " + schema + "\n");
-    std::string config = dir.File("idem-pg.yaml", text);
+    std::string config = OnPostgres(dir, WriteTestConfig(dir, kQuestionRules),
+                                    "  url_env: IDEM_PG_URL\n  schema: " + schema + "\n");
     std::string err;
     auto daemon =
         DaemonProcess::Start({config, dir.path() + "/data", {}, {{"IDEM_PG_URL", url}}}, &err);

@@ -122,13 +122,10 @@ TEST_SUITE("postgres") {
 
     TempDir dir;
     const std::string schema = "crash_" + RandomHex(6);
-    std::string text = ReadFile(WriteTestConfig(dir, kCrashRules, CrashActionsYaml(fake)));
-    const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
-    REQUIRE(text.find(rocks) != std::string::npos);
-    text.replace(text.find(rocks), rocks.size(),
-                 "  engine: postgres\n  url_env: IDEM_PG_URL\n  schema: " + schema +
-                     "\n  pool_size: 8\n  statement_timeout: 5s\n");
-    const std::string config = dir.File("idem-pg.yaml", text);
+    const std::string config =
+        OnPostgres(dir, WriteTestConfig(dir, kCrashRules, CrashActionsYaml(fake)),
+                   "  url_env: IDEM_PG_URL\n  schema: " + schema +
+                       "\n  pool_size: 8\n  statement_timeout: 5s\n");
 
     std::vector<CrashItem> items(n);
     InitCrashItems(items);

@@ -176,13 +176,9 @@ struct Cluster {
     std::string extra = actions_yaml + "auth:\n  tokens:\n" + token("agent-1", kAgent, "agent") +
                         token("op-1", kOperator, "operator") +
                         token("op-2", kOperator2, "operator");
-    std::string text = ReadFile(WriteTestConfig(dir, rules, extra));
-    const std::string rocks = "  engine: rocksdb\n  path: " + dir.path() + "/data\n";
-    REQUIRE(text.find(rocks) != std::string::npos);
-    text.replace(text.find(rocks), rocks.size(),
-                 "  engine: postgres\n  url_env: IDEM_PG_URL\n  schema: " + schema +
-                     "\n  pool_size: 8\n  statement_timeout: 5s\n");
-    config = dir.File("idem-pg.yaml", text);
+    config = OnPostgres(dir, WriteTestConfig(dir, rules, extra),
+                        "  url_env: IDEM_PG_URL\n  schema: " + schema +
+                            "\n  pool_size: 8\n  statement_timeout: 5s\n");
   }
   ~Cluster() {
     daemons.clear();  // SIGTERM each, then the schema goes
