@@ -7,6 +7,7 @@
 // and the same after kill -9.
 //
 //   build/bench/bench_scale [--n 100000] [--work N] [--conns 16] [--keep]
+#include <fcntl.h>
 #include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -142,16 +143,20 @@ struct Daemon {
     // IDEM_BIN: another build of the daemon (a copy of the old one, to compare).
     const char* env_bin = std::getenv("IDEM_BIN");
     const std::string bin = env_bin != nullptr ? env_bin : IDEM_BINARY;
+    // Built before fork(): the child makes system calls only.
+    const std::string log = dir + "/daemon.log";
+    const std::string data = dir + "/data";
     std::fflush(stdout);  // the child must not inherit unwritten output
     auto t0 = Clock::now();
     pid = fork();
     if (pid == 0) {
-      const std::string log = dir + "/daemon.log";
-      if (std::freopen(log.c_str(), "a", stdout) == nullptr) _exit(127);
-      dup2(1, 2);
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0) _exit(127);
+      dup2(fd, 1);
+      dup2(fd, 2);
       execl(bin.c_str(), bin.c_str(), "serve", "--config", config.c_str(), "--listen",
-            listen.c_str(), "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(),
-            "--log-level", "warn", static_cast<char*>(nullptr));
+            listen.c_str(), "--data", data.c_str(), "--port-file", port_file.c_str(), "--log-level",
+            "warn", static_cast<char*>(nullptr));
       _exit(127);
     }
     const std::string health = GetRequest("/healthz");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -214,17 +215,23 @@ struct BenchDaemon {
     dir = mkdtemp(tmpl);
     const std::string port_file = dir + "/port";
     if (config.empty()) config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
+    // Built before fork(): the child makes system calls only (a malloc
+    // there can deadlock on a lock another thread held at the fork).
+    const std::string log = dir + "/daemon.log";
+    const std::string data = dir + "/data";
+    // IDEM_BENCH_BINARY: another build of the daemon, for a before/after.
+    const char* binary = std::getenv("IDEM_BENCH_BINARY");
+    if (binary == nullptr) binary = IDEM_BINARY;
+    std::fflush(stdout);  // the child must not inherit unwritten output
     pid = fork();
     if (pid == 0) {
-      const std::string log = dir + "/daemon.log";
-      if (std::freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
-      dup2(1, 2);
-      // IDEM_BENCH_BINARY: another build of the daemon, for a before/after.
-      const char* binary = std::getenv("IDEM_BENCH_BINARY");
-      if (binary == nullptr) binary = IDEM_BINARY;
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) _exit(127);
+      dup2(fd, 1);
+      dup2(fd, 2);
       execl(binary, binary, "serve", "--config", config.c_str(), "--listen", "127.0.0.1:0",
-            "--data", (dir + "/data").c_str(), "--port-file", port_file.c_str(), "--log-level",
-            "warn", static_cast<char*>(nullptr));
+            "--data", data.c_str(), "--port-file", port_file.c_str(), "--log-level", "warn",
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     for (int i = 0; i < 2000 && port == 0; ++i) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace idem::testing {
@@ -98,32 +99,80 @@ void DaemonProcess::Signal(int sig) const {
   if (pid_ > 0) kill(pid_, sig);
 }
 
+namespace {
+
+// A child of this multi-threaded process, its argv, environment and
+// descriptors all prepared before fork(): between fork and exec the child
+// may make only async-signal-safe calls. A malloc there can deadlock on a
+// lock another thread held at the fork (AddressSanitizer's allocator has no
+// fork handler in Debian 12's toolchains), which once hung a daemon start
+// for 60 s in CI with nothing in its log.
+struct ChildSpec {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;  // added to (or replacing in) this process's
+  std::string stdin_path;                  // "": inherited
+  std::string stdout_path;                 // "": inherited
+  std::string stderr_path;                 // "": inherited; same as stdout_path: shared
+  bool append = false;                     // O_APPEND instead of O_TRUNC
+  int max_open_files = 0;                  // > 0: RLIMIT_NOFILE of the child
+};
+
+pid_t SpawnChild(const ChildSpec& spec) {
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    if (spec.env.count(std::string(name)) == 0) env_s.emplace_back(entry);
+  }
+  for (const auto& [k, v] : spec.env) env_s.push_back(k + "=" + v);
+  std::vector<char*> argv, envp;
+  std::vector<std::string> argv_s = spec.argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  const int out_flags = O_WRONLY | O_CREAT | (spec.append ? O_APPEND : O_TRUNC);
+  const bool shared_err = !spec.stderr_path.empty() && spec.stderr_path == spec.stdout_path;
+  const rlimit lim{static_cast<rlim_t>(spec.max_open_files),
+                   static_cast<rlim_t>(spec.max_open_files)};
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  // The child: system calls only from here on.
+  auto redirect = [](const std::string& path, int flags, int target) {
+    if (path.empty()) return;
+    int fd = open(path.c_str(), flags, 0644);
+    if (fd < 0) _exit(127);
+    dup2(fd, target);
+    close(fd);
+  };
+  redirect(spec.stdin_path, O_RDONLY, 0);
+  redirect(spec.stdout_path, out_flags, 1);
+  if (shared_err) {
+    dup2(1, 2);
+  } else {
+    redirect(spec.stderr_path, out_flags, 2);
+  }
+  if (spec.max_open_files > 0) setrlimit(RLIMIT_NOFILE, &lim);
+  execve(argv[0], argv.data(), envp.data());
+  _exit(127);
+}
+
+}  // namespace
+
 std::unique_ptr<DaemonProcess> DaemonProcess::Start(const DaemonArgs& args, std::string* error) {
   auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess());
   std::string port_file = args.data_dir + ".port";
   d->log_path_ = args.data_dir + ".log";
   unlink(port_file.c_str());
-  std::vector<std::string> argv_s = {IDEM_BINARY,   "serve",     "--config", args.config_path,
-                                     "--listen",    args.listen, "--data",   args.data_dir,
-                                     "--port-file", port_file};
-  for (const auto& a : args.extra_args) argv_s.push_back(a);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(d->log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    for (const auto& [k, v] : args.env) setenv(k.c_str(), v.c_str(), 1);
-    if (args.max_open_files > 0) {
-      rlimit lim{static_cast<rlim_t>(args.max_open_files),
-                 static_cast<rlim_t>(args.max_open_files)};
-      setrlimit(RLIMIT_NOFILE, &lim);
-    }
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  ChildSpec spec;
+  spec.argv = {IDEM_BINARY, "serve",  "--config",    args.config_path, "--listen",
+               args.listen, "--data", args.data_dir, "--port-file",    port_file};
+  for (const auto& a : args.extra_args) spec.argv.push_back(a);
+  spec.env = args.env;
+  spec.stdout_path = spec.stderr_path = d->log_path_;
+  spec.append = true;
+  spec.max_open_files = args.max_open_files;
+  pid_t pid = SpawnChild(spec);
   d->pid_ = pid;
   // 60 s: a daemon under AddressSanitizer on a loaded two-core machine (CI
   // runs two test binaries at once) once took longer than 20 s to come up.
@@ -194,25 +243,15 @@ bool DaemonProcess::WaitExit(int timeout_ms) {
 CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text,
                  const std::map<std::string, std::string>& env) {
   TempDir dir;
-  std::string in = dir.File("stdin", stdin_text);
   std::string out = dir.path() + "/stdout", err = dir.path() + "/stderr";
-  pid_t pid = fork();
-  if (pid == 0) {
-    int i = open(in.c_str(), O_RDONLY);
-    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(i, 0);
-    dup2(o, 1);
-    dup2(e, 2);
-    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-    std::vector<std::string> argv_s = {IDEM_BINARY};
-    for (const auto& a : args) argv_s.push_back(a);
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  ChildSpec spec;
+  spec.argv = {IDEM_BINARY};
+  for (const auto& a : args) spec.argv.push_back(a);
+  spec.env = env;
+  spec.stdin_path = dir.File("stdin", stdin_text);
+  spec.stdout_path = out;
+  spec.stderr_path = err;
+  pid_t pid = SpawnChild(spec);
   int status = 0;
   waitpid(pid, &status, 0);
   CliResult r;
