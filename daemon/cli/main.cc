@@ -4,12 +4,14 @@
 // directly: canon, key, contracts. The rest talk to the daemon's HTTP API.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -51,6 +53,14 @@ int Fail(const Status& s) {
   setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=128", 1);
   execv("/proc/self/exe", argv);
   unsetenv("GLIBC_TUNABLES");  // exec failed: carry on with the defaults
+}
+
+// Started through /proc/self/exe, the process would be called "exe" in ps,
+// top and pgrep: it takes its own name back (at most 15 bytes, the
+// kernel's limit), which the threads it starts inherit.
+void NameProcess(const char* argv0) {
+  const char* slash = std::strrchr(argv0, '/');
+  prctl(PR_SET_NAME, slash != nullptr ? slash + 1 : argv0, 0, 0, 0);
 }
 
 // Connections and store files are descriptors: take the hard limit the
@@ -510,6 +520,7 @@ int main(int argc, char** argv) {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     ReexecWithMallocTunables(argv);
 #endif
+    NameProcess(argv[0]);
     SetLogLevel(log_level);
     return Serve(serve_opts, port_file);
   }

@@ -41,6 +41,24 @@ bool Healthy(const DaemonProcess& d) {
   return r && r->status == 200;
 }
 
+TEST_CASE("the serving process keeps its name and runs with its malloc tunables") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kQuestionRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  const std::string proc = "/proc/" + std::to_string(daemon->pid());
+  // ps, top and pgrep show the daemon as idem, not as "exe" (the re-exec's
+  // path), and so do its threads that name themselves after it.
+  CHECK(ReadFile(proc + "/comm") == "idem\n");
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // The re-exec gave the process glibc's thread-cache size (main.cc).
+  const std::string environ_text = ReadFile(proc + "/environ");
+  CHECK(environ_text.find(std::string("GLIBC_TUNABLES=glibc.malloc.tcache_count=128") + '\0') !=
+        std::string::npos);
+#endif
+}
+
 TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinning") {
   TempDir dir;
   std::string config = WriteTestConfig(dir, kQuestionRules);
