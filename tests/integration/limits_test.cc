@@ -33,6 +33,15 @@ int RawConnect(int port) {
   return fd;
 }
 
+// A daemon on the question-only rules, in `dir`.
+std::unique_ptr<DaemonProcess> StartPlainDaemon(const TempDir& dir) {
+  std::string config = WriteTestConfig(dir, kQuestionRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  return daemon;
+}
+
 bool Healthy(const DaemonProcess& d) {
   auto c = d.Client();
   c->set_connection_timeout(1);
@@ -43,10 +52,7 @@ bool Healthy(const DaemonProcess& d) {
 
 TEST_CASE("the serving process keeps its name and runs with its malloc tunables") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kQuestionRules);
-  std::string err;
-  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto daemon = StartPlainDaemon(dir);
   const std::string proc = "/proc/" + std::to_string(daemon->pid());
   // ps, top and pgrep show the daemon as idem, not as "exe" (the re-exec's
   // path), and so do its threads that name themselves after it.
@@ -97,10 +103,7 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
 
 TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
   TempDir dir;
-  std::string config = WriteTestConfig(dir, kQuestionRules);
-  std::string err;
-  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto daemon = StartPlainDaemon(dir);
   daemon->Signal(SIGHUP);
   std::this_thread::sleep_for(200ms);
   CHECK(Healthy(*daemon));
