@@ -235,11 +235,18 @@ class EventServer::Loop {
       ::close(conn->fd);
       server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
     }
+    for (int fd : handed_) {
+      ::close(fd);
+      server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
+    }
     ::close(wake_fd_);
     ::close(ep_);
   }
 
   bool ok() const { return ep_ >= 0 && wake_fd_ >= 0; }
+
+  // Connections owned by this loop or handed to it and not yet adopted.
+  int load() const { return load_.load(std::memory_order_relaxed); }
 
   void Run() {
     epoll_event events[kMaxEvents];
@@ -392,20 +399,45 @@ class EventServer::Loop {
       int one = 1;
       // Small answers must leave at once, not wait for Nagle and delayed ACKs.
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto conn = std::make_unique<Conn>();
-      conn->fd = fd;
-      conn->id = next_id_++;
-      conn->last_active = NowSeconds();
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = conn->id;
-      if (epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        ::close(fd);
-        server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
-        continue;
+      // The loop that wakes takes every connection waiting in the backlog:
+      // a client opening 64 at once would otherwise have them all served by
+      // one loop while the others idle. Each goes to the loop with the
+      // fewest connections instead.
+      Loop& to = server_.LeastLoaded();
+      to.load_.fetch_add(1, std::memory_order_relaxed);
+      if (&to == this) {
+        Adopt(fd);
+      } else {
+        to.HandOver(fd);
       }
-      conns_.emplace(conn->id, std::move(conn));
     }
+  }
+
+  // From another loop's Accept: `fd` is this loop's to serve.
+  void HandOver(int fd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handed_.push_back(fd);
+    }
+    Wake();
+  }
+
+  // Serves an accepted connection from now on (counted in load_ already).
+  void Adopt(int fd) {
+    auto conn = std::make_unique<Conn>();
+    conn->fd = fd;
+    conn->id = next_id_++;
+    conn->last_active = NowSeconds();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = conn->id;
+    if (epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      ::close(fd);
+      server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
+      load_.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    conns_.emplace(conn->id, std::move(conn));
   }
 
   // Over max_connections: a short 503 and close, so the client learns why
@@ -435,6 +467,7 @@ class EventServer::Loop {
     ::close(c->fd);
     conns_.erase(c->id);
     server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
+    load_.fetch_sub(1, std::memory_order_relaxed);
   }
 
   // The peer is gone while a handler still works for it: stop watching the
@@ -665,10 +698,13 @@ class EventServer::Loop {
     ssize_t r = ::read(wake_fd_, &count, sizeof(count));
     (void)r;
     std::vector<Done> done;
+    std::vector<int> handed;
     {
       std::lock_guard<std::mutex> lock(mu_);
       done.swap(done_);
+      handed.swap(handed_);
     }
+    for (int fd : handed) Adopt(fd);
     for (Done& d : done) Finish(d.id, d.response, d.keep_alive, d.minor_version);
   }
 
@@ -826,9 +862,19 @@ class EventServer::Loop {
   size_t max_buffered_ = 0;
   bool listening_ = false;              // the listening socket is in ep_
   int64_t accept_paused_until_ms_ = 0;  // EMFILE: not watching it until then
+  std::atomic<int> load_{0};            // see load()
   std::mutex mu_;
-  std::vector<Done> done_;  // answers from workers, under mu_
+  std::vector<Done> done_;   // answers from workers, under mu_
+  std::vector<int> handed_;  // connections other loops accepted for this one, under mu_
 };
+
+EventServer::Loop& EventServer::LeastLoaded() const {
+  Loop* best = loops_.front().get();
+  for (const auto& l : loops_) {
+    if (l->load() < best->load()) best = l.get();
+  }
+  return *best;
+}
 
 void EventServer::WorkerPool::Run(Worker& w) {
   for (;;) {

@@ -27,6 +27,9 @@
 //     and body limits plus one read (past it: 400 and close); while a
 //     request runs, reading stops past that bound; once the last answer is
 //     queued, input is dropped;
+//   - each accepted connection is served by the loop with the fewest
+//     connections, whichever loop accepted it (a client opening many at
+//     once has them spread over every loop);
 //   - at most max_connections connections (past it: 503 and close), at
 //     most max_queue requests waiting for a worker (past it: 503 with
 //     Retry-After); a queued request whose client reset the connection is
@@ -190,6 +193,10 @@ class EventServer {
   // `answer` on a worker (or refused when no worker can take it).
   static void ResumeParked(const std::shared_ptr<Parking>& parking, uint64_t token,
                            Deferral::Answer answer);
+
+  // The loop serving the fewest connections (each accepted connection
+  // goes to it, whichever loop accepted it).
+  Loop& LeastLoaded() const;
 
   void Refused(Refusal r) const {
     if (callbacks_.on_refusal) callbacks_.on_refusal(r);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <latch>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -556,6 +557,84 @@ TEST_CASE("32 concurrent connections posting to the batch lane all get their ans
   CHECK(lane.begun_exchanges() == static_cast<size_t>(kClients * kPerClient));
   CHECK(lane.violations() == 0);
   MESSAGE("lane batches: ", lane.begins(), ", largest: ", lane.max_batch());
+}
+
+// Answers every POST /lane in Prepare, on the loop thread that serves the
+// connection, and counts the requests each loop thread prepared.
+class LoopCountingLane : public BatchLane {
+ public:
+  bool Wants(const http1::Request& req) const override { return req.path == "/lane"; }
+  void Prepare(Exchange& ex) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      by_loop_[std::this_thread::get_id()].push_back(ex.request.body);
+    }
+    ex.response.status = 200;
+    ex.response.SetContent("prepared", "text/plain");
+    ex.answered = true;
+  }
+  std::unique_ptr<Ticket> Begin(std::span<Exchange*>, std::function<void()>, bool) override {
+    throw std::logic_error("every request is answered in Prepare");
+  }
+  void Finish(std::unique_ptr<Ticket>, std::span<Exchange*>) override {}
+  // The bodies each loop prepared, loop by loop.
+  std::vector<std::vector<std::string>> bodies() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::vector<std::string>> out;
+    for (const auto& [id, b] : by_loop_) out.push_back(b);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::thread::id, std::vector<std::string>> by_loop_;
+};
+
+TEST_CASE("connections opened at once are spread evenly over the loops") {
+  LoopCountingLane lane;
+  Running s(EchoCallbacks(&lane));  // two loops
+  constexpr int kClients = 64;
+  // All connect first (the kernel completes the handshakes before anyone
+  // accepts), as a load generator or a pool opening its connections does.
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<Client>(s.port()));
+    REQUIRE(clients.back()->ok());
+  }
+  auto each_asks_once = [&] {
+    for (int i = 0; i < kClients; ++i) {
+      REQUIRE(clients[i]->Send(Post("/lane", std::to_string(i))));
+      std::optional<Reply> r = clients[i]->Read();
+      REQUIRE(r);
+      CHECK(r->status == 200);
+    }
+  };
+  each_asks_once();
+  std::vector<std::vector<std::string>> round1 = lane.bodies();
+  REQUIRE(round1.size() == 2);  // one loop serving all of them fails here
+  const int a1 = static_cast<int>(round1[0].size()), b1 = static_cast<int>(round1[1].size());
+  MESSAGE("connections per loop: ", a1, " and ", b1);
+  CHECK(std::abs(a1 - b1) <= 2);
+
+  // Closed connections no longer count: every connection of the first loop
+  // closes, as many open, and they all go to that loop.
+  std::vector<int> closed;
+  for (const std::string& body : round1[0]) closed.push_back(std::stoi(body));
+  for (int i : closed) clients[i] = nullptr;
+  std::this_thread::sleep_for(50ms);  // the loop sees the closes
+  for (int i : closed) {
+    clients[i] = std::make_unique<Client>(s.port());
+    REQUIRE(clients[i]->ok());
+  }
+  each_asks_once();
+  std::vector<std::vector<std::string>> total = lane.bodies();
+  REQUIRE(total.size() == 2);
+  // Every connection asked once per round: a loop's share of the second
+  // round is the connections it serves now.
+  const int a2 = static_cast<int>(total[0].size()) - a1;
+  const int b2 = static_cast<int>(total[1].size()) - b1;
+  MESSAGE("after the first loop's connections closed and as many opened: ", a2, " and ", b2);
+  CHECK(std::abs(a2 - b2) <= 2);
 }
 
 TEST_CASE("an exchange Finish leaves unanswered is answered by a later batch") {
