@@ -373,7 +373,14 @@ bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_
 
 void AppendJsonStringContent(std::string_view s, std::string& out) {
   static constexpr char kHex[] = "0123456789abcdef";
-  for (char c : s) {
+  // Runs of characters that need no escape are appended whole: this writes
+  // every trace entry, outbox event and canonical form.
+  size_t run = 0;  // the first character not yet appended
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s, run, i - run);
+    run = i + 1;
     switch (c) {
       case '"':
         out += "\\\"";
@@ -397,15 +404,12 @@ void AppendJsonStringContent(std::string_view s, std::string& out) {
         out += "\\t";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += "\\u00";
-          out += kHex[(c >> 4) & 0xF];
-          out += kHex[c & 0xF];
-        } else {
-          out += c;
-        }
+        out += "\\u00";
+        out += kHex[(c >> 4) & 0xF];
+        out += kHex[c & 0xF];
     }
   }
+  out.append(s, run, s.size() - run);
 }
 
 std::string_view Utf8Prefix(std::string_view s, size_t max_bytes) {

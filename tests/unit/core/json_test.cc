@@ -214,6 +214,17 @@ TEST_CASE("strings escape only what RFC 8785 requires") {
         "\"\\b\\t\\n\\f\\r\\\"\\\\/\\u0001\\u001f\x7f\xc3\xa9\"");
 }
 
+TEST_CASE("text between and after escapes is kept whole and in order") {
+  std::string out;
+  AppendJsonStringContent("", out);
+  CHECK(out.empty());
+  AppendJsonStringContent("say \"hi\"\tto\x02 \xc3\xa9t\xc3\xa9\\done", out);
+  CHECK(out == "say \\\"hi\\\"\\tto\\u0002 \xc3\xa9t\xc3\xa9\\\\done");
+  std::string plain = "prefix:";
+  AppendJsonStringContent("no escapes at all", plain);
+  CHECK(plain == "prefix:no escapes at all");
+}
+
 TEST_CASE("a string holding invalid UTF-8 cannot be canonicalized") {
   StatusOr<std::string> value = CanonicalJson(Json{{"k", std::string("a\xff")}});
   REQUIRE_FALSE(value.ok());
