@@ -142,8 +142,10 @@ pid_t SpawnChild(const ChildSpec& spec) {
     if (path.empty()) return;
     int fd = open(path.c_str(), flags, 0644);
     if (fd < 0) _exit(127);
-    dup2(fd, target);
-    close(fd);
+    if (fd != target) {  // open may return the target itself when it was closed
+      dup2(fd, target);
+      close(fd);
+    }
   };
   redirect(spec.stdin_path, O_RDONLY, 0);
   redirect(spec.stdout_path, out_flags, 1);
