@@ -14,6 +14,7 @@
 #include "daemon/apply/effector.h"
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/backoff.h"
+#include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "daemon/core/mutex.h"
@@ -482,7 +483,11 @@ void ApplyEngineImpl::StartWorkers(int n) {
   std::lock_guard<std::mutex> lock(workers_mu_);
   if (started_ || stopping_) return;
   started_ = true;
-  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < n; ++i)
+    workers_.emplace_back([this] {
+      NameThread("apply");
+      WorkerLoop();
+    });
 }
 
 void ApplyEngineImpl::Stop() {

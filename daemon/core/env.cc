@@ -1,6 +1,10 @@
 #include "daemon/core/env.h"
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <chrono>
+#include <string>
 #include <thread>
 
 namespace idem {
@@ -27,6 +31,12 @@ void RealEnv::SleepMillis(int64_t ms) {
 uint64_t RealEnv::Random64() {
   std::lock_guard<std::mutex> lock(mu_);
   return rng_();
+}
+
+void NameThread(const char* role) {
+  std::string name = std::string("idem-") + role;
+  name.resize(std::min<size_t>(name.size(), 15));
+  pthread_setname_np(pthread_self(), name.c_str());
 }
 
 }  // namespace idem

@@ -44,6 +44,12 @@ class RealEnv final : public Env {
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
+// Names the calling thread (its comm: top -H, ps -L, perf, gdb) "idem-" +
+// `role`, cut to the kernel's 15 bytes. Threads the daemon starts name
+// themselves by role, so an operator can tell the event loops from the
+// store's writer; a thread that does not keeps its parent's name.
+void NameThread(const char* role);
+
 // A controllable Env for tests. Sleep advances both clocks by the slept
 // amount; Advance moves both; JumpWall moves only the wall clock (to stage
 // NTP steps backwards or forwards).

@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include "daemon/core/crypto.h"
+#include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/http/api.h"
 #include "daemon/http/decision_fallback.h"
@@ -297,7 +298,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
   d->host_ = listen.first;
-  d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });
+  d->sweeper_ = std::thread([raw = d.get()] {
+    NameThread("sweeper");
+    raw->SweepLoop();
+  });
   d->outbox_->Start();
   LogEvent(LogLevel::kInfo, "started",
            {{"listen", d->host_ + ":" + std::to_string(d->port_)},

@@ -19,6 +19,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "daemon/core/env.h"
+
 namespace idem {
 namespace {
 
@@ -85,7 +87,10 @@ class EventServer::WorkerPool {
       : callbacks_(callbacks), parking_(std::move(parking)), max_queue_(max_queue) {
     for (int i = 0; i < threads; ++i) {
       workers_.push_back(std::make_unique<Worker>());
-      threads_.emplace_back([this, w = workers_.back().get()] { Run(*w); });
+      threads_.emplace_back([this, w = workers_.back().get()] {
+        NameThread("handler");
+        Run(*w);
+      });
     }
   }
   ~WorkerPool() { Stop(); }
@@ -1015,7 +1020,11 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
     }
     loops_.push_back(std::move(loop));
   }
-  for (auto& loop : loops_) threads_.emplace_back([l = loop.get()] { l->Run(); });
+  for (auto& loop : loops_)
+    threads_.emplace_back([l = loop.get()] {
+      NameThread("loop");
+      l->Run();
+    });
   return bound;
 }
 

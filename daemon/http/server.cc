@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "daemon/core/crypto.h"
+#include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "daemon/core/json_schema.h"
@@ -225,7 +226,11 @@ class HttpServer::LeaseRenewer {
   // kNew). Returns the ticket to Drop once the handler has returned.
   uint64_t Hold(const RequestContext& ctx, const std::string& fingerprint, int64_t lease_until_ms) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!thread_.joinable() && !stopped_) thread_ = std::thread([this] { Loop(); });
+    if (!thread_.joinable() && !stopped_)
+      thread_ = std::thread([this] {
+        NameThread("key-lease");
+        Loop();
+      });
     uint64_t ticket = ++next_ticket_;
     held_[ticket] =
         Held{ctx.caller, ctx.idempotency_key, fingerprint, ctx.request_id, lease_until_ms};

@@ -6,6 +6,7 @@
 
 #include "daemon/core/backoff.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "daemon/obs/log.h"
@@ -86,7 +87,10 @@ OutboxDispatcher::~OutboxDispatcher() { Stop(); }
 void OutboxDispatcher::Start() {
   for (auto& s : subscribers_) {
     Subscriber* raw = s.get();
-    s->thread = std::thread([this, raw] { Run(*raw); });
+    s->thread = std::thread([this, raw] {
+      NameThread("outbox");
+      Run(*raw);
+    });
   }
 }
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "daemon/core/crypto.h"
+#include "daemon/core/env.h"
 #include "daemon/core/json_diff.h"
 #include "daemon/obs/log.h"
 
@@ -211,7 +212,10 @@ StatusOr<std::string> ReplayJobs::Start(const ReplayJobRequest& r) {
   }
   ++running_;
   jobs_.emplace(job->replay_id, job);
-  threads_.emplace_back(job, std::thread([this, job] { Run(job); }));
+  threads_.emplace_back(job, std::thread([this, job] {
+                          NameThread("replay");
+                          Run(job);
+                        }));
   LogEvent(LogLevel::kInfo, "replay_started",
            {{"replay_id", job->replay_id},
             {"step", r.step},

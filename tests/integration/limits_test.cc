@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -57,6 +60,18 @@ TEST_CASE("the serving process keeps its name and runs with its malloc tunables"
   // ps, top and pgrep show the daemon as idem, not as "exe" (the re-exec's
   // path), and so do its threads that name themselves after it.
   CHECK(ReadFile(proc + "/comm") == "idem\n");
+  // Its threads carry their role (top -H, perf, gdb): per-thread CPU tells
+  // the event loops from the store's writer without a profiler.
+  std::set<std::string> roles;
+  for (const auto& task : std::filesystem::directory_iterator(proc + "/task")) {
+    std::string name = ReadFile(task.path().string() + "/comm");
+    if (!name.empty() && name.back() == '\n') name.pop_back();
+    roles.insert(name);
+  }
+  for (const char* role : {"idem-loop", "idem-handler", "idem-commit", "idem-trace", "idem-sweeper",
+                           "idem-apply", "idem-recovery"}) {
+    CHECK_MESSAGE(roles.count(role) == 1, role);
+  }
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   // The re-exec gave the process glibc's thread-cache size (main.cc).
   const std::string environ_text = ReadFile(proc + "/environ");

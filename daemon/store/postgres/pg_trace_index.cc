@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/env.h"
 #include "daemon/core/json.h"
 #include "daemon/store/postgres/pg_store.h"
 #include "daemon/store/record_codec.h"
@@ -47,7 +48,10 @@ constexpr size_t kMaxLimit = 100'000;
 class PgTraceIndex final : public TraceIndex {
  public:
   explicit PgTraceIndex(PgContext& ctx) : ctx_(ctx) {
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = std::thread([this] {
+      NameThread("trace");
+      Loop();
+    });
   }
   ~PgTraceIndex() override {
     {

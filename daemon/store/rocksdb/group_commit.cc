@@ -3,6 +3,8 @@
 #include <chrono>
 #include <utility>
 
+#include "daemon/core/env.h"
+
 namespace idem::rocks {
 namespace {
 
@@ -49,7 +51,10 @@ GroupCommit::GroupCommit(rocksdb::DB& db, const std::vector<rocksdb::ColumnFamil
     if (by_id_.size() <= id) by_id_.resize(id + 1, nullptr);
     by_id_[id] = h;
   }
-  committer_ = std::thread([this] { CommitterThread(); });
+  committer_ = std::thread([this] {
+    NameThread("commit");
+    CommitterThread();
+  });
 }
 
 GroupCommit::~GroupCommit() {

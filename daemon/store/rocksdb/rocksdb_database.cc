@@ -20,6 +20,7 @@
 #include <tuple>
 #include <utility>
 
+#include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "daemon/store/record_codec.h"
@@ -469,7 +470,10 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     MutexLock lock(self->outbox_mu_);
     self->outbox_next_ = last + 1;
   }
-  self->recovery_ = std::thread([db] { db->RecoveryLoop(); });
+  self->recovery_ = std::thread([db] {
+    NameThread("recovery");
+    db->RecoveryLoop();
+  });
   return self;
 }
 

@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "daemon/core/env.h"
 #include "daemon/core/json.h"
 #include "daemon/store/record_codec.h"
 
@@ -63,7 +64,10 @@ RocksTraceIndex::RocksTraceIndex(RocksDatabase& db) : db_(db) {
   seq_.store((static_cast<uint64_t>(rd()) << 32) ^ rd());
   // Unreadable: nothing is hidden, as before any sweep.
   if (StatusOr<int64_t> mark = TraceSweptBefore(db_); mark.ok()) swept_before_.store(*mark);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThread("trace");
+    Loop();
+  });
 }
 
 RocksTraceIndex::~RocksTraceIndex() {
