@@ -5,15 +5,20 @@
 // and duplicate claims of done work (a read, no fsync) at 1 and 64, beside
 // the bare HTTP reference route.
 //
-//   build/bench/bench_work_http [--seconds 5] [--conns N] [--only TEXT]
+//   build/bench/bench_work_http [--seconds 5] [--conns N] [--only TEXT] [--by-thread]
 //
 // --only TEXT: only the rows whose name contains TEXT (e.g. "complete"),
 // for profiling one row with perf record -p <daemon pid>.
+// --by-thread: under each row, the daemon's CPU per operation by thread
+// role (event loops, group-commit writer, trace log, RocksDB's flushes and
+// compactions), read from /proc, with no profiler; and the load
+// generator's own CPU per operation, which shares the machine.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +27,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "bench/loadgen.h"
 
@@ -48,7 +55,10 @@ int main(int argc, char** argv) {
   double seconds = 5;
   int only_conns = 0;  // --conns N: only the rows at N connections
   std::string only;    // --only TEXT: only the rows whose name holds TEXT
-  for (int i = 1; i + 1 < argc; ++i) {
+  bool by_thread = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--by-thread") by_thread = true;
+    if (i + 1 == argc) break;
     if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
     if (std::string(argv[i]) == "--conns") only_conns = std::atoi(argv[i + 1]);
     if (std::string(argv[i]) == "--only") only = argv[i + 1];
@@ -65,8 +75,25 @@ int main(int argc, char** argv) {
   auto measured = [&](const char* name, int conns, const std::function<LoadResult()>& load) {
     if (!only.empty() && std::string(name).find(only) == std::string::npos) return LoadResult{};
     const double cpu_before = daemon.CpuMillis();
+    const auto threads_before = daemon.CpuMillisByThread();
+    const double self_before = BenchDaemon::ProcCpuMillis("/proc/self/stat");
     LoadResult r = load();
+    const double self_used = BenchDaemon::ProcCpuMillis("/proc/self/stat") - self_before;
     Row(name, conns, r, daemon.CpuMillis() - cpu_before);
+    if (by_thread && r.requests > 0) {
+      std::vector<std::pair<double, std::string>> parts;
+      for (const auto& [thread, ms] : daemon.CpuMillisByThread()) {
+        auto before = threads_before.find(thread);
+        const double used = ms - (before == threads_before.end() ? 0 : before->second);
+        const double us_per_op = used * 1000.0 / static_cast<double>(r.requests);
+        if (us_per_op >= 0.05) parts.emplace_back(us_per_op, thread);
+      }
+      std::sort(parts.rbegin(), parts.rend());
+      std::printf("    cpu us/op by thread:");
+      for (const auto& [us, thread] : parts) std::printf(" %s %.1f", thread.c_str(), us);
+      // The load generator shares the machine: what it takes is not the daemon's.
+      std::printf(" (load generator %.1f)\n", self_used * 1000.0 / static_cast<double>(r.requests));
+    }
     return r;
   };
   if (wanted(64)) {

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -246,8 +247,11 @@ struct BenchDaemon {
   // CPU time (user + system) the daemon has used so far, in milliseconds;
   // -1 if unreadable. On a shared machine, CPU per operation varies far less
   // than operations per second.
-  double CpuMillis() const {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  double CpuMillis() const { return ProcCpuMillis("/proc/" + std::to_string(pid) + "/stat"); }
+
+  // utime + stime of a /proc/.../stat file in milliseconds, -1 if unreadable.
+  static double ProcCpuMillis(const std::string& path) {
+    std::ifstream in(path);
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     size_t close = stat.rfind(')');  // the command name may hold spaces
     if (close == std::string::npos) return -1;
@@ -262,6 +266,24 @@ struct BenchDaemon {
     if (fields.size() < 13) return -1;  // fields 14 and 15: utime, stime in ticks
     const double ticks = std::atof(fields[11].c_str()) + std::atof(fields[12].c_str());
     return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+
+  // CPU time (user + system) by thread name so far, in milliseconds: the
+  // daemon names its threads by role (idem-loop, idem-commit, idem-trace,
+  // ...; RocksDB's are rocksdb:high and rocksdb:low). Threads that have
+  // exited are not counted.
+  std::map<std::string, double> CpuMillisByThread() const {
+    std::map<std::string, double> out;
+    std::error_code ec;
+    const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+    for (const auto& task : std::filesystem::directory_iterator(task_dir, ec)) {
+      const double ms = ProcCpuMillis(task.path().string() + "/stat");
+      std::ifstream comm(task.path().string() + "/comm");
+      std::string name;
+      if (ms < 0 || !std::getline(comm, name)) continue;
+      out[name] += ms;
+    }
+    return out;
   }
 
   void Stop() {
