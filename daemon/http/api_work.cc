@@ -15,23 +15,53 @@ namespace {
 
 constexpr int64_t kMaxLeaseMs = 24LL * 3600 * 1000;
 
-Json WorkBody(const WorkItem& w) {
-  Json j = {{"work_id", w.work_id},
-            {"kind", w.kind},
-            {"state", WorkStateName(w.state)},
-            {"attempt", w.attempt}};
-  if (w.state == WorkState::kDone) {
-    j["result"] = w.result;
-    if (!w.external_ref.empty()) j["external_ref"] = w.external_ref;
-    j["completed_at_ms"] = w.updated_at_ms;
-  }
-  if (w.state == WorkState::kRunning) j["locked_until_ms"] = w.locked_until_ms;
+// What a work answer adds to the item's members (WorkBodyText).
+struct WorkExtras {
+  std::string_view lease_token;  // the claimer's ("": none)
+  const Json* args = nullptr;    // a gated kind's approved args, for its claimer
+  bool duplicate = false;        // a duplicate of done work (R3)
+  bool without_result = false;   // leaves out result and external_ref (on_duplicate: ignore)
+};
+
+// A work item's answer as JSON text, its members in name order (the order
+// Json::dump writes an object in), written without building a Json value:
+// claims and completes answer with it on the hot path.
+std::string WorkBodyText(const WorkItem& w, const WorkExtras& extras = {}) {
+  JsonObjectWriter out;
+  std::string text;  // a member that is a JSON value, dumped
+  auto dumped = [&text](const Json& j) -> std::string_view {
+    text = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return text;
+  };
+  const bool done = w.state == WorkState::kDone;
+  if (extras.args != nullptr) out.Raw("args", dumped(*extras.args));
+  out.Int("attempt", w.attempt);
+  if (done) out.Int("completed_at_ms", w.updated_at_ms);
+  if (extras.duplicate) out.Bool("duplicate", true);
+  const bool result = done && !extras.without_result;
+  if (result && !w.external_ref.empty()) out.Str("external_ref", w.external_ref);
+  out.Str("kind", w.kind);
+  if (!w.last_error.empty()) out.Str("last_error", w.last_error);
+  if (!extras.lease_token.empty()) out.Str("lease_token", extras.lease_token);
+  if (w.state == WorkState::kRunning) out.Int("locked_until_ms", w.locked_until_ms);
   if (w.state == WorkState::kFailed || w.state == WorkState::kPending) {
-    j["next_attempt_at_ms"] = w.next_attempt_at_ms;
+    out.Int("next_attempt_at_ms", w.next_attempt_at_ms);
   }
-  if (!w.last_error.empty()) j["last_error"] = w.last_error;
-  if (!w.run_id.empty()) j["run_id"] = w.run_id;
-  return j;
+  if (result) out.Raw("result", dumped(w.result));
+  if (!w.run_id.empty()) out.Str("run_id", w.run_id);
+  out.Str("state", WorkStateName(w.state));
+  out.Str("work_id", w.work_id);
+  return out.Take();
+}
+
+// The same as a Json value, for answers that add to it.
+Json WorkBody(const WorkItem& w) { return Json::parse(WorkBodyText(w), nullptr, false); }
+
+// An answer whose body is WorkBodyText's, sent as it is.
+RouteResponse WorkAnswer(int status, std::string text) {
+  RouteResponse r{status, Json(std::move(text)), {}};
+  r.content_type = "application/json";
+  return r;
 }
 
 // A problem body that also carries the work's state (409 busy / dead / done).
@@ -59,13 +89,8 @@ RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::
   if (kind.on_duplicate == "conflict") {
     return Conflict(AlreadyExists("this work was already done"), w, rid);
   }
-  Json body = WorkBody(w);
-  body["duplicate"] = true;
-  if (kind.on_duplicate == "ignore") {
-    body.erase("result");
-    body.erase("external_ref");
-  }
-  return RouteResponse{200, std::move(body), {}};
+  return WorkAnswer(
+      200, WorkBodyText(w, {.duplicate = true, .without_result = kind.on_duplicate == "ignore"}));
 }
 
 StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def, int64_t max,
@@ -103,7 +128,7 @@ Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string
     case ActionOutcomeKind::kDuplicate: {
       RouteResponse r = Duplicate(kind, o.item, rid);
       *status = r.status;
-      return r.body;
+      return r.body.is_string() ? Json::parse(r.body.get<std::string>(), nullptr, false) : r.body;
     }
     case ActionOutcomeKind::kRetrying:
       *status = 202;
@@ -258,11 +283,10 @@ struct ClaimRoute {
               "work", r.item.work_id,
               JsonObjectWriter().Str("kind", r.item.kind).Str("run_id", r.item.run_id).Take());
         }
-        Json body = WorkBody(r.item);
-        body["lease_token"] = r.item.lease_token;
         // A gated kind's claimer executes the args an operator approved.
-        if (kind->approval) body["args"] = r.item.args;
-        return RouteResponse{201, std::move(body), {}};
+        return WorkAnswer(201,
+                          WorkBodyText(r.item, {.lease_token = r.item.lease_token,
+                                                .args = kind->approval ? &r.item.args : nullptr}));
       }
       case ClaimOutcome::kDone:
         if (auto d = duplicates->find(kind->name); d != duplicates->end()) d->second->Inc();
@@ -332,7 +356,7 @@ struct CompleteRoute {
       metrics.work_completed.Inc();
       RecordClientAttempt(r.item, ctx, true, "");
     }
-    return RouteResponse{200, WorkBody(r.item), {}};
+    return WorkAnswer(200, WorkBodyText(r.item));
   }
 };
 
@@ -377,7 +401,7 @@ struct FailRoute {
       // One journal write, on a rare path (the work's last failure).
       notifier.Notify(DeadLetterNotification(r.item, config));
     }
-    return RouteResponse{200, WorkBody(r.item), {}};
+    return WorkAnswer(200, WorkBodyText(r.item));
   }
 };
 

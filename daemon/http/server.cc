@@ -914,11 +914,16 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
     }
     m.idem_key_released.Inc();
   } else {
-    const char* type = out.status >= 400 ? kProblemContentType : "application/json";
+    // Stored as Respond sends it: a text body as it is.
+    const bool text = !out.content_type.empty() && out.body.is_string();
+    const std::string type = text                ? out.content_type
+                             : out.status >= 400 ? kProblemContentType
+                                                 : "application/json";
     Status fin =
         deps_.idem_keys.Finish(scope, ctx.idempotency_key, fingerprint, out.status,
-                               out.body.dump(-1, ' ', false, Json::error_handler_t::replace), type,
-                               deps_.clock.NowMillis());
+                               text ? out.body.get<std::string>()
+                                    : out.body.dump(-1, ' ', false, Json::error_handler_t::replace),
+                               type, deps_.clock.NowMillis());
     if (!fin.ok()) {
       m.idem_key_store_errors.Inc();
       LogEvent(LogLevel::kError, "idempotency_finish_failed",

@@ -79,6 +79,10 @@ actions:
     args_schema: ${dir}/refund.args.json
     effector: {http: {method: POST, url: "${effectorUrl}/refunds", idempotency: header}}
     approval: {when: {">": [{"var": "args.amount"}, 100]}, reason: refunds over 100 need a human}
+  post_note:
+    identity: {fields: [/note_id], version: v1}
+    window: 24h
+    on_duplicate: return_original
 `);
 const portFile = join(dir, 'port');
 const daemon = spawn(idem, ['serve', '--config', join(dir, 'idem.yaml'), '--port-file', portFile,
@@ -165,6 +169,24 @@ try {
   assert.equal(outcome.structuredContent.outcome, 'already_done');
   assert.equal(effects.size, 2, 'approval applied it once; the call did not repeat it');
   assert.equal(bodies[1].amount, 450, 'the edited amount went out');
+
+  // Client-executed work (a kind without an effector): the work routes
+  // answer with text the tool result carries as an object.
+  const claimed = await client.callTool({ name: 'claim_work',
+    arguments: { kind: 'post_note', identity: { note_id: 'N-1' }, lease: '30s' } });
+  assert.equal(claimed.isError, false, JSON.stringify(claimed));
+  assert.equal(claimed.structuredContent.state, 'running');
+  assert.match(claimed.structuredContent.lease_token, /^[0-9a-f]{32}$/);
+  const done = await client.callTool({ name: 'complete_work', arguments: {
+    work_id: claimed.structuredContent.work_id,
+    lease_token: claimed.structuredContent.lease_token, result: { posted: true } } });
+  assert.equal(done.isError, false, JSON.stringify(done));
+  assert.equal(done.structuredContent.state, 'done');
+  assert.deepEqual(done.structuredContent.result, { posted: true });
+  const again = await client.callTool({ name: 'claim_work',
+    arguments: { kind: 'post_note', identity: { note_id: 'N-1' } } });
+  assert.equal(again.structuredContent.state, 'done');
+  assert.equal(again.structuredContent.duplicate, true);
 
   // Protocol faults are JSON-RPC errors; an unknown tool is -32602.
   await assert.rejects(client.callTool({ name: 'no_such_tool', arguments: {} }),

@@ -494,6 +494,54 @@ TEST_CASE("a claim whose identity holds an integer beyond 2^53 is a 400 naming t
   CHECK(J(one)["work_id"] != J(other)["work_id"]);
 }
 
+TEST_CASE("work answers are written as text with members in name order, and replay as objects") {
+  Fixture f;
+  // Claims and completes write their answers as text (no Json value built):
+  // the bytes must be what dumping the object gives, members in name order.
+  auto canonical = [](const httplib::Result& r) {
+    REQUIRE(r);
+    CHECK(r->get_header_value("Content-Type") == "application/json");
+    Json j = Json::parse(r->body, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(r->body == j.dump());
+    return j;
+  };
+  Json claim = {{"kind", "send_invoice"},
+                {"identity", {{"invoice_id", "INV-text"}}},
+                {"lease", "30s"},
+                {"run_id", "run-9"}};
+  auto claimed = f.Post("/v1/work/claim", claim);
+  REQUIRE(claimed->status == 201);
+  Json c = canonical(claimed);
+  CHECK(c["state"] == "running");
+  CHECK(c["run_id"] == "run-9");
+  CHECK(c.contains("locked_until_ms"));
+  const std::string id = c["work_id"];
+  auto done = f.Post("/v1/work/" + id + "/complete",
+                     {{"lease_token", c["lease_token"]},
+                      {"result", {{"sent", true}, {"note", "line\n\"two\""}}},
+                      {"external_ref", "in_9"}});
+  REQUIRE(done->status == 200);
+  Json d = canonical(done);
+  CHECK(d["result"]["note"] == "line\n\"two\"");
+  CHECK(d["external_ref"] == "in_9");
+  CHECK_FALSE(d.contains("lease_token"));
+  Json dup = canonical(f.Post("/v1/work/claim", claim));
+  CHECK(dup["duplicate"] == true);
+  CHECK(dup["result"] == d["result"]);
+
+  // Under an Idempotency-Key the answer is stored, and a retry gets the
+  // same object back, not that text quoted as one JSON string.
+  claim["identity"]["invoice_id"] = "INV-text-2";
+  auto first = f.Post("/v1/work/claim", claim, "text-key-1");
+  REQUIRE(first->status == 201);
+  canonical(first);
+  auto again = f.Post("/v1/work/claim", claim, "text-key-1");
+  REQUIRE(again->status == 201);
+  CHECK(again->body == first->body);
+  CHECK(canonical(again)["work_id"].is_string());
+}
+
 TEST_CASE("idem key --step prints the v2 material with step and prompt hash") {
   TempDir dir;
   std::string config = WriteTestConfig(dir, kQuestionRules, kActions);
