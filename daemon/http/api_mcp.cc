@@ -147,10 +147,7 @@ class ApiToolbox final : public McpToolbox {
       return ToolError(out.status().message() + where);
     }
     if (out->transient || out->status == 202) *final_answer = false;
-    // A JSON answer the route wrote as text (the work routes') is read back.
-    Json body = out->content_type == "application/json" && out->body.is_string()
-                    ? Json::parse(out->body.get<std::string>(), nullptr, false)
-                    : out->body;
+    Json body = BodyJson(*out);
     if (out->status >= 400) {
       std::string detail = body.is_object() ? body.value("detail", "") : "";
       std::string where = body.is_object() ? body.value("pointer", "") : "";

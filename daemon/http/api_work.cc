@@ -128,7 +128,7 @@ Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string
     case ActionOutcomeKind::kDuplicate: {
       RouteResponse r = Duplicate(kind, o.item, rid);
       *status = r.status;
-      return r.body.is_string() ? Json::parse(r.body.get<std::string>(), nullptr, false) : r.body;
+      return BodyJson(r);
     }
     case ActionOutcomeKind::kRetrying:
       *status = 202;

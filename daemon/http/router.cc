@@ -44,6 +44,13 @@ bool MatchPath(const Route& route, std::string_view path, std::vector<std::strin
   return false;
 }
 
+Json BodyJson(const RouteResponse& r) {
+  if (r.content_type == "application/json" && r.body.is_string()) {
+    return Json::parse(r.body.get<std::string>(), nullptr, false);
+  }
+  return r.body;
+}
+
 namespace {
 
 Json Ref(const std::string& name) { return {{"$ref", "#/components/schemas/" + name}}; }

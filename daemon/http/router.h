@@ -63,6 +63,11 @@ struct RouteResponse {
   std::shared_ptr<const struct LongPoll> long_poll = {};
 };
 
+// The answer's body as a JSON value: a JSON answer the route wrote as text
+// (content_type "application/json", the work routes') is parsed back (a
+// discarded value if it does not parse); any other body as it is.
+Json BodyJson(const RouteResponse& r);
+
 struct LongPoll {
   std::function<void(std::function<void()> resume)> arm;
   std::function<StatusOr<RouteResponse>()> answer;
