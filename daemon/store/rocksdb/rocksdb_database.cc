@@ -300,7 +300,7 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   // flushed; rarely written families would otherwise keep it (and the replay
   // after kill -9) growing. Past this size the oldest data is flushed.
   db_options.max_total_wal_size = 32 << 20;
-  db_options.writable_file_max_buffer_size = 64 << 10;  // see arena_block_size below
+  db_options.writable_file_max_buffer_size = 64 << 10;  // see cf_options.arena_block_size
   // Our writes reach RocksDB already grouped (group_commit.h), one writer at
   // a time: parallel memtable inserts would only add hand-offs between
   // threads, and spinning waiters steal the cores from the request threads.
@@ -326,15 +326,15 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   // the memtable bloom below is sized from it.
   cf_options.write_buffer_size = 4 << 20;
   cf_options.max_write_buffer_number = 2;
-  // Memtables grow in blocks of this size, and a table file is written
-  // through a buffer of at most the size below. Both come and go with each
-  // memtable and each file; under malloc's fixed mmap threshold of 128 KiB
-  // (cli/main.cc) RocksDB's defaults (an eighth of the memtable, 512 KiB;
-  // a 1 MiB file buffer) made each one a fresh mapping whose every page
-  // faulted in, 1.3 faults per claim + complete, a third of the writer's
-  // and the flushes' CPU. At 64 KiB they come from the heap, where the
-  // next memtable and file reuse what the last one freed (README,
-  // "Benchmarks").
+  // Memtables grow in blocks of this size, and every file RocksDB writes
+  // goes through a buffer of at most the same (writable_file_max_buffer_size,
+  // above). Both come and go with each memtable and each file. RocksDB's
+  // defaults (an eighth of the memtable, 512 KiB; a 1 MiB file buffer) are
+  // above malloc's fixed mmap threshold of 128 KiB (cli/main.cc), so each
+  // was a fresh mapping whose every page faulted in: 1.3 faults per claim +
+  // complete, a third of the writer's and the flushes' CPU. At 64 KiB they
+  // come from the heap, where the next memtable and file reuse what the
+  // last one freed (README, "Benchmarks").
   cf_options.arena_block_size = 64 << 10;
   // A compaction holds every key hash of the file it writes until the
   // file's filter is built: at RocksDB's default of 64 MB per file that is
