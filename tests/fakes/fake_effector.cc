@@ -8,6 +8,8 @@
 #include <optional>
 #include <utility>
 
+#include "tests/fakes/serve.h"
+
 namespace idem::fakes {
 namespace {
 
@@ -51,19 +53,8 @@ std::unique_ptr<FakeEffectorServer> FakeEffectorServer::Start(int port, int thre
   svr.set_read_timeout(30, 0);
   svr.set_write_timeout(30, 0);
   fake->Install();
-  if (port == 0) {
-    fake->port_ = svr.bind_to_any_port("127.0.0.1");
-  } else {
-    fake->port_ = svr.bind_to_port("127.0.0.1", port) ? port : -1;
-  }
+  fake->port_ = ServeInBackground(svr, port, fake->thread_);
   if (fake->port_ <= 0) return nullptr;
-  FakeEffectorServer* self = fake.get();
-  fake->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
-  // httplib's stop() is a no-op until the accept loop runs (is_running), so
-  // a server stopped right after Start would block in accept() forever.
-  for (int i = 0; i < 5000 && !svr.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
   return fake;
 }
 

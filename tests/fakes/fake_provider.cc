@@ -6,6 +6,8 @@
 #include <cctype>
 #include <chrono>
 
+#include "tests/fakes/serve.h"
+
 namespace idem::fakes {
 namespace {
 
@@ -366,16 +368,8 @@ std::unique_ptr<FakeProviderServer> FakeProviderServer::Start() {
   svr.Post("/api/chat", [self](const httplib::Request& req, httplib::Response& res) {
     self->Handle(Wire::kOllama, req, res);
   });
-  fake->port_ = svr.bind_to_any_port("127.0.0.1");
+  fake->port_ = ServeInBackground(svr, 0, fake->thread_);
   if (fake->port_ <= 0) return nullptr;
-  // The socket listens already: connections made before the accept loop
-  // starts wait in the backlog.
-  fake->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
-  // Server::stop() is a no-op until the accept loop runs; a fake destroyed
-  // right after Start would then never stop. Wait for the loop.
-  for (int i = 0; i < 5000 && !svr.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
   return fake;
 }
 

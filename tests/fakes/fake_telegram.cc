@@ -5,6 +5,8 @@
 #include <chrono>
 #include <utility>
 
+#include "tests/fakes/serve.h"
+
 namespace idem::fakes {
 namespace {
 
@@ -29,13 +31,8 @@ std::unique_ptr<FakeTelegramServer> FakeTelegramServer::Start(std::string token)
   httplib::Server& svr = *fake->server_;
   svr.new_task_queue = [] { return new httplib::ThreadPool(8); };
   fake->Install();
-  fake->port_ = svr.bind_to_any_port("127.0.0.1");
+  fake->port_ = ServeInBackground(svr, 0, fake->thread_);
   if (fake->port_ <= 0) return nullptr;
-  FakeTelegramServer* self = fake.get();
-  fake->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
-  for (int i = 0; i < 5000 && !svr.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
   return fake;
 }
 

@@ -111,7 +111,7 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
     healthy = Healthy(*daemon);
     if (!healthy) std::this_thread::sleep_for(100ms);
   }
-  CHECK(healthy);  // serves again once descriptors free up
+  CHECK_MESSAGE(healthy, ReadFile(daemon->log_path()));  // serves again once descriptors free up
   auto c = daemon->Client();
   CHECK(MetricValue(*c, "idem_http_accept_paused_total") > 0);
 }

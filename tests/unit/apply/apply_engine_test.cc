@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -347,6 +349,13 @@ TEST_CASE("16 threads submitting the same 50 actions concurrently make exactly 5
     constexpr int kThreads = 16;
     constexpr int kActions = 50;
     std::atomic<int> executed{0}, duplicates{0}, busy{0}, errors{0};
+    std::mutex error_mu;
+    std::string first_error;  // what went wrong, for the failure message
+    auto note_error = [&](const std::string& what) {
+      ++errors;
+      std::lock_guard lock(error_mu);
+      if (first_error.empty()) first_error = what;
+    };
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
@@ -357,7 +366,7 @@ TEST_CASE("16 threads submitting the same 50 actions concurrently make exactly 5
           Json args = {{"ticket_id", "T-" + std::to_string(i)}, {"text", "hi"}};
           auto outcome = h.engine().Submit("send_reply", args, "run-1", "");
           if (!outcome.ok()) {
-            ++errors;
+            note_error(outcome.status().ToString());
             continue;
           }
           switch (outcome->kind) {
@@ -371,14 +380,15 @@ TEST_CASE("16 threads submitting the same 50 actions concurrently make exactly 5
               ++busy;
               break;
             default:
-              ++errors;
+              note_error("outcome " + std::to_string(static_cast<int>(outcome->kind)) + ": " +
+                         outcome->item.last_error);
               break;
           }
         }
       });
     }
     for (auto& t : threads) t.join();
-    CHECK(errors == 0);
+    CHECK_MESSAGE(errors == 0, first_error);
     CHECK(executed == kActions);
     CHECK(duplicates + busy == kThreads * kActions - kActions);
     auto stats = h.fake().stats();
