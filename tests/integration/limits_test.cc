@@ -85,6 +85,11 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
   std::string config = WriteTestConfig(dir, kQuestionRules);
   DaemonArgs args{config, dir.path() + "/data", {}, {}};
   args.max_open_files = 96;  // soft and hard: the daemon cannot raise it
+  // Under clang's UBSan the vptr check reads a vtable through a pipe, and
+  // with no descriptor free it reports a sound call as "invalid vptr"
+  // (CMakeLists.txt). That check is built recoverable; here, and only here,
+  // it may report and go on. Other builds ignore the variable.
+  args.env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=0";
   std::string err;
   auto daemon = DaemonProcess::Start(args, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
