@@ -3,7 +3,7 @@
 # Does nothing (and needs no network) when they are all present.
 set -euo pipefail
 pkgs=(
-  build-essential cmake ninja-build pkg-config clang-format git
+  build-essential cmake ninja-build pkg-config clang-format git curl
   libssl-dev libcurl4-openssl-dev nlohmann-json3-dev libvalijson-dev librocksdb-dev
   libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
   libkainjow-mustache-dev libpq-dev

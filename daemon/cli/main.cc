@@ -115,8 +115,8 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
       "idem listening on %s (store: %s)\n"
       "try:\n"
       "  curl -s %s/v1/decide -H 'Idempotency-Key: \"t-1\"' \\\n"
-      "    -d '{\"step\":\"triage_ticket\",\"input\":{\"ticket_id\":42,\"text\":\"refund "
-      "please\"}}'\n"
+      "    --json '{\"step\":\"triage_ticket\",\"input\":{\"ticket_id\":42,\"text\":\"refund "
+      "please\",\"received_at\":\"...\"}}'\n"
       "  curl -s %s/openapi.json | head -c 300; echo\n",
       url.c_str(), store_name.c_str(), url.c_str(), url.c_str());
   std::fflush(stdout);
