@@ -12,33 +12,42 @@ pkgs=(
 # test of the operator page (tests/e2e/ui_approvals.mjs drives Debian's chromium).
 if [ "${IDEM_DEPS_E2E:-0}" = 1 ]; then pkgs+=(clang-14 libclang-rt-14-dev chromium postgresql); fi
 if [ "${IDEM_DEPS_BENCH:-0}" = 1 ]; then pkgs+=(wrk); fi
+
+# apt-get install of the named packages, as root or through sudo.
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "idem: these Debian packages are missing: $*" >&2
+      echo "idem: run this script as root, or install sudo, or install them yourself" >&2
+      exit 1
+    fi
+    sudo="sudo"
+  fi
+  echo "idem: installing $*" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "idem: installing ${missing[*]}" >&2
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
 
-# The JSONLogic differential test (ctest -L e2e) runs json-logic-js under
-# Node and the browser test drives chromium with playwright-core; install the
-# pinned versions from tests/e2e/package-lock.json.
+# The end-to-end tests (ctest -L e2e, the browser and OpenAPI checks) run
+# the npm packages pinned in tests/e2e/package-lock.json under Node (Debian
+# 12's nodejs is enough). npm ci runs again whenever the lockfile differs
+# from the one last installed, so a checkout that pulls a new pin gets it.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ "${IDEM_DEPS_E2E:-0}" = 1 ] && { [ ! -d "$root/tests/e2e/node_modules/json-logic-js" ] ||
-                                       [ ! -d "$root/tests/e2e/node_modules/playwright-core" ]; }; then
+e2e="$root/tests/e2e"
+if [ "${IDEM_DEPS_E2E:-0}" = 1 ] &&
+   ! cmp -s "$e2e/package-lock.json" "$e2e/node_modules/.idem-installed-lock.json"; then
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    echo "idem: installing nodejs npm" >&2
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo"
-    export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    apt_install nodejs npm
   fi
   echo "idem: npm ci --prefix tests/e2e" >&2
-  npm ci --prefix "$root/tests/e2e" --no-audit --no-fund >/dev/null
+  npm ci --prefix "$e2e" --no-audit --no-fund >/dev/null
+  cp "$e2e/package-lock.json" "$e2e/node_modules/.idem-installed-lock.json"
 fi
