@@ -85,6 +85,10 @@ void ReplaceAll(std::string& s, const std::string& from, const std::string& to) 
 TEST_CASE("the_start_up_hint_and_the_readme_quick_start_work_as_printed") {
   REQUIRE_MESSAGE(std::system("command -v curl >/dev/null 2>&1") == 0,
                   "this test runs curl as a user would: install Debian's curl (scripts/deps.sh)");
+  // A proxy from the environment (http_proxy and friends) must not take
+  // curl's requests to the local daemon elsewhere.
+  setenv("no_proxy", "*", 1);
+  setenv("NO_PROXY", "*", 1);
   TempDir dir;
   std::string err;
   auto daemon = DaemonProcess::Start(
