@@ -80,6 +80,9 @@ struct CliResult {
 // `env` is added to the child's environment (e.g. IDEM_TOKEN).
 CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "",
                  const std::map<std::string, std::string>& env = {});
+// Runs `command` with sh (popen) to completion: its exit code (-1 when it
+// did not exit) and standard output; `err` stays empty.
+CliResult RunShell(const std::string& command);
 
 // Scripted-provider rules that answer every decide with the same plain
 // question and no actions: for tests about everything but the decision.

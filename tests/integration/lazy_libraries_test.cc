@@ -71,13 +71,9 @@ Run RunIdemWithout(const char* soname, const std::string& env_prefix, const std:
   std::string cmd =
       env_prefix + " timeout 60 unshare -rm sh -c 'mount --bind /dev/null \"$0\" && exec \"$@\"' " +
       file + " " + IDEM_BINARY + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.out.append(buf, n);
-  int status = pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  CliResult r = RunShell(cmd);
+  run.exit_code = r.exit_code;
+  run.out = std::move(r.out);
   return run;
 }
 

@@ -4,11 +4,9 @@
 // default config. Both once sent a body curl labels as a form (`-d`), which
 // the decide route refuses with 415.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <cctype>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -20,10 +18,9 @@
 namespace idem::testing {
 namespace {
 
-// The shell commands of `text`: lines joined where one ends in a backslash;
-// blank lines, comment lines and lines for which `skip` is true left out.
-template <typename Skip>
-std::vector<std::string> Commands(const std::string& text, Skip skip) {
+// The shell commands of `text`: lines joined where one ends in a
+// backslash; blank lines and comment lines left out.
+std::vector<std::string> Commands(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
   std::string line, pending;
@@ -34,24 +31,17 @@ std::vector<std::string> Commands(const std::string& text, Skip skip) {
       pending += line.substr(0, line.size() - 1);
       continue;
     }
-    std::string command = pending + line;
+    out.push_back(pending + line);
     pending.clear();
-    if (!skip(command)) out.push_back(command);
   }
   return out;
 }
 
-// Runs `command` with sh; its standard output.
+// Runs `command` with sh; its standard output (a failure when it fails).
 std::string Shell(const std::string& command) {
-  FILE* p = popen(command.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), command);
-  return out;
+  CliResult r = RunShell(command);
+  CHECK_MESSAGE(r.exit_code == 0, command);
+  return r.out;
 }
 
 // The text of every "```sh" and "```bash" block of the README between the
@@ -111,7 +101,7 @@ TEST_CASE("the_start_up_hint_and_the_readme_quick_start_work_as_printed") {
   for (std::string line; std::getline(lines, line) && line.rfind("  ", 0) == 0;) {
     hint += line + "\n";
   }
-  const std::vector<std::string> hinted = Commands(hint, [](const std::string&) { return false; });
+  const std::vector<std::string> hinted = Commands(hint);
   REQUIRE(hinted.size() == 2);
   const Json first = Json::parse(Shell(hinted[0]));
   CHECK_MESSAGE(first.value("status", Json()) == "decided", first.dump());
@@ -122,7 +112,8 @@ TEST_CASE("the_start_up_hint_and_the_readme_quick_start_work_as_printed") {
   // replay of the hint's), the reordered one (a cache hit), the marked replay.
   std::string quick = ReadmeShellBlocks("## Quick start", "## API walkthrough");
   ReplaceAll(quick, "localhost:7411", here);
-  const std::vector<std::string> readme = Commands(quick, [](const std::string& c) {
+  std::vector<std::string> readme = Commands(quick);
+  std::erase_if(readme, [](const std::string& c) {
     return c.rfind("scripts/run.sh", 0) == 0;  // the daemon is already running
   });
   REQUIRE(readme.size() == 3);
@@ -181,7 +172,7 @@ struct CurlCall {
 // `$H` stands for the MCP example's header variable (a Content-Type).
 std::vector<CurlCall> CurlCalls(const std::string& blocks) {
   std::vector<CurlCall> calls;
-  for (const std::string& command : Commands(blocks, [](const std::string&) { return false; })) {
+  for (const std::string& command : Commands(blocks)) {
     std::string rest = command;
     while (!rest.empty()) {
       const std::string one = rest;
