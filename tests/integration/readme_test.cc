@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -77,18 +78,25 @@ void ReplaceAll(std::string& s, const std::string& from, const std::string& to) 
   }
 }
 
-TEST_CASE("the_start_up_hint_and_the_readme_quick_start_work_as_printed") {
+// The daemon on the repository's own config/idem.yaml (its store in
+// `dir`), for commands run by sh and curl as a user runs them.
+std::unique_ptr<DaemonProcess> StartOnDefaultConfig(const TempDir& dir) {
   REQUIRE_MESSAGE(std::system("command -v curl >/dev/null 2>&1") == 0,
                   "this test runs curl as a user would: install Debian's curl (scripts/deps.sh)");
   // A proxy from the environment (http_proxy and friends) must not take
   // curl's requests to the local daemon elsewhere.
   setenv("no_proxy", "*", 1);
   setenv("NO_PROXY", "*", 1);
-  TempDir dir;
   std::string err;
   auto daemon = DaemonProcess::Start(
       {std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml", dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
+  return daemon;
+}
+
+TEST_CASE("the_start_up_hint_and_the_readme_quick_start_work_as_printed") {
+  TempDir dir;
+  auto daemon = StartOnDefaultConfig(dir);
   const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
 
   // The hint, as the daemon printed it: after it began to serve, so it may
@@ -244,10 +252,7 @@ bool Fits(const std::string& path, const std::string& pattern) {
 
 TEST_CASE("every_curl_command_in_the_readme_names_a_route_with_its_method") {
   TempDir dir;
-  std::string err;
-  auto daemon = DaemonProcess::Start(
-      {std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml", dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto daemon = StartOnDefaultConfig(dir);
   auto got = daemon->Client()->Get("/openapi.json");
   REQUIRE(got);
   REQUIRE(got->status == 200);
@@ -498,15 +503,8 @@ std::vector<TourStep> Tour(DaemonProcess& daemon) {
 }
 
 TEST_CASE("the_readme_walkthrough_runs_as_written_on_the_default_config") {
-  REQUIRE_MESSAGE(std::system("command -v curl >/dev/null 2>&1") == 0,
-                  "this test runs curl as a user would: install Debian's curl (scripts/deps.sh)");
-  setenv("no_proxy", "*", 1);
-  setenv("NO_PROXY", "*", 1);
   TempDir dir;
-  std::string err;
-  auto daemon = DaemonProcess::Start(
-      {std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml", dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto daemon = StartOnDefaultConfig(dir);
   const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
   // The README's commands run in a checkout's root: config/idem.yaml and
   // the files it names are found there, run.jsonl is written there.
