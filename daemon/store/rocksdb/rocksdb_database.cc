@@ -436,6 +436,16 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =
       rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path, descriptors, &handles, &raw);
+  if (!s.ok() && s.IsIOError() &&
+      (s.ToString().find("While lock file:") != std::string::npos ||
+       s.ToString().find("lock hold by current process") != std::string::npos)) {
+    // RocksDB's own words ("While lock file: …/LOCK: Resource temporarily
+    // unavailable") do not say what to do about it.
+    return Unavailable("the store at " + options.path +
+                           " is in use by another process (a running idem daemon, or idem "
+                           "store copy): stop it, or give this one another --data folder",
+                       true);
+  }
   if (!s.ok()) return Translate(s, "opening " + options.path);
   self->db_.reset(raw);
 

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <rocksdb/table_properties.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -183,6 +186,46 @@ TEST_CASE("the_rocksdb_store_reports_its_memory_by_part" * doctest::test_suite("
   CHECK(bytes("decision_cache") > 4096);
   CHECK(bytes("block_cache_pinned") <= bytes("block_cache"));
   bytes("table_readers");
+}
+
+TEST_CASE("a_store_another_process_holds_is_refused_with_a_message_that_says_what_to_do") {
+  TempDir dir;
+  StoreOptions options;
+  options.path = dir.path();
+  REQUIRE(OpenRocksStore(options).ok());  // the store and its LOCK file exist
+
+  // A child process takes the LOCK file's lock the way RocksDB does (a
+  // POSIX write lock), as a running daemon holds it.
+  int ready[2], done[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(done) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const int fd = open((dir.path() + "/LOCK").c_str(), O_RDWR);
+    struct flock lock = {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    char c = fd >= 0 && fcntl(fd, F_SETLK, &lock) == 0 ? 'y' : 'n';
+    if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1) _exit(1);
+    _exit(0);
+  }
+  char c = 0;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  REQUIRE(c == 'y');
+
+  auto held = OpenRocksStore(options);
+  CHECK(held.status().code() == Code::kUnavailable);
+  CHECK(held.status().message() ==
+        "the store at " + dir.path() +
+            " is in use by another process (a running idem daemon, or idem store copy): stop "
+            "it, or give this one another --data folder");
+
+  REQUIRE(write(done[1], "x", 1) == 1);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
+  CHECK(OpenRocksStore(options).ok());  // free again once the holder is gone
 }
 
 }  // namespace
