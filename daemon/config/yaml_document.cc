@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -279,7 +280,15 @@ StatusOr<YamlDocument> ReadYamlFile(const std::string& path, std::string display
   if (display_name.empty()) display_name = path;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return InvalidArgument(display_name + ": cannot read: " + std::strerror(errno));
+    std::string why = std::strerror(errno);
+    // `idem serve` run from another folder than the checkout's root looks
+    // for its default config/idem.yaml there: say where it looked.
+    std::error_code ec;
+    const std::filesystem::path here = std::filesystem::current_path(ec);
+    if (!path.empty() && path.front() != '/' && !ec) {
+      why += " (relative to the current folder, " + here.string() + ")";
+    }
+    return InvalidArgument(display_name + ": cannot read: " + why);
   }
   std::ostringstream text;
   text << in.rdbuf();

@@ -178,6 +178,16 @@ TEST_CASE("a missing config file is an error naming it") {
   CHECK(config.status().message().find("/nonexistent/idem.yaml: cannot read") == 0);
 }
 
+TEST_CASE("a_missing_relative_config_path_says_which_folder_it_was_looked_for_in") {
+  // `idem serve` from outside the checkout looks for config/idem.yaml there.
+  auto config = LoadConfig("no-such-folder/idem.yaml");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() ==
+        "no-such-folder/idem.yaml: cannot read: No such file or directory (relative to the "
+        "current folder, " +
+            fs::current_path().string() + ")");
+}
+
 TEST_CASE("a YAML syntax error reports the file and line") {
   ConfigDir dir;
   auto config = dir.Load("server:\n  listen: [1, 2\nstore: {}\n");
