@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/integration/harness.h"
@@ -335,6 +336,8 @@ struct TourStep {
   Way way;
   int expect = 0;  // curl: the HTTP status; anything else: the exit code
   std::function<void(const Json& body, const std::string& out, Bindings&)> after = nullptr;
+  // Replaced in the command before it runs (a wait shortened).
+  std::pair<const char*, const char*> edit = {"", ""};
 };
 
 Json Parsed(const std::string& text) { return Json::parse(text, nullptr, false); }
@@ -459,8 +462,8 @@ std::vector<TourStep> Tour(DaemonProcess& daemon) {
       {"export IDEM_TOKEN", Way::kSynopsis},         // the default config has no tokens
       {"idem plans ls [", Way::kOptional, 0},
       {"idem plans show plan_…", Way::kRun, 0, says("plan_")},
-      {"idem approve plan_…", Way::kElsewhere},  // an approval policy
-      {"idem reject plan_…", Way::kElsewhere},
+      {"idem approve plan_…", Way::kSynopsis},
+      {"idem reject plan_…", Way::kElsewhere},  // a plan awaiting approval: see Approvals
       {"idem audit verify", Way::kRun, 0},
       {"idem decisions export [", Way::kOptional, 0},
       {"idem decisions import run.jsonl", Way::kRun, 0, says("refused 0")},
@@ -468,13 +471,19 @@ std::vector<TourStep> Tour(DaemonProcess& daemon) {
       {"| jq", Way::kElsewhere},  // jq, which idem does not need
       {"idem replay dec_… [", Way::kOptional, 0},
       {"idem replay --step triage_ticket --prompt-version v2", Way::kRun, 0},
-      // Approvals: tokens and policies (tests/integration/approvals_test.cc).
-      {"v1/actions/refund", Way::kElsewhere},
-      {"?wait=30s", Way::kElsewhere},
-      {"v1/plans?state=awaiting_approval", Way::kElsewhere},
-      {"v1/plans/plan_6cca…", Way::kElsewhere},
-      {"v1/plans/plan_6cca…/approve", Way::kElsewhere},
-      {"/reject", Way::kElsewhere},
+      // Approvals, without tokens: the refund kind's policy.
+      {R"("order_id":"O-1","amount":500)", Way::kRun, 202,
+       [](const Json& body, const std::string&, Bindings& b) {
+         REQUIRE_MESSAGE(body.value("state", "") == "awaiting_approval", body.dump());
+         b["plan_6cca…"] = body["plan_id"].get<std::string>();
+       }},
+      {"?wait=30s", Way::kRun, 200, says("awaiting_approval"), {"wait=30s", "wait=1s"}},
+      {"v1/plans?state=awaiting_approval", Way::kRun, 200, says("refunds over 100 need a human")},
+      {"v1/plans/plan_6cca…", Way::kRun, 200},
+      {"v1/plans/plan_6cca…/approve", Way::kRun, 200, says(R"("original_actions")")},
+      {R"("order_id":"O-2","amount":250)", Way::kRun, 202, bind("plan_…", "plan_id")},
+      {"v1/plans/plan_…/reject", Way::kRun, 200, says(R"("state":"rejected")")},
+      {R"("order_id":"O-2","amount":250)", Way::kRun, 409, says("rejected")},
       // MCP.
       {"H='-H Content-Type", Way::kDefine},
       {R"("method":"initialize")", Way::kRun, 200,
@@ -531,6 +540,7 @@ TEST_CASE("the_readme_walkthrough_runs_as_written_on_the_default_config") {
                                        << std::string(step.needle) << "`");
     if (step.way == Way::kSynopsis || step.way == Way::kElsewhere) continue;
     std::string command = step.way == Way::kOptional ? DropOptional(written) : written;
+    if (*step.edit.first != 0) ReplaceAll(command, step.edit.first, step.edit.second);
     for (const auto& [placeholder, value] : bound) ReplaceAll(command, placeholder, value);
     ReplaceAll(command, "localhost:7411", here);
     ReplaceAll(command, "build/idem", IDEM_BINARY);
