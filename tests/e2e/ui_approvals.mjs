@@ -14,6 +14,10 @@
 // attempt failed). Then the fake effector must have received plan 1's args
 // once, plan 2's edited args once and plan 3 never.
 //
+// Then a second daemon on the repository's default config, which has no
+// auth.tokens: the page must not ask for a token, must say that anyone may
+// act, and approves a refund over 100 as anonymous.
+//
 // Screenshots go to build/e2e-artifacts/ (IDEM_E2E_ARTIFACTS overrides);
 // IDEM_UPDATE_DOCS_IMG=1 also copies the queue to docs/img/ui-queue.png.
 // Exit code 0 when every check passed, 1 otherwise.
@@ -129,31 +133,45 @@ actions:
     retry: {attempts: 1, base: 10ms, cap: 50ms, timeout: 5s}
 `;
 fs.writeFileSync(path.join(dir, 'idem.yaml'), config);
-const portFile = path.join(dir, 'port');
-const log = fs.openSync(path.join(dir, 'daemon.log'), 'w');
-const daemon = spawn(binary, ['serve', '--config', path.join(dir, 'idem.yaml'), '--listen', '127.0.0.1:0',
-                              '--data', path.join(dir, 'data'), '--port-file', portFile],
-                     {stdio: ['ignore', log, log]});
-let daemonExited = null;
-daemon.on('exit', (code, sig) => { daemonExited = {code, sig}; });
 
+// `idem serve` on `configPath`, its store, port file and log in `workDir`.
+function spawnDaemon(configPath, workDir) {
+  const d = {portFile: path.join(workDir, 'port'), logPath: path.join(workDir, 'daemon.log'), exited: null};
+  const log = fs.openSync(d.logPath, 'w');
+  d.proc = spawn(binary, ['serve', '--config', configPath, '--listen', '127.0.0.1:0',
+                          '--data', path.join(workDir, 'data'), '--port-file', d.portFile],
+                 {stdio: ['ignore', log, log]});
+  d.proc.on('exit', (code, sig) => { d.exited = {code, sig}; });
+  return d;
+}
+// Its URL, once it serves /healthz.
+async function baseOf(d) {
+  const port = await until('the daemon port file', () => {
+    if (d.exited) throw new Error('the daemon exited: ' + fs.readFileSync(d.logPath, 'utf8'));
+    try { return Number(fs.readFileSync(d.portFile, 'utf8').trim()) || null; } catch { return null; }
+  }, 20000);
+  const base = `http://127.0.0.1:${port}`;
+  await until('/healthz', async () => (await fetch(base + '/healthz').catch(() => null))?.ok, 20000);
+  return base;
+}
+async function stopDaemon(d) {
+  if (!d || d.exited) return;
+  d.proc.kill('SIGTERM');
+  await until('the daemon to stop', () => d.exited, 10000).catch(() => d.proc.kill('SIGKILL'));
+}
+
+const daemon = spawnDaemon(path.join(dir, 'idem.yaml'), dir);
+let openDaemon = null;
 let browser = null;
 async function cleanup() {
   if (browser) await browser.close().catch(() => {});
-  if (!daemonExited) {
-    daemon.kill('SIGTERM');
-    await until('the daemon to stop', () => daemonExited, 10000).catch(() => daemon.kill('SIGKILL'));
-  }
+  await stopDaemon(daemon);
+  await stopDaemon(openDaemon);
   effector.close();
 }
 
 async function main() {
-  const port = await until('the daemon port file', () => {
-    if (daemonExited) throw new Error('the daemon exited: ' + fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8'));
-    try { return Number(fs.readFileSync(portFile, 'utf8').trim()) || null; } catch { return null; }
-  }, 20000);
-  const base = `http://127.0.0.1:${port}`;
-  await until('/healthz', async () => (await fetch(base + '/healthz').catch(() => null))?.ok, 20000);
+  const base = await baseOf(daemon);
 
   const call = async (method, p, token, body, headers = {}) => {
     const res = await fetch(base + p, {
@@ -224,6 +242,7 @@ async function main() {
   await page.press('#token', 'Enter');
   await page.waitForSelector('.problem');
   check((await page.textContent('.problem')).includes('401'), 'a wrong token shows the 401 problem');
+  check(!(await page.isVisible('#open-banner')), 'a daemon with tokens shows no open-daemon banner');
   pageErrors.length = 0;  // the browser logs the refused request itself
   await page.fill('#token', OPERATOR);
   await page.press('#token', 'Enter');
@@ -329,6 +348,41 @@ async function main() {
   check(p2.body.original_actions?.[0]?.args?.amount === 250 && p2.body.actions?.[0]?.args?.amount === 90,
         'plan 2 keeps both versions');
 
+  // ---------------------------------------------------------- no auth.tokens
+  // The repository's default config: nothing to sign in with, so the page
+  // asks for nothing and says who may act.
+  const openDir = path.join(dir, 'open');
+  fs.mkdirSync(openDir);
+  openDaemon = spawnDaemon(path.join(root, 'config/idem.yaml'), openDir);
+  const openBase = await baseOf(openDaemon);
+  const refund = await fetch(openBase + '/v1/actions/refund', {
+    method: 'POST',
+    headers: {'Content-Type': 'application/json', 'Idempotency-Key': '"ui-e2e-open"'},
+    body: JSON.stringify({args: {order_id: 'O-1', amount: 500}}),
+  });
+  const openPlan = (await refund.json()).plan_id;
+  check(refund.status === 202, `a refund of 500 on the default config waits for approval (${refund.status})`);
+  const openPage = await (await browser.newContext({viewport: {width: 1280, height: 860}})).newPage();
+  openPage.on('pageerror', (e) => pageErrors.push('pageerror: ' + e.message));
+  openPage.on('console', (m) => { if (m.type() === 'error') pageErrors.push('console: ' + m.text()); });
+  openPage.setDefaultTimeout(10000);
+  await openPage.goto(openBase + '/ui/');
+  await openPage.waitForSelector(`tr[data-plan="${openPlan}"]`);
+  check(await openPage.$('#token') === null, 'no token is asked for');
+  check(await openPage.isVisible('#open-banner') &&
+        (await openPage.textContent('#open-banner')).includes('anyone who can reach it'),
+        'the page says that anyone may act');
+  check((await openPage.textContent('#queue')).includes('refunds over 100 need a human'),
+        'the queue shows the default config\'s policy reason');
+  await openPage.screenshot({path: path.join(artifacts, 'ui-open.png')});
+  await openPage.click(`a[href="#/plans/${openPlan}"]`);
+  await openPage.waitForSelector('#approve');
+  await openPage.click('#approve');
+  await openPage.waitForSelector('h1 + .badge:not(.state-awaiting_approval)');
+  const approvedOpen = await (await fetch(openBase + '/v1/plans/' + openPlan)).json();
+  check(approvedOpen.approved_by === 'anonymous', `approved as anonymous (${approvedOpen.approved_by})`);
+  check(pageErrors.length === 0, 'no script error on the open daemon\'s page' + (pageErrors.length ? ': ' + pageErrors.join(' | ') : ''));
+
   if (process.env.IDEM_UPDATE_DOCS_IMG === '1') {
     fs.mkdirSync(path.join(root, 'docs/img'), {recursive: true});
     fs.copyFileSync(path.join(artifacts, 'ui-queue.png'), path.join(root, 'docs/img/ui-queue.png'));
@@ -340,7 +394,9 @@ try {
 } catch (e) {
   failures++;
   console.log('FAIL ' + (e.stack || e));
-  try { console.log('daemon log (tail):\n' + fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8').split('\n').slice(-30).join('\n')); } catch {}
+  for (const d of [daemon, openDaemon]) {
+    try { console.log('daemon log (tail):\n' + fs.readFileSync(d.logPath, 'utf8').split('\n').slice(-30).join('\n')); } catch {}
+  }
 } finally {
   await cleanup();
   fs.rmSync(dir, {recursive: true, force: true});

@@ -3,7 +3,9 @@
 // checked against the step's output schema first). Plain JavaScript, no
 // build step; the DOM is built with createElement and textContent only, so
 // no server data is ever parsed as HTML. The bearer token is asked once and
-// kept in sessionStorage (gone when the tab closes).
+// kept in sessionStorage (gone when the tab closes); a daemon without
+// auth.tokens (it answers without one) is used without asking, under a
+// banner that says anyone may act.
 'use strict';
 
 const TOKEN_KEY = 'idem.token';
@@ -13,6 +15,7 @@ const STATES = ['awaiting_approval', 'proposed', 'approved', 'applying', 'applie
                 'partially_failed', 'rejected', 'expired'];
 
 let timer = null;          // the current view's auto-refresh
+let openDaemon = null;     // null: not asked yet; true: the daemon has no auth.tokens
 let viewSeq = 0;           // bumps on every navigation; stale answers are dropped
 const replayKeys = new Map();  // work_id -> Idempotency-Key until the replay answered
 const stepCache = new Map();   // step name -> {name, provider, model, output_schema}
@@ -79,8 +82,20 @@ class ApiError extends Error {
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
 
+// Does the daemon answer an operator's read without a token (no auth.tokens)?
+async function answersWithoutToken() {
+  try {
+    const res = await fetch('/v1/plans?state=awaiting_approval&limit=1',
+                            {headers: {'Accept': 'application/json'}, cache: 'no-store', credentials: 'omit'});
+    return res.ok;
+  } catch (e) {
+    return false;
+  }
+}
+
 async function api(method, path, body, headers) {
-  const hs = {'Accept': 'application/json', 'Authorization': 'Bearer ' + token()};
+  const hs = {'Accept': 'application/json'};
+  if (token()) hs['Authorization'] = 'Bearer ' + token();
   if (method !== 'GET') hs['Content-Type'] = 'application/json';
   Object.assign(hs, headers || {});
   let res;
@@ -97,6 +112,7 @@ async function api(method, path, body, headers) {
   try { data = text ? JSON.parse(text) : null; } catch (e) { data = {detail: text}; }
   if (res.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
+    if (openDaemon) openDaemon = null;  // tokens were configured since: ask again
     route();
     throw new ApiError(401, data);
   }
@@ -142,7 +158,15 @@ function route() {
     else a.removeAttribute('aria-current');
   }
   document.getElementById('forget').hidden = !token();
-  if (!token()) return showLogin();
+  if (!token() && openDaemon === null) {
+    answersWithoutToken().then((open) => {
+      openDaemon = open;
+      if (live(seq)) route();
+    });
+    return;
+  }
+  document.getElementById('open-banner').hidden = !(openDaemon && !token());
+  if (!token() && !openDaemon) return showLogin();
   if (section !== 'plans' || parts[1]) refreshCount();
   if (section === 'plans' && parts[1]) return showPlan(decodeURIComponent(parts[1]), seq);
   if (section === 'plans') return showQueue(params.get('state') || 'awaiting_approval', seq);
