@@ -23,6 +23,7 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/http_client.h"
 #include "daemon/core/json.h"
+#include "daemon/core/version.h"
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/daemon.h"
 #include "daemon/obs/log.h"
@@ -201,6 +202,7 @@ int Migrate(const std::string& config_path) {
 int main(int argc, char** argv) {
   using namespace idem;
   CLI::App app{"idem: makes LLM-driven automation safe to retry"};
+  app.set_version_flag("--version", std::string("idem ") + kVersion);
   app.require_subcommand(1);
 
   DaemonOptions serve_opts;

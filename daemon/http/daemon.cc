@@ -5,6 +5,7 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
+#include "daemon/core/version.h"
 #include "daemon/http/api.h"
 #include "daemon/http/decision_fallback.h"
 #include "daemon/http/request_guard.h"
@@ -303,8 +304,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     raw->SweepLoop();
   });
   d->outbox_->Start();
+  d->metrics_.build_info.Declare({kVersion}).Set(1);
   LogEvent(LogLevel::kInfo, "started",
-           {{"listen", d->host_ + ":" + std::to_string(d->port_)},
+           {{"version", kVersion},
+            {"listen", d->host_ + ":" + std::to_string(d->port_)},
             {"store", store_name},
             {"config", d->config_.source_path}});
   return d;

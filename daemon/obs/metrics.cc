@@ -295,6 +295,7 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(inbox_duplicates, "Webhook deliveries of an event already processed or running.");
   IDEM_METRIC(store_errors, "Store errors.");
   store_write_seconds.Render(out);
+  build_info.Render(out);
 #undef IDEM_METRIC
   return out;
 }

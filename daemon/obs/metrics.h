@@ -329,6 +329,9 @@ struct Metrics {
       "idem_plans", "Plans in each state (bounded count, see README).", {"state"}};
   Family<Gauge> escalations_open{
       "idem_escalations_open", "Open escalations (bounded count, see README).", {}};
+  // 1, with this build's version as its label (set when the daemon starts).
+  Family<Gauge> build_info{
+      "idem_build_info", "Always 1; the version label names this build.", {"version"}};
 
   // The one series of each unlabelled family.
   Histogram& key_in_progress = idem_key_in_progress.Declare({});

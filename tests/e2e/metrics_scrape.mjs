@@ -8,7 +8,7 @@
 //
 // Usage: node tests/e2e/metrics_scrape.mjs path/to/idem
 import parsePrometheusTextFormat from 'parse-prometheus-text-format';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync, readFileSync, rmSync, existsSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -177,6 +177,13 @@ try {
       }
     }
   }
+
+  // One build_info series, 1, labelled with what `idem --version` prints.
+  const version = execFileSync(idem, ['--version'], { encoding: 'utf8' }).trim();
+  const builds = after.samples.get('idem_build_info') || [];
+  assert.equal(builds.length, 1, 'one idem_build_info series');
+  assert.equal(`idem ${builds[0].labels.version}`, version, 'idem_build_info names this build');
+  assert.equal(Number(builds[0].value), 1);
 
   const moved = (name, labels) => value(after, name, labels) - value(before, name, labels);
   // The blocked duplicate: exactly one, for its kind.

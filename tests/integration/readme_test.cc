@@ -453,6 +453,7 @@ std::vector<TourStep> Tour(DaemonProcess& daemon) {
       {"| grep traceresponse", Way::kRun, 0, says("4bf92f3577b34da6a3ce929d0e0e4736")},
       {"v1/traces/4bf92f3577b34da6a3ce929d0e0e4736", Way::kRun, 200, says(R"("type":"decision")")},
       // CLI.
+      {"idem --version", Way::kRun, 0, says(std::string("idem ") + IDEM_VERSION + "\n")},
       {"idem contracts", Way::kRun, 0, says("step triage_ticket")},
       {"idem canon", Way::kRun, 0, says(R"({"a":"é","b":[1,2.5]})")},
       {"key --step triage_ticket", Way::kRun, 0, says("decision_key a08f5507")},
