@@ -48,10 +48,20 @@ std::string ReadFile(const std::string& p) {
 
 namespace {
 
-// IDEM_RESPONSE_LOG=dir: every response a harness client sees, one JSON
-// line each in dir/responses-<pid>.jsonl (one file per test process: ctest
-// runs several at once), for tests/e2e/openapi_check.mjs.
 void LogResponse(const httplib::Request& req, const httplib::Response& res) {
+  std::map<std::string, std::string> headers;
+  for (const char* h : {"Retry-After", "Allow"}) {
+    if (res.has_header(h)) headers[h] = res.get_header_value(h);
+  }
+  RecordResponse(req.method, req.path, res.status, res.get_header_value("Content-Type"), res.body,
+                 headers);
+}
+
+}  // namespace
+
+void RecordResponse(const std::string& method, const std::string& path, int status,
+                    const std::string& content_type, const std::string& body,
+                    const std::map<std::string, std::string>& headers) {
   static std::mutex mu;
   static std::string file = [] {
     const char* dir = std::getenv("IDEM_RESPONSE_LOG");
@@ -60,22 +70,16 @@ void LogResponse(const httplib::Request& req, const httplib::Response& res) {
     return std::string(dir) + "/responses-" + std::to_string(getpid()) + ".jsonl";
   }();
   if (file.empty()) return;
-  std::string path = req.path;
-  size_t q = path.find('?');
-  Json line = {{"method", req.method},
-               {"path", path.substr(0, q)},
-               {"status", res.status},
-               {"content_type", res.get_header_value("Content-Type")},
-               {"body", res.body}};
-  for (const char* h : {"Retry-After", "Allow"}) {
-    if (res.has_header(h)) line["headers"][h] = res.get_header_value(h);
-  }
+  Json line = {{"method", method},
+               {"path", path.substr(0, path.find('?'))},
+               {"status", status},
+               {"content_type", content_type},
+               {"body", body}};
+  for (const auto& [name, value] : headers) line["headers"][name] = value;
   std::lock_guard<std::mutex> lock(mu);
   std::ofstream(file, std::ios::app)
       << line.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
 }
-
-}  // namespace
 
 void RecordResponses(httplib::Client& client) {
   if (std::getenv("IDEM_RESPONSE_LOG") != nullptr) client.set_logger(LogResponse);

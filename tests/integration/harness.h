@@ -67,8 +67,15 @@ class DaemonProcess {
 };
 
 // With IDEM_RESPONSE_LOG=dir set, `client` appends every response it gets
-// to a JSON-lines file in dir (DaemonProcess::Client() does this already).
+// to a JSON-lines file in dir (DaemonProcess::Client() does this already),
+// one line each in dir/responses-<pid>.jsonl (one file per test process:
+// ctest runs several at once), for tests/e2e/openapi_check.mjs.
 void RecordResponses(httplib::Client& client);
+// Appends one response to that file (IDEM_RESPONSE_LOG unset: nothing):
+// for answers a test got another way (curl). `headers`: Retry-After, Allow.
+void RecordResponse(const std::string& method, const std::string& path, int status,
+                    const std::string& content_type, const std::string& body,
+                    const std::map<std::string, std::string>& headers = {});
 
 // Runs `idem <args>` to completion with `stdin_text`; returns exit code,
 // stdout and stderr.

@@ -552,7 +552,7 @@ TEST_CASE("the_readme_walkthrough_runs_as_written_on_the_default_config") {
     REQUIRE_MESSAGE(command.find("…") == std::string::npos,
                     "a placeholder the tour has no value for: " << command);
     const bool curl = command.rfind("curl ", 0) == 0 && command.find('|') == std::string::npos;
-    if (curl) command.insert(4, " -w '\\n%{http_code}'");
+    if (curl) command.insert(4, " -w '\\n%{http_code} %{content_type}'");
     CliResult r = RunShell("cd '" + root + "' && exec 2>>stderr; set -e; export IDEM_URL=http://" +
                            here + "\n" + defines + command);
     int got = r.exit_code;
@@ -561,7 +561,16 @@ TEST_CASE("the_readme_walkthrough_runs_as_written_on_the_default_config") {
       const size_t eol = out.rfind('\n');
       REQUIRE(eol != std::string::npos);
       got = std::atoi(out.c_str() + eol + 1);
+      const std::string type = out.substr(out.find(' ', eol) + 1);
       out.resize(eol);
+      // The answer, for the OpenAPI check (IDEM_RESPONSE_LOG): without the
+      // headers `curl -i` printed.
+      const std::vector<CurlCall> calls = CurlCalls(command);
+      REQUIRE(calls.size() == 1);
+      const size_t headers_end = out.find("\r\n\r\n");
+      const bool with_headers = out.rfind("HTTP/1.1 ", 0) == 0 && headers_end != std::string::npos;
+      RecordResponse(calls[0].method, calls[0].path, got, type,
+                     with_headers ? out.substr(headers_end + 4) : out);
     }
     INFO("README: " << written << "\nran: " << command << "\nanswer: " << out.substr(0, 2000)
                     << "\nstderr: " << ReadFile(root + "/stderr"));
