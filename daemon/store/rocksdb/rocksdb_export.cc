@@ -74,15 +74,9 @@ Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
   StoreOptions options;
   options.path = path;
   options.sync = false;
-  StatusOr<std::unique_ptr<RocksDatabase>> opened = RocksDatabase::Open(options);
-  if (!opened.ok()) {
-    Status s = opened.status();
-    if (s.code() == Code::kUnavailable && s.message().find("lock") != std::string::npos) {
-      return s.Annotate("the RocksDB store is in use: stop the daemon that holds it first");
-    }
-    return s;
-  }
-  RocksDatabase& db = **opened;
+  // A store a daemon holds: Open says so (Unavailable, "in use by another process").
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDatabase> opened, RocksDatabase::Open(options));
+  RocksDatabase& db = *opened;
   rocks::ScopedSnapshot snapshot(db.raw());
   const rocksdb::Snapshot* snap = snapshot.get();
 
