@@ -229,12 +229,17 @@ async function main() {
   // ---------------------------------------------------------- the browser
   fs.mkdirSync(artifacts, {recursive: true});
   browser = await chromium.launch({executablePath: chromiumPath, headless: true});
-  const context = await browser.newContext({viewport: {width: 1280, height: 860}});
-  const page = await context.newPage();
   const pageErrors = [];
-  page.on('pageerror', (e) => pageErrors.push('pageerror: ' + e.message));
-  page.on('console', (m) => { if (m.type() === 'error') pageErrors.push('console: ' + m.text()); });
-  page.setDefaultTimeout(10000);
+  // A page in a fresh context (its own sessionStorage) whose script errors
+  // and CSP violations land in pageErrors.
+  const newPage = async () => {
+    const p = await (await browser.newContext({viewport: {width: 1280, height: 860}})).newPage();
+    p.on('pageerror', (e) => pageErrors.push('pageerror: ' + e.message));
+    p.on('console', (m) => { if (m.type() === 'error') pageErrors.push('console: ' + m.text()); });
+    p.setDefaultTimeout(10000);
+    return p;
+  };
+  const page = await newPage();
 
   await page.goto(base + '/ui/');
   // A wrong token is refused readably, then the operator's is taken.
@@ -362,10 +367,7 @@ async function main() {
   });
   const openPlan = (await refund.json()).plan_id;
   check(refund.status === 202, `a refund of 500 on the default config waits for approval (${refund.status})`);
-  const openPage = await (await browser.newContext({viewport: {width: 1280, height: 860}})).newPage();
-  openPage.on('pageerror', (e) => pageErrors.push('pageerror: ' + e.message));
-  openPage.on('console', (m) => { if (m.type() === 'error') pageErrors.push('console: ' + m.text()); });
-  openPage.setDefaultTimeout(10000);
+  const openPage = await newPage();
   await openPage.goto(openBase + '/ui/');
   await openPage.waitForSelector(`tr[data-plan="${openPlan}"]`);
   check(await openPage.$('#token') === null, 'no token is asked for');

@@ -436,9 +436,9 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =
       rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path, descriptors, &handles, &raw);
-  if (!s.ok() && s.IsIOError() &&
-      (s.ToString().find("While lock file:") != std::string::npos ||
-       s.ToString().find("lock hold by current process") != std::string::npos)) {
+  const std::string why = s.ok() ? "" : s.ToString();
+  if (s.IsIOError() && (why.find("While lock file:") != std::string::npos ||
+                        why.find("lock hold by current process") != std::string::npos)) {
     // RocksDB's own words ("While lock file: …/LOCK: Resource temporarily
     // unavailable") do not say what to do about it.
     return Unavailable("the store at " + options.path +
