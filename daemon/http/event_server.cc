@@ -61,6 +61,15 @@ bool RunGuarded(http1::Response& res, F&& f) {
   }
 }
 
+// The deferral of a request answered on its loop (Callbacks::on_loop),
+// which has no worker to give back: parking is a bug, answered 500.
+class NoPark : public Deferral {
+ public:
+  Resume Park() override {
+    throw std::logic_error("a request answered on its event loop cannot park");
+  }
+};
+
 }  // namespace
 
 // ------------------------------------------------------------------ workers
@@ -630,6 +639,21 @@ class EventServer::Loop {
         }
         batch_.push_back(Pending{c->id, keep_alive, minor, std::move(exchange)});
         return;
+      }
+      if (server_.callbacks_.on_loop && server_.callbacks_.on_loop(req)) {
+        http1::Response res;
+        RunGuarded(res, [&] {
+          const Callbacks& cb = server_.callbacks_;
+          if (!cb.deferring_handler) return cb.handler(req, res);
+          NoPark no_park;
+          cb.deferring_handler(req, res, no_park);
+        });
+        const uint64_t id = c->id;
+        c->state = State::kReading;
+        Queue(c, res, keep_alive, minor);
+        c = Find(id);
+        if (c == nullptr) return;
+        continue;
       }
       if (c->gone == nullptr) c->gone = std::make_shared<std::atomic<bool>>(false);
       WorkerPool::Task task{this, c->id, std::move(exchange->request), c->gone};

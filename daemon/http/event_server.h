@@ -37,6 +37,8 @@
 //   - when accept() fails for lack of descriptors (EMFILE, ENFILE) the
 //     loops stop watching the listening socket for 100 ms instead of
 //     spinning on it; the connection waits in the backlog;
+//   - a request Callbacks::on_loop accepts is answered by its loop at once,
+//     however busy the workers are;
 //   - a handler may park its request (Deferral) instead of holding its
 //     worker while it waits for an event (a long poll): the worker goes
 //     back to the pool, the connection stays busy (it reads no further
@@ -165,6 +167,11 @@ class EventServer {
     BatchLane* batch_lane = nullptr;     // optional; must outlive the server
     ErrorHandler error_handler;
     std::function<void(Refusal)> on_refusal;  // optional
+    // Optional: the requests it accepts run their handler on the loop thread
+    // itself, never queued, so never refused for a full queue. Only for
+    // handlers that neither block nor park (a liveness probe); one that
+    // tries to park gets a 500.
+    std::function<bool(const http1::Request&)> on_loop;
   };
 
   EventServer(EventServerOptions options, Callbacks callbacks);

@@ -1,5 +1,7 @@
 #include "daemon/http/problem.h"
 
+#include <utility>
+
 #include "daemon/http/http1.h"
 
 namespace idem {
@@ -32,6 +34,20 @@ int HttpStatusFor(Code code) {
       return 500;
   }
   return 500;
+}
+
+Status StatusForRefusal(int http_status, std::string message) {
+  switch (http_status) {
+    case 503:
+      return Unavailable(std::move(message));
+    case 408:
+      return DeadlineExceeded(std::move(message));
+    case 413:
+    case 431:
+      return ResourceExhausted(std::move(message));
+    default:
+      return InvalidArgument(std::move(message));
+  }
 }
 
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id) {

@@ -16,6 +16,13 @@ namespace idem {
 // The one table from canonical codes to HTTP statuses.
 int HttpStatusFor(Code code);
 
+// The status behind an answer the HTTP layer gives before any route runs
+// (http_status from http1.h's framing errors or EventServer's refusals): 503
+// (overloaded or shutting down) is Unavailable and 408 (the request was too
+// slow to arrive) DeadlineExceeded, both retryable; 413 and 431 are
+// ResourceExhausted; any other framing error is InvalidArgument.
+Status StatusForRefusal(int http_status, std::string message);
+
 // {type, title, status, detail, pointer?, request_id, retryable?}
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id);
 

@@ -353,6 +353,12 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
     if (!timing.parked) MetricsFor(timing.route).Observe(res.status, MicrosSince(timing.started));
   };
   callbacks.batch_lane = this;
+  // Liveness is answered by the event loop itself: a daemon whose handlers
+  // are all busy is alive, and an orchestrator's probe must not restart it
+  // for that (the handler is a constant; it neither blocks nor parks).
+  callbacks.on_loop = [](const http1::Request& req) {
+    return req.method == "GET" && req.path == "/healthz";
+  };
   callbacks.on_refusal = [this](EventServer::Refusal r) {
     switch (r) {
       case EventServer::Refusal::kConnectionShed:
@@ -367,10 +373,8 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
     }
   };
   callbacks.error_handler = [this](int status, const std::string& message, http1::Response& res) {
-    Status st =
-        status == 413 || status == 431 ? ResourceExhausted(message) : InvalidArgument(message);
-    Fail(res, st, RandomHex(8), status);
-    unmatched_metrics_.Count(status);  // no route: the request did not parse
+    Fail(res, StatusForRefusal(status, message), RandomHex(8), status);
+    unmatched_metrics_.Count(status);  // no route: the request did not parse, or was refused
   };
   server_ = std::make_unique<EventServer>(options, std::move(callbacks));
 }

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <set>
 #include <string>
 #include <thread>
@@ -119,6 +120,60 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
   CHECK_MESSAGE(healthy, ReadFile(daemon->log_path()));  // serves again once descriptors free up
   auto c = daemon->Client();
   CHECK(MetricValue(*c, "idem_http_accept_paused_total") > 0);
+}
+
+TEST_CASE("liveness answers 200 while every handler is busy and the handler queue is full") {
+  TempDir dir;
+  // Every decide waits 3 s for its (scripted) model, holding a handler.
+  const std::string slow = R"(default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+  delay_ms: 3000
+)";
+  std::string config = WriteTestConfig(dir, slow);
+  std::string text = ReadFile(config);
+  const std::string from = "  threads: 96\n";
+  REQUIRE(text.find(from) != std::string::npos);
+  text.replace(text.find(from), from.size(), "  threads: 2\n  max_queue: 1\n");
+  config = dir.File("idem-busy.yaml", text);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+
+  // Two decides on the two handlers, a third in the one queue slot.
+  std::vector<std::future<int>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::async(std::launch::async, [&daemon, i] {
+      auto c = daemon->Client();
+      c->set_read_timeout(20);
+      auto r = c->Post("/v1/decide",
+                       R"({"step":"triage_ticket","input":{"ticket_id":)" + std::to_string(i) +
+                           R"(,"text":"slow"}})",
+                       "application/json");
+      return r ? r->status : -1;
+    }));
+    std::this_thread::sleep_for(100ms);
+  }
+  std::this_thread::sleep_for(200ms);
+  auto c = daemon->Client();
+  c->set_read_timeout(2);
+  // The queue is full: a further request is shed, readiness included (a
+  // balancer sends traffic elsewhere for now)...
+  auto shed = c->Get("/readyz");
+  REQUIRE(shed);
+  CHECK(shed->status == 503);
+  CHECK(shed->get_header_value("Retry-After") == "1");
+  CHECK(Json::parse(shed->body)["type"] == "urn:idem:problem:Unavailable");
+  CHECK(Json::parse(shed->body)["retryable"] == true);
+  // ...but the process is alive, and says so at once: an orchestrator's
+  // liveness probe must not restart a daemon for being busy.
+  const auto asked = std::chrono::steady_clock::now();
+  auto live = c->Get("/healthz");
+  REQUIRE(live);
+  CHECK(live->status == 200);
+  CHECK(live->body == R"({"status":"ok"})");
+  CHECK(std::chrono::steady_clock::now() - asked < 1s);
+  for (auto& h : held) CHECK(h.get() == 200);
+  CHECK(MetricValue(*c, "idem_http_queue_full_total") == 1);
 }
 
 TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {

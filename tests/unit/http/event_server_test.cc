@@ -899,6 +899,23 @@ struct Gate {
     open = true;
     cv.notify_all();
   }
+  // One worker, one queue slot: /a on `running` holds the worker and /b on
+  // `queued` takes the slot.
+  void Hold(Client& running, Client& queued) {
+    REQUIRE(running.Send(Get("/a")));
+    REQUIRE(WaitStarted(1));
+    REQUIRE(queued.Send(Get("/b")));
+    std::this_thread::sleep_for(20ms);  // /b is queued now
+  }
+  // Opens the gate; both held requests are answered.
+  void Release(Client& running, Client& queued) {
+    Open();
+    std::optional<Reply> a = running.Read();
+    std::optional<Reply> b = queued.Read();
+    REQUIRE((a && b));
+    CHECK(a->body == "passed /a");
+    CHECK(b->body == "passed /b");
+  }
   bool WaitStarted(int n) {
     auto deadline = std::chrono::steady_clock::now() + 2s;
     while (started.load() < n && std::chrono::steady_clock::now() < deadline) {
@@ -920,27 +937,46 @@ TEST_CASE("a request past a full handler queue gets 503 with Retry-After at once
   Running s(gate.Callbacks(), OneWorker(/*max_queue=*/1));
   Client running(s.port()), queued(s.port()), refused(s.port());
   REQUIRE((running.ok() && queued.ok() && refused.ok()));
-  REQUIRE(running.Send(Get("/a")));
-  REQUIRE(gate.WaitStarted(1));
-  REQUIRE(queued.Send(Get("/b")));
-  std::this_thread::sleep_for(20ms);  // /b is queued now
+  gate.Hold(running, queued);
   REQUIRE(refused.Send(Get("/c")));
   std::optional<Reply> r = refused.Read();
   REQUIRE(r);
   CHECK(r->status == 503);
   CHECK(r->Header("Retry-After") == "1");
   CHECK(s.server().stats().queue_full == 1);
-  gate.Open();
-  std::optional<Reply> a = running.Read();
-  std::optional<Reply> b = queued.Read();
-  REQUIRE((a && b));
-  CHECK(a->body == "passed /a");
-  CHECK(b->body == "passed /b");
+  gate.Release(running, queued);
   // The refused connection stays usable once there is room.
   REQUIRE(refused.Send(Get("/c")));
   std::optional<Reply> again = refused.Read();
   REQUIRE(again);
   CHECK(again->status == 200);
+}
+
+TEST_CASE("a request on_loop accepts is answered while every worker is busy and the queue full") {
+  Gate gate;
+  EventServer::Callbacks cb = gate.Callbacks();
+  cb.handler = [held = cb.handler](const http1::Request& req, http1::Response& res) {
+    if (req.path == "/live") return res.SetContent("alive", "text/plain");
+    held(req, res);
+  };
+  cb.on_loop = [](const http1::Request& req) { return req.path == "/live"; };
+  Running s(std::move(cb), OneWorker(/*max_queue=*/1));
+  Client running(s.port()), queued(s.port()), probe(s.port());
+  REQUIRE((running.ok() && queued.ok() && probe.ok()));
+  gate.Hold(running, queued);
+  REQUIRE(probe.Send(Get("/c")));
+  std::optional<Reply> refused = probe.Read();
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  for (int i = 0; i < 3; ++i) {  // and again on the same connection
+    REQUIRE(probe.Send(Get("/live")));
+    std::optional<Reply> live = probe.Read();
+    REQUIRE(live);
+    CHECK(live->status == 200);
+    CHECK(live->body == "alive");
+  }
+  CHECK(s.server().stats().queue_full == 1);
+  gate.Release(running, queued);
 }
 
 TEST_CASE("a queued request whose client reset the connection is never started") {
@@ -1165,6 +1201,24 @@ struct Parker {
     });
   }
 };
+
+TEST_CASE("a request answered on its loop cannot park: it gets a 500 and the connection goes on") {
+  Parker parker;
+  EventServer::Callbacks cb = parker.Callbacks();
+  cb.on_loop = [](const http1::Request&) { return true; };
+  Running s(std::move(cb), OneWorker(/*max_queue=*/4));
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send(Get("/park")));
+  auto parked = c.Read();
+  REQUIRE(parked);
+  CHECK(parked->status == 500);
+  REQUIRE(c.Send(Get("/other")));
+  auto other = c.Read();
+  REQUIRE(other);
+  CHECK(other->status == 200);
+  CHECK(other->body == "GET /other ");
+}
 
 TEST_CASE("a parked request frees its worker and is answered when resumed") {
   Parker parker;

@@ -14,6 +14,7 @@
 #include "daemon/core/json_schema.h"
 #include "daemon/http/api_schemas.h"
 #include "daemon/http/idempotency_key.h"
+#include "daemon/http/problem.h"
 #include "daemon/obs/metrics.h"
 
 namespace idem {
@@ -113,6 +114,27 @@ TEST_CASE("Prefer: wait that overflows or is not a number is refused with the he
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == Code::kInvalidArgument);
     CHECK(r.status().field() == "header:Prefer");
+  }
+}
+
+TEST_CASE("refusals before any route are typed for retries: 503 and 408 retryable, 413 a limit") {
+  struct Case {
+    int http;
+    Code code;
+    bool retryable;
+  };
+  for (const Case& c :
+       {Case{503, Code::kUnavailable, true}, Case{408, Code::kDeadlineExceeded, true},
+        Case{413, Code::kResourceExhausted, false}, Case{431, Code::kResourceExhausted, false},
+        Case{400, Code::kInvalidArgument, false}, Case{501, Code::kInvalidArgument, false}}) {
+    CAPTURE(c.http);
+    Status st = StatusForRefusal(c.http, "why");
+    CHECK(st.code() == c.code);
+    CHECK(st.retryable() == c.retryable);
+    CHECK(st.message() == "why");
+    nlohmann::json body = ProblemBody(c.http, st, "rid");
+    CHECK(body["status"] == c.http);
+    CHECK(body.value("retryable", false) == c.retryable);
   }
 }
 
