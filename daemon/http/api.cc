@@ -164,6 +164,7 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                          .handler = [deps, gauges = std::make_shared<StoreGauges>(deps)](
                                         RequestContext&) -> StatusOr<RouteResponse> {
                            gauges->RefreshIfStale();
+                           deps.metrics.trace_entries_dropped.Mirror(deps.store.traces().dropped());
                            return RouteResponse{200, deps.metrics.RenderPrometheus(), {}};
                          }});
 

@@ -295,6 +295,8 @@ std::string Metrics::RenderPrometheus() const {
   IDEM_METRIC(inbox_duplicates, "Webhook deliveries of an event already processed or running.");
   IDEM_METRIC(store_errors, "Store errors.");
   store_write_seconds.Render(out);
+  IDEM_METRIC(trace_entries_dropped,
+              "Trace entries dropped because the trace index's queue was full.");
   build_info.Render(out);
 #undef IDEM_METRIC
   return out;

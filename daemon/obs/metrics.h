@@ -44,6 +44,8 @@ namespace idem {
 struct Counter {
   std::atomic<uint64_t> value{0};
   void Inc(uint64_t n = 1) { value.fetch_add(n, std::memory_order_relaxed); }
+  // For a count a component keeps itself (it only grows): mirrored when read.
+  void Mirror(uint64_t total) { value.store(total, std::memory_order_relaxed); }
   uint64_t Get() const { return value.load(std::memory_order_relaxed); }
 };
 
@@ -270,6 +272,7 @@ struct Metrics {
   Counter inbox_events;      // new webhook events processed
   Counter inbox_duplicates;  // repeated deliveries answered without running again
   Counter store_errors;
+  Counter trace_entries_dropped;  // the trace index's queue was full (mirrored at /metrics)
 
   // Labelled families. Route label: "METHOD /pattern" from the route table,
   // or "unmatched" (no route: 404/405, or a request that did not parse).
