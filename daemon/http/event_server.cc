@@ -630,10 +630,7 @@ class EventServer::Loop {
         RunGuarded(exchange->response, [&] { lane->Prepare(*exchange); });
         if (!exchange->answered && exchange->state == nullptr) exchange->answered = true;  // threw
         if (exchange->answered) {
-          const uint64_t id = c->id;
-          c->state = State::kReading;
-          Queue(c, exchange->response, keep_alive, minor);
-          c = Find(id);
+          c = AnswerHere(c, exchange->response, keep_alive, minor);
           if (c == nullptr) return;
           continue;
         }
@@ -648,10 +645,7 @@ class EventServer::Loop {
           NoPark no_park;
           cb.deferring_handler(req, res, no_park);
         });
-        const uint64_t id = c->id;
-        c->state = State::kReading;
-        Queue(c, res, keep_alive, minor);
-        c = Find(id);
+        c = AnswerHere(c, res, keep_alive, minor);
         if (c == nullptr) return;
         continue;
       }
@@ -660,23 +654,30 @@ class EventServer::Loop {
       if (server_.workers_->Submit(task)) return;
       server_.queue_full_.fetch_add(1, std::memory_order_relaxed);
       server_.Refused(Refusal::kQueueFull);
-      const uint64_t id = c->id;
-      Refuse(c, 503, "every handler is busy and the queue is full", minor);
-      c = Find(id);
+      c = Refuse(c, 503, "every handler is busy and the queue is full", minor);
       if (c == nullptr) return;
     }
   }
 
   // A 503 with Retry-After instead of running the request; the connection
   // stays open (unless draining) since the request was read in full.
-  void Refuse(Conn* c, int status, const std::string& why, int minor) {
+  // Null when writing it closed the connection.
+  Conn* Refuse(Conn* c, int status, const std::string& why, int minor) {
     http1::Response res;
     res.status = status;
     server_.callbacks_.error_handler(status, why, res);
     res.SetHeader("Retry-After", "1");
     const bool keep = !server_.draining_.load(std::memory_order_acquire);
+    return AnswerHere(c, res, keep, minor);
+  }
+
+  // Queues an answer the loop gave itself (no worker ran the request); the
+  // connection reads on. Null when writing it closed the connection.
+  Conn* AnswerHere(Conn* c, const http1::Response& res, bool keep_alive, int minor) {
+    const uint64_t id = c->id;
     c->state = State::kReading;
-    Queue(c, res, keep, minor);
+    Queue(c, res, keep_alive, minor);
+    return Find(id);
   }
 
   // Serializes an answer into the connection's output and writes it.
