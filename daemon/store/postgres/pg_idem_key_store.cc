@@ -339,9 +339,9 @@ class PgIdemKeyStore final : public IdemKeyStore {
   }
 
   StatusOr<std::optional<IdemRecord>> Load(const std::string& scope, const std::string& key) {
-    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec(std::string("SELECT ") + kColumns +
-                                                  " FROM idem_keys WHERE scope = $1 AND key = $2",
-                                              {P(scope), P(key)}));
+    static const std::string kSql = std::string("SELECT ").append(kColumns).append(
+        " FROM idem_keys WHERE scope = $1 AND key = $2");
+    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec(kSql, {P(scope), P(key)}));
     if (r.rows() == 0) return std::optional<IdemRecord>();
     ASSIGN_OR_RETURN(IdemRecord rec, RecordAt(r, 0));
     return std::optional<IdemRecord>(std::move(rec));

@@ -233,12 +233,11 @@ class PgOutboxStore final : public OutboxStore {
   }
 
   StatusOr<OutboxDeadLetter> RequestReplay(const std::string& subscriber, uint64_t seq) override {
-    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec(std::string("UPDATE outbox_dead SET state = "
-                                                          "'replaying'"
-                                                          " WHERE subscriber = $1 AND seq = $2"
-                                                          " RETURNING ") +
-                                                  kDeadColumns,
-                                              {P(subscriber), P(seq)}));
+    static const std::string kSql = std::string(
+                                        "UPDATE outbox_dead SET state = 'replaying'"
+                                        " WHERE subscriber = $1 AND seq = $2 RETURNING ")
+                                        .append(kDeadColumns);
+    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec(kSql, {P(subscriber), P(seq)}));
     if (r.rows() == 0) return NotFound(NoDeadLetter(subscriber, seq));
     return DeadFromRow(r, 0);
   }
