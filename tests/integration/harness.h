@@ -6,10 +6,12 @@
 #include <httplib.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace idem::testing {
@@ -114,5 +116,17 @@ std::string OnPostgres(const TempDir& dir, const std::string& config_path,
 
 // The value of a Prometheus counter from GET /metrics, or -1.
 long MetricValue(httplib::Client& client, const std::string& name);
+
+// Whether pred() holds within timeout_ms, asking every 20 ms (and once more
+// at the end).
+template <typename Pred>
+bool WaitFor(Pred pred, int timeout_ms) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
 
 }  // namespace idem::testing

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -63,14 +64,25 @@ TEST_CASE("the serving process keeps its name and runs with its malloc tunables"
   CHECK(ReadFile(proc + "/comm") == "idem\n");
   // Its threads carry their role (top -H, perf, gdb): per-thread CPU tells
   // the event loops from the store's writer without a profiler.
+  // A thread names itself once it runs, which on a loaded machine can be
+  // after /healthz answers: read the names until all are there, or 10 s.
+  const std::vector<std::string> wanted = {"idem-loop",    "idem-handler", "idem-commit",
+                                           "idem-trace",   "idem-sweeper", "idem-apply",
+                                           "idem-recovery"};
   std::set<std::string> roles;
-  for (const auto& task : std::filesystem::directory_iterator(proc + "/task")) {
-    std::string name = ReadFile(task.path().string() + "/comm");
-    if (!name.empty() && name.back() == '\n') name.pop_back();
-    roles.insert(name);
-  }
-  for (const char* role : {"idem-loop", "idem-handler", "idem-commit", "idem-trace", "idem-sweeper",
-                           "idem-apply", "idem-recovery"}) {
+  WaitFor(
+      [&] {
+        roles.clear();
+        for (const auto& task : std::filesystem::directory_iterator(proc + "/task")) {
+          std::string name = ReadFile(task.path().string() + "/comm");
+          if (!name.empty() && name.back() == '\n') name.pop_back();
+          roles.insert(name);
+        }
+        return std::all_of(wanted.begin(), wanted.end(),
+                           [&](const std::string& r) { return roles.count(r) == 1; });
+      },
+      10'000);
+  for (const std::string& role : wanted) {
     CHECK_MESSAGE(roles.count(role) == 1, role);
   }
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)

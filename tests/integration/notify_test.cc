@@ -54,17 +54,6 @@ DaemonArgs Args(const std::string& config, const TempDir& dir, const std::string
   return args;
 }
 
-// Waits until pred() holds, up to timeout_ms.
-template <typename Pred>
-bool WaitFor(Pred pred, int timeout_ms) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return pred();
-}
-
 const std::string kDecideBody =
     R"({"step":"triage_ticket","input":{"ticket_id":"42","text":"refund please"}})";
 

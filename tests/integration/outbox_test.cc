@@ -43,16 +43,6 @@ DaemonArgs Args(const std::string& config, const TempDir& dir, const std::string
   return args;
 }
 
-template <typename Pred>
-bool WaitFor(Pred pred, int timeout_ms) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
-}
-
 Json Post(httplib::Client& c, const std::string& path, const Json& body) {
   auto r = c.Post(path.c_str(), body.dump(), "application/json");
   REQUIRE(r);
