@@ -350,6 +350,9 @@ class EventServer::Loop {
     bool overflow = false;                    // read more than any acceptable request
     size_t parse_need = 0;                    // do not parse again before `in` holds this much
     size_t head_scanned = 0;                  // of the head being read (http1::ParseResult)
+    // The request being answered is a HEAD: its answer goes without a body,
+    // whichever path writes it (worker, batch lane, loop, refusal).
+    bool head_request = false;
   };
 
   struct Done {
@@ -621,6 +624,7 @@ class EventServer::Loop {
       bool keep_alive = req.keep_alive;
       int minor = req.minor_version;
       c->state = State::kBusy;
+      c->head_request = req.method == "HEAD";
       if (server_.draining_.load(std::memory_order_acquire)) {
         Refuse(c, 503, "the server is shutting down", minor);
         return;
@@ -681,8 +685,10 @@ class EventServer::Loop {
   }
 
   // Serializes an answer into the connection's output and writes it.
+  // One answer per request: a HEAD's answer is this one.
   void Queue(Conn* c, const http1::Response& res, bool keep_alive, int minor) {
-    http1::SerializeResponse(res, keep_alive, minor, c->out);
+    http1::SerializeResponse(res, keep_alive, minor, c->out, c->head_request);
+    c->head_request = false;
     if (!keep_alive) c->state = State::kClosing;
     Flush(c);
   }

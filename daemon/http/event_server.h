@@ -15,6 +15,9 @@
 //   - one request at a time per connection: a pipelined request is read
 //     only after the answer to the previous one is queued, so answers keep
 //     the order of requests (RFC 9112 9.3.2);
+//   - the answer to a HEAD request is written without its body, whichever
+//     path answers it (handler, lane, loop, refusal), so the connection can
+//     go on (RFC 9110 9.3.2; the handler sees the request as it came);
 //   - framing errors (http1.h) are answered with their status and a problem
 //     body, then the connection is closed;
 //   - `Expect: 100-continue` gets its interim answer unless the head is

@@ -527,7 +527,8 @@ std::string_view ReasonPhrase(int status) {
   }
 }
 
-void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out) {
+void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out,
+                       bool head_request) {
   out += "HTTP/1.1 ";
   out += std::to_string(res.status);
   out += ' ';
@@ -548,7 +549,7 @@ void SerializeResponse(const Response& res, bool keep_alive, int minor_version, 
     out += "Connection: keep-alive\r\n";
   }
   out += "\r\n";
-  out += res.body;
+  if (!head_request) out += res.body;
 }
 
 }  // namespace idem::http1

@@ -115,8 +115,11 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
 
 // "HTTP/1.1 <status> <reason>" head, the fields, Content-Length, and
 // `Connection: close` when !keep_alive (or keep-alive for an HTTP/1.0 peer
-// that asked for it), then the body.
-void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out);
+// that asked for it), then the body. `head_request`: the answer to a HEAD,
+// which has the fields and Content-Length of the GET answer and no body
+// (RFC 9110 9.3.2 and 8.6; the client reads no body after it).
+void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out,
+                       bool head_request = false);
 
 std::string_view ReasonPhrase(int status);
 

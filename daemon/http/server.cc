@@ -357,7 +357,7 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   // are all busy is alive, and an orchestrator's probe must not restart it
   // for that (the handler is a constant; it neither blocks nor parks).
   callbacks.on_loop = [](const http1::Request& req) {
-    return req.method == "GET" && req.path == "/healthz";
+    return (req.method == "GET" || req.method == "HEAD") && req.path == "/healthz";
   };
   callbacks.on_refusal = [this](EventServer::Refusal r) {
     switch (r) {
@@ -440,11 +440,21 @@ void HttpServer::Fail(http1::Response& res, const Status& st, const std::string&
 const Route* HttpServer::Find(const http1::Request& req, std::vector<std::string>& params,
                               http1::Response& res) const {
   std::string allow;
+  // HEAD is answered by the GET route, whose roles and limits it takes; the
+  // event server leaves the body out (RFC 9110 9.3.2: a server that serves
+  // GET serves HEAD).
+  const bool head = req.method == "HEAD";
   for (const Route& r : routes_) {
     if (!MatchPath(r, req.path, &params)) continue;
-    if (r.method == req.method) return &r;
+    if (r.method == req.method || (head && r.method == "GET")) return &r;
     params.clear();
-    if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
+    auto add = [&allow](std::string_view m) {
+      if (allow.find(m) != std::string::npos) return;
+      if (!allow.empty()) allow += ", ";
+      allow += m;
+    };
+    add(r.method);
+    if (r.method == "GET") add("HEAD");
   }
   std::string rid = req.HeaderValue("X-Request-Id");
   if (!SaneRequestId(rid)) rid = RandomHex(8);

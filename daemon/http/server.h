@@ -21,6 +21,8 @@
 //
 // Every error is problem+json (problem.h): unknown paths 404, a known path
 // with another method 405 (with Allow), framing errors as http1.h says.
+// HEAD is answered by the path's GET route (its roles, limits and
+// handler), with the GET answer's fields and no body.
 //
 // Journal claims, completes and fails without an Idempotency-Key take the
 // batch lane: the same pipeline up to the handler, then one
@@ -85,8 +87,8 @@ class HttpServer : private BatchLane {
   class LeaseRenewer;
 
   HttpServer(ServerDeps deps, std::vector<Route> routes, std::unique_ptr<CompiledSchemas> schemas);
-  // The route for the request's method and path (params filled), or null
-  // with `res` holding the 404/405 answer.
+  // The route for the request's method and path (params filled; a HEAD
+  // takes the GET route), or null with `res` holding the 404/405 answer.
   const Route* Find(const http1::Request& req, std::vector<std::string>& params,
                     http1::Response& res) const;
   // The pipeline up to the handler: request id, auth, Idempotency-Key

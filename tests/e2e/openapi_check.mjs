@@ -11,7 +11,8 @@
 //   - the path matches a documented path template and the method is
 //     documented for it (a path no route has: 404 problem+json; a path
 //     with another method: 405 problem+json);
-//   - the status is documented for that operation;
+//   - the status is documented for that operation (a HEAD: for the path's
+//     GET, and its answer has no body);
 //   - the Content-Type is one the status documents, and the body validates
 //     against that content's schema, read closed: an object schema with
 //     `properties` and no word on others refuses fields it does not list,
@@ -134,7 +135,10 @@ class Checker {
   // Errors (strings) for one recorded response, and what it was checked as.
   check(r) {
     const errors = [];
-    const method = r.method.toLowerCase();
+    // A HEAD is answered by the path's GET route (RFC 9110 9.3.2): the GET's
+    // statuses, and never a body.
+    const head = r.method === 'HEAD';
+    const method = head ? 'get' : r.method.toLowerCase();
     const templates = this.match(r.path);
     const type = mediaType(r.content_type);
     let op = null, as = null;
@@ -146,7 +150,8 @@ class Checker {
       const want = templates.length === 0 ? 404 : 405;
       as = want === 404 ? '(no route) 404' : '(other method) 405';
       if (r.status !== want) errors.push(`${r.method} ${r.path}: undocumented, answered ${r.status}`);
-      else this.validateBody(r, type, {schema: {$ref: '#/components/schemas/problem'}},
+      else if (head && r.body !== '') errors.push(`${r.method} ${r.path}: a HEAD answer with a body`);
+      else if (!head) this.validateBody(r, type, {schema: {$ref: '#/components/schemas/problem'}},
                              'application/problem+json', errors);
       return {errors, as};
     }
@@ -157,6 +162,10 @@ class Checker {
       return {errors, as};
     }
     if (r.status === 429 && !r.headers?.['Retry-After']) errors.push(`${as}: 429 without Retry-After`);
+    if (head) {
+      if (r.body !== '') errors.push(`${as} ${r.status}: a HEAD answer with a body`);
+      return {errors, as: `${as} ${r.status}`};
+    }
     const content = resp.content || {};
     if (Object.keys(content).length === 0) {
       if (r.body !== '') errors.push(`${as} ${r.status}: documents no body, got ${type || 'untyped'} bytes`);
@@ -214,6 +223,8 @@ const mustFail = [
   {method: 'GET', path: '/healthz', status: 200, content_type: 'application/json',
    body: '{"status":"ok","undocumented":1}'},
   {method: 'PATCH', path: '/healthz', status: 404, content_type: 'application/problem+json', body: problem},
+  {method: 'HEAD', path: '/healthz', status: 200, content_type: 'application/json', body: '{"status":"ok"}'},
+  {method: 'HEAD', path: '/healthz', status: 299, content_type: 'application/json', body: ''},
   {method: 'GET', path: '/no/such/route', status: 200, content_type: 'application/json', body: '{}'},
   {method: 'GET', path: '/v1/decisions/x', status: 404, content_type: 'application/problem+json', body: '{}'},
 ];
@@ -248,11 +259,14 @@ for (const f of files) {
 const ops = Object.values(spec.paths).reduce((n, p) => n + Object.keys(p).length, 0);
 const pairs = Object.values(spec.paths).reduce(
   (n, p) => n + Object.values(p).reduce((m, op) => m + Object.keys(op.responses || {}).length, 0), 0);
-const opsSeen = new Set([...seen.keys()].filter((k) => !k.startsWith('(')).map((k) =>
-  k.split(' ').slice(0, 2).join(' ')));
+// Documented operations only: a HEAD is its GET's (and is counted apart below).
+const opsSeen = new Set([...seen.keys()].filter((k) => !k.startsWith('(') && !k.startsWith('HEAD '))
+  .map((k) => k.split(' ').slice(0, 2).join(' ')));
+const headsSeen = [...seen.keys()].filter((k) => k.startsWith('HEAD ')).length;
 console.log(`${total} responses from ${files.length} file(s) in ${logDir}`);
-console.log(`${opsSeen.size} of ${ops} documented operations seen; ${seen.size} distinct ` +
-            `(operation, status) pairs seen of ${pairs} documented; ${checker.opaque || 0} non-JSON ` +
+console.log(`${opsSeen.size} of ${ops} documented operations seen; ${seen.size - headsSeen} ` +
+            `distinct (operation, status) pairs seen of ${pairs} documented; ${headsSeen} HEAD ` +
+            `(operation, status) pairs checked as their GET; ${checker.opaque || 0} non-JSON ` +
             'bodies (type checked only)');
 if (process.env.IDEM_OPENAPI_VERBOSE) {
   for (const [k, n] of [...seen.entries()].sort()) console.log(`  ${String(n).padStart(6)}  ${k}`);

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -88,21 +89,35 @@ std::vector<Operation> Operations(const Json& openapi) {
   return out;
 }
 
+// A daemon with the tokens above, and its routes as /openapi.json lists them.
+struct Walk {
+  TempDir dir;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<httplib::Client> client;
+  std::vector<Operation> ops;
+};
+
+std::unique_ptr<Walk> StartWalk() {
+  auto walk = std::make_unique<Walk>();
+  const std::string config = WriteTestConfig(walk->dir, kQuestionRules, Tokens());
+  std::string err;
+  walk->daemon = DaemonProcess::Start({config, walk->dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(walk->daemon != nullptr, err);
+  walk->client = walk->daemon->Client();
+  walk->client->set_read_timeout(3, 0);  // a route that streams (SSE) counts as past auth
+  auto doc = walk->client->Get("/openapi.json");
+  REQUIRE(doc);
+  REQUIRE(doc->status == 200);
+  walk->ops = Operations(Json::parse(doc->body));
+  return walk;
+}
+
 }  // namespace
 
 TEST_CASE("every route refuses no token with 401 and a token without its role with 403") {
-  TempDir dir;
-  const std::string config = WriteTestConfig(dir, kQuestionRules, Tokens());
-  std::string err;
-  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(daemon != nullptr, err);
-  auto c = daemon->Client();
-  c->set_read_timeout(3, 0);  // a route that streams (SSE) counts as past auth
-
-  auto doc = c->Get("/openapi.json");
-  REQUIRE(doc);
-  REQUIRE(doc->status == 200);
-  const std::vector<Operation> ops = Operations(Json::parse(doc->body));
+  std::unique_ptr<Walk> walk = StartWalk();
+  httplib::Client* c = walk->client.get();
+  const std::vector<Operation>& ops = walk->ops;
 
   // The operator routes of the last session are in the walk, operator only.
   const std::set<std::string> operator_only = {
@@ -173,6 +188,52 @@ TEST_CASE("every route refuses no token with 401 and a token without its role wi
   }
   // Not vacuous: the operator-only routes above alone refuse the agent.
   CHECK(refused_403 >= static_cast<int>(operator_only.size()));
+}
+
+TEST_CASE("a HEAD takes its GET route's roles and answer, without the body") {
+  std::unique_ptr<Walk> walk = StartWalk();
+  httplib::Client* c = walk->client.get();
+  const httplib::Headers admin = {{"Authorization", std::string("Bearer ") + kAdminSecret}};
+  int walked = 0;
+  for (const Operation& o : walk->ops) {
+    if (o.method != "GET") continue;
+    const std::string path = Concrete(o.pattern);
+    INFO("HEAD ", o.pattern);
+    auto got = c->Get(path, admin);
+    auto head = c->Head(path, admin);
+    REQUIRE(got);
+    REQUIRE(head);
+    CHECK(head->status == got->status);
+    CHECK(head->body.empty());
+    CHECK(head->get_header_value("Content-Type") == got->get_header_value("Content-Type"));
+    if (!o.is_public) {
+      auto anonymous = c->Head(path);
+      REQUIRE(anonymous);
+      CHECK(anonymous->status == 401);
+      CHECK(anonymous->body.empty());
+    }
+    ++walked;
+  }
+  CHECK(walked >= 20);
+  // The answer's length is the GET body's (RFC 9110 8.6), and the
+  // connection goes on: httplib reads no body after a HEAD.
+  auto got = c->Get("/openapi.json");
+  auto head = c->Head("/openapi.json");
+  REQUIRE((got && head));
+  CHECK(head->get_header_value("Content-Length") == std::to_string(got->body.size()));
+  auto live = c->Head("/healthz");
+  REQUIRE(live);
+  CHECK(live->status == 200);
+  // A path that has GET lists HEAD beside it in a 405's Allow.
+  auto post = c->Post("/healthz", "{}", "application/json");
+  REQUIRE(post);
+  CHECK(post->status == 405);
+  CHECK(post->get_header_value("Allow") == "GET, HEAD");
+  // A path without GET has no HEAD either.
+  auto claim = c->Head("/v1/decide", admin);
+  REQUIRE(claim);
+  CHECK(claim->status == 405);
+  CHECK(claim->get_header_value("Allow") == "POST");
 }
 
 }  // namespace idem::testing

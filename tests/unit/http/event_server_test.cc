@@ -37,6 +37,7 @@ using namespace std::chrono_literals;
 using testing::Client;
 using testing::EchoCallbacks;
 using testing::Get;
+using testing::Head;
 using testing::Post;
 using testing::Reply;
 using testing::Running;
@@ -172,6 +173,24 @@ TEST_CASE("a GET is answered by the handler") {
   CHECK(r->Header("Content-Type") == "text/plain");
   CHECK(r->Header("Content-Length") == "11");
   CHECK_FALSE(r->HasHeader("Connection"));
+}
+
+TEST_CASE("a HEAD is answered with the handler's fields and no body, and the connection goes on") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  // Pipelined: a body after the HEAD's head would be read as the GET's answer.
+  REQUIRE(c.Send(Head("/hello") + Get("/next")));
+  std::optional<Reply> head = c.Read(/*head_request=*/true);
+  REQUIRE(head);
+  CHECK(head->status == 200);
+  CHECK(head->body.empty());
+  CHECK(head->Header("X-Path") == "/hello");
+  CHECK(head->Header("Content-Length") == "12");  // what "HEAD /hello " would take
+  std::optional<Reply> next = c.Read();
+  REQUIRE(next);
+  CHECK(next->status == 200);
+  CHECK(next->body == "GET /next ");
 }
 
 TEST_CASE("Start reports Unavailable when the port is already bound") {
@@ -946,6 +965,25 @@ TEST_CASE("a request past a full handler queue gets 503 with Retry-After at once
   CHECK(s.server().stats().queue_full == 1);
   gate.Release(running, queued);
   // The refused connection stays usable once there is room.
+  REQUIRE(refused.Send(Get("/c")));
+  std::optional<Reply> again = refused.Read();
+  REQUIRE(again);
+  CHECK(again->status == 200);
+}
+
+TEST_CASE("a HEAD refused for a full handler queue gets its 503 without a body") {
+  Gate gate;
+  Running s(gate.Callbacks(), OneWorker(/*max_queue=*/1));
+  Client running(s.port()), queued(s.port()), refused(s.port());
+  REQUIRE((running.ok() && queued.ok() && refused.ok()));
+  gate.Hold(running, queued);
+  REQUIRE(refused.Send(Head("/c")));
+  std::optional<Reply> r = refused.Read(/*head_request=*/true);
+  REQUIRE(r);
+  CHECK(r->status == 503);
+  CHECK(r->Header("Retry-After") == "1");
+  gate.Release(running, queued);
+  // Nothing of the refusal's body is left to be taken for the next answer.
   REQUIRE(refused.Send(Get("/c")));
   std::optional<Reply> again = refused.Read();
   REQUIRE(again);

@@ -95,11 +95,14 @@ class Client {
 
   // Reads one response, framed by Content-Length (a 1xx has no body).
   // nullopt on EOF, error or timeout before a whole response.
-  std::optional<Reply> Read() {
+  // `head_request`: the answer to a HEAD, which has no body whatever its
+  // Content-Length says (RFC 9110 9.3.2); bytes after its head belong to
+  // the next answer.
+  std::optional<Reply> Read(bool head_request = false) {
     for (;;) {
       size_t head_end = buf_.find("\r\n\r\n");
       if (head_end != std::string::npos) {
-        std::optional<Reply> r = TryParse(head_end);
+        std::optional<Reply> r = TryParse(head_end, head_request);
         if (r) return r;
       }
       if (!Fill()) return std::nullopt;
@@ -149,7 +152,7 @@ class Client {
     }
   }
 
-  std::optional<Reply> TryParse(size_t head_end) {
+  std::optional<Reply> TryParse(size_t head_end, bool head_request) {
     std::string_view head(buf_.data(), head_end);
     size_t eol = head.find("\r\n");
     std::string_view status_line = head.substr(0, eol);
@@ -171,7 +174,7 @@ class Client {
       r.headers.push_back(http1::Field{std::string(line.substr(0, colon)), std::string(value)});
     }
     size_t length = 0;
-    if (r.status >= 200)
+    if (r.status >= 200 && !head_request)
       length = static_cast<size_t>(std::atol(r.Header("Content-Length").c_str()));
     if (buf_.size() < head_end + 4 + length) return std::nullopt;
     r.body = buf_.substr(head_end + 4, length);
@@ -241,6 +244,10 @@ class Running {
 inline std::string Get(std::string_view path, std::string_view extra_headers = "") {
   return "GET " + std::string(path) + " HTTP/1.1\r\nHost: test\r\n" + std::string(extra_headers) +
          "\r\n";
+}
+
+inline std::string Head(std::string_view path) {
+  return "HEAD " + std::string(path) + " HTTP/1.1\r\nHost: test\r\n\r\n";
 }
 
 inline std::string Post(std::string_view path, std::string_view body) {

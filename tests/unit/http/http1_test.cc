@@ -613,6 +613,19 @@ TEST_CASE("SerializeResponse writes the status line, fields, Content-Length and 
         R"({"ok":true})");
 }
 
+TEST_CASE("SerializeResponse to a HEAD writes the body's Content-Length and not the body") {
+  Response res;
+  res.SetHeader("Content-Type", "application/json");
+  res.body = R"({"ok":true})";
+  std::string out;
+  SerializeResponse(res, /*keep_alive=*/true, 1, out, /*head_request=*/true);
+  CHECK(out ==
+        "HTTP/1.1 200 OK\r\n"
+        "Content-Type: application/json\r\n"
+        "Content-Length: 11\r\n"
+        "\r\n");
+}
+
 TEST_CASE("SerializeResponse appends to what the output already holds") {
   Response res;
   std::string out = "prefix";
