@@ -6,6 +6,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -687,10 +688,22 @@ class EventServer::Loop {
   // Serializes an answer into the connection's output and writes it.
   // One answer per request: a HEAD's answer is this one.
   void Queue(Conn* c, const http1::Response& res, bool keep_alive, int minor) {
-    http1::SerializeResponse(res, keep_alive, minor, c->out, c->head_request);
+    http1::SerializeResponse(res, keep_alive, minor, c->out, c->head_request, Date());
     c->head_request = false;
     if (!keep_alive) c->state = State::kClosing;
     Flush(c);
+  }
+
+  // The Date field of answers written now (RFC 9110 6.6.1: an origin
+  // server with a clock sends it), formatted once a second per loop.
+  std::string_view Date() {
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    if (now.tv_sec != date_second_) {
+      date_second_ = now.tv_sec;
+      date_ = http1::HttpDate(now.tv_sec);
+    }
+    return date_;
   }
 
   // Writes pending output. False if the connection was closed here.
@@ -898,7 +911,9 @@ class EventServer::Loop {
   size_t max_buffered_ = 0;
   bool listening_ = false;              // the listening socket is in ep_
   int64_t accept_paused_until_ms_ = 0;  // EMFILE: not watching it until then
-  std::atomic<int> load_{0};            // see load()
+  int64_t date_second_ = -1;            // the second date_ spells (Date())
+  std::string date_;
+  std::atomic<int> load_{0};  // see load()
   std::mutex mu_;
   std::vector<Done> done_;   // answers from workers, under mu_
   std::vector<int> handed_;  // connections other loops accepted for this one, under mu_

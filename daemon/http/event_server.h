@@ -15,6 +15,7 @@
 //   - one request at a time per connection: a pipelined request is read
 //     only after the answer to the previous one is queued, so answers keep
 //     the order of requests (RFC 9112 9.3.2);
+//   - every answer written for a request carries Date (RFC 9110 6.6.1);
 //   - the answer to a HEAD request is written without its body, whichever
 //     path answers it (handler, lane, loop, refusal), so the connection can
 //     go on (RFC 9110 9.3.2; the handler sees the request as it came);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
+#include <ctime>
 
 namespace idem::http1 {
 namespace {
@@ -528,7 +530,7 @@ std::string_view ReasonPhrase(int status) {
 }
 
 void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out,
-                       bool head_request) {
+                       bool head_request, std::string_view date) {
   out += "HTTP/1.1 ";
   out += std::to_string(res.status);
   out += ' ';
@@ -538,6 +540,11 @@ void SerializeResponse(const Response& res, bool keep_alive, int minor_version, 
     out += f.name;
     out += ": ";
     out += f.value;
+    out += "\r\n";
+  }
+  if (!date.empty()) {
+    out += "Date: ";
+    out += date;
     out += "\r\n";
   }
   out += "Content-Length: ";
@@ -550,6 +557,20 @@ void SerializeResponse(const Response& res, bool keep_alive, int minor_version, 
   }
   out += "\r\n";
   if (!head_request) out += res.body;
+}
+
+std::string HttpDate(int64_t unix_seconds) {
+  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  const time_t t = static_cast<time_t>(unix_seconds);
+  tm utc{};
+  if (gmtime_r(&t, &utc) == nullptr) return "";
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[utc.tm_wday],
+                utc.tm_mday, kMonths[utc.tm_mon], utc.tm_year + 1900, utc.tm_hour, utc.tm_min,
+                utc.tm_sec);
+  return buf;
 }
 
 }  // namespace idem::http1

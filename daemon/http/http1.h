@@ -117,9 +117,14 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
 // `Connection: close` when !keep_alive (or keep-alive for an HTTP/1.0 peer
 // that asked for it), then the body. `head_request`: the answer to a HEAD,
 // which has the fields and Content-Length of the GET answer and no body
-// (RFC 9110 9.3.2 and 8.6; the client reads no body after it).
+// (RFC 9110 9.3.2 and 8.6; the client reads no body after it). `date`, when
+// not empty, goes out as the Date field (HttpDate).
 void SerializeResponse(const Response& res, bool keep_alive, int minor_version, std::string& out,
-                       bool head_request = false);
+                       bool head_request = false, std::string_view date = {});
+
+// A time as the Date field writes it, IMF-fixdate (RFC 9110 5.6.7):
+// "Sun, 06 Nov 1994 08:49:37 GMT", whatever the locale.
+std::string HttpDate(int64_t unix_seconds);
 
 std::string_view ReasonPhrase(int status);
 

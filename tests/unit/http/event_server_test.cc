@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <latch>
 #include <map>
@@ -191,6 +192,28 @@ TEST_CASE("a HEAD is answered with the handler's fields and no body, and the con
   REQUIRE(next);
   CHECK(next->status == 200);
   CHECK(next->body == "GET /next ");
+}
+
+TEST_CASE("every answer carries Date, the time it was written") {
+  Running s(EchoCallbacks());
+  Client c(s.port());
+  REQUIRE(c.ok());
+  const int64_t before = std::time(nullptr);
+  REQUIRE(c.Send(Get("/hello")));
+  std::optional<Reply> r = c.Read();
+  const int64_t after = std::time(nullptr);
+  REQUIRE(r);
+  // The coarse clock may lag by a tick; a second either side is the field's own precision.
+  const std::string date = r->Header("Date");
+  CHECK((date == http1::HttpDate(before) || date == http1::HttpDate(after) ||
+         date == http1::HttpDate(before - 1)));
+  // A refusal too: the 400 for a request framed two ways.
+  REQUIRE(
+      c.Send("GET /x HTTP/1.1\r\nHost: test\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"));
+  std::optional<Reply> bad = c.Read();
+  REQUIRE(bad);
+  CHECK(bad->status == 400);
+  CHECK(bad->HasHeader("Date"));
 }
 
 TEST_CASE("Start reports Unavailable when the port is already bound") {

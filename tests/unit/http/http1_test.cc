@@ -626,6 +626,21 @@ TEST_CASE("SerializeResponse to a HEAD writes the body's Content-Length and not 
         "\r\n");
 }
 
+TEST_CASE("SerializeResponse writes Date before Content-Length when given one") {
+  Response res;
+  std::string out;
+  SerializeResponse(res, true, 1, out, false, "Sun, 06 Nov 1994 08:49:37 GMT");
+  CHECK(out ==
+        "HTTP/1.1 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nContent-Length: 0\r\n\r\n");
+}
+
+TEST_CASE("HttpDate writes IMF-fixdate in GMT") {
+  CHECK(HttpDate(0) == "Thu, 01 Jan 1970 00:00:00 GMT");
+  CHECK(HttpDate(784111777) == "Sun, 06 Nov 1994 08:49:37 GMT");  // RFC 9110 5.6.7's example
+  CHECK(HttpDate(951782400) == "Tue, 29 Feb 2000 00:00:00 GMT");
+  CHECK(HttpDate(1796353478) == "Fri, 04 Dec 2026 03:04:38 GMT");
+}
+
 TEST_CASE("SerializeResponse appends to what the output already holds") {
   Response res;
   std::string out = "prefix";
