@@ -1,5 +1,6 @@
 // The operator's client commands of `idem`: plans, approve, reject, audit
-// verify (and the older dlq, work, decision, escalations), talking to the
+// verify, dlq ls (and the older dlq replay, work, decision, escalations,
+// which print the daemon's JSON), talking to the
 // daemon's HTTP API through the daemon's own libcurl HttpClient.
 //
 // Connection: the URL from --url or IDEM_URL (default
@@ -94,7 +95,13 @@ std::string RenderPlan(const Json& plan, const Style& style, int64_t now_ms);
 // One line for a problem answer: "HTTP 409 Conflict: detail (state rejected)".
 std::string DescribeProblem(const ApiAnswer& answer);
 
+// `idem dlq ls`: one row per dead letter (work id whole, for `dlq replay`),
+// newest as the daemon lists them.
+std::string RenderDeadLetters(const Json& items, const Style& style, int64_t now_ms);
+
 // The commands; each returns an ExitCode.
+// GET /v1/dead-letters?limit=N: the table above, or the daemon's JSON.
+int DlqLs(DaemonClient& api, const Output& o, size_t limit);
 int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t limit);
 int PlansShow(DaemonClient& api, const Output& o, const std::string& plan_id);
 int Approve(DaemonClient& api, const Output& o, const std::string& plan_id,

@@ -323,6 +323,43 @@ std::string RenderPlan(const Json& plan, const Style& style, int64_t now_ms) {
   return out;
 }
 
+std::string RenderDeadLetters(const Json& items, const Style& style, int64_t now_ms) {
+  Table t({"WORK", "KIND", "ATTEMPTS", "RUN", "DIED", "LAST ERROR"});
+  t.SetMaxWidth(5, 80);
+  if (items.is_array()) {
+    for (const Json& w : items) {
+      t.AddRow({Str(w, "work_id"),
+                Str(w, "kind"),
+                std::to_string(Int(w, "attempts")),
+                Str(w, "run_id").empty() ? "-" : Str(w, "run_id"),
+                Age(Int(w, "updated_at_ms"), now_ms),
+                {Str(w, "last_error"), Color::kRed}});
+    }
+  }
+  return t.Render(style);
+}
+
+int DlqLs(DaemonClient& api, const Output& o, size_t limit) {
+  StatusOr<ApiAnswer> a = api.Call("GET", "/v1/dead-letters?limit=" + std::to_string(limit));
+  if (!a.ok()) return ReportUnreachable(o, a.status());
+  if (a->status != 200) return ReportError(o, "dlq ls", *a);
+  if (o.json) {
+    PrintJson(o, a->body);
+    return kExitOk;
+  }
+  const Json& items = Member(a->body, "items");
+  if (!items.is_array() || items.empty()) {
+    Print(o.out, "no dead letters\n");
+    return kExitOk;
+  }
+  Print(o.out, RenderDeadLetters(items, o.style, o.now_ms));
+  if (items.size() >= limit) {
+    Print(o.out, o.style.Paint("(maybe more: raise --limit)", Color::kDim) + "\n");
+  }
+  Print(o.out, o.style.Paint("replay one: idem dlq replay WORK", Color::kDim) + "\n");
+  return kExitOk;
+}
+
 int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t limit) {
   Json items = Json::array();
   std::string cursor;

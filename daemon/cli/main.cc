@@ -259,6 +259,9 @@ int main(int argc, char** argv) {
   auto* dlq = app.add_subcommand("dlq", "Dead letters: work whose attempts ran out");
   dlq->require_subcommand(1);
   auto* dlq_ls = dlq->add_subcommand("ls", "List dead letters");
+  size_t dlq_limit = 100;
+  dlq_ls->add_option("--limit", dlq_limit, "At most this many (the daemon allows 1000)")
+      ->check(CLI::Range(1, 1000));
   std::string dlq_id;
   auto* dlq_replay = dlq->add_subcommand("replay", "Replay one dead letter (not the batch)");
   dlq_replay->add_option("work_id", dlq_id, "The work_id")->required();
@@ -493,7 +496,7 @@ int main(int argc, char** argv) {
       body["concurrency"] = replay_concurrency;
       return cli::BulkReplay(api, out, body, isatty(STDERR_FILENO) != 0);
     }
-    if (dlq_ls->parsed()) return cli::PrintCall(api, out, "GET", "/v1/dead-letters");
+    if (dlq_ls->parsed()) return cli::DlqLs(api, out, dlq_limit);
     if (dlq_replay->parsed()) {
       // Each invocation is a new operator intention, so it gets its own key: a
       // second replay of an item that died again must replay it again, not

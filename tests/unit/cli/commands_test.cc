@@ -192,6 +192,65 @@ TEST_CASE("plans ls --limit stops paging and says there is more") {
   CHECK(c.Out().find("(more: raise --limit)") != std::string::npos);
 }
 
+Json SampleDeadLetter() {
+  return Json::parse(R"({"work_id": "7d42aa", "kind": "send_reply", "attempts": 5,
+    "last_error": "Unavailable: effector send_reply: POST http://127.0.0.1:9000/replies: refused",
+    "args": {"ticket_id": 42}, "updated_at_ms": 1700000000000, "run_id": ""})");
+}
+
+TEST_CASE("the dead-letter list is one aligned row per item, the work id whole") {
+  Json run = SampleDeadLetter();
+  run["work_id"] = "9c0b";
+  run["run_id"] = "nightly";
+  run["attempts"] = 12;
+  run["last_error"] = "line one\nline two";
+  std::string text =
+      RenderDeadLetters(Json::array({SampleDeadLetter(), run}), Style{}, 1'700'000'300'000);
+  CHECK(text ==
+        "WORK    KIND        ATTEMPTS  RUN      DIED  LAST ERROR\n"
+        "7d42aa  send_reply  5         -        5m    Unavailable: effector send_reply: POST "
+        "http://127.0.0.1:9000/replies: refused\n"
+        "9c0b    send_reply  12        nightly  5m    line one line two\n");
+  CHECK(text.find('\033') == std::string::npos);
+  CHECK(RenderDeadLetters(Json::array({run}), Style{true}, 1'700'000'300'000)
+            .find("\033[31mline one line two\033[0m") != std::string::npos);
+}
+
+TEST_CASE("dlq ls asks for --limit, prints the table or the daemon's JSON, and says when empty") {
+  FakeHttp http;
+  Json items = Json::array({SampleDeadLetter()});
+  http.answer = [&items](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return JsonAnswer(200, {{"items", items}});
+  };
+  DaemonClient api("http://h", "tok", http);
+  {
+    Captured c;
+    CHECK(DlqLs(api, c.Make(), 1) == kExitOk);
+    REQUIRE(http.seen.size() == 1);
+    CHECK(http.seen[0].url == "http://h/v1/dead-letters?limit=1");
+    CHECK(c.Out().starts_with("WORK    KIND"));
+    CHECK(c.Out().find("(maybe more: raise --limit)") != std::string::npos);
+    CHECK(c.Out().find("idem dlq replay WORK") != std::string::npos);
+  }
+  {
+    Captured c;
+    CHECK(DlqLs(api, c.Make(/*json=*/true), 100) == kExitOk);
+    CHECK(Json::parse(c.Out())["items"][0]["work_id"] == "7d42aa");
+  }
+  items = Json::array();
+  {
+    Captured c;
+    CHECK(DlqLs(api, c.Make(), 100) == kExitOk);
+    CHECK(c.Out() == "no dead letters\n");
+  }
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return JsonAnswer(403, Problem(403, "needs the operator role"));
+  };
+  Captured c;
+  CHECK(DlqLs(api, c.Make(), 100) == kExitForbidden);
+  CHECK(c.Err().find("needs the operator role") != std::string::npos);
+}
+
 TEST_CASE("approve posts the edits with a fresh Idempotency-Key each time") {
   FakeHttp http;
   http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
