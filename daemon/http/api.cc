@@ -126,6 +126,17 @@ std::string QueryParam(const RequestContext& ctx, const std::string& name) {
   return it == ctx.query.end() ? std::string() : it->second;
 }
 
+StatusOr<std::string> OneOfParam(const RequestContext& ctx, const std::string& name,
+                                 std::span<const char* const> allowed) {
+  std::string v = QueryParam(ctx, name);
+  std::string list;
+  for (const char* a : allowed) {
+    if (v.empty() || v == a) return v;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  return InvalidArgument(name + " must be one of " + list, "query:" + name);
+}
+
 std::vector<Route> BuildApiRoutes(ApiDeps deps) {
   std::vector<Route> routes;
 
@@ -298,43 +309,46 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         return RouteResponse{200, std::move(body), {}};
       }});
 
-  routes.push_back(Route{.method = "GET",
-                         .pattern = "/v1/decisions",
-                         .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
-                         .responses = {{200, "decision.list"}, {400, "problem"}},
-                         .roles = {"agent", "operator"},
-                         .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-                           ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
-                           ASSIGN_OR_RETURN(DecisionPage page,
-                                            deps.store.decisions().List(
-                                                QueryParam(ctx, "step"), QueryParam(ctx, "status"),
-                                                QueryParam(ctx, "cursor"), limit));
-                           Json items = Json::array();
-                           for (const auto& d : page.items) items.push_back(DecisionSummary(d));
-                           Json body = {{"items", items}};
-                           if (!page.next_cursor.empty()) body["next_cursor"] = page.next_cursor;
-                           return RouteResponse{200, std::move(body), {}};
-                         }});
-
   routes.push_back(
       Route{.method = "GET",
-            .pattern = "/v1/escalations",
-            .summary = "Decides that ran out of attempts and fallbacks, waiting for a human "
-                       "(?state=open|resolved).",
-            .responses = {{200, "escalation.list"}, {400, "problem"}},
-            .roles = {"operator"},
+            .pattern = "/v1/decisions",
+            .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
+            .responses = {{200, "decision.list"}, {400, "problem"}},
+            .roles = {"agent", "operator"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
-              ASSIGN_OR_RETURN(std::vector<Escalation> list,
-                               deps.store.escalations().List(QueryParam(ctx, "state"), limit));
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
+              static constexpr const char* kStatuses[] = {"decided"};
+              ASSIGN_OR_RETURN(std::string status, OneOfParam(ctx, "status", kStatuses));
+              ASSIGN_OR_RETURN(DecisionPage page,
+                               deps.store.decisions().List(QueryParam(ctx, "step"), status,
+                                                           QueryParam(ctx, "cursor"), limit));
               Json items = Json::array();
-              for (const auto& e : list) {
-                Json j = EscalationSummary(e);
-                j["input"] = e.input;
-                items.push_back(std::move(j));
-              }
-              return RouteResponse{200, {{"items", items}}, {}};
+              for (const auto& d : page.items) items.push_back(DecisionSummary(d));
+              Json body = {{"items", items}};
+              if (!page.next_cursor.empty()) body["next_cursor"] = page.next_cursor;
+              return RouteResponse{200, std::move(body), {}};
             }});
+
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/escalations",
+      .summary = "Decides that ran out of attempts and fallbacks, waiting for a human "
+                 "(?state=open|resolved).",
+      .responses = {{200, "escalation.list"}, {400, "problem"}},
+      .roles = {"operator"},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        static constexpr const char* kStates[] = {"open", "resolved"};
+        ASSIGN_OR_RETURN(std::string state, OneOfParam(ctx, "state", kStates));
+        ASSIGN_OR_RETURN(std::vector<Escalation> list, deps.store.escalations().List(state, limit));
+        Json items = Json::array();
+        for (const auto& e : list) {
+          Json j = EscalationSummary(e);
+          j["input"] = e.input;
+          items.push_back(std::move(j));
+        }
+        return RouteResponse{200, {{"items", items}}, {}};
+      }});
 
   routes.push_back(Route{
       .method = "GET",

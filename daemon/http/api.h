@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "daemon/apply/apply_engine.h"
@@ -68,5 +69,10 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes);
 // Shared by the route files.
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);
+// The query parameter `name` ("" when absent), or InvalidArgument (pointer
+// query:NAME, listing them) when it is none of `allowed`: a filter with a
+// mistyped value would otherwise match nothing and read as "none".
+StatusOr<std::string> OneOfParam(const RequestContext& ctx, const std::string& name,
+                                 std::span<const char* const> allowed);
 
 }  // namespace idem

@@ -595,13 +595,19 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   routes.push_back(
       Route{.method = "GET",
             .pattern = "/v1/runs/{id}",
-            .summary = "The work items of a run and their states.",
-            .responses = {{200, "run.response"}},
+            .summary = "The work items of a run and their states (404: no item carries "
+                       "the run_id).",
+            .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}},
             .roles = {"agent", "operator"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 1000, 10000));
               ASSIGN_OR_RETURN(std::vector<WorkItem> items,
                                deps.store.journal().ByRun(ctx.params[0], limit));
+              // A mistyped run_id is not a run with nothing in it.
+              if (items.empty()) {
+                return NotFound("no work item carries run_id '" + ctx.params[0] +
+                                "' (a run is the items POST /v1/runs claimed under it)");
+              }
               Json list = Json::array();
               std::map<std::string, int> counts;
               for (const auto& w : items) {
@@ -620,16 +626,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .responses = {{200, "plan.list"}, {400, "problem"}},
             .roles = {"agent", "operator"},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              std::string state = QueryParam(ctx, "state");
+              ASSIGN_OR_RETURN(std::string state, OneOfParam(ctx, "state", kPlanStates));
               if (state.empty()) state = "awaiting_approval";
-              bool known = false;
-              for (const char* s : kPlanStates) known = known || state == s;
-              if (!known) {
-                return InvalidArgument(
-                    "state must be one of proposed, awaiting_approval, approved, "
-                    "rejected, expired, applying, applied, partially_failed",
-                    "query:state");
-              }
               ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
               ASSIGN_OR_RETURN(PlanPage page,
                                deps.store.plans().List(state, limit, QueryParam(ctx, "cursor")));

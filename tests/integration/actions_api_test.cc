@@ -112,6 +112,11 @@ TEST_CASE("a resubmitted run does no work that is already done") {
   REQUIRE(refused->status == 400);
   CHECK(J(refused)["pointer"] == "/items/1/invoice_id");
   CHECK(f.target->stats().effects == 6);  // nothing of the refused run ran
+  // So there is no such run: 404, not an empty list that reads "nothing to do".
+  auto none = f.client->Get("/v1/runs/nightly-2");
+  REQUIRE(none);
+  CHECK(none->status == 404);
+  CHECK(J(none)["detail"].get<std::string>().find("nightly-2") != std::string::npos);
 }
 
 TEST_CASE("a retry of a run that outlasts its key's lease is answered in progress, not run again") {

@@ -72,6 +72,21 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(a["decision_id"] == dec["decision_id"]);
   CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
   CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].empty());
+  CHECK(Json::parse(c->Get("/v1/escalations?state=resolved")->body)["items"].size() == 1);
+
+  // A mistyped filter is refused, not answered "nothing" (it matched no record).
+  for (const char* path : {"/v1/escalations?state=opne", "/v1/decisions?status=escalated"}) {
+    INFO(path);
+    auto typo = c->Get(path);
+    REQUIRE(typo);
+    CHECK(typo->status == 400);
+    Json problem = Json::parse(typo->body);
+    CHECK(problem["pointer"] ==
+          (std::string(path).find("state") != std::string::npos ? "query:state" : "query:status"));
+  }
+  CHECK(Json::parse(c->Get("/v1/escalations?state=opne")->body)["detail"] ==
+        "state must be one of open, resolved");
+  CHECK(c->Get("/v1/decisions?status=decided")->status == 200);
 }
 
 }  // namespace idem::testing
