@@ -1,5 +1,5 @@
 // The operator's client commands of `idem`: plans, approve, reject, audit
-// verify, dlq ls (and the older dlq replay, work, decision, escalations,
+// verify, dlq ls, escalations (and the older dlq replay, work, decision,
 // which print the daemon's JSON), talking to the
 // daemon's HTTP API through the daemon's own libcurl HttpClient.
 //
@@ -99,9 +99,15 @@ std::string DescribeProblem(const ApiAnswer& answer);
 // newest as the daemon lists them.
 std::string RenderDeadLetters(const Json& items, const Style& style, int64_t now_ms);
 
+// `idem escalations`: one row per open escalation (id, step, age, the
+// context's summary of why it could not be decided).
+std::string RenderEscalations(const Json& items, const Style& style, int64_t now_ms);
+
 // The commands; each returns an ExitCode.
 // GET /v1/dead-letters?limit=N: the table above, or the daemon's JSON.
 int DlqLs(DaemonClient& api, const Output& o, size_t limit);
+// GET /v1/escalations?state=open&limit=N: the table above, or the JSON.
+int EscalationsLs(DaemonClient& api, const Output& o, size_t limit);
 int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t limit);
 int PlansShow(DaemonClient& api, const Output& o, const std::string& plan_id);
 int Approve(DaemonClient& api, const Output& o, const std::string& plan_id,

@@ -339,25 +339,61 @@ std::string RenderDeadLetters(const Json& items, const Style& style, int64_t now
   return t.Render(style);
 }
 
-int DlqLs(DaemonClient& api, const Output& o, size_t limit) {
-  StatusOr<ApiAnswer> a = api.Call("GET", "/v1/dead-letters?limit=" + std::to_string(limit));
+std::string RenderEscalations(const Json& items, const Style& style, int64_t now_ms) {
+  Table t({"ESCALATION", "STEP", "AGE", "WHY"});
+  t.SetMaxWidth(3, 100);
+  if (items.is_array()) {
+    for (const Json& e : items) {
+      t.AddRow({Str(e, "escalation_id"),
+                Str(e, "step"),
+                Age(Int(e, "created_at_ms"), now_ms),
+                {Str(Member(e, "context"), "summary"), Color::kYellow}});
+    }
+  }
+  return t.Render(style);
+}
+
+namespace {
+
+// A list command of one GET: the daemon's JSON with --json; else `render`
+// of its items, or `none` when there are none, and `hint` under the table.
+int ListCommand(DaemonClient& api, const Output& o, const std::string& what,
+                const std::string& path, size_t limit, const std::string& none,
+                const std::string& hint,
+                std::string (*render)(const Json&, const Style&, int64_t)) {
+  StatusOr<ApiAnswer> a = api.Call("GET", path);
   if (!a.ok()) return ReportUnreachable(o, a.status());
-  if (a->status != 200) return ReportError(o, "dlq ls", *a);
+  if (a->status != 200) return ReportError(o, what, *a);
   if (o.json) {
     PrintJson(o, a->body);
     return kExitOk;
   }
   const Json& items = Member(a->body, "items");
   if (!items.is_array() || items.empty()) {
-    Print(o.out, "no dead letters\n");
+    Print(o.out, none + "\n");
     return kExitOk;
   }
-  Print(o.out, RenderDeadLetters(items, o.style, o.now_ms));
+  Print(o.out, render(items, o.style, o.now_ms));
   if (items.size() >= limit) {
     Print(o.out, o.style.Paint("(maybe more: raise --limit)", Color::kDim) + "\n");
   }
-  Print(o.out, o.style.Paint("replay one: idem dlq replay WORK", Color::kDim) + "\n");
+  Print(o.out, o.style.Paint(hint, Color::kDim) + "\n");
   return kExitOk;
+}
+
+}  // namespace
+
+int DlqLs(DaemonClient& api, const Output& o, size_t limit) {
+  return ListCommand(api, o, "dlq ls", "/v1/dead-letters?limit=" + std::to_string(limit), limit,
+                     "no dead letters", "replay one: idem dlq replay WORK", RenderDeadLetters);
+}
+
+int EscalationsLs(DaemonClient& api, const Output& o, size_t limit) {
+  return ListCommand(api, o, "escalations",
+                     "/v1/escalations?state=open&limit=" + std::to_string(limit), limit,
+                     "no open escalations",
+                     "resolve one: POST /v1/escalations/ESCALATION/resolve, or the page at /ui/",
+                     RenderEscalations);
 }
 
 int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t limit) {

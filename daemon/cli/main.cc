@@ -275,6 +275,10 @@ int main(int argc, char** argv) {
   decision->add_option("decision_id", decision_id, "The decision_id")->required();
 
   auto* escalations = app.add_subcommand("escalations", "List open escalations");
+  size_t escalations_limit = 100;
+  escalations
+      ->add_option("--limit", escalations_limit, "At most this many (the daemon allows 1000)")
+      ->check(CLI::Range(1, 1000));
 
   auto* plans = app.add_subcommand("plans", "Plans: the actions a decision proposed");
   plans->require_subcommand(1);
@@ -518,9 +522,7 @@ int main(int argc, char** argv) {
     }
     if (work->parsed()) return cli::PrintCall(api, out, "GET", "/v1/work/" + work_id);
     if (decision->parsed()) return cli::PrintCall(api, out, "GET", "/v1/decisions/" + decision_id);
-    if (escalations->parsed()) {
-      return cli::PrintCall(api, out, "GET", "/v1/escalations?state=open");
-    }
+    if (escalations->parsed()) return cli::EscalationsLs(api, out, escalations_limit);
   }
 
   if (serve->parsed()) {

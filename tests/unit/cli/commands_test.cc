@@ -251,6 +251,33 @@ TEST_CASE("dlq ls asks for --limit, prints the table or the daemon's JSON, and s
   CHECK(c.Err().find("needs the operator role") != std::string::npos);
 }
 
+TEST_CASE("escalations is one row per open escalation with the reason it could not be decided") {
+  Json e = {{"escalation_id", "esc_1"},
+            {"step", "triage_ticket"},
+            {"state", "open"},
+            {"created_at_ms", 1700000000000},
+            {"context", {{"summary", "could not decide step triage_ticket after 3 attempts"}}}};
+  FakeHttp http;
+  http.answer = [&e](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return JsonAnswer(200, {{"items", {e}}});
+  };
+  DaemonClient api("http://h", "", http);
+  Captured c;
+  CHECK(EscalationsLs(api, c.Make(), 100) == kExitOk);
+  REQUIRE(http.seen.size() == 1);
+  CHECK(http.seen[0].url == "http://h/v1/escalations?state=open&limit=100");
+  CHECK(c.Out() ==
+        "ESCALATION  STEP           AGE  WHY\n"
+        "esc_1       triage_ticket  1m   could not decide step triage_ticket after 3 attempts\n"
+        "resolve one: POST /v1/escalations/ESCALATION/resolve, or the page at /ui/\n");
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return JsonAnswer(200, {{"items", Json::array()}});
+  };
+  Captured none;
+  CHECK(EscalationsLs(api, none.Make(), 100) == kExitOk);
+  CHECK(none.Out() == "no open escalations\n");
+}
+
 TEST_CASE("approve posts the edits with a fresh Idempotency-Key each time") {
   FakeHttp http;
   http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
