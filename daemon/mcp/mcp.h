@@ -37,6 +37,8 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/version.h"
+
 namespace idem {
 
 using Json = nlohmann::json;
@@ -79,7 +81,7 @@ struct McpOptions {
   size_t tools_page_size = 100;
   size_t max_batch = 100;  // messages per POST
   std::string server_name = "idem";
-  std::string server_version = "0";
+  std::string server_version = kVersion;  // initialize's serverInfo, as `idem --version`
 };
 
 class McpProtocol {

@@ -103,6 +103,14 @@ try {
   const client = new Client({ name: 'idem-e2e', version: '1.0.0' });
   await client.connect(transport);
   assert.ok(transport.sessionId, 'a session id was issued');
+  // serverInfo names the release, as `idem --version` does.
+  const release = (await new Promise((done) => {
+    const p = spawn(idem, ['--version']);
+    let out = '';
+    p.stdout.on('data', (c) => (out += c));
+    p.on('close', () => done(out));
+  })).trim().replace(/^idem /, '');
+  assert.deepEqual(client.getServerVersion(), { name: 'idem', version: release });
 
   // Tools: one per step, one per action kind, and the built-ins.
   const { tools } = await client.listTools();
