@@ -366,9 +366,14 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     req.headers.push_back(Field{std::string(name), std::string(value)});
   }
 
-  // RFC 9112 3.2: more than one Host is a 400 (which one names the target
-  // would be up to each hop).
-  if (req.HeaderCount("Host") > 1) return Error(400, "more than one Host header field");
+  // RFC 9112 3.2: an HTTP/1.1 request without Host, or any request with
+  // more than one (which one names the target would be up to each hop), is
+  // a 400. An HTTP/1.0 request may leave Host out.
+  const size_t hosts = req.HeaderCount("Host");
+  if (hosts > 1) return Error(400, "more than one Host header field");
+  if (hosts == 0 && req.minor_version == 1) {
+    return Error(400, "an HTTP/1.1 request needs a Host header field");
+  }
 
   // Connection persistence (RFC 9112 9.3).
   bool close = false, keep = false;

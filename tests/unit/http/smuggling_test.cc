@@ -115,8 +115,9 @@ std::vector<Case> Refused() {
       {"a NUL in the target", S(std::string_view("GET /\0 HTTP/1.1\r\nHost: t\r\n\r\n", 29)), 400},
       {"a NUL in a field name", post + S(std::string_view("X\0: a\r\n\r\n", 9)), 400},
       {"a NUL in a field value", post + S(std::string_view("X: a\0b\r\n\r\n", 10)), 400},
-      // 3.2: more than one Host.
+      // 3.2: more than one Host, or none in HTTP/1.1.
       {"two Host fields", "GET / HTTP/1.1\r\nHost: t\r\nHost: evil\r\n\r\n", 400},
+      {"an HTTP/1.1 request without Host", "GET /healthz HTTP/1.1\r\nAccept: */*\r\n\r\n", 400},
       // 2.3: a version idem does not serve.
       {"HTTP/2.0 in a request line", "GET / HTTP/2.0\r\nHost: t\r\n\r\n", 505},
   };
