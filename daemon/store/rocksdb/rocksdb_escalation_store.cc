@@ -1,5 +1,6 @@
 #include "daemon/store/rocksdb/rocksdb_escalation_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "daemon/store/record_codec.h"
@@ -45,15 +46,42 @@ StatusOr<Escalation> RocksEscalationStore::OpenByKey(const std::string& decision
 StatusOr<std::vector<Escalation>> RocksEscalationStore::List(const std::string& state,
                                                              size_t limit) {
   std::vector<Escalation> out;
+  if (limit == 0) return out;
   ScopedSnapshot snapshot(db_.raw());
   rocksdb::ReadOptions ro;
   ro.snapshot = snapshot.get();
+  if (state == "open") {
+    // From the open index, not the time index: open escalations among many
+    // resolved ones are found without reading the resolved ones (a scrape
+    // lists them every few seconds). It holds at most kMaxScanned of them.
+    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kEscalationsOpen, ro);
+    size_t scanned = 0;
+    for (it->SeekToFirst(); it->Valid() && scanned < kMaxScanned; it->Next(), ++scanned) {
+      ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(it->value().ToString(), snapshot.get()));
+      if (e && e->state == "open") out.push_back(std::move(*e));
+    }
+    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing open escalations"));
+    // The time index's order: newest first, then by id.
+    std::sort(out.begin(), out.end(), [](const Escalation& a, const Escalation& b) {
+      if (a.created_at_ms != b.created_at_ms) return a.created_at_ms > b.created_at_ms;
+      return a.escalation_id < b.escalation_id;
+    });
+    if (out.size() > limit) out.resize(limit);
+    return out;
+  }
+  // Newest first from the time index. A filter reads past the others, so it
+  // reads at most kMaxScanned records beyond the `limit` it answers.
   std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kEscalationsByTime, ro);
-  for (it->SeekToFirst(); it->Valid() && out.size() < limit; it->Next()) {
+  size_t skipped = 0;
+  for (it->SeekToFirst(); it->Valid() && out.size() < limit && skipped <= kMaxScanned; it->Next()) {
     std::string_view key(it->key().data(), it->key().size());
     if (key.size() <= 8) continue;
     ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(std::string(key.substr(8)), snapshot.get()));
-    if (e && (state.empty() || e->state == state)) out.push_back(std::move(*e));
+    if (e && (state.empty() || e->state == state)) {
+      out.push_back(std::move(*e));
+    } else {
+      ++skipped;
+    }
   }
   RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing escalations"));
   return out;

@@ -3,7 +3,8 @@
 // "escalations" holds escalation_id -> Escalation JSON; "escalations_open"
 // maps a decision_key to its open escalation (at most one), so a repeated
 // decide finds it with one point read; "escalations_by_time" lists newest
-// first. Put and Resolve hold the decision key's lock stripe, so two
+// first; a list of the open ones reads the open index, never the resolved
+// records. Put and Resolve hold the decision key's lock stripe, so two
 // escalations for one key, or two resolutions of one escalation, cannot
 // interleave.
 //
@@ -23,6 +24,11 @@ class RocksEscalationStore final : public EscalationStore {
  public:
   // `db` must outlive this object.
   explicit RocksEscalationStore(RocksDatabase& db) : db_(db) {}
+
+  // List reads at most this many records it does not answer: open ones
+  // from the open index (so at most this many open escalations are seen),
+  // others from the time index past those of another state.
+  static constexpr size_t kMaxScanned = 10'000;
 
   Status Put(const Escalation& e) override;
   StatusOr<Escalation> Get(const std::string& escalation_id) override;

@@ -1,4 +1,6 @@
 #include <doctest/doctest.h>
+#include <rocksdb/perf_context.h>
+#include <rocksdb/perf_level.h>
 
 #include <set>
 #include <string>
@@ -364,6 +366,54 @@ TEST_CASE("the sweep deletes escalations resolved before the cutoff and keeps op
   REQUIRE(left.ok());
   REQUIRE(left->size() == 1);
   CHECK(left->front().escalation_id == "esc_open");
+}
+
+TEST_CASE("open escalations are listed newest first without reading the resolved ones") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  EscalationStore& s = store->escalations();
+  auto put = [&](const std::string& id, int64_t at) {
+    Escalation e;
+    e.escalation_id = id;
+    e.decision_key = "key-" + id;
+    e.step = "t";
+    e.created_at_ms = at;
+    REQUIRE(s.Put(e).ok());
+  };
+  // Two open ones, older than 2,000 resolved ones.
+  put("esc_open_a", kT0);
+  put("esc_open_b", kT0 + 1);
+  for (int i = 0; i < 2000; ++i) {
+    const std::string id = "esc_r" + std::to_string(i);
+    put(id, kT0 + 10 + i);
+    REQUIRE(s.Resolve(id, "dec", "human", kT0 + 5000).ok());
+  }
+  // Point reads of records, counted by RocksDB on this thread: the scan of
+  // the time index would read all 2,002 records to find the two.
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kEnableCount);
+  rocksdb::get_perf_context()->Reset();
+  StatusOr<std::vector<Escalation>> open = s.List("open", 100);
+  const uint64_t reads = rocksdb::get_perf_context()->get_from_memtable_count;
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kDisable);
+  REQUIRE(open.ok());
+  REQUIRE(open->size() == 2);
+  CHECK(open->at(0).escalation_id == "esc_open_b");
+  CHECK(open->at(1).escalation_id == "esc_open_a");
+  CHECK(reads <= 4);
+  // One of them, the newest.
+  StatusOr<std::vector<Escalation>> one = s.List("open", 1);
+  REQUIRE(one.ok());
+  REQUIRE(one->size() == 1);
+  CHECK(one->front().escalation_id == "esc_open_b");
+  // The resolved ones, newest first, and all of them together.
+  StatusOr<std::vector<Escalation>> resolved = s.List("resolved", 3);
+  REQUIRE(resolved.ok());
+  REQUIRE(resolved->size() == 3);
+  CHECK(resolved->front().escalation_id == "esc_r1999");
+  StatusOr<std::vector<Escalation>> all = s.List("", 3000);
+  REQUIRE(all.ok());
+  CHECK(all->size() == 2002);
+  CHECK(all->back().escalation_id == "esc_open_a");
 }
 
 }  // namespace
