@@ -2,6 +2,7 @@
 // through OpenSSL 3 (EVP interfaces). Thread-safe: pure functions.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -18,5 +19,8 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b);
 // `bytes` cryptographically random bytes, hex-encoded (2*bytes characters).
 std::string RandomHex(size_t bytes);
 std::string HexEncode(std::string_view raw);
+// The bytes of HexEncode's output; nullopt for anything else (odd length,
+// upper case, a non-hex character).
+std::optional<std::string> HexDecode(std::string_view hex);
 
 }  // namespace idem

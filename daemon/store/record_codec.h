@@ -66,4 +66,10 @@ StatusOr<AuditEvent> AuditEventFromJson(const Json& j);
 
 StatusOr<WorkState> ParseWorkState(std::string_view name);
 
+// A list's ?cursor= that no page of that list returned (decisions, plans;
+// both engines): 400 with pointer query:cursor.
+inline Status BadCursor() {
+  return InvalidArgument("cursor is not one this list returned", "query:cursor");
+}
+
 }  // namespace idem::store_internal

@@ -114,27 +114,18 @@ std::string EncodeCursor(int64_t created_at_ms, const std::string& decision_id) 
 }
 
 StatusOr<std::pair<int64_t, std::string>> DecodeCursor(const std::string& cursor) {
-  Status bad = InvalidArgument("malformed cursor", "/cursor");
-  if (cursor.size() % 2 != 0 || cursor.size() > 4096) return bad;
-  std::string raw;
-  raw.reserve(cursor.size() / 2);
-  for (size_t i = 0; i < cursor.size(); i += 2) {
-    int v = 0;
-    for (size_t k = 0; k < 2; ++k) {
-      char c = cursor[i + k];
-      int nibble = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (nibble < 0) return bad;
-      v = v * 16 + nibble;
-    }
-    raw.push_back(static_cast<char>(v));
-  }
+  Status bad = store_internal::BadCursor();
+  if (cursor.size() > 4096) return bad;
+  std::optional<std::string> decoded = HexDecode(cursor);
+  if (!decoded) return bad;
+  const std::string& raw = *decoded;
   size_t slash = raw.find('/');
   if (slash == std::string::npos || slash == 0 || slash + 1 == raw.size()) return bad;
   int64_t created = 0;
   auto [end, ec] = std::from_chars(raw.data(), raw.data() + slash, created);
   if (ec != std::errc() || end != raw.data() + slash) return bad;
   std::string id = raw.substr(slash + 1);
-  if (CheckText(id, "/cursor").code() != Code::kOk) return bad;
+  if (CheckText(id, "query:cursor").code() != Code::kOk) return bad;
   return std::make_pair(created, std::move(id));
 }
 

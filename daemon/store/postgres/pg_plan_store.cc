@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "daemon/core/crypto.h"
+#include "daemon/core/json.h"
 #include "daemon/store/postgres/pg_store.h"
 #include "daemon/store/record_codec.h"
 
@@ -69,22 +70,17 @@ std::string MakeCursor(const Plan& p) {
   return HexEncode(raw + p.plan_id);
 }
 
+// The cursor is the hex of BE8(created_at_ms) | plan_id (as the RocksDB
+// engine's index suffix); nullopt for anything else, text PostgreSQL would
+// refuse included.
 std::optional<std::pair<int64_t, std::string>> ParseCursor(std::string_view hex) {
-  if (hex.size() % 2 != 0 || hex.size() <= 16) return std::nullopt;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  std::string raw;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    raw.push_back(static_cast<char>(hi * 16 + lo));
-  }
+  std::optional<std::string> raw = HexDecode(hex);
+  if (!raw || raw->size() <= 8) return std::nullopt;
   uint64_t v = 0;
-  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(raw[i]);
-  return std::make_pair(static_cast<int64_t>(v), raw.substr(8));
+  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>((*raw)[i]);
+  std::string id = raw->substr(8);
+  if (id.find('\0') != std::string::npos || !IsValidUtf8(id)) return std::nullopt;
+  return std::make_pair(static_cast<int64_t>(v), std::move(id));
 }
 
 class PgPlanStore final : public PlanStore {
@@ -181,7 +177,7 @@ class PgPlanStore final : public PlanStore {
     std::optional<std::pair<int64_t, std::string>> after;
     if (!cursor.empty()) {
       after = ParseCursor(cursor);
-      if (!after) return InvalidArgument("cursor is not one this list returned", "query:cursor");
+      if (!after) return store_internal::BadCursor();
     }
     if (limit == 0) return page;
     // One more than asked: whether a next page exists.

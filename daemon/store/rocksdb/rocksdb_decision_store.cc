@@ -26,22 +26,9 @@ std::string Position(const Decision& d) {
 std::string ExpiryKey(const Decision& d) { return BigEndian8(d.expires_at_ms) + d.decision_id; }
 
 StatusOr<std::string> DecodeCursor(const std::string& cursor) {
-  if (cursor.size() % 2 != 0 || cursor.size() <= 16) {
-    return InvalidArgument("malformed cursor", "/cursor");
-  }
-  std::string raw;
-  raw.reserve(cursor.size() / 2);
-  for (size_t i = 0; i < cursor.size(); i += 2) {
-    int v = 0;
-    for (size_t k = 0; k < 2; ++k) {
-      char c = cursor[i + k];
-      int nibble = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (nibble < 0) return InvalidArgument("malformed cursor", "/cursor");
-      v = v * 16 + nibble;
-    }
-    raw.push_back(static_cast<char>(v));
-  }
-  return raw;
+  std::optional<std::string> raw = HexDecode(cursor);
+  if (!raw || raw->size() <= 8) return store_internal::BadCursor();
+  return std::move(*raw);
 }
 
 // The heap a string owns beyond its own object (none within the small

@@ -13,22 +13,6 @@ std::string StateIndexKey(const Plan& p) {
   return LengthPrefixed(p.state) + BigEndian8(p.created_at_ms) + p.plan_id;
 }
 
-std::optional<std::string> FromHex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
-
 // The outbox event's data for a plan entering its state.
 Json OutboxData(const Plan& p, const std::string& from, const std::string& actor) {
   Json data = {{"plan_id", p.plan_id}, {"state", p.state}, {"origin", p.origin}};
@@ -157,9 +141,9 @@ StatusOr<PlanPage> RocksPlanStore::List(const std::string& state, size_t limit,
   // The cursor is the hex of the last index key's suffix (created_at, id).
   std::string after;
   if (!cursor.empty()) {
-    auto raw = FromHex(cursor);
+    auto raw = HexDecode(cursor);
     if (!raw || raw->size() <= 8) {
-      return InvalidArgument("cursor is not one this list returned", "query:cursor");
+      return store_internal::BadCursor();
     }
     after = prefix + *raw;
   }

@@ -1,7 +1,9 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
+#include "daemon/core/crypto.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -178,6 +180,36 @@ TEST_CASE("plans of one state page newest first with a cursor") {
   CHECK(seen == std::vector<std::string>{"plan_4", "plan_3", "plan_2", "plan_1", "plan_0"});
   CHECK(s.List("proposed", 2, "not-hex").status().code() == Code::kInvalidArgument);
   CHECK(s.List("applied", 10, "")->items.size() == 1);
+}
+
+TEST_CASE("a list cursor no page returned is a 400 on query:cursor, never a store error") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  REQUIRE(store->plans().Put(MakePlan("plan_0", kT0)).ok());
+  // Not hex, odd length, upper case, too short to hold a position.
+  for (const std::string cursor : {"zz", "not-hex", "ABCDEF0123456789ABCD", "0", "00"}) {
+    CAPTURE(cursor);
+    Status plans = store->plans().List("proposed", 2, cursor).status();
+    CHECK(plans.code() == Code::kInvalidArgument);
+    CHECK(plans.field() == "query:cursor");
+    Status decisions = store->decisions().List("", "", cursor, 2).status();
+    CHECK(decisions.code() == Code::kInvalidArgument);
+    CHECK(decisions.field() == "query:cursor");
+  }
+  // Hex of a position followed by bytes no id holds (a NUL, a byte that is
+  // not UTF-8): a page from that position, or the same 400, as the engine
+  // can tell; never an error of the store itself.
+  for (const std::string& cursor : std::vector<std::string>{
+           "000001900000000000ff", "00000190000000000000", HexEncode("1700000000000/\xff"),
+           HexEncode(std::string("17/a\0b", 6))}) {
+    CAPTURE(cursor);
+    for (Status s : {store->plans().List("proposed", 2, cursor).status(),
+                     store->decisions().List("", "", cursor, 2).status()}) {
+      if (s.ok()) continue;
+      CHECK(s.code() == Code::kInvalidArgument);
+      CHECK(s.field() == "query:cursor");
+    }
+  }
 }
 
 }  // namespace idem
