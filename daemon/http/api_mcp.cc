@@ -1,10 +1,18 @@
 // /mcp: the MCP endpoint (daemon/mcp/mcp.h) over the v1 API. Every tool
 // call runs the REST route it stands for (its request schema, its handler,
 // so the same engines, policies and journal): a call retried by an agent
-// after a timeout is the same work. Tool calls are also deduplicated under
-// an Idempotency-Key derived from the tool name and JCS(arguments) (or
-// _meta.idempotencyKey when the client sends one), scoped per caller: a
-// retry replays the stored result, like the REST API's Idempotency-Key.
+// after a timeout is the same work. A tool whose answer is the same for
+// every caller of the same arguments (do_<kind>, decide_<step>,
+// complete_work, fail_work) is also deduplicated under an Idempotency-Key
+// derived from the tool name and JCS(arguments) (or _meta.idempotencyKey
+// when the client sends one), scoped per caller: a retry replays the stored
+// result, like the REST API's Idempotency-Key. claim_work is deduplicated
+// only under the client's own key: its answer (a lease token) belongs to the
+// one claimer, so two agents with the same arguments must not share it, and
+// a claim after the lease ran out must claim again. A decide that asks for
+// cache "refresh" means "ask again" and gets no derived key either. Reads
+// (get_plan, get_decision) are never deduplicated: a poll sees the state
+// as it is now.
 #include <map>
 #include <memory>
 
@@ -28,6 +36,8 @@ struct Tool {
   std::function<Json(const Json&)> body;  // REST body from the arguments
   std::unique_ptr<JsonSchema> input;
   std::string kind;  // do_<kind>: the action kind
+  // Which calls share a stored answer (see the top of this file).
+  enum class Dedup { kNone, kClientKey, kDerived } dedup = Dedup::kDerived;
 };
 
 Json Obj(Json properties, std::vector<std::string> required) {
@@ -55,12 +65,18 @@ class ApiToolbox final : public McpToolbox {
                                                   : "argument " + errors[0].pointer) +
                        ": " + errors[0].message + ". Fix it and call again.");
     }
+    bool final_answer = true;
     // The key: the client's, or the tool and its canonical arguments.
+    const bool client_key = meta.is_object() && meta.value("idempotencyKey", Json()).is_string();
+    const bool refresh = arguments.is_object() && arguments.value("cache", Json()) == "refresh";
+    if (tool.dedup == Tool::Dedup::kNone ||
+        (!client_key && (tool.dedup == Tool::Dedup::kClientKey || refresh))) {
+      return Run(tool, arguments, caller, request_id, &final_answer);
+    }
     auto canonical = CanonicalJson(arguments);
     if (!canonical.ok()) return ToolError(canonical.status().message());
-    std::string key = meta.is_object() && meta.value("idempotencyKey", Json()).is_string()
-                          ? meta["idempotencyKey"].get<std::string>()
-                          : Sha256Hex(name + "\n" + *canonical);
+    std::string key = client_key ? meta["idempotencyKey"].get<std::string>()
+                                 : Sha256Hex(name + "\n" + *canonical);
     const std::string scope = caller + " MCP " + name;
     const std::string fingerprint = Sha256Hex(*canonical);
     const int64_t now = deps_.clock.NowMillis();
@@ -80,7 +96,6 @@ class ApiToolbox final : public McpToolbox {
       case BeginOutcome::kNew:
         break;
     }
-    bool final_answer = true;
     Json result = Run(tool, arguments, caller, request_id, &final_answer);
     if (final_answer) {
       (void)deps_.store.idem_keys().Finish(scope, key, fingerprint, 200, result.dump(),
@@ -251,8 +266,9 @@ class ApiToolbox final : public McpToolbox {
     }
     auto builtin = [&](std::string name, std::string description, std::string method,
                        std::string path, Json input, std::function<Json(const Json&)> body,
-                       bool read_only) {
+                       bool read_only, Tool::Dedup dedup) {
       Tool t;
+      t.dedup = dedup;
       t.method = std::move(method);
       t.path = std::move(path);
       t.body = std::move(body);
@@ -274,14 +290,16 @@ class ApiToolbox final : public McpToolbox {
     builtin("claim_work",
             "Claim client-executed work (a kind without an effector) before doing it: created "
             "means you own it until locked_until_ms and must complete_work or fail_work; "
-            "already done work returns its original result.",
+            "already done work returns its original result; an error says another caller holds "
+            "it (try again after its lease). To get your own lease back after losing an answer, "
+            "send the same _meta.idempotencyKey again.",
             "POST", "/v1/work/claim",
             Obj({{"kind", {{"type", "string"}}},
                  {"identity", any_object},
                  {"args", any_object},
                  {"lease", {{"type", "string"}, {"description", "e.g. 30s"}}}},
                 {"kind", "identity"}),
-            pass, false);
+            pass, false, Tool::Dedup::kClientKey);
     builtin("complete_work", "Record that claimed work is done, with its result.", "POST",
             "/v1/work/{work_id}/complete",
             Obj({{"work_id", {{"type", "string"}}},
@@ -289,7 +307,7 @@ class ApiToolbox final : public McpToolbox {
                  {"result", Json::object()},
                  {"external_ref", {{"type", "string"}}}},
                 {"work_id", "lease_token"}),
-            without("work_id"), false);
+            without("work_id"), false, Tool::Dedup::kDerived);
     builtin("fail_work", "Record that claimed work failed (retryable or not).", "POST",
             "/v1/work/{work_id}/fail",
             Obj({{"work_id", {{"type", "string"}}},
@@ -297,15 +315,16 @@ class ApiToolbox final : public McpToolbox {
                  {"error", {{"type", "string"}}},
                  {"retryable", {{"type", "boolean"}}}},
                 {"work_id", "lease_token"}),
-            without("work_id"), false);
+            without("work_id"), false, Tool::Dedup::kDerived);
     builtin("get_plan",
             "Read a plan: its approval state (awaiting_approval, approved, rejected, expired, "
             "applied...), its actions and each action's journal state.",
             "GET", "/v1/plans/{plan_id}", Obj({{"plan_id", {{"type", "string"}}}}, {"plan_id"}),
-            nullptr, true);
+            nullptr, true, Tool::Dedup::kNone);
     builtin("get_decision", "Read a stored decision with its trace.", "GET",
             "/v1/decisions/{decision_id}",
-            Obj({{"decision_id", {{"type", "string"}}}}, {"decision_id"}), nullptr, true);
+            Obj({{"decision_id", {{"type", "string"}}}}, {"decision_id"}), nullptr, true,
+            Tool::Dedup::kNone);
   }
 
   ApiDeps deps_;

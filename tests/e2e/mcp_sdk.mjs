@@ -161,6 +161,14 @@ try {
   const planId = waiting.structuredContent.plan_id;
   const plan = await client.callTool({ name: 'get_plan', arguments: { plan_id: planId } });
   assert.equal(plan.structuredContent.state, 'awaiting_approval');
+  // A decide that asks for "refresh" decides again each time, as over REST.
+  const refreshArgs = { input: { ticket_id: 'T-9', text: 'again' }, cache: 'refresh' };
+  const fresh1 = await client.callTool({ name: 'decide_triage_ticket', arguments: refreshArgs });
+  const fresh2 = await client.callTool({ name: 'decide_triage_ticket', arguments: refreshArgs });
+  assert.equal(fresh1.structuredContent.cache, 'miss');
+  assert.equal(fresh2.structuredContent.cache, 'miss');
+  assert.notEqual(fresh1.structuredContent.decision_id, fresh2.structuredContent.decision_id,
+    'a refresh is not answered from the first refresh');
   assert.equal(effects.size, 1);
 
   // An operator approves over REST (an edited amount); the same call then
@@ -177,6 +185,9 @@ try {
   assert.equal(outcome.structuredContent.outcome, 'already_done');
   assert.equal(effects.size, 2, 'approval applied it once; the call did not repeat it');
   assert.equal(bodies[1].amount, 450, 'the edited amount went out');
+  // A poll of the plan sees the state as it is now, not its first answer.
+  const polled = await client.callTool({ name: 'get_plan', arguments: { plan_id: planId } });
+  assert.equal(polled.structuredContent.state, 'applied');
 
   // Client-executed work (a kind without an effector): the work routes
   // answer with text the tool result carries as an object.
@@ -195,6 +206,32 @@ try {
     arguments: { kind: 'post_note', identity: { note_id: 'N-1' } } });
   assert.equal(again.structuredContent.state, 'done');
   assert.equal(again.structuredContent.duplicate, true);
+
+  // A claim excludes: a second agent (another session, the same token)
+  // with the same arguments is told someone holds the work, and gets no
+  // lease token; once the lease has run out it claims attempt 2 with a
+  // token of its own.
+  const note = { kind: 'post_note', identity: { note_id: 'N-2' }, lease: '1s' };
+  const mine = await client.callTool({ name: 'claim_work', arguments: note });
+  assert.equal(mine.isError, false, JSON.stringify(mine));
+  const theirs = await client2.callTool({ name: 'claim_work', arguments: note });
+  assert.equal(theirs.isError, true, JSON.stringify(theirs));
+  assert.match(theirs.content[0].text, /holds this work under a live lease/);
+  await new Promise((r) => setTimeout(r, 1200));
+  const later = await client2.callTool({ name: 'claim_work', arguments: note });
+  assert.equal(later.isError, false, JSON.stringify(later));
+  assert.equal(later.structuredContent.attempt, 2);
+  assert.notEqual(later.structuredContent.lease_token, mine.structuredContent.lease_token);
+  const stale = await client.callTool({ name: 'complete_work', arguments: {
+    work_id: mine.structuredContent.work_id, lease_token: mine.structuredContent.lease_token } });
+  assert.equal(stale.isError, true, 'the first lease no longer holds the work');
+  // The claimer's own retry (its answer lost) with its own key gets its lease back.
+  const retryMeta = { idempotencyKey: 'claim-n3' };
+  const n3 = { kind: 'post_note', identity: { note_id: 'N-3' } };
+  const c1 = await client.callTool({ name: 'claim_work', arguments: n3, _meta: retryMeta });
+  const c2 = await client.callTool({ name: 'claim_work', arguments: n3, _meta: retryMeta });
+  assert.equal(c1.isError, false, JSON.stringify(c1));
+  assert.equal(c2.structuredContent.lease_token, c1.structuredContent.lease_token);
 
   // Protocol faults are JSON-RPC errors; an unknown tool is -32602.
   await assert.rejects(client.callTool({ name: 'no_such_tool', arguments: {} }),
