@@ -152,6 +152,12 @@ class PlanWatches {
   std::thread timer_;                                     // last: started once the rest is built
 };
 
+// The plan that gates one unit of work of a kind with an approval rule (one
+// plan per unit of work: the same call again finds it).
+std::string GatePlanId(const std::string& work_id) {
+  return "plan_" + Sha256Hex("gate:" + work_id).substr(0, 32);
+}
+
 }  // namespace
 
 struct PlanEngine::Impl {
@@ -353,6 +359,29 @@ struct PlanEngine::Impl {
     return kit != config.actions.end() && kit->second.effector.empty();
   }
 
+  // An edit that changes an action's identity makes it another unit of
+  // work. When that work has a gate plan of its own still waiting for a
+  // human, or refused by one, approving this plan must not run it: that
+  // would approve it without its own approval (and past separation of
+  // duties), or run what was rejected. That plan is the place to decide it.
+  Status CheckRetarget(const ActionConfig& kind, const Json& original, const std::string& work_id,
+                       size_t index, const std::string& at) const {
+    if (!kind.approval) return Status::Ok();
+    auto before = ActionWorkId(kind, original.value("args", Json()));
+    if (before.ok() && before->key == work_id) return Status::Ok();
+    auto other = store.plans().Get(GatePlanId(work_id));
+    if (!other.ok()) {
+      return other.status().code() == Code::kNotFound ? Status::Ok() : other.status();
+    }
+    if (!IsState(*other, {"awaiting_approval", "rejected", "expired"})) return Status::Ok();
+    return Status(Code::kFailedPrecondition,
+                  "the edited args of action " + std::to_string(index) +
+                      " name other work (" + kind.name + " " + work_id.substr(0, 12) +
+                      "…), whose own plan " + other->plan_id + " is " + other->state +
+                      ": decide that plan there, or edit only what keeps this action's identity",
+                  at);
+  }
+
   // Edits [{path, value}] applied to a copy of `actions`; each edited
   // action is checked against its kind's args schema and identity.
   StatusOr<Json> Edit(const Json& actions, const Json& edits) const {
@@ -417,6 +446,7 @@ struct PlanEngine::Impl {
                                    " lack the kind's identity: " + id.status().message(),
                                at);
       }
+      RETURN_IF_ERROR(CheckRetarget(kit->second, actions[i], id->key, i, at));
     }
     return out;
   }
@@ -489,8 +519,7 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
   gate.args = args;
   if (!kind.approval) return gate;
   ASSIGN_OR_RETURN(KeyMaterial work, ActionWorkId(kind, args));
-  // One plan per unit of work: the same call again finds it.
-  const std::string plan_id = "plan_" + Sha256Hex("gate:" + work.key).substr(0, 32);
+  const std::string plan_id = GatePlanId(work.key);
   auto existing = m.store.plans().Get(plan_id);
   if (!existing.ok() && existing.status().code() != Code::kNotFound) return existing.status();
   if (existing.ok()) {

@@ -185,6 +185,32 @@ TEST_CASE("a plan's own creator cannot approve it, and an edit outside args is r
   CHECK(h.fake().stats().raw_calls == 0);
 }
 
+TEST_CASE("an approval cannot edit its action into work whose own plan waits or was refused") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  Plan waiting = h.Gated("wire", {{"id", "w-1"}});
+  Plan refused = h.Gated("wire", {{"id", "w-2"}});
+  REQUIRE(h.Plans().Reject(refused.plan_id, "op-2", "fraud").ok());
+  Plan mine = h.Gated("wire", {{"id", "w-3"}});
+  for (const char* other : {"w-1", "w-2"}) {
+    CAPTURE(other);
+    auto retarget = h.Plans().Approve(
+        mine.plan_id, "op-1", "", Json::array({{{"path", "/0/args/id"}, {"value", other}}}), "r");
+    CHECK(retarget.status().code() == Code::kFailedPrecondition);
+    CHECK(retarget.status().field() == "/edits/0/value");
+  }
+  CHECK(h.store_->plans().Get(waiting.plan_id)->state == "awaiting_approval");
+  CHECK(h.store_->plans().Get(refused.plan_id)->state == "rejected");
+  CHECK(h.store_->plans().Get(mine.plan_id)->state == "awaiting_approval");
+  CHECK(h.fake().stats().raw_calls == 0);
+  // Work no other plan gates: the approver's edit is what runs.
+  auto approved = h.Plans().Approve(
+      mine.plan_id, "op-1", "", Json::array({{{"path", "/0/args/id"}, {"value", "w-9"}}}), "r");
+  REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
+  CHECK(h.fake().stats().raw_calls == 1);
+  CHECK(h.store_->plans().Get(waiting.plan_id)->state == "awaiting_approval");
+}
+
 // A plan awaiting approval: a wire (kind "wire" always waits, 60 s).
 Plan WaitingWire(PlanHarness& h) {
   if (h.config_.actions.count("wire") == 0) h.Kind("wire", Always(60'000, "expire"));
