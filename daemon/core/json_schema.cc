@@ -345,7 +345,12 @@ SchemaError Translate(const Json& root, const Json& doc,
     }
   }
   if (StartsWith(d, "Missing required property")) {
-    out.message = "missing required key '" + Quoted(d) + "'";
+    // The pointer names the member that is missing, so that a client's
+    // problem+json points at the field to add (a config error takes the
+    // line of its object: YamlDocument::LineOf walks up to it).
+    tokens.push_back(Quoted(d));
+    out.pointer = PointerOf(tokens);
+    out.message = "missing required key";
     return out;
   }
   if (StartsWith(d, "Elements at indexes #")) {

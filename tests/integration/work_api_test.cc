@@ -303,6 +303,13 @@ TEST_CASE("claims name a declared kind and carry every identity field") {
              {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "a"}}}, {"lease", "forever"}});
   CHECK(bad_lease->status == 400);
   CHECK(J(bad_lease)["pointer"] == "/lease");
+  // A required member left out: the pointer names it (the body's schema).
+  auto no_kind = f.Post("/v1/work/claim", {{"identity", {{"invoice_id", "a"}}}});
+  CHECK(no_kind->status == 400);
+  CHECK(J(no_kind)["pointer"] == "/kind");
+  auto no_token = f.Post("/v1/work/x/complete", Json::object());
+  CHECK(no_token->status == 400);
+  CHECK(J(no_token)["pointer"] == "/lease_token");
 }
 
 TEST_CASE("a named lease keeps an overlapping cron run out until released or expired") {

@@ -548,8 +548,8 @@ TEST_CASE("an action must state identity, window and duplicate response") {
   auto config = dir.Load("actions:\n  a:\n    identity: {fields: [/id], version: v1}\n");
   REQUIRE_FALSE(config.ok());
   const std::string& m = config.status().message();
-  CHECK(m.find("/actions/a: missing required key 'window'") != std::string::npos);
-  CHECK(m.find("/actions/a: missing required key 'on_duplicate'") != std::string::npos);
+  CHECK(m.find("/actions/a/window: missing required key") != std::string::npos);
+  CHECK(m.find("/actions/a/on_duplicate: missing required key") != std::string::npos);
 }
 
 TEST_CASE("ParseDuration reads every unit and forever") {
@@ -648,8 +648,8 @@ TEST_CASE("server.rate_limit refuses a rate of zero, a burst below one and a mis
 
   config = dir.Load("server:\n  rate_limit: {burst: 5}\n");
   REQUIRE_FALSE(config.ok());
-  CHECK(config.status().message().find("/server/rate_limit: missing required key "
-                                       "'requests_per_s'") != std::string::npos);
+  CHECK(config.status().message().find("/server/rate_limit/requests_per_s: missing required key") !=
+        std::string::npos);
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ TEST_CASE("notification config errors name the offending key") {
     std::string field;
   };
   const Case cases[] = {
-      {"notifications: {webhook: {headers: {A: b}}}\n", "/notifications/webhook"},
+      {"notifications: {webhook: {headers: {A: b}}}\n", "/notifications/webhook/url"},
       {"notifications: {webhook: {url: ftp://x}}\n", "/notifications/webhook/url"},
       {"notifications: {webhook: {url: http://x, secret: y}}\n", "/notifications/webhook/secret"},
       {"notifications: {webhook: {url: http://x, headers: {A: \"${NOPE\"}}}\n",
@@ -109,7 +109,7 @@ TEST_CASE("notification config errors name the offending key") {
        "/notifications/webhook/headers/A"},
       {"notifications: {webhook: {url: http://x, headers: {\"A B\": c}}}\n",
        "/notifications/webhook/headers/A B"},
-      {"notifications: {telegram: {chat_id: 1}}\n", "/notifications/telegram"},
+      {"notifications: {telegram: {chat_id: 1}}\n", "/notifications/telegram/bot_token_env"},
       {"notifications: {telegram: {bot_token_env: \"not a name\", chat_id: 1}}\n",
        "/notifications/telegram/bot_token_env"},
       {"notifications: {telegram: {bot_token_env: T, chat_id: \"\"}}\n",

@@ -88,7 +88,7 @@ TEST_CASE("outbox config errors name the offending key") {
     std::string field;
   };
   const Case cases[] = {
-      {"outbox: {subscribers: {a: {headers: {A: b}}}}\n", "/outbox/subscribers/a"},
+      {"outbox: {subscribers: {a: {headers: {A: b}}}}\n", "/outbox/subscribers/a/url"},
       {"outbox: {subscribers: {a: {url: ftp://x}}}\n", "/outbox/subscribers/a/url"},
       {"outbox: {subscribers: {a: {url: http://x, max_attempts: 0}}}\n",
        "/outbox/subscribers/a/max_attempts"},
