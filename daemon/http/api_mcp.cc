@@ -154,7 +154,7 @@ class ApiToolbox final : public McpToolbox {
         }
       }
     }
-    StatusOr<RouteResponse> out = route->handler(ctx);
+    StatusOr<RouteResponse> out = RunHandler(*route, ctx);
     if (out.ok() && out->long_poll != nullptr) out = out->long_poll->answer();  // no parking here
     if (!out.ok()) {
       *final_answer = out.status().code() != Code::kUnavailable;

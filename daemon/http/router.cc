@@ -165,6 +165,14 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
   return doc;
 }
 
+StatusOr<RouteResponse> RunHandler(const Route& route, RequestContext& ctx) {
+  try {
+    return route.handler(ctx);
+  } catch (const std::exception& e) {
+    return Internal(std::string("the request's handler failed: ") + e.what());
+  }
+}
+
 StatusOr<RouteResponse> JournalLane::RunAlone(RequestContext& ctx, Journal& journal) const {
   if (gate) {
     std::optional<StatusOr<RouteResponse>> answer = gate(ctx);

@@ -123,6 +123,12 @@ struct Route {
   std::vector<std::string> param_names;
 };
 
+// Runs the route's handler. Handlers report errors as a Status; an
+// exception one lets out (a bug, e.g. a JSON value of an unexpected type)
+// becomes Internal here, so the request still gets a problem+json with its
+// request_id, its access line says 500 and the error is logged.
+StatusOr<RouteResponse> RunHandler(const Route& route, RequestContext& ctx);
+
 // Fills route.segments and route.param_names from route.pattern.
 void CompileRoute(Route& route);
 

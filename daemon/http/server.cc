@@ -715,7 +715,7 @@ void HttpServer::Prepare(Exchange& ex) {
   TraceScope scope(st->ctx.trace);
   if (!st->ctx.idempotency_key.empty()) {
     // Wants() saw no key, so this cannot happen; the ordinary path if it does.
-    Respond(*route, Finish(*route, st->ctx, route->handler(st->ctx)), ex.response);
+    Respond(*route, Finish(*route, st->ctx, RunHandler(*route, st->ctx)), ex.response);
     return;
   }
   if (route->journal_lane->gate) {
@@ -808,7 +808,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
   if (!Admit(route, req, res, ctx, canonical_body)) return;
   TraceScope trace_scope(ctx.trace);  // log lines, provider and effector calls, records
 
-  auto run = [&]() -> RouteResponse { return Finish(route, ctx, route.handler(ctx)); };
+  auto run = [&]() -> RouteResponse { return Finish(route, ctx, RunHandler(route, ctx)); };
   if (ctx.idempotency_key.empty()) {
     RouteResponse out = run();
     if (out.long_poll == nullptr) return Respond(route, out, res);

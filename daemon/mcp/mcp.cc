@@ -100,7 +100,7 @@ struct McpProtocol::Impl {
 
   // One JSON-RPC message; null for a notification or a response (no answer).
   Json Dispatch(const Json& msg, const McpHttpRequest& req, std::string* new_session, int64_t now) {
-    if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0") {
+    if (!msg.is_object() || msg.value("jsonrpc", Json()) != "2.0") {
       return RpcError(msg.is_object() && msg.contains("id") ? msg["id"] : Json(), -32600,
                       "not a JSON-RPC 2.0 message");
     }
@@ -114,7 +114,11 @@ struct McpProtocol::Impl {
     if (!params.is_object()) return RpcError(id, -32602, "params must be an object");
 
     if (method == "initialize") {
-      std::string asked = params.value("protocolVersion", "");
+      const Json asked_json = params.value("protocolVersion", Json(""));
+      if (!asked_json.is_string()) {
+        return RpcError(id, -32602, "params.protocolVersion must be a string");
+      }
+      const std::string asked = asked_json.get<std::string>();
       std::string version = Supported(asked) ? asked : kMcpLatestVersion;
       *new_session = Open(version, req.caller, now);
       return RpcResult(

@@ -192,6 +192,15 @@ TEST_CASE("protocol faults are JSON-RPC errors with the codes the specification 
   CHECK(code(Rpc(1, "tools/call", {{"name", "unknown"}})) == -32602);
   CHECK(code(Rpc(1, "tools/call", {{"arguments", {}}})) == -32602);
   CHECK(code(Rpc(1, "tools/call", {{"name", "t1"}, {"arguments", "x"}})) == -32602);
+  // Members of another JSON type than the specification's are errors too,
+  // not a failed request: a number for jsonrpc, for protocolVersion.
+  CHECK(code({{"jsonrpc", 2}, {"id", 1}, {"method", "ping"}}) == -32600);
+  for (const Json& version : {Json(5), Json(true), Json::object(), Json::array({"x"})}) {
+    CAPTURE(version);
+    McpHttpResponse r = f.mcp.Handle(Post(Rpc(7, "initialize", {{"protocolVersion", version}})), 0);
+    CHECK(Json::parse(r.body)["error"]["code"] == -32602);
+    CHECK(SessionOf(r).empty());
+  }
 }
 
 TEST_CASE("Accept decides between JSON and one SSE event, and must name one of them") {

@@ -53,6 +53,20 @@ std::vector<Route> OneRoute(const std::string& schema) {
   return {r};
 }
 
+TEST_CASE("a handler that throws gives an Internal status, not an exception out of the pipeline") {
+  Route r = OneRoute("")[0];
+  r.handler = [](RequestContext&) -> StatusOr<RouteResponse> {
+    return RouteResponse{200, Json(5).get<std::string>(), {}};  // throws type_error
+  };
+  RequestContext ctx;
+  StatusOr<RouteResponse> out = RunHandler(r, ctx);
+  REQUIRE_FALSE(out.ok());
+  CHECK(out.status().code() == Code::kInternal);
+  CHECK(out.status().message().find("handler failed") != std::string::npos);
+  r.handler = [](RequestContext&) -> StatusOr<RouteResponse> { return RouteResponse{204, {}, {}}; };
+  CHECK(RunHandler(r, ctx)->status == 204);
+}
+
 TEST_CASE("an API schema that is not JSON or does not compile fails server creation") {
   ServerFixture f;
   auto good = HttpServer::Create(f.Deps(), OneRoute("thing"), {{"thing", R"({"type":"object"})"}});
