@@ -110,16 +110,29 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
     std::ofstream(tmp) << (*daemon)->port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
-  const StoreConfig& sc = (*daemon)->config().store;
+  const Config& config = (*daemon)->config();
+  const StoreConfig& sc = config.store;
   const std::string store_name = sc.engine == "postgres" ? "postgres schema " + sc.schema : sc.path;
-  std::printf(
-      "idem listening on %s (store: %s)\n"
-      "try:\n"
-      "  curl -s %s/v1/decide -H 'Idempotency-Key: \"t-1\"' \\\n"
-      "    --json '{\"step\":\"triage_ticket\",\"input\":{\"ticket_id\":42,\"text\":\"refund "
-      "please\",\"received_at\":\"...\"}}'\n"
-      "  curl -s %s/openapi.json | head -c 300; echo\n",
-      url.c_str(), store_name.c_str(), url.c_str(), url.c_str());
+  std::printf("idem listening on %s (store: %s)\ntry:\n", url.c_str(), store_name.c_str());
+  if (config.steps.empty() && config.actions.empty()) {
+    // Started, but with nothing to decide or do: most likely the wrong file.
+    LogEvent(LogLevel::kWarn, "config_declares_nothing",
+             {{"config", config.source_path},
+              {"detail",
+               "no steps and no action kinds: every decide and action is 404; only leases, "
+               "health and the API description are served (see config/idem.yaml for a config "
+               "that declares them)"}});
+  } else if (config.steps.count("triage_ticket") != 0) {
+    std::printf(
+        "  curl -s %s/v1/decide -H 'Idempotency-Key: \"t-1\"' \\\n"
+        "    --json '{\"step\":\"triage_ticket\",\"input\":{\"ticket_id\":42,\"text\":\"refund "
+        "please\",\"received_at\":\"...\"}}'\n",
+        url.c_str());
+  } else if (!config.steps.empty()) {
+    std::printf("  curl -s %s/v1/decide --json '{\"step\":\"%s\",\"input\":{…}}'\n", url.c_str(),
+                config.steps.begin()->first.c_str());
+  }
+  std::printf("  curl -s %s/openapi.json | head -c 300; echo\n", url.c_str());
   std::fflush(stdout);
   int sig = 0;
   for (;;) {

@@ -290,6 +290,14 @@ StatusOr<YamlDocument> ReadYamlFile(const std::string& path, std::string display
     }
     return InvalidArgument(display_name + ": cannot read: " + why);
   }
+  // A folder opens as a stream that reads nothing: it would load as an
+  // empty document, all defaults, and a daemon with no steps would start.
+  std::error_code folder_ec;
+  if (std::filesystem::is_directory(path, folder_ec)) {
+    return InvalidArgument(display_name +
+                           ": is a folder, not a file (give the config file in it, " + "e.g. " +
+                           (std::filesystem::path(path) / "idem.yaml").string() + ")");
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return InvalidArgument(display_name + ": cannot read: " + std::strerror(errno));

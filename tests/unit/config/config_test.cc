@@ -178,6 +178,16 @@ TEST_CASE("a missing config file is an error naming it") {
   CHECK(config.status().message().find("/nonexistent/idem.yaml: cannot read") == 0);
 }
 
+TEST_CASE("a config path that is a folder is refused, not read as an empty config") {
+  ConfigDir dir;
+  const std::string folder = dir.Path("conf");
+  fs::create_directories(folder);
+  auto config = LoadConfig(folder);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == Code::kInvalidArgument);
+  CHECK(config.status().message().find(folder + ": is a folder, not a file") == 0);
+}
+
 TEST_CASE("a_missing_relative_config_path_says_which_folder_it_was_looked_for_in") {
   // `idem serve` from outside the checkout looks for config/idem.yaml there.
   auto config = LoadConfig("no-such-folder/idem.yaml");
