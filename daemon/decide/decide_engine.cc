@@ -267,6 +267,23 @@ class DecideEngineImpl final : public DecideEngine {
     return ToResult(*outcome, false, outcome->elsewhere);
   }
 
+  Status CheckOutput(const std::string& step_name, const Json& output,
+                     const Json& input) const override {
+    auto it = steps_.find(step_name);
+    if (it == steps_.end()) return NotFound("step " + step_name + " is not configured");
+    const CompiledStep& step = it->second;
+    Status valid = step.schema->Validate(output);
+    if (!valid.ok()) return valid.WithField("/output" + valid.field());
+    if (step.checks) {
+      auto failures = step.checks->Evaluate(output, input);
+      if (!failures.empty()) {
+        return InvalidArgument("value check failed: " + failures[0].message,
+                               "/output" + failures[0].pointer);
+      }
+    }
+    return Status::Ok();
+  }
+
   StatusOr<Decision> ResolveEscalation(const std::string& escalation_id, const Json& output,
                                        const std::string& actor, const std::string& note) override {
     ASSIGN_OR_RETURN(Escalation esc, escalations_.Get(escalation_id));
@@ -278,15 +295,7 @@ class DecideEngineImpl final : public DecideEngine {
     if (it == steps_.end())
       return FailedPrecondition("step " + esc.step + " is no longer configured");
     const CompiledStep& step = it->second;
-    Status valid = step.schema->Validate(output);
-    if (!valid.ok()) return valid.WithField("/output" + valid.field());
-    if (step.checks) {
-      auto failures = step.checks->Evaluate(output, esc.input);
-      if (!failures.empty()) {
-        return InvalidArgument("value check failed: " + failures[0].message,
-                               "/output" + failures[0].pointer);
-      }
-    }
+    RETURN_IF_ERROR(CheckOutput(esc.step, output, esc.input));
     Decision d;
     d.decision_id = "dec_" + RandomHex(16);
     d.decision_key = esc.decision_key;

@@ -151,6 +151,13 @@ class DecideEngine {
   // "/prompt_version") for a prompt version the step has not loaded.
   virtual StatusOr<Decision> Replay(const Decision& original, const ReplayOptions& options) = 0;
 
+  // Checks `output` for `step` as a model's output is checked: the step's
+  // output schema, then its value checks with `input`. InvalidArgument with
+  // the field ("/output/...") when it fails; NotFound for a step that is not
+  // configured.
+  virtual Status CheckOutput(const std::string& step, const Json& output,
+                             const Json& input) const = 0;
+
   // A human's answer to an open escalation: validated like a model's output
   // (schema and value checks; InvalidArgument with the field otherwise),
   // stored as the cached decision for the escalation's key with

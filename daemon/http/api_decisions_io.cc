@@ -17,7 +17,8 @@
 //             DecisionKeyOfMaterial, the decide engine's own function).
 // The key covers the question (step, provider, model, prompt, schema, tools,
 // input), not the answer: an edited output under a matching key is imported
-// like any other. Import is an operator's act and is audited
+// like any other, as long as it passes the step's output schema and value
+// checks where this daemon's decides would serve it. Import is an operator's act and is audited
 // ("decisions.imported", with the counts).
 #include <charconv>
 
@@ -65,8 +66,11 @@ bool IsBlank(std::string_view line) {
   return line.find_first_not_of(" \t") == std::string_view::npos;
 }
 
-// Why `d` may not be imported (a refusal), or OK.
-Status CheckImported(const Decision& d) {
+// Why `d` may not be imported (a refusal), or OK. A decision this daemon's
+// decides would serve (its step is configured and computes the same key:
+// same model, prompt, schema and tools) must also hold an output its step
+// accepts, checked as a model's output is.
+Status CheckImported(const Decision& d, const DecideEngine& decide) {
   if (!IsDecisionId(d.decision_id)) {
     return InvalidArgument("decision_id must be dec_ and 32 lower-case hex digits", "/decision_id");
   }
@@ -82,6 +86,16 @@ Status CheckImported(const Decision& d) {
   }
   if (d.step != d.material["step"].get<std::string>()) {
     return InvalidArgument("step is not the step of the key material", "/step");
+  }
+  const Json& prompt_version = d.material.value("prompt_version", Json());
+  if (prompt_version.is_string() && d.prompt_version != prompt_version) {
+    return InvalidArgument("prompt_version is not the prompt version of the key material",
+                           "/prompt_version");
+  }
+  const Json& input = d.material.value("input", Json());
+  if (StatusOr<StepKey> here = decide.KeyFor(d.step, input);
+      here.ok() && here->key.key == d.decision_key) {
+    RETURN_IF_ERROR(decide.CheckOutput(d.step, d.output, input));
   }
   if (!d.trace.is_object()) return InvalidArgument("trace must be an object", "/trace");
   for (const char* n : {"cost_usd", "input_tokens", "output_tokens"}) {
@@ -175,7 +189,7 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
           StatusOr<Decision> d =
               parsed.ok() ? Decision::FromJson(*parsed) : StatusOr<Decision>(parsed.status());
           if (d.ok()) verdict["decision_id"] = d->decision_id;
-          Status valid = d.ok() ? CheckImported(*d) : d.status();
+          Status valid = d.ok() ? CheckImported(*d, deps.decide) : d.status();
           if (!valid.ok()) {
             refuse(valid);
           } else if (d->expires_at_ms != 0 && d->expires_at_ms <= now) {

@@ -198,6 +198,42 @@ TEST_CASE("an import refuses a line whose key material was edited and imports th
   CHECK(cli.out.find("\n5 ") != std::string::npos);  // line 5, counted across batches
 }
 
+TEST_CASE("an import refuses a prompt version its material contradicts and an output its step "
+          "would refuse") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kRules);
+  std::map<std::string, Json> recorded;
+  std::vector<Json> lines = Lines(RecordRun(dir, config, &recorded));
+  REQUIRE(lines.size() == 3);
+  Json other_version = lines[0];
+  other_version["prompt_version"] = "v2";
+  Json null_output = lines[1];
+  null_output["output"] = nullptr;
+  Json off_schema = lines[2];
+  off_schema["output"] = {{"hello", 1}};
+  const std::string body =
+      other_version.dump() + "\n" + null_output.dump() + "\n" + off_schema.dump() + "\n";
+
+  std::string err;
+  auto fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
+  REQUIRE_MESSAGE(fresh != nullptr, err);
+  auto c = fresh->Client();
+  auto r = c->Post("/v1/decisions/import", body, "application/x-ndjson");
+  REQUIRE(r);
+  REQUIRE_MESSAGE(r->status == 200, r->body);
+  Json result = Json::parse(r->body);
+  INFO(result.dump());
+  CHECK(result["refused"] == 3);
+  CHECK(result["results"][0]["field"] == "/prompt_version");
+  CHECK(result["results"][1]["field"] == "/output");
+  CHECK(result["results"][2]["field"].get<std::string>().rfind("/output", 0) == 0);
+  // None of them is served.
+  for (const Json& line : lines) {
+    const std::string ticket = line["material"]["input"]["ticket_id"];
+    CHECK(c->Post("/v1/decide", DecideBody(ticket, "only"), "application/json")->status == 404);
+  }
+}
+
 TEST_CASE("a replay provider serves a recorded run offline, by decision key") {
   TempDir dir;
   const std::string config = WriteTestConfig(dir, kRules);
