@@ -329,6 +329,10 @@ void Daemon::SweepLoop() {
       LogEvent(LogLevel::kWarn, "approval_timeouts_failed",
                {{"error", expired.status().ToString()}});
     }
+    auto settled = plans_->SettleFromJournal();
+    if (!settled.ok()) {
+      LogEvent(LogLevel::kWarn, "plan_settle_failed", {{"error", settled.status().ToString()}});
+    }
     if (++pass % kSweepEveryPasses != 0) {
       lock.lock();
       continue;

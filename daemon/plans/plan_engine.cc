@@ -375,9 +375,9 @@ struct PlanEngine::Impl {
     }
     if (!IsState(*other, {"awaiting_approval", "rejected", "expired"})) return Status::Ok();
     return Status(Code::kFailedPrecondition,
-                  "the edited args of action " + std::to_string(index) +
-                      " name other work (" + kind.name + " " + work_id.substr(0, 12) +
-                      "…), whose own plan " + other->plan_id + " is " + other->state +
+                  "the edited args of action " + std::to_string(index) + " name other work (" +
+                      kind.name + " " + work_id.substr(0, 12) + "…), whose own plan " +
+                      other->plan_id + " is " + other->state +
                       ": decide that plan there, or edit only what keeps this action's identity",
                   at);
   }
@@ -628,10 +628,14 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
     all_done = all_done && r.outcome.ok() && r.outcome->item.state == WorkState::kDone;
     out.actions.push_back(std::move(r));
   }
-  if (out.moving || out.plan.state != "applying") return out;
+  // A partially_failed plan whose dead letters were replayed and done is
+  // applied now.
+  const bool settles =
+      out.plan.state == "applying" || (out.plan.state == "partially_failed" && all_done);
+  if (out.moving || !settles) return out;
   const std::string to = all_done ? "applied" : "partially_failed";
   Json detail = {{"request_id", request_id}};
-  auto finished = m.Transition(plan_id, "applying", to, actor, "", detail);
+  auto finished = m.Transition(plan_id, out.plan.state, to, actor, "", detail);
   if (finished.ok()) {
     out.plan = std::move(finished).value();
     (all_done ? m.metrics.plans_applied : m.metrics.plans_partially_failed).Inc();
@@ -757,6 +761,38 @@ StatusOr<Json> PlanEngine::Detail(const Plan& plan) {
   }
   j["work"] = std::move(work);
   return j;
+}
+
+StatusOr<size_t> PlanEngine::SettleFromJournal() {
+  Impl& m = *impl_;
+  size_t changed = 0;
+  for (const char* state : {"applying", "partially_failed"}) {
+    ASSIGN_OR_RETURN(std::vector<Plan> plans,
+                     m.store.plans().ByState(state, m.options.settle_batch));
+    for (const Plan& p : plans) {
+      bool all_done = true;
+      bool ended = p.actions.is_array();
+      for (const Json& a : p.actions.is_array() ? p.actions : Json::array()) {
+        StatusOr<WorkItem> w = a.is_object() ? m.WorkOf(a) : StatusOr<WorkItem>(NotFound(""));
+        // Not in the journal yet (not submitted, or a client's not claimed)
+        // or still pending, running or failed and due again: not ended.
+        if (!w.ok() || (w->state != WorkState::kDone && w->state != WorkState::kDead)) {
+          ended = false;
+          break;
+        }
+        all_done = all_done && w->state == WorkState::kDone;
+      }
+      if (!ended) continue;
+      const std::string to = all_done ? "applied" : "partially_failed";
+      if (to == p.state) continue;
+      auto settled = m.Transition(p.plan_id, p.state, to, kSystemActor,
+                                  "every action has ended in the journal", {});
+      if (!settled.ok()) continue;  // changed meanwhile (an apply, another daemon)
+      (all_done ? m.metrics.plans_applied : m.metrics.plans_partially_failed).Inc();
+      ++changed;
+    }
+  }
+  return changed;
 }
 
 StatusOr<size_t> PlanEngine::ExpireDue() {

@@ -79,6 +79,7 @@ struct Gate {
 
 struct PlanEngineOptions {
   size_t expiry_batch = 1000;  // awaiting plans looked at per ExpireDue
+  size_t settle_batch = 200;   // applying / partially_failed plans per SettleFromJournal
   int64_t max_wait_ms = 60'000;
   // Long polls (Watch) registered at once; past it Watch refuses and the
   // caller answers at once (the agent polls). A poll holds no thread, only
@@ -147,6 +148,15 @@ class PlanEngine {
   // Approval timeouts: expires (or escalates, once) awaiting plans whose
   // deadline passed; returns how many it changed. Called by the scheduler.
   StatusOr<size_t> ExpireDue();
+
+  // Plan states follow the journal: a plan `applying` whose actions have
+  // all ended (done, or dead after their attempts, often long after the
+  // apply call that began them) becomes `applied` or `partially_failed`,
+  // and a `partially_failed` one whose dead letters were replayed and done
+  // becomes `applied`. Reads each action's work item; runs nothing. Looks at
+  // the newest `settle_batch` plans of each state; returns how many it
+  // changed. Called by the scheduler.
+  StatusOr<size_t> SettleFromJournal();
 
   struct Impl;
 

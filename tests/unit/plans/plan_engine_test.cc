@@ -211,6 +211,39 @@ TEST_CASE("an approval cannot edit its action into work whose own plan waits or 
   CHECK(h.store_->plans().Get(waiting.plan_id)->state == "awaiting_approval");
 }
 
+TEST_CASE("a plan's state follows its actions in the journal after the apply call returned") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  h.config_.actions["wire"].retry.attempts = 2;
+  Plan p = h.Gated("wire", {{"id", "w-1"}});
+  h.fake().FailNext(2, 503);
+  auto approved = h.Plans().Approve(p.plan_id, "op-1", "", Json(), "r");
+  REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
+  CHECK(approved->moving);
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "applying");
+  // Nothing has ended yet: nothing to settle.
+  CHECK(*h.Plans().SettleFromJournal() == 0);
+  // The workers' retry fails too: the work is a dead letter, long after the
+  // approval answered. The plan says so without anyone applying it again.
+  h.env_.Advance(10'001);
+  CHECK(h.RunDue() == 1);
+  const std::string work_id = h.WorkId("wire", {{"id", "w-1"}});
+  REQUIRE(h.Get(work_id).state == WorkState::kDead);
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "applying");
+  CHECK(*h.Plans().SettleFromJournal() == 1);
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "partially_failed");
+  CHECK(*h.Plans().SettleFromJournal() == 0);
+  // The dead letter replayed and done: the plan is applied.
+  auto replayed = h.engine().Replay(work_id);
+  REQUIRE_MESSAGE(replayed.ok(), replayed.status().ToString());
+  h.RunDue();
+  REQUIRE(h.Get(work_id).state == WorkState::kDone);
+  CHECK(*h.Plans().SettleFromJournal() == 1);
+  Plan settled = *h.store_->plans().Get(p.plan_id);
+  CHECK(settled.state == "applied");
+  CHECK(h.fake().stats().effects == 1);
+}
+
 // A plan awaiting approval: a wire (kind "wire" always waits, 60 s).
 Plan WaitingWire(PlanHarness& h) {
   if (h.config_.actions.count("wire") == 0) h.Kind("wire", Always(60'000, "expire"));
