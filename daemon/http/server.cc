@@ -507,6 +507,7 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   }
   if (!tokens.empty() && !route.is_public) {
     const AuthToken* who = nullptr;
+    const bool credentials_sent = !req.HeaderValue("Authorization").empty();
     if (auto credentials = BearerCredentials(req.HeaderValue("Authorization"))) {
       std::string digest = Sha256Hex(*credentials);
       for (const auto& t : tokens) {
@@ -515,6 +516,11 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     }
     if (who == nullptr) {
       Fail(res, Status(Code::kUnauthenticated, "a valid Bearer token is required"), ctx.request_id);
+      // RFC 9110 11.6.1: a 401 names its scheme; RFC 6750 3.1: and says a
+      // token that was sent is not valid.
+      res.SetHeader("WWW-Authenticate", credentials_sent
+                                            ? R"(Bearer realm="idem", error="invalid_token")"
+                                            : R"(Bearer realm="idem")");
       return false;
     }
     if (!route.roles.empty()) {

@@ -163,6 +163,19 @@ TEST_CASE("the Bearer scheme is case-insensitive") {
   CHECK(f.client->Get("/v1/decisions", {{"Authorization", "Basic agent-secret"}})->status == 401);
 }
 
+TEST_CASE("a 401 names the Bearer scheme, and says so when a token was sent and is not valid") {
+  Fixture f(Tokens());
+  auto none = f.client->Get("/v1/decisions");
+  REQUIRE(none->status == 401);
+  CHECK(none->get_header_value("WWW-Authenticate") == R"(Bearer realm="idem")");
+  auto wrong = f.client->Get("/v1/decisions", Bearer("not-a-token"));
+  REQUIRE(wrong->status == 401);
+  CHECK(wrong->get_header_value("WWW-Authenticate") ==
+        R"(Bearer realm="idem", error="invalid_token")");
+  // The header carries nothing of what was sent.
+  CHECK(wrong->get_header_value("WWW-Authenticate").find("not-a-token") == std::string::npos);
+}
+
 TEST_CASE("every route declares its roles and a token without one of them is 403") {
   Fixture f(Tokens());
   auto doc_res = f.client->Get("/openapi.json");
