@@ -601,7 +601,12 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     }
     auto body = ParseJson(req.body, limits);
     if (!body.ok()) {
-      Fail(res, body.status(), ctx.request_id);
+      // The size was checked as the body arrived (413); what the parser
+      // refuses as a limit here is its nesting: a malformed request, 400
+      // with the pointer where it went too deep (README, Limits).
+      const bool too_deep =
+          body.status().code() == Code::kResourceExhausted && req.body.size() <= limits.max_bytes;
+      Fail(res, body.status(), ctx.request_id, too_deep ? 400 : 0);
       return false;
     }
     ctx.body = std::move(body).value();

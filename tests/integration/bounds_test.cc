@@ -48,6 +48,21 @@ void CheckRefused(const httplib::Result& r, const std::string& pointer) {
 
 }  // namespace
 
+TEST_CASE("a body nested past server.max_json_depth is 400 with the pointer where it went deep") {
+  TempDir dir;
+  Daemon d(dir, WriteTestConfig(dir, kRules), "data");
+  std::string deep = R"({"step":"triage_ticket","input":{"a":)";
+  for (int i = 0; i < 70; ++i) deep += "[";
+  for (int i = 0; i < 70; ++i) deep += "]";
+  deep += "}}";
+  auto r = d.client->Post("/v1/decide", deep, "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  Json body = Json::parse(r->body);
+  CHECK(body["pointer"].get<std::string>().rfind("/input/a/0/0", 0) == 0);
+  CHECK(body["detail"].get<std::string>().find("nesting deeper than 64") != std::string::npos);
+}
+
 TEST_CASE("a decisions export page is at most 1000 decisions: limit=1001 is 400 query:limit") {
   TempDir dir;
   Daemon d(dir, WriteTestConfig(dir, kRules), "data");
