@@ -62,11 +62,13 @@ struct McpProtocol::Impl {
   std::list<Session> lru;  // most recently used first
   std::unordered_map<std::string, std::list<Session>::iterator> sessions;
 
-  // The session's negotiated version, touched; "" when unknown or expired.
-  std::string Touch(const std::string& id, int64_t now) {
+  // The session's negotiated version, touched; "" when unknown, expired or
+  // opened by another caller (a session id is no credential: it belongs to
+  // the token that initialized it, and to no other).
+  std::string Touch(const std::string& id, const std::string& caller, int64_t now) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(id);
-    if (it == sessions.end()) return "";
+    if (it == sessions.end() || it->second->caller != caller) return "";
     if (now - it->second->last_used_ms > options.session_idle_ms) {
       lru.erase(it->second);
       sessions.erase(it);
@@ -89,10 +91,10 @@ struct McpProtocol::Impl {
     return id;
   }
 
-  bool Close(const std::string& id) {
+  bool Close(const std::string& id, const std::string& caller) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(id);
-    if (it == sessions.end()) return false;
+    if (it == sessions.end() || it->second->caller != caller) return false;
     lru.erase(it->second);
     sessions.erase(it);
     return true;
@@ -189,7 +191,7 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
   }
   if (req.method == "DELETE") {
     if (req.session_id.empty()) return Refuse(400, -32000, "Mcp-Session-Id header required");
-    if (!m.Close(req.session_id)) return Refuse(404, -32001, "session not found");
+    if (!m.Close(req.session_id, req.caller)) return Refuse(404, -32001, "session not found");
     McpHttpResponse r;
     r.body = "{}";
     return r;
@@ -231,7 +233,7 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
     if (req.session_id.empty()) {
       return Refuse(400, -32000, "Mcp-Session-Id header required (send initialize first)");
     }
-    std::string version = m.Touch(req.session_id, now_ms);
+    std::string version = m.Touch(req.session_id, req.caller, now_ms);
     if (version.empty()) return Refuse(404, -32001, "session not found: initialize again");
     if (!req.protocol_version.empty() && !Supported(req.protocol_version)) {
       return Refuse(400, -32000, "unsupported MCP-Protocol-Version " + req.protocol_version);

@@ -104,12 +104,29 @@ TEST_CASE("DELETE ends a session and GET opens no stream") {
   McpHttpRequest del;
   del.method = "DELETE";
   del.session_id = sid;
+  del.caller = "agent-1";
   CHECK(f.mcp.Handle(del, 0).status == 200);
   CHECK(f.mcp.Handle(del, 0).status == 404);
   CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), sid), 0).status == 404);
   McpHttpRequest get;
   get.method = "GET";
   CHECK(f.mcp.Handle(get, 0).status == 405);
+}
+
+TEST_CASE(
+    "a session belongs to the caller that opened it: another caller can neither use nor end "
+    "it") {
+  Fixture f;
+  std::string sid = f.Initialize();  // as agent-1
+  McpHttpRequest other = Post(Rpc(2, "ping"), sid);
+  other.caller = "agent-2";
+  CHECK(f.mcp.Handle(other, 0).status == 404);
+  McpHttpRequest del;
+  del.method = "DELETE";
+  del.session_id = sid;
+  del.caller = "agent-2";
+  CHECK(f.mcp.Handle(del, 0).status == 404);
+  CHECK(f.mcp.Handle(Post(Rpc(3, "ping"), sid), 0).status == 200);  // its owner's, still alive
 }
 
 TEST_CASE("sessions are bounded: the least recently used is dropped first") {
