@@ -415,8 +415,12 @@ struct PlanEngine::Impl {
                                  at + "/path");
         }
         out[ptr] = e["value"];
-      } catch (const std::exception& ex) {
-        return InvalidArgument(std::string("not a usable JSON pointer: ") + ex.what(),
+      } catch (const std::exception&) {
+        // nlohmann refuses a step into a string or number, or an array
+        // index that is not one: say where, not the library's words.
+        return InvalidArgument("no such place in the action: " + path +
+                                   " goes into a value that is not an object or array, or uses "
+                                   "an index that is not a number",
                                at + "/path");
       }
       touched[index] = static_cast<int>(i);
@@ -691,7 +695,10 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
 StatusOr<Plan> PlanEngine::Reject(const std::string& plan_id, const std::string& actor,
                                   const std::string& reason) {
   Impl& m = *impl_;
-  if (reason.empty()) return InvalidArgument("a rejection needs a reason", "/reason");
+  // The reason is what the agent and the audit read: blanks say nothing.
+  if (reason.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return InvalidArgument("a rejection needs a reason (not only blanks)", "/reason");
+  }
   ASSIGN_OR_RETURN(Plan plan, m.store.plans().Get(plan_id));
   if (!IsState(plan, {"awaiting_approval", "proposed"})) {
     return FailedPrecondition("plan " + plan_id + " is " + plan.state +

@@ -185,6 +185,24 @@ TEST_CASE("a plan's own creator cannot approve it, and an edit outside args is r
   CHECK(h.fake().stats().raw_calls == 0);
 }
 
+TEST_CASE("a rejection of only blanks and an edit path into a string are refused in plain words") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  Plan p = h.Gated("wire", {{"id", "w-1"}, {"memo", "x"}});
+  for (const char* blank : {"", "   ", "\t\n"}) {
+    auto r = h.Plans().Reject(p.plan_id, "op-1", blank);
+    CHECK(r.status().code() == Code::kInvalidArgument);
+    CHECK(r.status().field() == "/reason");
+  }
+  auto into_string = h.Plans().Approve(
+      p.plan_id, "op-1", "", Json::array({{{"path", "/0/args/memo/0"}, {"value", 1}}}), "r");
+  CHECK(into_string.status().code() == Code::kInvalidArgument);
+  CHECK(into_string.status().field() == "/edits/0/path");
+  CHECK(into_string.status().message().find("json.exception") == std::string::npos);
+  CHECK(into_string.status().message().find("/0/args/memo/0") != std::string::npos);
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "awaiting_approval");
+}
+
 TEST_CASE("an approval cannot edit its action into work whose own plan waits or was refused") {
   PlanHarness h;
   h.Kind("wire", Always(60'000, "expire"));
@@ -204,8 +222,8 @@ TEST_CASE("an approval cannot edit its action into work whose own plan waits or 
   CHECK(h.store_->plans().Get(mine.plan_id)->state == "awaiting_approval");
   CHECK(h.fake().stats().raw_calls == 0);
   // Work no other plan gates: the approver's edit is what runs.
-  auto approved = h.Plans().Approve(
-      mine.plan_id, "op-1", "", Json::array({{{"path", "/0/args/id"}, {"value", "w-9"}}}), "r");
+  auto approved = h.Plans().Approve(mine.plan_id, "op-1", "",
+                                    Json::array({{{"path", "/0/args/id"}, {"value", "w-9"}}}), "r");
   REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
   CHECK(h.fake().stats().raw_calls == 1);
   CHECK(h.store_->plans().Get(waiting.plan_id)->state == "awaiting_approval");
