@@ -81,7 +81,9 @@ StatusOr<int64_t> ParseDuration(const std::string& text) {
   } else if (unit == "d") {
     scale = kDay;
   } else {
-    return InvalidArgument("'" + text + "' has no known unit (ms, s, m, h or d)");
+    return InvalidArgument("'" + text +
+                           "' is not a duration: a whole number and one unit (ms, s, m, h or d), "
+                           "like 1500ms or 90m");
   }
   // Durations are added to "now" (expiries, leases): a bound far below
   // INT64_MAX keeps every such sum from overflowing. Checked before scaling.

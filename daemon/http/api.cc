@@ -283,6 +283,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           // The replay found no valid output: a finding, not a failure of the call.
           body["replayed"] = {{"status", "failed"}, {"error", replayed.status().message()}};
           body["diff"] = nullptr;
+          // Asked to promote: nothing was, and a script must be able to tell.
+          if (ctx.body.value("promote", false)) body["promoted"] = false;
           return RouteResponse{200, std::move(body), {}};
         }
         body["replayed"] = DecisionSummary(*replayed);

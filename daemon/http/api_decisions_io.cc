@@ -5,7 +5,8 @@
 // /v1/decisions/{id}: key, key material, output, trace), newest first, one
 // page per call; the next page's cursor is in the Idem-Next-Cursor header.
 //
-// Import: POST /v1/decisions/import takes such lines (any Content-Type; the
+// Import: POST /v1/decisions/import takes such lines (Content-Type
+// application/x-ndjson or application/json, else 415; the
 // body is bounded by server.max_body_bytes, and at most kMaxImportLines
 // lines) and answers one verdict per non-blank line:
 //   imported  stored as the cached decision for its key, with its own id;
@@ -155,7 +156,7 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .summary = "Loads exported decisions (JSON Lines body): every key is recomputed from its "
                  "material; one verdict per line (imported, exists, expired, refused with the "
                  "reason). Audited.",
-      .responses = {{200, "decision.import"}, {400, "problem"}},
+      .responses = {{200, "decision.import"}, {400, "problem"}, {413, "problem"}, {415, "problem"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         JsonLimits limits;
@@ -227,7 +228,10 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
         RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         return RouteResponse{200, std::move(body), {}};
       },
-      .raw_body = true});
+      .raw_body = true,
+      // JSON Lines as the export sends them; a page's form, a text/plain
+      // post (what a page may send cross-site without a preflight), is 415.
+      .raw_body_types = {"application/x-ndjson", "application/json"}});
 
   routes.push_back(Route{
       .method = "GET",

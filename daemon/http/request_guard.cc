@@ -107,9 +107,12 @@ std::optional<Refusal> RequestGuard::CheckSource(const http1::Request& req) cons
   return std::nullopt;
 }
 
-std::optional<Refusal> RequestGuard::CheckContentType(const http1::Request& req) {
-  auto refuse = [](const std::string& why) {
-    return Refusal{415, InvalidArgument("this route takes Content-Type: application/json; " + why,
+std::optional<Refusal> RequestGuard::CheckContentType(const http1::Request& req,
+                                                      const std::vector<std::string>& accepted) {
+  std::string names;
+  for (const std::string& a : accepted) names += (names.empty() ? "" : " or ") + a;
+  auto refuse = [&names](const std::string& why) {
+    return Refusal{415, InvalidArgument("this route takes Content-Type: " + names + "; " + why,
                                         "header:Content-Type")};
   };
   if (req.HeaderCount("Content-Type") != 1) {
@@ -118,7 +121,9 @@ std::optional<Refusal> RequestGuard::CheckContentType(const http1::Request& req)
   std::string value = Lower(req.HeaderValue("Content-Type"));
   size_t semi = value.find(';');
   std::string media(http1::TrimOws(value.substr(0, semi)));
-  if (media != "application/json") return refuse("got " + media);
+  if (std::find(accepted.begin(), accepted.end(), media) == accepted.end()) {
+    return refuse("got " + media);
+  }
   while (semi != std::string::npos) {
     size_t next = value.find(';', semi + 1);
     std::string param(http1::TrimOws(value.substr(semi + 1, next - semi - 1)));

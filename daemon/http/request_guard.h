@@ -28,7 +28,8 @@
 //   so this check also covers the body-less POST routes (plans apply,
 //   dead-letter replay, reconcile) whose Content-Type is never looked at.
 // Content-Type (CheckContentType, routes that take a JSON body): the media
-//   type must be application/json, case-insensitive, with optional
+//   type must be application/json (or one of the types a route names, such
+//   as application/x-ndjson for an import), case-insensitive, with optional
 //   parameters; a charset parameter must be utf-8. Anything else, or none,
 //   is 415 with pointer "header:Content-Type". application/*+json types are
 //   refused: no route takes one, and a browser cannot send application/json
@@ -66,7 +67,9 @@ class RequestGuard {
 
   // Host, then Origin.
   std::optional<Refusal> CheckSource(const http1::Request& req) const;
-  static std::optional<Refusal> CheckContentType(const http1::Request& req);
+  static std::optional<Refusal> CheckContentType(const http1::Request& req,
+                                                 const std::vector<std::string>& accepted = {
+                                                     "application/json"});
 
  private:
   std::vector<std::string> builtin_hosts_;  // lower case, without brackets

@@ -118,6 +118,9 @@ struct Route {
   // sender's content type: no Content-Type check, no JSON parsing here
   // (webhook senders sign the exact bytes).
   bool raw_body = false;
+  // With raw_body: the media types it takes (415 for another, as for a JSON
+  // body); empty: any (webhook senders choose theirs).
+  std::vector<std::string> raw_body_types;
 
   std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;

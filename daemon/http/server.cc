@@ -585,6 +585,12 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   for (const std::string& h : route.request_headers) {
     if (req.HasHeader(h)) ctx.headers[h] = req.HeaderValue(h);
   }
+  if (route.raw_body && !route.raw_body_types.empty()) {
+    if (auto refused = RequestGuard::CheckContentType(req, route.raw_body_types)) {
+      Fail(res, refused->status, ctx.request_id, refused->http_status);
+      return false;
+    }
+  }
   if (route.raw_body) ctx.raw_body = req.body;
 
   if (!route.request_schema.empty()) {

@@ -198,8 +198,9 @@ TEST_CASE("an import refuses a line whose key material was edited and imports th
   CHECK(cli.out.find("\n5 ") != std::string::npos);  // line 5, counted across batches
 }
 
-TEST_CASE("an import refuses a prompt version its material contradicts and an output its step "
-          "would refuse") {
+TEST_CASE(
+    "an import refuses a prompt version its material contradicts and an output its step "
+    "would refuse") {
   TempDir dir;
   const std::string config = WriteTestConfig(dir, kRules);
   std::map<std::string, Json> recorded;
@@ -225,6 +226,14 @@ TEST_CASE("an import refuses a prompt version its material contradicts and an ou
   INFO(result.dump());
   CHECK(result["refused"] == 3);
   CHECK(result["results"][0]["field"] == "/prompt_version");
+  // Lines sent as a form or as text/plain (what a page may post cross-site
+  // without a preflight) are 415, judged and stored nowhere.
+  for (const char* type : {"text/plain", "application/x-www-form-urlencoded"}) {
+    auto wrong = c->Post("/v1/decisions/import", lines[0].dump() + "\n", type);
+    REQUIRE(wrong);
+    CHECK(wrong->status == 415);
+    CHECK(Json::parse(wrong->body)["pointer"] == "header:Content-Type");
+  }
   CHECK(result["results"][1]["field"] == "/output");
   CHECK(result["results"][2]["field"].get<std::string>().rfind("/output", 0) == 0);
   // None of them is served.

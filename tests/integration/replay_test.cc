@@ -67,6 +67,12 @@ TEST_CASE("a replay against another model shows the diff and leaves the cache al
                           "application/json"));
   CHECK(failed["replayed"]["status"] == "failed");
   CHECK(failed["replayed"]["error"].get<std::string>().find("validation") != std::string::npos);
+  CHECK_FALSE(failed.contains("promoted"));  // not asked
+  // Asked to promote a replay that found no valid output: it says it did not.
+  Json not_promoted = J(c->Post(("/v1/decisions/" + id + "/replay").c_str(),
+                                R"({"model":"demo-3","promote":true})", "application/json"));
+  CHECK(not_promoted["replayed"]["status"] == "failed");
+  CHECK(not_promoted["promoted"] == false);
   CHECK(c->Post(("/v1/decisions/" + id + "/replay").c_str(), R"({"prompt_version":"v9"})",
                 "application/json")
             ->status == 409);
