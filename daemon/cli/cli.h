@@ -147,16 +147,21 @@ int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
 
 // ---- decisions export / import and cost (decisions_io.cc)
 
+// What the daemon takes in one POST /v1/decisions/import (kMaxImportLines,
+// daemon/http/api_decisions_io.cc).
+constexpr size_t kMaxImportLinesPerRequest = 10'000;
+
 // A time for --since / --until: milliseconds since the epoch ("1764547200000"),
 // a UTC date ("2026-11-30"), or a duration back from now_ms ("90m", "24h",
 // "7d"). InvalidArgument otherwise.
 StatusOr<int64_t> ParseTimeArg(const std::string& arg, int64_t now_ms);
 
-// JSON Lines cut into requests of at most max_bytes each, at line ends (a
-// longer line is a request of its own); first_lines[i] is the 1-based line
-// number in `text` where batch i starts.
+// JSON Lines cut into requests of at most max_bytes and max_lines lines
+// each, at line ends (a longer line is a request of its own); first_lines[i]
+// is the 1-based line number in `text` where batch i starts.
 std::vector<std::string> SplitLines(const std::string& text, size_t max_bytes,
-                                    std::vector<size_t>* first_lines);
+                                    std::vector<size_t>* first_lines,
+                                    size_t max_lines = kMaxImportLinesPerRequest);
 
 // The table of GET /v1/stats/cost.
 std::string RenderCost(const Json& body, const Style& style);

@@ -116,7 +116,7 @@ StatusOr<int64_t> ParseTimeArg(const std::string& arg, int64_t now_ms) {
 }
 
 std::vector<std::string> SplitLines(const std::string& text, size_t max_bytes,
-                                    std::vector<size_t>* first_lines) {
+                                    std::vector<size_t>* first_lines, size_t max_lines) {
   std::vector<std::string> batches;
   first_lines->clear();
   std::string current;
@@ -129,7 +129,8 @@ std::vector<std::string> SplitLines(const std::string& text, size_t max_bytes,
     if (line.back() != '\n') line += '\n';
     pos = end;
     ++line_no;
-    if (!current.empty() && current.size() + line.size() > max_bytes) {
+    if (!current.empty() &&
+        (current.size() + line.size() > max_bytes || line_no - current_first >= max_lines)) {
       batches.push_back(std::move(current));
       first_lines->push_back(current_first);
       current.clear();

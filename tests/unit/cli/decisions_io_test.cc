@@ -77,6 +77,22 @@ TEST_CASE("an import is cut into requests at line ends, each under the byte limi
   CHECK(SplitLines("", 10, &first).empty());
 }
 
+TEST_CASE("an import is cut into requests of at most the daemon's line count too") {
+  std::vector<size_t> first;
+  auto batches = SplitLines("a\nb\nc\nd\ne\n", 1000, &first, 2);
+  REQUIRE(batches.size() == 3);
+  CHECK(batches[0] == "a\nb\n");
+  CHECK(batches[2] == "e\n");
+  CHECK(first == std::vector<size_t>{1, 3, 5});
+  // Short lines: the daemon's 10,000 lines come before the byte limit.
+  std::string many;
+  for (int i = 0; i < 10'001; ++i) many += "{}\n";
+  batches = SplitLines(many, 1 << 20, &first);
+  REQUIRE(batches.size() == 2);
+  CHECK(batches[1] == "{}\n");
+  CHECK(first == std::vector<size_t>{1, 10'001});
+}
+
 TEST_CASE("decisions import sends JSON Lines and reports the file's line numbers") {
   FakeHttp http;
   int calls = 0;
