@@ -232,7 +232,12 @@ struct ClaimRoute {
       for (auto it = identity.begin(); it != identity.end(); ++it) args[it.key()] = it.value();
     }
     StatusOr<Gate> g = plans.GateAction(kit->second, args, "claim", ctx.caller);
-    if (!g.ok()) return StatusOr<RouteResponse>(g.status());
+    // A refused plan is about the work the identity names.
+    if (!g.ok()) {
+      const Status& s = g.status();
+      return StatusOr<RouteResponse>(
+          s.code() == Code::kFailedPrecondition ? s.WithField("/identity") : s);
+    }
     if (!g->allowed) return StatusOr<RouteResponse>(AwaitingApproval(g->plan));
     if (!g->plan.plan_id.empty()) ctx.body["args"] = g->args;
     return std::nullopt;
@@ -559,7 +564,12 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         for (size_t i = 0; i < batch.size(); ++i) {
           auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller);
           if (!gate.ok()) {
-            RETURN_IF_ERROR(failed(i, gate.status()));
+            // A refused plan is about this item, not about an "/args" it
+            // does not have.
+            const Status& s = gate.status();
+            RETURN_IF_ERROR(failed(i, s.code() == Code::kFailedPrecondition
+                                          ? s.WithField("/items/" + std::to_string(i))
+                                          : s));
             continue;
           }
           if (!gate->allowed) {

@@ -209,6 +209,18 @@ TEST_CASE("a rejected plan is never applied, and a rejection needs a reason") {
                       kAgent, "\"O-9-again\"");
   CHECK(again->status == 409);
   CHECK(again->body.find("duplicate order") != std::string::npos);
+  // A claim and a run of the same work are refused too, pointing at what
+  // each of them sent (there is no /args in either body).
+  auto claim =
+      f.Post("/v1/work/claim", {{"kind", "refund"}, {"identity", {{"order_id", "O-9"}}}}, kAgent);
+  CHECK(claim->status == 409);
+  CHECK(J(claim)["pointer"] == "/identity");
+  auto run = f.Post(
+      "/v1/runs",
+      {{"run_id", "r-9"}, {"kind", "refund"}, {"items", {{{"order_id", "O-9"}, {"amount", 700}}}}},
+      kAgent, "\"run-9\"");
+  REQUIRE(run->status == 200);
+  CHECK(J(run)["items"][0]["error"].get<std::string>().find("(at /items/0)") != std::string::npos);
   CHECK(f.Post("/v1/plans/" + id + "/apply", Json::object(), kOperator, "\"ap\"")->status == 409);
   CHECK(f.Post("/v1/plans/" + id + "/approve", Json::object(), kOperator)->status == 409);
   CHECK(f.Effects() == 0);
