@@ -231,6 +231,9 @@ class ApiToolbox final : public McpToolbox {
       Add(std::move(t));
     }
     for (const auto& [name, kind] : deps_.config.actions) {
+      // A kind without an effector is client-executed: claim_work is its
+      // tool; a do_ tool for it could only ever fail.
+      if (kind.effector.empty()) continue;
       Tool t;
       t.method = "POST";
       t.path = "/v1/actions/" + name;

@@ -534,12 +534,20 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       // as for /v1/actions: the run_id names the batch, not one attempt.
       .key_policy = KeyPolicy::kRequired,
       .request_schema = "run.request",
-      .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}},
+      .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}, {409, "problem"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         const std::string run_id = ctx.body["run_id"];
         ASSIGN_OR_RETURN(const ActionConfig* kind,
                          FindKind(deps.config, ctx.body["kind"].get<std::string>(), "/kind"));
+        if (kind->effector.empty()) {
+          // Every item would fail alike: refuse the run as /v1/actions does.
+          return Status(Code::kFailedPrecondition,
+                        "action kind '" + kind->name +
+                            "' has no effector: its work is executed by clients (POST "
+                            "/v1/work/claim for each item)",
+                        "/kind");
+        }
         Json items = Json::array();
         std::map<std::string, int> counts;
         const Json& batch = ctx.body["items"];

@@ -106,7 +106,14 @@ struct McpProtocol::Impl {
       return RpcError(msg.is_object() && msg.contains("id") ? msg["id"] : Json(), -32600,
                       "not a JSON-RPC 2.0 message");
     }
-    if (!msg.contains("method")) return Json();  // a response to us: nothing asked
+    if (!msg.contains("method")) {
+      // A response to us (this server asks nothing, so it is dropped); a
+      // message that is neither request nor response is invalid (JSON-RPC
+      // 2.0, 5.1).
+      if (msg.contains("result") || msg.contains("error")) return Json();
+      return RpcError(msg.contains("id") ? msg["id"] : Json(), -32600,
+                      "neither a request (method) nor a response (result or error)");
+    }
     if (!msg["method"].is_string()) return RpcError(Json(), -32600, "method must be a string");
     const std::string method = msg["method"];
     if (!msg.contains("id")) return Json();  // a notification: accepted, nothing to say

@@ -119,6 +119,8 @@ try {
     'complete_work', 'fail_work', 'get_plan', 'get_decision']) {
     assert.ok(names.includes(n), `tool ${n} listed (${names})`);
   }
+  // A client-executed kind (no effector) has claim_work, not a do_ tool.
+  assert.ok(!names.includes('do_post_note'), 'no do_ tool for a kind without an effector');
   const refundTool = tools.find((t) => t.name === 'do_refund');
   assert.deepEqual(refundTool.inputSchema.required, ['order_id', 'amount']);
   assert.equal(refundTool.annotations.idempotentHint, true);

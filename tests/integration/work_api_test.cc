@@ -303,6 +303,14 @@ TEST_CASE("claims name a declared kind and carry every identity field") {
              {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "a"}}}, {"lease", "forever"}});
   CHECK(bad_lease->status == 400);
   CHECK(J(bad_lease)["pointer"] == "/lease");
+  // A run of a client-executed kind could only fail item by item: refused.
+  auto run = f.client->Post(
+      "/v1/runs", {{"Idempotency-Key", "\"run-x\""}},
+      Json{{"run_id", "r-1"}, {"kind", "send_invoice"}, {"items", {{{"invoice_id", "a"}}}}}.dump(),
+      "application/json");
+  REQUIRE(run);
+  CHECK(run->status == 409);
+  CHECK(J(run)["pointer"] == "/kind");
   // A required member left out: the pointer names it (the body's schema).
   auto no_kind = f.Post("/v1/work/claim", {{"identity", {{"invoice_id", "a"}}}});
   CHECK(no_kind->status == 400);

@@ -212,6 +212,10 @@ TEST_CASE("protocol faults are JSON-RPC errors with the codes the specification 
   // Members of another JSON type than the specification's are errors too,
   // not a failed request: a number for jsonrpc, for protocolVersion.
   CHECK(code({{"jsonrpc", 2}, {"id", 1}, {"method", "ping"}}) == -32600);
+  // Neither a request nor a response: invalid. A response is dropped (202).
+  CHECK(code({{"jsonrpc", "2.0"}, {"id", 8}}) == -32600);
+  CHECK(f.mcp.Handle(Post({{"jsonrpc", "2.0"}, {"id", 8}, {"result", Json::object()}}, sid), 0)
+            .status == 202);
   for (const Json& version : {Json(5), Json(true), Json::object(), Json::array({"x"})}) {
     CAPTURE(version);
     McpHttpResponse r = f.mcp.Handle(Post(Rpc(7, "initialize", {{"protocolVersion", version}})), 0);
