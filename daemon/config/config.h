@@ -272,6 +272,10 @@ struct Config {
 // Reads, validates and resolves the config at `path`.
 StatusOr<Config> LoadConfig(const std::string& path);
 
+// "host:port" (an IPv6 host in brackets) -> host and port. InvalidArgument
+// (field /server/listen) when malformed or the port is above 65535.
+StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen);
+
 // Parses "250ms", "30s", "5m", "24h", "7d" or "forever" (0) into milliseconds.
 // InvalidArgument beyond 36500d, so now + duration never overflows.
 StatusOr<int64_t> ParseDuration(const std::string& text);

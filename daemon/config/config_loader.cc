@@ -189,6 +189,9 @@ class Resolver {
   Status Server(const Json& node) {
     ServerConfig& s = config_.server;
     s.listen = node.value("listen", s.listen);
+    if (auto parsed = ParseListen(s.listen); !parsed.ok()) {
+      return doc_.Error("/server/listen", parsed.status().message());
+    }
     s.threads = node.value("threads", s.threads);
     s.max_body_bytes = node.value("max_body_bytes", s.max_body_bytes);
     s.max_json_depth = node.value("max_json_depth", s.max_json_depth);

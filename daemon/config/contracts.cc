@@ -61,6 +61,26 @@ std::string ActionSentence(const ActionConfig& a) {
 
 }  // namespace
 
+StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
+  size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= listen.size()) {
+    return InvalidArgument("listen address '" + listen + "' is not host:port", "/server/listen");
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = 0;
+  for (char c : listen.substr(colon + 1)) {
+    if (c < '0' || c > '9') {
+      return InvalidArgument("listen port in '" + listen + "' is not a number", "/server/listen");
+    }
+    port = port * 10 + (c - '0');
+    if (port > 65535) {
+      return InvalidArgument("listen port in '" + listen + "' is above 65535", "/server/listen");
+    }
+  }
+  return std::make_pair(host, port);
+}
+
 StatusOr<int64_t> ParseDuration(const std::string& text) {
   if (text == "forever") return int64_t{0};
   size_t digits = 0;

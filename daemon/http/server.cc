@@ -299,24 +299,6 @@ class HttpServer::LeaseRenewer {
   std::thread thread_;
 };
 
-StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
-  size_t colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= listen.size()) {
-    return InvalidArgument("listen address '" + listen + "' is not host:port", "/server/listen");
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  int port = 0;
-  for (char c : listen.substr(colon + 1)) {
-    if (c < '0' || c > '9') {
-      return InvalidArgument("listen port in '" + listen + "' is not a number", "/server/listen");
-    }
-    port = port * 10 + (c - '0');
-    if (port > 65535) return InvalidArgument("listen port out of range", "/server/listen");
-  }
-  return std::make_pair(host, port);
-}
-
 HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
                        std::unique_ptr<CompiledSchemas> schemas)
     : deps_(deps),

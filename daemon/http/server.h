@@ -133,7 +133,4 @@ class HttpServer : private BatchLane {
   RouteMetrics unmatched_metrics_;
 };
 
-// "host:port" -> parts. InvalidArgument when malformed.
-StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen);
-
 }  // namespace idem

@@ -467,9 +467,9 @@ StatusOr<std::unique_ptr<PlanEngine>> PlanEngine::Create(const Config& config, S
     if (!p || p->require != "when") return Status::Ok();
     Status s = CheckJsonLogicRule(p->when);
     if (!s.ok()) {
-      return InvalidArgument(at + ": the rule in " + p->source + " is not usable: " + s.message() +
-                                 " (at " + s.field() + ")",
-                             at);
+      const std::string where = s.field().empty() ? "" : " (at " + s.field() + ")";
+      return InvalidArgument(
+          at + ": the rule in " + p->source + " is not usable: " + s.message() + where, at);
     }
     return Status::Ok();
   };

@@ -178,6 +178,17 @@ TEST_CASE("a missing config file is an error naming it") {
   CHECK(config.status().message().find("/nonexistent/idem.yaml: cannot read") == 0);
 }
 
+TEST_CASE("a listen address that is not host:port is a config error with its file and line") {
+  for (const char* listen : {"127.0.0.1:99999", "localhost", "127.0.0.1:http"}) {
+    CAPTURE(listen);
+    ConfigDir dir;
+    auto config = dir.Load(std::string("store: {}\nserver:\n  listen: \"") + listen + "\"\n");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().field() == "/server/listen");
+    CHECK(config.status().message().find(dir.Path("conf/idem.yaml") + ":3: /server/listen: ") == 0);
+  }
+}
+
 TEST_CASE("a config path that is a folder is refused, not read as an empty config") {
   ConfigDir dir;
   const std::string folder = dir.Path("conf");
