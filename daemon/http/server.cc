@@ -388,6 +388,23 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
                       " which is not in schemas/api");
     }
   }
+  // A window for a route that takes no Idempotency-Key (a typo, a GET)
+  // would apply to nothing, silently: the config names it wrongly.
+  for (const auto& [name, window] : deps.config.idempotency.route_windows_ms) {
+    std::string keyed;
+    bool found = false;
+    for (const Route& r : routes) {
+      if (r.key_policy == KeyPolicy::kNone) continue;
+      found = found || r.method + " " + r.pattern == name;
+      keyed += (keyed.empty() ? "" : ", ") + r.method + " " + r.pattern;
+    }
+    if (!found) {
+      return InvalidArgument(
+          deps.config.source_path + ": /idempotency/routes/" + JsonPointerToken(name) + ": \"" +
+              name + "\" is no route that takes an Idempotency-Key (those are: " + keyed + ")",
+          "/idempotency/routes/" + JsonPointerToken(name));
+    }
+  }
   return std::unique_ptr<HttpServer>(new HttpServer(deps, std::move(routes), std::move(schemas)));
 }
 

@@ -87,6 +87,23 @@ TEST_CASE("an API schema that is not JSON or does not compile fails server creat
   CHECK_FALSE(missing.ok());
 }
 
+TEST_CASE("an idempotency window for a route that takes no Idempotency-Key fails server creation") {
+  ServerFixture f;
+  std::vector<Route> keyed = OneRoute("thing");
+  keyed[0].key_policy = KeyPolicy::kOptional;
+  const std::map<std::string, std::string> schemas = {{"thing", R"({"type":"object"})"}};
+  f.config.idempotency.route_windows_ms = {{"POST /v1/thing", 1000}};
+  CHECK(HttpServer::Create(f.Deps(), keyed, schemas).ok());
+  f.config.idempotency.route_windows_ms = {{"POST /v1/thingy", 1000}};
+  auto typo = HttpServer::Create(f.Deps(), keyed, schemas);
+  REQUIRE_FALSE(typo.ok());
+  CHECK(typo.status().field() == "/idempotency/routes/POST ~1v1~1thingy");
+  CHECK(typo.status().message().find("POST /v1/thing)") != std::string::npos);  // the real one
+  // A route that exists but takes no key has no window to set either.
+  f.config.idempotency.route_windows_ms = {{"POST /v1/thing", 1000}};
+  CHECK_FALSE(HttpServer::Create(f.Deps(), OneRoute("thing"), schemas).ok());
+}
+
 TEST_CASE("every shipped API schema compiles") {
   for (const auto& schema : ApiSchemaTexts()) {
     const auto& [name, text] = schema;
