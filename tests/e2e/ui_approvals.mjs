@@ -303,11 +303,24 @@ async function main() {
   // The escalation: a schema-invalid answer is caught in the browser, a valid one resolves it.
   await page.goto(base + '/ui/#/escalations');
   await page.waitForSelector('section.escalation textarea');
+  // An answer the schema takes but the daemon's value checks refuse: the
+  // daemon's problem is shown, and goes once the answer is edited again.
+  const refused = {category: 'refund', priority: 'low', summary: 'refund approved', actions: []};
+  await page.fill('section.escalation textarea', JSON.stringify(refused));
+  await page.click('button.resolve');
+  await page.waitForSelector('section.escalation .problem');
+  check((await page.textContent('section.escalation .problem')).includes('value check'),
+    'the daemon\'s value-check refusal is shown');
+  // The browser logs that refused request itself; it is no script error.
+  const logged = pageErrors.splice(0).filter((e) => !e.includes('status of 400'));
+  pageErrors.push(...logged);
   const bad = {category: 'refund', priority: 'urgent', summary: 'refund approved', actions: []};
   await page.fill('section.escalation textarea', JSON.stringify(bad));
   await page.click('button.resolve');
   await page.waitForSelector('.check .error');
   check((await page.textContent('.check')).includes('/priority'), 'the form names the invalid field (/priority) before sending');
+  check(await page.$('section.escalation .problem') === null,
+    'the earlier refusal is gone: only the current problem is shown');
   const stillOpen = await call('GET', '/v1/escalations?state=open', OPERATOR);
   check(stillOpen.body.items?.length === 1, 'the invalid answer was not sent');
   const good = {category: 'refund', priority: 'high', summary: 'refund approved by ops', actions: []};

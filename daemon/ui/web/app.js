@@ -584,6 +584,8 @@ function escalationCard(e, seq) {
   const errors = h('div', {class: 'check', 'aria-live': 'polite'});
   const out = h('div', {'aria-live': 'polite'});
   const check = async () => {
+    // The daemon's answer to an earlier submission is about the old text.
+    out.replaceChildren();
     let v;
     try { v = JSON.parse(text.value); } catch (err) {
       errors.replaceChildren(h('p', {class: 'error'}, 'Not JSON: ' + err.message));
