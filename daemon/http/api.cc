@@ -9,6 +9,15 @@
 namespace idem {
 namespace {
 
+constexpr PageSize kDecisionsPage{50, 500};
+constexpr const char* kDecisionStatuses[] = {"decided"};
+constexpr PageSize kEscalationsPage{100, 1000};
+constexpr const char* kEscalationStates[] = {"open", "resolved"};
+
+}  // namespace
+
+namespace {
+
 const char* CacheName(const DecideResult& r) {
   if (r.cache_hit) return "hit";
   if (r.joined) return "joined";
@@ -119,6 +128,35 @@ StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max) {
                            "query:limit");
   }
   return static_cast<size_t>(v);
+}
+
+StatusOr<size_t> LimitParam(const RequestContext& ctx, PageSize page) {
+  return LimitParam(ctx, page.def, page.max);
+}
+
+QueryDoc LimitDoc(PageSize page) {
+  return {"limit",
+          {{"type", "integer"}, {"minimum", 1}, {"maximum", page.max}, {"default", page.def}},
+          "items per page (400 outside the bounds)"};
+}
+
+QueryDoc OneOfDoc(const std::string& name, std::span<const char* const> allowed,
+                  const std::string& description) {
+  Json values = Json::array();
+  for (const char* a : allowed) values.push_back(a);
+  return {name, {{"type", "string"}, {"enum", values}}, description + " (400 for another value)"};
+}
+
+QueryDoc TextDoc(const std::string& name, const std::string& description, bool required) {
+  return {name, {{"type", "string"}}, description, required};
+}
+
+QueryDoc CursorDoc() {
+  return TextDoc("cursor", "the next_cursor of the previous page (400 for one no page returned)");
+}
+
+QueryDoc MillisDoc(const std::string& name, const std::string& description) {
+  return {name, {{"type", "integer"}, {"minimum", 0}}, description + ", epoch milliseconds"};
 }
 
 std::string QueryParam(const RequestContext& ctx, const std::string& name) {
@@ -317,10 +355,12 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
             .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
             .responses = {{200, "decision.list"}, {400, "problem"}},
             .roles = {"agent", "operator"},
+            .query = {TextDoc("step", "only this step's decisions"),
+                      OneOfDoc("status", kDecisionStatuses, "only decisions in this status"),
+                      CursorDoc(), LimitDoc(kDecisionsPage)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
-              static constexpr const char* kStatuses[] = {"decided"};
-              ASSIGN_OR_RETURN(std::string status, OneOfParam(ctx, "status", kStatuses));
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kDecisionsPage));
+              ASSIGN_OR_RETURN(std::string status, OneOfParam(ctx, "status", kDecisionStatuses));
               ASSIGN_OR_RETURN(DecisionPage page,
                                deps.store.decisions().List(QueryParam(ctx, "step"), status,
                                                            QueryParam(ctx, "cursor"), limit));
@@ -338,10 +378,11 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                  "(?state=open|resolved).",
       .responses = {{200, "escalation.list"}, {400, "problem"}},
       .roles = {"operator"},
+      .query = {OneOfDoc("state", kEscalationStates, "only escalations in this state"),
+                LimitDoc(kEscalationsPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
-        static constexpr const char* kStates[] = {"open", "resolved"};
-        ASSIGN_OR_RETURN(std::string state, OneOfParam(ctx, "state", kStates));
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kEscalationsPage));
+        ASSIGN_OR_RETURN(std::string state, OneOfParam(ctx, "state", kEscalationStates));
         ASSIGN_OR_RETURN(std::vector<Escalation> list, deps.store.escalations().List(state, limit));
         Json items = Json::array();
         for (const auto& e : list) {

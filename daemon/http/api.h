@@ -67,7 +67,20 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes);
 void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes);
 
 // Shared by the route files.
+// A list's page size: ?limit= from 1 to `max`, `def` when absent.
+struct PageSize {
+  size_t def;
+  size_t max;
+};
+StatusOr<size_t> LimitParam(const RequestContext& ctx, PageSize page);
 StatusOr<size_t> LimitParam(const RequestContext& ctx, size_t def, size_t max);
+// The /openapi.json declarations of the parameters these helpers read.
+QueryDoc LimitDoc(PageSize page);
+QueryDoc OneOfDoc(const std::string& name, std::span<const char* const> allowed,
+                  const std::string& description);
+QueryDoc TextDoc(const std::string& name, const std::string& description, bool required = false);
+QueryDoc CursorDoc();
+QueryDoc MillisDoc(const std::string& name, const std::string& description);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);
 // The query parameter `name` ("" when absent), or InvalidArgument (pointer
 // query:NAME, listing them) when it is none of `allowed`: a filter with a

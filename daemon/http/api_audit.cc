@@ -13,6 +13,11 @@
 namespace idem {
 namespace {
 
+constexpr PageSize kAuditPage{100, 1000};
+
+}  // namespace
+namespace {
+
 StatusOr<uint64_t> FromSeqParam(const RequestContext& ctx) {
   std::string v = QueryParam(ctx, "from_seq");
   if (v.empty()) return 1;
@@ -110,9 +115,13 @@ void AddAuditRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "next_from_seq is null on the last page.",
       .responses = {{200, "audit.list"}, {400, "problem"}},
       .roles = {"operator"},
+      .query = {{"from_seq",
+                 {{"type", "integer"}, {"minimum", 1}, {"default", 1}},
+                 "the first seq to answer (a page's next_from_seq)"},
+                LimitDoc(kAuditPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(uint64_t from_seq, FromSeqParam(ctx));
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kAuditPage));
         ASSIGN_OR_RETURN(std::vector<AuditEvent> events, deps.store.audit().Scan(from_seq, limit));
         Json items = Json::array();
         for (const AuditEvent& e : events) items.push_back(e.ToJson());

@@ -31,6 +31,10 @@ namespace idem {
 namespace {
 
 constexpr size_t kMaxImportLines = 10'000;
+// A page holds at most 1000 decisions (each up to ~16 KiB of raw output in
+// its trace), so one answer stays within tens of MiB.
+constexpr PageSize kExportPage{500, 1000};
+constexpr const char* kCostBy[] = {"step", "model", "day"};
 constexpr int64_t kDefaultCostRangeMs = int64_t{30} * 86'400'000;
 
 StatusOr<int64_t> MillisParam(const RequestContext& ctx, const std::string& name, int64_t def) {
@@ -124,10 +128,11 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .responses = {{200, ""}, {400, "problem"}},
       .media = {{200, {{"application/x-ndjson", ""}}}},
       .roles = {"operator"},
+      .query = {TextDoc("step", "only this step's decisions"),
+                MillisDoc("since", "only decisions created at or after this time"), CursorDoc(),
+                LimitDoc(kExportPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        // A page holds at most 1000 decisions (each up to ~16 KiB of raw output in
-        // its trace), so one answer stays within tens of MiB.
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 500, 1000));
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kExportPage));
         ASSIGN_OR_RETURN(int64_t since, MillisParam(ctx, "since", 0));
         ASSIGN_OR_RETURN(DecisionPage page,
                          deps.store.decisions().List(QueryParam(ctx, "step"), "",
@@ -241,13 +246,13 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "days).",
       .responses = {{200, "stats.cost"}, {400, "problem"}, {503, "problem"}},
       .roles = {"operator"},
+      .query = {OneOfDoc("by", kCostBy, "one row per step (default), model or UTC day"),
+                MillisDoc("since", "from this time (default: 30 days before until)"),
+                MillisDoc("until", "up to this time (default: now)")},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         if (deps.costs == nullptr) return Unavailable("cost statistics are not kept here");
-        std::string by = QueryParam(ctx, "by");
+        ASSIGN_OR_RETURN(std::string by, OneOfParam(ctx, "by", kCostBy));
         if (by.empty()) by = "step";
-        if (by != "step" && by != "model" && by != "day") {
-          return InvalidArgument("by must be step, model or day", "query:by");
-        }
         ASSIGN_OR_RETURN(int64_t until, MillisParam(ctx, "until", deps.clock.NowMillis()));
         ASSIGN_OR_RETURN(
             int64_t since,

@@ -9,6 +9,11 @@
 namespace idem {
 namespace {
 
+constexpr PageSize kOutboxPage{100, 1000};
+
+}  // namespace
+namespace {
+
 // A seq: the `after` cursor or a dead letter's path parameter.
 StatusOr<uint64_t> SeqText(const std::string& v, const std::string& field, bool allow_empty) {
   if (v.empty() && allow_empty) return uint64_t{0};
@@ -32,9 +37,13 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "with it; an event is never skipped. Dedupe on event_id.",
       .responses = {{200, "outbox.event.list"}, {400, "problem"}},
       .roles = {"operator"},
+      .query = {TextDoc("after",
+                        "the next_cursor of the previous page (0, or absent: from the "
+                        "first event kept)"),
+                LimitDoc(kOutboxPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(uint64_t after, SeqText(QueryParam(ctx, "after"), "query:after", true));
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
         ASSIGN_OR_RETURN(std::vector<OutboxEvent> events, deps.store.outbox().After(after, limit));
         Json items = Json::array();
         for (const OutboxEvent& e : events) items.push_back(e.ToJson());
@@ -50,8 +59,10 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "(?subscriber=NAME&limit=100), oldest event first.",
       .responses = {{200, "outbox.dead_letter.list"}, {400, "problem"}},
       .roles = {"operator"},
+      .query = {TextDoc("subscriber", "only this subscriber's (404 for one not configured)"),
+                LimitDoc(kOutboxPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
         const std::string subscriber = QueryParam(ctx, "subscriber");
         if (!subscriber.empty() && !deps.config.outbox.subscribers.contains(subscriber)) {
           return Status(Code::kNotFound, "no outbox subscriber " + subscriber, "query:subscriber");

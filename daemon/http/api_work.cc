@@ -13,6 +13,13 @@
 namespace idem {
 namespace {
 
+constexpr PageSize kRunPage{1000, 10000};
+constexpr PageSize kPlansPage{50, 500};
+constexpr PageSize kDeadLettersPage{100, 1000};
+
+}  // namespace
+namespace {
+
 constexpr int64_t kMaxLeaseMs = 24LL * 3600 * 1000;
 
 // What a work answer adds to the item's members (WorkBodyText).
@@ -617,8 +624,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                        "the run_id).",
             .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}},
             .roles = {"agent", "operator"},
+            .query = {LimitDoc(kRunPage)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 1000, 10000));
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kRunPage));
               ASSIGN_OR_RETURN(std::vector<WorkItem> items,
                                deps.store.journal().ByRun(ctx.params[0], limit));
               // A mistyped run_id is not a run with nothing in it.
@@ -643,10 +651,13 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                        "?limit= per page and ?cursor= from the previous page's next_cursor.",
             .responses = {{200, "plan.list"}, {400, "problem"}},
             .roles = {"agent", "operator"},
+            .query = {OneOfDoc("state", kPlanStates,
+                               "the plans in this state (default awaiting_approval)"),
+                      CursorDoc(), LimitDoc(kPlansPage)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(std::string state, OneOfParam(ctx, "state", kPlanStates));
               if (state.empty()) state = "awaiting_approval";
-              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 50, 500));
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kPlansPage));
               ASSIGN_OR_RETURN(PlanPage page,
                                deps.store.plans().List(state, limit, QueryParam(ctx, "cursor")));
               Json items = Json::array();
@@ -663,6 +674,10 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "when its state changes (at most 60 s).",
       .responses = {{200, "plan"}, {400, "problem"}, {404, "problem"}},
       .roles = {"agent", "operator"},
+      .query = {{"wait",
+                 {{"type", "string"}, {"pattern", "^[0-9]+(ms|s|m)$"}},
+                 "answer when the plan's state changes, waiting at most this long (at most "
+                 "60s; 400 past it)"}},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         std::string wait = QueryParam(ctx, "wait");
         int64_t wait_ms = 0;
@@ -758,8 +773,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .summary = "Work whose attempts ran out: work_id, kind, attempts, last error, args.",
             .responses = {{200, "dead_letter.list"}},
             .roles = {"operator"},
+            .query = {LimitDoc(kDeadLettersPage)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, 100, 1000));
+              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kDeadLettersPage));
               ASSIGN_OR_RETURN(std::vector<WorkItem> dead, deps.store.journal().DeadLetters(limit));
               Json items = Json::array();
               for (const auto& w : dead) {
@@ -837,6 +853,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .summary = "Release a named lease (?holder=&token=, the token its acquire returned).",
             .responses = {{200, "lease"}, {400, "problem"}, {409, "problem"}},
             .roles = {"agent"},
+            .query = {TextDoc("holder", "the holder that acquired it", true),
+                      TextDoc("token", "the token its acquire returned", true)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               std::string holder = QueryParam(ctx, "holder");
               if (holder.empty()) return InvalidArgument("holder is required", "query:holder");

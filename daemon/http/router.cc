@@ -91,6 +91,13 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
       params.push_back(
           {{"name", p}, {"in", "path"}, {"required", true}, {"schema", {{"type", "string"}}}});
     }
+    for (const QueryDoc& q : r.query) {
+      params.push_back({{"name", q.name},
+                        {"in", "query"},
+                        {"required", q.required},
+                        {"description", q.description},
+                        {"schema", q.schema}});
+    }
     if (r.key_policy != KeyPolicy::kNone) {
       params.push_back({{"name", "Idempotency-Key"},
                         {"in", "header"},
@@ -141,6 +148,9 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
     if (!r.is_public) {
       common(401, "no valid bearer token (when auth.tokens is configured)");
       common(403, "the token lacks the route's role, or Origin / Host is refused");
+    }
+    if (!r.query.empty()) {
+      common(400, "a query parameter is malformed or out of its bounds (pointer query:NAME)");
     }
     if (!r.request_schema.empty()) {
       common(400, "the body is not JSON or breaks the request schema (pointer names the field)");

@@ -94,6 +94,14 @@ struct JournalLane {
   StatusOr<RouteResponse> RunAlone(RequestContext& ctx, Journal& journal) const;
 };
 
+// A query parameter a route reads, for /openapi.json (the handler checks it).
+struct QueryDoc {
+  std::string name;
+  Json schema;  // JSON Schema of its value
+  std::string description;
+  bool required = false;
+};
+
 struct Route {
   std::string method;   // GET, POST, DELETE
   std::string pattern;  // "/v1/decisions/{id}"
@@ -107,6 +115,7 @@ struct Route {
   // the operator page's files, metrics text). Documented in /openapi.json.
   std::map<int, std::map<std::string, std::string>> media;
   std::vector<std::string> roles;  // any of these (or admin); none: any token
+  std::vector<QueryDoc> query;     // the query parameters it reads
   bool raw_text = false;           // response body is text (metrics)
   bool is_public = false;          // no auth (health probes, the API description)
   RouteHandler handler;
