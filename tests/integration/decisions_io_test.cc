@@ -65,6 +65,19 @@ std::string RecordRun(const TempDir& dir, const std::string& config,
   return exported.out;
 }
 
+// A daemon on a fresh store under `dir`, and its answer to importing `body`.
+std::pair<std::unique_ptr<DaemonProcess>, Json> ImportIntoFreshStore(const TempDir& dir,
+                                                                     const std::string& config,
+                                                                     const std::string& body) {
+  std::string err;
+  auto fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
+  REQUIRE_MESSAGE(fresh != nullptr, err);
+  auto r = fresh->Client()->Post("/v1/decisions/import", body, "application/x-ndjson");
+  REQUIRE(r);
+  REQUIRE_MESSAGE(r->status == 200, r->body);
+  return {std::move(fresh), Json::parse(r->body)};
+}
+
 }  // namespace
 
 TEST_CASE("exported decisions imported into an empty store are cache-only hits, ids kept") {
@@ -161,14 +174,8 @@ TEST_CASE("an import refuses a line whose key material was edited and imports th
   const std::string body =
       lines[0].dump() + "\n" + edited_material.dump() + "\n\nnot json\n" + edited_key.dump() + "\n";
 
-  std::string err;
-  auto fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
-  REQUIRE_MESSAGE(fresh != nullptr, err);
+  auto [fresh, result] = ImportIntoFreshStore(dir, config, body);
   auto c = fresh->Client();
-  auto r = c->Post("/v1/decisions/import", body, "application/x-ndjson");
-  REQUIRE(r);
-  REQUIRE_MESSAGE(r->status == 200, r->body);
-  Json result = Json::parse(r->body);
   CHECK(result["imported"] == 1);
   CHECK(result["refused"] == 3);
   REQUIRE(result["results"].size() == 4);
@@ -215,14 +222,8 @@ TEST_CASE(
   const std::string body =
       other_version.dump() + "\n" + null_output.dump() + "\n" + off_schema.dump() + "\n";
 
-  std::string err;
-  auto fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
-  REQUIRE_MESSAGE(fresh != nullptr, err);
+  auto [fresh, result] = ImportIntoFreshStore(dir, config, body);
   auto c = fresh->Client();
-  auto r = c->Post("/v1/decisions/import", body, "application/x-ndjson");
-  REQUIRE(r);
-  REQUIRE_MESSAGE(r->status == 200, r->body);
-  Json result = Json::parse(r->body);
   INFO(result.dump());
   CHECK(result["refused"] == 3);
   CHECK(result["results"][0]["field"] == "/prompt_version");
