@@ -174,7 +174,9 @@ TEST_CASE("an import refuses a line whose key material was edited and imports th
   const std::string body =
       lines[0].dump() + "\n" + edited_material.dump() + "\n\nnot json\n" + edited_key.dump() + "\n";
 
-  auto [fresh, result] = ImportIntoFreshStore(dir, config, body);
+  auto imported = ImportIntoFreshStore(dir, config, body);  // no structured binding: clang 14
+  std::unique_ptr<DaemonProcess>& fresh = imported.first;   // cannot capture one in INFO
+  const Json& result = imported.second;
   auto c = fresh->Client();
   CHECK(result["imported"] == 1);
   CHECK(result["refused"] == 3);
@@ -222,7 +224,9 @@ TEST_CASE(
   const std::string body =
       other_version.dump() + "\n" + null_output.dump() + "\n" + off_schema.dump() + "\n";
 
-  auto [fresh, result] = ImportIntoFreshStore(dir, config, body);
+  auto imported = ImportIntoFreshStore(dir, config, body);  // no structured binding: clang 14
+  std::unique_ptr<DaemonProcess>& fresh = imported.first;   // cannot capture one in INFO
+  const Json& result = imported.second;
   auto c = fresh->Client();
   INFO(result.dump());
   CHECK(result["refused"] == 3);
