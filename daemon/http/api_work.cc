@@ -406,8 +406,11 @@ struct FailRoute {
   StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> failed) const {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(failed));
     if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
-    metrics.work_failed.Inc();
-    if (!r.repeated) RecordClientAttempt(r.item, ctx, false, r.item.last_error);
+    // A repeated fail by the holder that failed it changes nothing.
+    if (!r.repeated) {
+      metrics.work_failed.Inc();
+      RecordClientAttempt(r.item, ctx, false, r.item.last_error);
+    }
     if (r.item.state == WorkState::kDead && !r.repeated) {
       metrics.work_dead.Inc();
       // One journal write, on a rare path (the work's last failure).

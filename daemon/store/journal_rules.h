@@ -130,10 +130,21 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
     *writes = true;
     return JournalOpResult{.outcome = ClaimOutcome::kDone, .item = std::move(next)};
   }
+  if ((current->state == WorkState::kFailed || current->state == WorkState::kDead) &&
+      ConstantTimeEquals(current->lease_token, op.lease_token)) {
+    // A retried Fail by the holder that failed it (its answer was lost):
+    // the first one stands, as for Complete.
+    JournalOpResult r{
+        .outcome = current->state == WorkState::kDead ? ClaimOutcome::kDead : ClaimOutcome::kDone,
+        .item = Scrubbed(*current)};
+    r.repeated = true;
+    return r;
+  }
   if (!Holds(*current, op.lease_token)) return StaleLease(*current);
   WorkItem next = *current;
   next.last_error = op.error;
-  next.lease_token.clear();
+  // lease_token stays (never returned; the next claim replaces it) so that a
+  // retried Fail is a no-op. Holds() needs running: it holds nothing now.
   next.locked_until_ms = 0;
   next.updated_at_ms = op.now_ms;
   ClaimOutcome outcome = ClaimOutcome::kDone;

@@ -287,7 +287,8 @@ struct JournalOpResult {
   // someone else took it over, or it is done or dead); item is the record
   // as found, and nothing was written.
   bool stale_lease = false;
-  // kComplete: retried by the holder that completed it; nothing written.
+  // kComplete/kFail: retried by the holder that completed or failed it;
+  // nothing written, item is the record as the first one left it.
   bool repeated = false;
 };
 

@@ -252,6 +252,13 @@ TEST_CASE("failures are retried until attempts run out, then a dead letter that 
       f.Post("/v1/work/" + id + "/fail",
              {{"lease_token", c["lease_token"]}, {"error", "smtp 451"}, {"retry_after", 0}});
   CHECK(J(failed)["state"] == "failed");
+  // The holder's retry of that fail (its answer lost) is answered, not refused.
+  auto failed_again =
+      f.Post("/v1/work/" + id + "/fail",
+             {{"lease_token", c["lease_token"]}, {"error", "smtp 451"}, {"retry_after", 0}});
+  CHECK(failed_again->status == 200);
+  CHECK(J(failed_again)["state"] == "failed");
+  CHECK(J(failed_again)["attempt"] == 1);
   Json c2 = J(f.Post("/v1/work/claim", claim));
   REQUIRE(c2["attempt"] == 2);
   auto dead = f.Post("/v1/work/" + id + "/fail",

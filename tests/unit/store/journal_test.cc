@@ -153,6 +153,40 @@ TEST_CASE("claim after an honest failure is granted with the next attempt") {
   CHECK(again.item.last_error == "503 from upstream");
 }
 
+TEST_CASE(
+    "a fail retried by its holder is answered as the first one left the work, and writes "
+    "nothing") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w1", kT0);
+  r.max_attempts = 2;
+  ClaimResult c1 = MustClaim(j, r);
+  StatusOr<WorkItem> first = j.Fail("w1", c1.item.lease_token, "503", true, kT0 + 60'000, kT0 + 1);
+  REQUIRE(first.ok());
+  StatusOr<WorkItem> again =
+      j.Fail("w1", c1.item.lease_token, "other error", true, kT0 + 90'000, kT0 + 2);
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  CHECK(again->state == WorkState::kFailed);
+  CHECK(again->last_error == "503");
+  CHECK(again->next_attempt_at_ms == kT0 + 60'000);
+  CHECK(again->updated_at_ms == first->updated_at_ms);
+  CHECK(again->lease_token.empty());  // never handed out again
+  // The next claim takes a new lease; the old token holds nothing any more.
+  ClaimResult c2 = MustClaim(j, ClaimRequest(r));
+  REQUIRE(c2.outcome == ClaimOutcome::kClaimed);
+  CHECK(c2.item.lease_token != c1.item.lease_token);
+  CHECK(j.Fail("w1", c1.item.lease_token, "x", true, 0, kT0 + 3).status().code() ==
+        Code::kFailedPrecondition);
+  // The last attempt fails for good; its holder's retry says dead, once.
+  REQUIRE(j.Fail("w1", c2.item.lease_token, "550", false, 0, kT0 + 4)->state == WorkState::kDead);
+  StatusOr<WorkItem> dead_again = j.Fail("w1", c2.item.lease_token, "550", false, 0, kT0 + 5);
+  REQUIRE(dead_again.ok());
+  CHECK(dead_again->state == WorkState::kDead);
+  CHECK(dead_again->updated_at_ms == kT0 + 4);
+  CHECK(j.DeadLetters(10)->size() == 1);
+}
+
 TEST_CASE("fail with no attempts left makes the work dead") {
   TempDir dir;
   auto store = OpenStore(dir.path());
