@@ -777,9 +777,10 @@ StatusOr<size_t> PlanEngine::SettleFromJournal() {
     ASSIGN_OR_RETURN(std::vector<Plan> plans,
                      m.store.plans().ByState(state, m.options.settle_batch));
     for (const Plan& p : plans) {
+      if (!p.actions.is_array()) continue;
       bool all_done = true;
-      bool ended = p.actions.is_array();
-      for (const Json& a : p.actions.is_array() ? p.actions : Json::array()) {
+      bool ended = true;
+      for (const Json& a : p.actions) {
         StatusOr<WorkItem> w = a.is_object() ? m.WorkOf(a) : StatusOr<WorkItem>(NotFound(""));
         // Not in the journal yet (not submitted, or a client's not claimed)
         // or still pending, running or failed and due again: not ended.
