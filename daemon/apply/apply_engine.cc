@@ -231,6 +231,8 @@ StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,
     case ClaimOutcome::kBusy:
       metrics_.work_busy.Inc();
       return ActionOutcome{ActionOutcomeKind::kBusy, Scrubbed(std::move(claim->item))};
+    case ClaimOutcome::kBackoff:  // failed again between the check above and the claim
+      return ActionOutcome{ActionOutcomeKind::kRetrying, Scrubbed(std::move(claim->item))};
     case ClaimOutcome::kDead:
       // The claim itself buried it when a crashed holder had used the last attempt.
       if (claim->item.updated_at_ms == request.now_ms) {

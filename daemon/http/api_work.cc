@@ -9,6 +9,7 @@
 #include "daemon/http/problem.h"
 #include "daemon/obs/trace.h"
 #include "daemon/plans/plan_engine.h"
+#include "daemon/store/journal_rules.h"
 
 namespace idem {
 namespace {
@@ -77,6 +78,12 @@ RouteResponse Conflict(const Status& st, const WorkItem& w, const std::string& r
   Json work = WorkBody(w);
   for (auto it = work.begin(); it != work.end(); ++it) body[it.key()] = it.value();
   return RouteResponse{409, std::move(body), {}};
+}
+
+// Retry-After's value for a time `at_ms`: whole seconds from `now_ms`,
+// rounded up, at least 1.
+std::string RetryAfterSeconds(int64_t at_ms, int64_t now_ms) {
+  return std::to_string(std::max<int64_t>(1, (at_ms - now_ms + 999) / 1000));
 }
 
 StatusOr<const ActionConfig*> FindKind(const Config& config, const std::string& kind,
@@ -308,7 +315,22 @@ struct ClaimRoute {
         RouteResponse busy = Conflict(Aborted("another caller holds this work under a live lease"),
                                       r.item, ctx.request_id);
         busy.transient = true;  // the holder is still at it
+        busy.headers.emplace_back("Retry-After",
+                                  RetryAfterSeconds(r.item.locked_until_ms, clock.NowMillis()));
         return busy;
+      }
+      case ClaimOutcome::kBackoff: {
+        metrics.work_busy.Inc();
+        RouteResponse wait =
+            Conflict(Aborted("this work failed (attempt " + std::to_string(r.item.attempt) + ": " +
+                             r.item.last_error +
+                             ") and its next attempt is not due yet; claim it again from "
+                             "next_attempt_at_ms"),
+                     r.item, ctx.request_id);
+        wait.transient = true;  // it will be claimable
+        wait.headers.emplace_back("Retry-After",
+                                  RetryAfterSeconds(r.item.next_attempt_at_ms, clock.NowMillis()));
+        return wait;
       }
       case ClaimOutcome::kDead:
         return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
@@ -318,14 +340,12 @@ struct ClaimRoute {
   }
 };
 
-// The answer to a complete or fail whose lease token no longer holds the work.
-RouteResponse StaleLease(const WorkItem& w, const std::string& request_id) {
-  return Conflict(Status(Code::kFailedPrecondition,
-                         "stale lease: the lease token does not hold work " + w.work_id +
-                             " (it is " + std::string(WorkStateName(w.state)) + ", attempt " +
-                             std::to_string(w.attempt) + ")",
-                         "/lease_token"),
-                  w, request_id);
+// The answer to a complete or fail that changed nothing and is refused
+// (journal_rules::Refusal), with the work as it is; nullopt if not refused.
+std::optional<RouteResponse> Refused(const JournalOpResult& r, const std::string& request_id) {
+  Status why = journal_rules::Refusal(r);
+  if (why.ok()) return std::nullopt;
+  return Conflict(why, r.item, request_id);
 }
 
 // A client's report on claimed work, as an attempt under the work's trace
@@ -362,7 +382,7 @@ struct CompleteRoute {
 
   StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> done) const {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(done));
-    if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
+    if (std::optional<RouteResponse> refused = Refused(r, ctx.request_id)) return *refused;
     // A repeated complete by the holder that finished it is not an error.
     if (!r.repeated) {
       metrics.work_completed.Inc();
@@ -405,7 +425,7 @@ struct FailRoute {
 
   StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> failed) const {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(failed));
-    if (r.stale_lease) return StaleLease(r.item, ctx.request_id);
+    if (std::optional<RouteResponse> refused = Refused(r, ctx.request_id)) return *refused;
     // A repeated fail by the holder that failed it changes nothing.
     if (!r.repeated) {
       metrics.work_failed.Inc();

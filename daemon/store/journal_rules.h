@@ -74,8 +74,12 @@ inline std::optional<ClaimOutcome> ReadOnlyOutcome(const std::optional<WorkItem>
     case WorkState::kRunning:
       if (current->locked_until_ms > now_ms) return ClaimOutcome::kBusy;
       return std::nullopt;
-    case WorkState::kPending:
     case WorkState::kFailed:
+      // The backoff the last failure set holds for every claimer, the
+      // daemon's workers and clients alike (R20: one retry policy).
+      if (current->next_attempt_at_ms > now_ms) return ClaimOutcome::kBackoff;
+      return std::nullopt;
+    case WorkState::kPending:
       return std::nullopt;
   }
   return std::nullopt;
@@ -91,6 +95,37 @@ inline JournalOpResult StaleLease(const WorkItem& found) {
   r.item = Scrubbed(found);
   r.stale_lease = true;
   return r;
+}
+
+// A complete or fail whose token does not hold `w`, as an error.
+inline Status StaleLeaseStatus(const WorkItem& w) {
+  return Status(Code::kFailedPrecondition,
+                "stale lease: the lease token does not hold work " + w.work_id + " (it is " +
+                    std::string(WorkStateName(w.state)) + ", attempt " + std::to_string(w.attempt) +
+                    ")",
+                "/lease_token");
+}
+
+// Why a complete or fail (CompleteOrFail's result) changed nothing and is
+// refused, or Ok: a stale lease, a fail after the holder's own complete, a
+// repeated complete with another result than the first's.
+inline Status Refusal(const JournalOpResult& r) {
+  const WorkItem& w = r.item;
+  if (r.after_complete) {
+    return Status(Code::kFailedPrecondition,
+                  "work " + w.work_id + " is done: this lease completed it (attempt " +
+                      std::to_string(w.attempt) + "), and a fail after a complete changes nothing",
+                  "/lease_token");
+  }
+  if (r.stale_lease) return StaleLeaseStatus(w);
+  if (r.differs) {
+    return Status(Code::kFailedPrecondition,
+                  "work " + w.work_id +
+                      " is done: this lease completed it with another result or external_ref, "
+                      "and the first complete stands (it is in this answer)",
+                  "/result");
+  }
+  return Status::Ok();
 }
 
 inline const std::string& OpWorkId(const JournalOp& op) {
@@ -116,12 +151,15 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
         ConstantTimeEquals(current->lease_token, op.lease_token)) {
       JournalOpResult r{.outcome = ClaimOutcome::kDone, .item = Scrubbed(*current)};
       r.repeated = true;  // a retried Complete by the holder that completed it
+      r.differs = op.result != current->result ||
+                  (!op.external_ref.empty() && op.external_ref != current->external_ref);
       return r;
     }
     if (!Holds(*current, op.lease_token)) return StaleLease(*current);
     WorkItem next = *current;
     next.state = WorkState::kDone;
     next.result = op.result;
+    next.last_error.clear();  // an earlier attempt's; the work is done
     if (!op.external_ref.empty()) next.external_ref = op.external_ref;
     next.locked_until_ms = 0;
     next.updated_at_ms = op.now_ms;
@@ -140,7 +178,12 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
     r.repeated = true;
     return r;
   }
-  if (!Holds(*current, op.lease_token)) return StaleLease(*current);
+  if (!Holds(*current, op.lease_token)) {
+    JournalOpResult r = StaleLease(*current);
+    r.after_complete = current->state == WorkState::kDone &&
+                       ConstantTimeEquals(current->lease_token, op.lease_token);
+    return r;
+  }
   WorkItem next = *current;
   next.last_error = op.error;
   // lease_token stays (never returned; the next claim replaces it) so that a

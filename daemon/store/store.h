@@ -246,6 +246,8 @@ enum class ClaimOutcome {
   kDone,     // already done: item.result / item.external_ref are the original
   kBusy,     // someone holds a live lease until item.locked_until_ms
   kDead,     // attempts exhausted; only a requeue revives it
+  kBackoff,  // failed, and its next attempt is not due before item.next_attempt_at_ms:
+             // a claim waits out the backoff its last failure set (R20)
 };
 
 struct ClaimResult {
@@ -290,6 +292,12 @@ struct JournalOpResult {
   // kComplete/kFail: retried by the holder that completed or failed it;
   // nothing written, item is the record as the first one left it.
   bool repeated = false;
+  // With repeated, kComplete: its result or external_ref is not the first
+  // one's, which stands (journal_rules::Refusal says so).
+  bool differs = false;
+  // With stale_lease, kFail: the token's holder completed the work; a fail
+  // after that changes nothing.
+  bool after_complete = false;
 };
 
 // Every WorkItem returned carries an empty lease_token, except the one in a

@@ -108,6 +108,65 @@ TEST_CASE("a stale lease token is refused") {
   CHECK(fresh->status == 200);
 }
 
+TEST_CASE(
+    "a claim before a failure's retry_after is 409 with Retry-After, and is granted once it is "
+    "due") {
+  Fixture f;
+  Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-9"}}}};
+  Json c = J(f.Post("/v1/work/claim", claim));
+  const std::string id = c["work_id"];
+  auto failed =
+      f.Post("/v1/work/" + id + "/fail",
+             {{"lease_token", c["lease_token"]}, {"error", "429 from CRM"}, {"retry_after", 1}});
+  REQUIRE(J(failed)["state"] == "failed");
+
+  // Another worker (or the same one, too soon) is told to wait, not handed
+  // an attempt that would hit the upstream the failure backed off from.
+  auto early = f.Post("/v1/work/claim", claim);
+  REQUIRE(early->status == 409);
+  CHECK(early->get_header_value("Retry-After") == "1");
+  Json e = J(early);
+  CHECK(e["state"] == "failed");
+  CHECK(e["attempt"] == 1);
+  CHECK(e["next_attempt_at_ms"] == J(failed)["next_attempt_at_ms"]);
+  CHECK(e["detail"].get<std::string>().find("429 from CRM") != std::string::npos);
+  CHECK_FALSE(e.contains("lease_token"));
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto due = f.Post("/v1/work/claim", claim);
+  REQUIRE(due->status == 201);
+  Json d = J(due);
+  CHECK(d["attempt"] == 2);
+  // While it is held, a claim is told when the lease ends.
+  auto busy = f.Post("/v1/work/claim", claim);
+  REQUIRE(busy->status == 409);
+  CHECK_FALSE(busy->get_header_value("Retry-After").empty());
+
+  auto done = f.Post("/v1/work/" + id + "/complete",
+                     {{"lease_token", d["lease_token"]}, {"result", {{"crm_id", 3}}}});
+  REQUIRE(done->status == 200);
+  CHECK_FALSE(J(done).contains("last_error"));  // the earlier attempt's error is history
+
+  // The holder's retry with the same result is answered as the first; with
+  // another result it is refused, and the answer carries the one that stands.
+  auto again = f.Post("/v1/work/" + id + "/complete",
+                      {{"lease_token", d["lease_token"]}, {"result", {{"crm_id", 3}}}});
+  CHECK(again->status == 200);
+  CHECK(again->body == done->body);
+  auto other = f.Post("/v1/work/" + id + "/complete",
+                      {{"lease_token", d["lease_token"]}, {"result", {{"crm_id", 4}}}});
+  REQUIRE(other->status == 409);
+  CHECK(J(other)["pointer"] == "/result");
+  CHECK(J(other)["result"] == Json{{"crm_id", 3}});
+  // A fail from the lease that completed it says the work is done.
+  auto late_fail = f.Post("/v1/work/" + id + "/fail",
+                          {{"lease_token", d["lease_token"]}, {"error", "cleanup failed"}});
+  REQUIRE(late_fail->status == 409);
+  CHECK(J(late_fail)["detail"].get<std::string>().find("a fail after a complete") !=
+        std::string::npos);
+  CHECK(J(f.client->Get(("/v1/work/" + id).c_str()))["state"] == "done");
+}
+
 TEST_CASE("64 simultaneous HTTP claims of one work item have one winner") {
   Fixture f;
   Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-64"}}}};

@@ -247,21 +247,23 @@ std::string UnnestRecords() {
 // by this statement, false when it is the record as read (nothing written).
 
 // A record the claim answers without writing (done and not expired, dead,
-// running under a live lease) or that needs more than an upsert (running
-// under an expired lease on its last attempt: it becomes dead).
+// running under a live lease, failed before its next attempt is due) or that needs more than an
+// upsert (running under an expired lease on its last attempt: it becomes dead).
 std::string ReadOnlyPredicate(const std::string& c, const std::string& now) {
   return "((" + c + ".state = 'done' AND NOT (" + c + ".expires_at_ms <> 0 AND " + c +
          ".expires_at_ms <= " + now + ")) OR " + c + ".state = 'dead' OR (" + c +
          ".state = 'running' AND (" + c + ".locked_until_ms > " + now + " OR " + c +
-         ".attempt >= " + c + ".max_attempts)))";
+         ".attempt >= " + c + ".max_attempts)) OR (" + c + ".state = 'failed' AND " + c +
+         ".next_attempt_at_ms > " + now + "))";
 }
 
 // The record may be claimed by an upsert: done with its window over (a new
-// record), pending, failed, or running under an expired lease with attempts
-// left.
+// record), pending, failed with its backoff waited out, or running under an expired lease with
+// attempts left.
 std::string ClaimablePredicate(const std::string& j, const std::string& now) {
   return "((" + j + ".state = 'done' AND " + j + ".expires_at_ms <> 0 AND " + j +
-         ".expires_at_ms <= " + now + ") OR " + j + ".state IN ('pending', 'failed') OR (" + j +
+         ".expires_at_ms <= " + now + ") OR " + j + ".state = 'pending' OR (" + j +
+         ".state = 'failed' AND " + j + ".next_attempt_at_ms <= " + now + ") OR (" + j +
          ".state = 'running' AND " + j + ".locked_until_ms <= " + now + " AND " + j +
          ".attempt < " + j + ".max_attempts))";
 }
@@ -361,12 +363,6 @@ ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimReques
   return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
 }
 
-Status StaleLeaseStatus(const WorkItem& w) {
-  return FailedPrecondition("the lease token does not hold work " + w.work_id + " (it is " +
-                            std::string(WorkStateName(w.state)) + ", attempt " +
-                            std::to_string(w.attempt) + ")");
-}
-
 // The outbox hears of work done and work dead, in the same transaction.
 Status StageEvent(Conn& c, const std::optional<WorkItem>& before, const WorkItem& after) {
   ASSIGN_OR_RETURN(std::optional<WorkEvent> event, WorkEventFor(before, after));
@@ -436,8 +432,7 @@ class PgJournal final : public Journal {
     op.now_ms = now_ms;
     std::vector<StatusOr<JournalOpResult>> out = RunOps(std::span<const JournalOp>(&op, 1));
     RETURN_IF_ERROR(out[0].status());
-    if (out[0]->stale_lease) return StaleLeaseStatus(out[0]->item);
-    return Status::Ok();
+    return Refusal(*out[0]);
   }
 
   Status RecordExternalRef(const std::string& work_id, const std::string& lease_token,
@@ -470,7 +465,7 @@ class PgJournal final : public Journal {
     op.retry_delay_ms = [retry_at_ms, now_ms](const WorkItem&) { return retry_at_ms - now_ms; };
     std::vector<StatusOr<JournalOpResult>> out = RunOps(std::span<const JournalOp>(&op, 1));
     RETURN_IF_ERROR(out[0].status());
-    if (out[0]->stale_lease) return StaleLeaseStatus(out[0]->item);
+    RETURN_IF_ERROR(Refusal(*out[0]));
     return std::move(out[0]->item);
   }
 

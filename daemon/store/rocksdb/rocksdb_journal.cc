@@ -71,12 +71,6 @@ ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimReques
 
 std::string WorkLabel(const std::string& work_id) { return "work " + work_id; }
 
-Status StaleLeaseStatus(const WorkItem& w) {
-  return FailedPrecondition("the lease token does not hold " + WorkLabel(w.work_id) + " (it is " +
-                            std::string(WorkStateName(w.state)) + ", attempt " +
-                            std::to_string(w.attempt) + ")");
-}
-
 }  // namespace
 
 StatusOr<std::optional<WorkItem>> RocksJournal::Load(const std::string& work_id,
@@ -423,8 +417,7 @@ Status RocksJournal::Complete(const std::string& work_id, const std::string& lea
   op.external_ref = external_ref;
   op.now_ms = now_ms;
   ASSIGN_OR_RETURN(JournalOpResult r, RunOne(std::move(op)));
-  if (r.stale_lease) return StaleLeaseStatus(r.item);
-  return Status::Ok();
+  return Refusal(r);
 }
 
 StatusOr<WorkItem> RocksJournal::Fail(const std::string& work_id, const std::string& lease_token,
@@ -439,7 +432,7 @@ StatusOr<WorkItem> RocksJournal::Fail(const std::string& work_id, const std::str
   op.now_ms = now_ms;
   op.retry_delay_ms = [retry_at_ms, now_ms](const WorkItem&) { return retry_at_ms - now_ms; };
   ASSIGN_OR_RETURN(JournalOpResult r, RunOne(std::move(op)));
-  if (r.stale_lease) return StaleLeaseStatus(r.item);
+  RETURN_IF_ERROR(Refusal(r));
   return std::move(r.item);
 }
 

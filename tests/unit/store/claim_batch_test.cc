@@ -249,8 +249,12 @@ TEST_CASE("a batch mixes claims, completes and fails, each with the outcome a si
   CHECK(j.Get("c")->state == WorkState::kFailed);
   CHECK(j.Get("d")->state == WorkState::kDead);
   CHECK(j.Get("new")->state == WorkState::kRunning);
-  // The single call agrees with the batch about a retried complete.
-  CHECK(j.Complete("a", a->item.lease_token, Json{{"n", 2}}, "", kT0 + 9).ok());
+  // The single call agrees with the batch about a retried complete, and
+  // refuses one that brings another result: the first stands.
+  CHECK(j.Complete("a", a->item.lease_token, Json{{"n", 1}}, "", kT0 + 9).ok());
+  Status other = j.Complete("a", a->item.lease_token, Json{{"n", 2}}, "", kT0 + 9);
+  CHECK(other.code() == Code::kFailedPrecondition);
+  CHECK(other.field() == "/result");
   CHECK(j.Get("a")->result == Json{{"n", 1}});
 }
 

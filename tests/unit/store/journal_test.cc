@@ -131,7 +131,9 @@ TEST_CASE("an expired lease nobody took over can still complete") {
   CHECK(store->journal().Get("w1")->state == WorkState::kDone);
 }
 
-TEST_CASE("claim after an honest failure is granted with the next attempt") {
+TEST_CASE(
+    "claim of failed work waits out the backoff its failure set, then is granted with the next "
+    "attempt") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   Journal& j = store->journal();
@@ -147,10 +149,22 @@ TEST_CASE("claim after an honest failure is granted with the next attempt") {
   // The old token is spent.
   CHECK(j.Complete("w1", c.item.lease_token, 1, "", kT0 + 20).code() == Code::kFailedPrecondition);
 
-  ClaimResult again = MustClaim(j, Req("w1", kT0 + 20));
+  // Before its next attempt is due, a claim (anyone's) is told when it is.
+  ClaimResult early = MustClaim(j, Req("w1", kT0 + 20));
+  CHECK(early.outcome == ClaimOutcome::kBackoff);
+  CHECK(early.item.state == WorkState::kFailed);
+  CHECK(early.item.attempt == 1);
+  CHECK(early.item.next_attempt_at_ms == kT0 + 60'000);
+  CHECK(early.item.lease_token.empty());
+  CHECK(j.Get("w1")->updated_at_ms == kT0 + 10);  // nothing written
+
+  ClaimResult again = MustClaim(j, Req("w1", kT0 + 60'000));
   CHECK(again.outcome == ClaimOutcome::kClaimed);
   CHECK(again.item.attempt == 2);
   CHECK(again.item.last_error == "503 from upstream");
+  // Done, the record no longer carries the earlier attempt's error.
+  REQUIRE(j.Complete("w1", again.item.lease_token, 1, "", kT0 + 60'001).ok());
+  CHECK(j.Get("w1")->last_error.empty());
 }
 
 TEST_CASE(
@@ -173,7 +187,9 @@ TEST_CASE(
   CHECK(again->updated_at_ms == first->updated_at_ms);
   CHECK(again->lease_token.empty());  // never handed out again
   // The next claim takes a new lease; the old token holds nothing any more.
-  ClaimResult c2 = MustClaim(j, ClaimRequest(r));
+  ClaimRequest due = r;
+  due.now_ms = kT0 + 60'000;  // its backoff waited out
+  ClaimResult c2 = MustClaim(j, due);
   REQUIRE(c2.outcome == ClaimOutcome::kClaimed);
   CHECK(c2.item.lease_token != c1.item.lease_token);
   CHECK(j.Fail("w1", c1.item.lease_token, "x", true, 0, kT0 + 3).status().code() ==
@@ -279,13 +295,25 @@ TEST_CASE("a duplicate of done work returns the original result and external_ref
   CHECK(dup.item.expires_at_ms == 0);  // window 0: remembered forever
 }
 
-TEST_CASE("completing again with the same token changes nothing") {
+TEST_CASE(
+    "completing again with the same token changes nothing, and another result than the first's is "
+    "refused") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   Journal& j = store->journal();
   ClaimResult c = MustClaim(j, Req("w1", kT0));
   REQUIRE(j.Complete("w1", c.item.lease_token, 1, "r1", kT0 + 5).ok());
-  CHECK(j.Complete("w1", c.item.lease_token, 2, "r2", kT0 + 6).ok());
+  CHECK(j.Complete("w1", c.item.lease_token, 1, "r1", kT0 + 6).ok());
+  CHECK(j.Complete("w1", c.item.lease_token, 1, "", kT0 + 6).ok());  // no ref: not another one
+  Status other_result = j.Complete("w1", c.item.lease_token, 2, "r1", kT0 + 6);
+  CHECK(other_result.code() == Code::kFailedPrecondition);
+  CHECK(other_result.field() == "/result");
+  CHECK(j.Complete("w1", c.item.lease_token, 1, "r2", kT0 + 6).code() == Code::kFailedPrecondition);
+  // A fail by the lease that completed it says so, and changes nothing.
+  StatusOr<WorkItem> fail_after = j.Fail("w1", c.item.lease_token, "late", true, 0, kT0 + 7);
+  CHECK(fail_after.status().code() == Code::kFailedPrecondition);
+  CHECK(fail_after.status().message().find("a fail after a complete") != std::string::npos);
+  CHECK(j.Get("w1")->state == WorkState::kDone);
   CHECK(j.Get("w1")->result == 1);
   CHECK(j.Get("w1")->external_ref == "r1");
   CHECK(j.Complete("w1", "not-the-token", 2, "r2", kT0 + 6).code() == Code::kFailedPrecondition);
