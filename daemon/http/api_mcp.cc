@@ -383,7 +383,12 @@ void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
                                    {413, {{"application/json", "mcp.response"}}}},
                          .roles = {"agent"},
                          .handler = handler,
-                         .request_headers = headers});
+                         .request_headers = headers,
+                         .body_refusal = [](const Status& why, bool not_json) {
+                           std::string msg = why.message();
+                           if (!why.field().empty()) msg += " (at " + why.field() + ")";
+                           return McpBodyRefusal(msg, not_json);
+                         }});
   routes.push_back(Route{.method = "GET",
                          .pattern = "/mcp",
                          .summary = "MCP: 405, this server opens no server-to-client stream.",

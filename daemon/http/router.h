@@ -130,6 +130,11 @@ struct Route {
   // With raw_body: the media types it takes (415 for another, as for a JSON
   // body); empty: any (webhook senders choose theirs).
   std::vector<std::string> raw_body_types;
+  // Set: a JSON body this pipeline refuses (not JSON, too deep, against the
+  // request schema) is answered with this text as application/json, with
+  // the same HTTP status, instead of problem+json (MCP's JSON-RPC errors:
+  // -32700 for `not_json`, -32600 otherwise).
+  std::function<std::string(const Status& why, bool not_json)> body_refusal;
 
   std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;

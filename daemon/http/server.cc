@@ -600,8 +600,14 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     JsonLimits limits;
     limits.max_bytes = deps_.config.server.max_body_bytes;
     limits.max_depth = deps_.config.server.max_json_depth;
+    // A refused body, as problem+json or in the route's own terms.
+    auto refuse_body = [&](const Status& why, bool not_json, int status_override = 0) {
+      if (!route.body_refusal) return Fail(res, why, ctx.request_id, status_override);
+      Fail(res, why, ctx.request_id, status_override);  // counts it, sets X-Request-Id
+      res.SetContent(route.body_refusal(why, not_json), "application/json");
+    };
     if (req.body.empty()) {
-      Fail(res, InvalidArgument("a JSON body is required", ""), ctx.request_id);
+      refuse_body(InvalidArgument("a JSON body is required", ""), /*not_json=*/true);
       return false;
     }
     auto body = ParseJson(req.body, limits);
@@ -611,7 +617,7 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
       // with the pointer where it went too deep (README, Limits).
       const bool too_deep =
           body.status().code() == Code::kResourceExhausted && req.body.size() <= limits.max_bytes;
-      Fail(res, body.status(), ctx.request_id, too_deep ? 400 : 0);
+      refuse_body(body.status(), /*not_json=*/!too_deep, too_deep ? 400 : 0);
       return false;
     }
     ctx.body = std::move(body).value();
@@ -619,7 +625,7 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     if (sit != schemas_->by_name.end()) {
       Status valid = sit->second->Validate(ctx.body);
       if (!valid.ok()) {
-        Fail(res, valid, ctx.request_id);
+        refuse_body(valid, /*not_json=*/false);
         return false;
       }
     }

@@ -46,6 +46,10 @@ bool ValidId(const Json& id) { return id.is_string() || id.is_number_integer(); 
 
 }  // namespace
 
+std::string McpBodyRefusal(const std::string& message, bool not_json) {
+  return RpcError(nullptr, not_json ? -32700 : -32600, message).dump();
+}
+
 struct McpProtocol::Impl {
   Impl(McpToolbox& toolbox, McpOptions options) : toolbox(toolbox), options(std::move(options)) {}
 

@@ -84,6 +84,11 @@ struct McpOptions {
   std::string server_version = kVersion;  // initialize's serverInfo, as `idem --version`
 };
 
+// The JSON-RPC error (id null) for a POST body the HTTP layer refused before
+// Handle: -32700 (parse error) when it is not JSON, -32600 (invalid request)
+// when it is JSON of the wrong shape.
+std::string McpBodyRefusal(const std::string& message, bool not_json);
+
 class McpProtocol {
  public:
   // `toolbox` must outlive the protocol. `now_ms` is the clock for session

@@ -221,6 +221,37 @@ TEST_CASE("bad requests get problem+json with a pointer and store nothing") {
   CHECK(fixed->get_header_value("Idempotent-Replayed") == "");
 }
 
+TEST_CASE("a body on /mcp that is not a JSON-RPC message gets a JSON-RPC error, not a problem") {
+  Fixture f;
+  f.Start();
+  struct Case {
+    std::string body;
+    int code;
+  };
+  std::string deep;
+  for (int i = 0; i < 200; ++i) deep += "[";
+  for (int i = 0; i < 200; ++i) deep += "]";
+  for (const Case& c : {Case{"this is not json", -32700}, Case{R"({"jsonrpc":"2.0",)", -32700},
+                        Case{"", -32700}, Case{"42", -32600}, Case{deep, -32600}}) {
+    CAPTURE(c.body.substr(0, 40));
+    auto res = f.client->Post("/mcp", {{"Accept", "application/json, text/event-stream"}}, c.body,
+                              "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 400);
+    CHECK(res->get_header_value("Content-Type") == "application/json");
+    CHECK_FALSE(res->get_header_value("X-Request-Id").empty());
+    Json rpc = Json::parse(res->body);  // MCP clients read this, as for every /mcp answer
+    CHECK(rpc["jsonrpc"] == "2.0");
+    CHECK(rpc["id"].is_null());
+    CHECK(rpc["error"]["code"] == c.code);
+    CHECK(rpc["error"]["message"].is_string());
+  }
+  // Other routes keep problem+json.
+  auto other = f.client->Post("/v1/decide", "this is not json", "application/json");
+  REQUIRE(other);
+  CHECK(other->get_header_value("Content-Type") == "application/problem+json");
+}
+
 TEST_CASE("an invalid config fails start-up naming the file, the path and the reason") {
   TempDir dir;
   std::string config = WriteTestConfig(dir, kRules, "bogus_section: {a: 1}\n");
