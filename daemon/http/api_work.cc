@@ -238,7 +238,11 @@ struct ClaimRoute {
   // and then claims with the approved args.
   std::optional<StatusOr<RouteResponse>> gate(RequestContext& ctx) const {
     auto kit = config.actions.find(ctx.body.value("kind", ""));
-    if (kit == config.actions.end() || !kit->second.approval) return std::nullopt;
+    if (kit == config.actions.end()) return std::nullopt;  // prepare names the unknown kind
+    if (Status args = CheckClaimArgs(kit->second, ctx.body); !args.ok()) {
+      return StatusOr<RouteResponse>(args);
+    }
+    if (!kit->second.approval) return std::nullopt;
     Json args = ctx.body.value("args", Json::object());
     if (!args.is_object()) args = Json::object();
     const Json& identity = ctx.body["identity"];
@@ -255,6 +259,36 @@ struct ClaimRoute {
     if (!g->allowed) return StatusOr<RouteResponse>(AwaitingApproval(g->plan));
     if (!g->plan.plan_id.empty()) ctx.body["args"] = g->args;
     return std::nullopt;
+  }
+
+  // The args a claim brings must be the work its identity names, and what
+  // the kind's args_schema takes: a kind with an effector runs them itself
+  // when the claimer's lease runs out (a takeover), as /v1/actions would
+  // after the same checks. Identity fields the args leave out are filled in
+  // from the identity. Client-only work claimed without args is the
+  // client's to know; nothing is checked or added then.
+  Status CheckClaimArgs(const ActionConfig& kind, Json& body) const {
+    const bool has_args = body.contains("args");
+    if (!has_args && kind.effector.empty()) return Status::Ok();
+    Json args = has_args ? body["args"] : Json::object();
+    if (!args.is_object()) return InvalidArgument("args must be an object", "/args");
+    const Json& identity = body["identity"];
+    for (const std::string& field : kind.identity_fields) {
+      Json::json_pointer ptr(field);
+      if (!identity.is_object() || !identity.contains(ptr)) continue;  // prepare says so
+      if (!args.contains(ptr)) {
+        args[ptr] = identity.at(ptr);
+      } else if (args.at(ptr) != identity.at(ptr)) {
+        return InvalidArgument(
+            "args" + field + " is not the identity's " + field +
+                ": the args must describe the work the identity names (the work_id is the "
+                "identity's)",
+            "/args" + field);
+      }
+    }
+    RETURN_IF_ERROR(plans.CheckArgs(kind, args, "/args"));
+    body["args"] = std::move(args);
+    return Status::Ok();
   }
 
   StatusOr<JournalOp> prepare(RequestContext& ctx) const {

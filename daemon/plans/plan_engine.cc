@@ -202,7 +202,12 @@ struct PlanEngine::Impl {
         needs = JsonLogicTruthy(*result);
       }
     }
-    if (!needs) return;
+    if (needs) Gate(v, index, kind, reason, policy);
+  }
+
+  // Action `index` needs a human, for `reason`, within `policy`'s timeout.
+  static void Gate(Verdict& v, size_t index, const std::string& kind, const std::string& reason,
+                   const ApprovalPolicy& policy) {
     v.reasons.push_back({{"index", index}, {"kind", kind}, {"reason", reason}});
     if (v.timeout_ms == 0 || policy.timeout_ms < v.timeout_ms) {
       v.timeout_ms = policy.timeout_ms;
@@ -247,8 +252,32 @@ struct PlanEngine::Impl {
       if (kit != config.actions.end() && kit->second.approval) {
         Judge(*kit->second.approval, data, i, kind, v);
       }
+      // Args the kind's schema refuses (a model's output that a ticket can
+      // steer) go to a human, who edits or rejects them: a rule over them
+      // may not mean what its author meant (a missing amount is not > 100).
+      if (Status valid = CheckActionArgs(kind, args, "/" + std::to_string(i) + "/args");
+          !valid.ok()) {
+        ApprovalPolicy fallback;  // its timeout and on_timeout are the defaults
+        const ApprovalPolicy& p = kit != config.actions.end() && kit->second.approval
+                                      ? *kit->second.approval
+                                      : (step_policy != nullptr ? *step_policy : fallback);
+        Gate(v, i, kind, valid.message() + " (at " + valid.field() + ")", p);
+      }
     }
     return v;
+  }
+
+  // `args` of an action of `kind` against the kind's args_schema (OK when it
+  // has none or the kind is unknown): InvalidArgument at `at` + the pointer.
+  Status CheckActionArgs(const std::string& kind, const Json& args, const std::string& at) const {
+    auto it = args_schemas.find(kind);
+    if (it == args_schemas.end()) return Status::Ok();
+    std::vector<SchemaError> errors = it->second->Errors(args);
+    if (errors.empty()) return Status::Ok();
+    return InvalidArgument("args do not match the args_schema of " + kind + ": " +
+                               (errors[0].pointer.empty() ? "" : errors[0].pointer + ": ") +
+                               errors[0].message,
+                           at + errors[0].pointer);
   }
 
   void ApplyVerdict(Plan& plan, const Verdict& v, int64_t now) const {
@@ -383,9 +412,10 @@ struct PlanEngine::Impl {
   }
 
   // Edits [{path, value}] applied to a copy of `actions`; each edited
-  // action is checked against its kind's args schema and identity.
+  // action is checked against its kind's args schema and identity, and
+  // each other one against its schema (it runs as it is).
   StatusOr<Json> Edit(const Json& actions, const Json& edits) const {
-    if (edits.is_null()) return actions;
+    if (edits.is_null()) return Edit(actions, Json::array());
     if (!edits.is_array())
       return InvalidArgument("edits must be a list of {path, value}", "/edits");
     static const std::regex kPath(R"(^/(0|[1-9][0-9]{0,5})/args(/.*)?$)");
@@ -426,7 +456,19 @@ struct PlanEngine::Impl {
       touched[index] = static_cast<int>(i);
     }
     for (size_t i = 0; i < out.size(); ++i) {
-      if (touched[i] < 0) continue;
+      if (touched[i] < 0) {
+        // Not edited: it runs as it is, so it too must fit its schema.
+        const std::string kind = out[i].is_object() ? out[i].value("kind", "") : "";
+        Status valid =
+            CheckActionArgs(kind, out[i].is_object() ? out[i].value("args", Json()) : Json(),
+                            "/" + std::to_string(i) + "/args");
+        if (!valid.ok()) {
+          return InvalidArgument(
+              valid.message() + "; edit " + valid.field() + " (an edit's path) or reject the plan",
+              "/edits");
+        }
+        continue;
+      }
       const std::string at = "/edits/" + std::to_string(touched[i]) + "/value";
       const std::string kind = out[i].value("kind", "");
       auto kit = config.actions.find(kind);
@@ -558,14 +600,7 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
 
 Status PlanEngine::CheckArgs(const ActionConfig& kind, const Json& args,
                              const std::string& at) const {
-  auto it = impl_->args_schemas.find(kind.name);
-  if (it == impl_->args_schemas.end()) return Status::Ok();
-  std::vector<SchemaError> errors = it->second->Errors(args);
-  if (errors.empty()) return Status::Ok();
-  return InvalidArgument("args do not match the args_schema of " + kind.name + ": " +
-                             (errors[0].pointer.empty() ? "" : errors[0].pointer + ": ") +
-                             errors[0].message,
-                         at + errors[0].pointer);
+  return impl_->CheckActionArgs(kind.name, args, at);
 }
 
 StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::string& actor,
@@ -621,6 +656,12 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
       }
     } else if (m.config.actions.count(r.kind) == 0) {
       r.outcome = NotFound("unknown action kind '" + r.kind + "'");
+    } else if (Status valid = m.CheckActionArgs(r.kind, a.value("args", Json::object()),
+                                                "/actions/" + std::to_string(i) + "/args");
+               !valid.ok()) {
+      // Never executed: a plan made before its kind had this schema, or
+      // approved unedited by an older daemon.
+      r.outcome = valid;
     } else {
       r.outcome = m.apply.Submit(r.kind, a.value("args", Json::object()), plan_id, request_id);
     }

@@ -197,6 +197,46 @@ TEST_CASE("a plan that needs approval is not applied until approved, by any of t
   CHECK(J(claimed)["args"]["to"] == "Oslo");
 }
 
+TEST_CASE(
+    "a claim of a kind the daemon executes brings args its schema takes and its identity names, so "
+    "a takeover never runs unchecked args") {
+  Fixture f;
+  auto claim = [&](const std::string& order, const Json& args) {
+    Json body = {{"kind", "refund"}, {"identity", {{"order_id", order}}}, {"lease", "1s"}};
+    if (!args.is_null()) body["args"] = args;
+    return f.Post("/v1/work/claim", body, kAgent);
+  };
+  struct Refused {
+    std::string order;
+    Json args;
+    std::string pointer;
+  };
+  for (const Refused& r : std::vector<Refused>{
+           {"O-20", Json(), "/args/amount"},  // no args: the worker would send {}
+           {"O-21", {{"amount", "lots"}}, "/args/amount"},
+           {"O-22", {{"order_id", "O-23"}, {"amount", 5}}, "/args/order_id"},  // other work
+       }) {
+    CAPTURE(r.order);
+    auto refused = claim(r.order, r.args);
+    REQUIRE(refused->status == 400);
+    CHECK(J(refused)["pointer"] == r.pointer);
+  }
+  // Args without the identity's fields get them from the identity.
+  auto claimed = claim("O-24", {{"amount", 5}});
+  REQUIRE(claimed->status == 201);
+  CHECK(J(claimed)["args"] == Json{{"amount", 5}, {"order_id", "O-24"}});
+  // The policy sees the same args as /v1/actions would: over 100 waits.
+  CHECK(claim("O-25", {{"amount", 5000}})->status == 202);
+  // The lease runs out and the daemon's worker takes the work over: it
+  // sends the checked args, and nothing of the refused claims.
+  for (int i = 0; i < 100 && f.target->Records("records").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::vector<Json> records = f.target->Records("records");
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].dump().find("O-24") != std::string::npos);
+}
+
 TEST_CASE("a rejected plan is never applied, and a rejection needs a reason") {
   Fixture f;
   std::string id = f.GatedRefund("O-9", 700);
@@ -210,9 +250,12 @@ TEST_CASE("a rejected plan is never applied, and a rejection needs a reason") {
   CHECK(again->status == 409);
   CHECK(again->body.find("duplicate order") != std::string::npos);
   // A claim and a run of the same work are refused too, pointing at what
-  // each of them sent (there is no /args in either body).
-  auto claim =
-      f.Post("/v1/work/claim", {{"kind", "refund"}, {"identity", {{"order_id", "O-9"}}}}, kAgent);
+  // names the work in each of them (the identity; the run's item).
+  auto claim = f.Post("/v1/work/claim",
+                      {{"kind", "refund"},
+                       {"identity", {{"order_id", "O-9"}}},
+                       {"args", {{"order_id", "O-9"}, {"amount", 700}}}},
+                      kAgent);
   CHECK(claim->status == 409);
   CHECK(J(claim)["pointer"] == "/identity");
   auto run = f.Post(

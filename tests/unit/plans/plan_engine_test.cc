@@ -229,6 +229,63 @@ TEST_CASE("an approval cannot edit its action into work whose own plan waits or 
   CHECK(h.store_->plans().Get(waiting.plan_id)->state == "awaiting_approval");
 }
 
+TEST_CASE(
+    "a decision's plan whose args break the kind's schema waits for a human, who must edit or "
+    "reject it") {
+  PlanHarness h;
+  ApprovalPolicy over_100;
+  over_100.require = "when";
+  over_100.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
+  over_100.reason = "refunds over 100";
+  h.Kind("refund", over_100);
+  h.config_.steps["triage"].name = "triage";
+  h.config_.steps["triage"].plan_pointer = "/actions";
+  Decision d;
+  d.decision_id = "dec_" + std::string(32, 'a');
+  d.step = "triage";
+  // A model (steered by a ticket) puts the amount where the rule reads
+  // nothing: `>` of an object is false, so the rule alone lets it through.
+  d.output = {
+      {"actions", Json::array({{{"kind", "refund"},
+                                {"args", {{"id", "r-1"}, {"amount", {{"value", 9000}}}}}}})}};
+  {
+    // Without a schema the kind takes any args: the rule is all there is.
+    auto proposed = h.Plans().ProposeFromDecision(d, "agent-1");
+    REQUIRE_MESSAGE(proposed.ok(), proposed.status().ToString());
+    CHECK(proposed->state == "proposed");
+  }
+  // The kind gets its schema (a new config); the plan made before it is
+  // never executed with args the schema refuses.
+  h.plans.reset();
+  h.config_.actions["refund"].args_schema = Json::parse(
+      R"({"type":"object","required":["id","amount"],"properties":{"amount":{"type":"number"}}})");
+  auto stale = h.Plans().Apply("plan_" + std::string(32, 'a'), "agent-1", "r");
+  REQUIRE_MESSAGE(stale.ok(), stale.status().ToString());
+  REQUIRE(stale->actions.size() == 1);
+  CHECK(stale->actions[0].outcome.status().code() == Code::kInvalidArgument);
+  CHECK(stale->actions[0].outcome.status().field() == "/actions/0/args/amount");
+  CHECK(h.fake().stats().raw_calls == 0);
+
+  d.decision_id = "dec_" + std::string(32, 'b');
+  auto gated = h.Plans().ProposeFromDecision(d, "agent-1");
+  REQUIRE_MESSAGE(gated.ok(), gated.status().ToString());
+  CHECK(gated->state == "awaiting_approval");
+  const std::string reason = gated->approval["reasons"][0]["reason"];
+  CHECK(reason.find("args_schema") != std::string::npos);
+  CHECK(reason.find("/0/args/amount") != std::string::npos);
+  // Approving it as it is would run those args: refused, with what to edit.
+  auto unedited = h.Plans().Approve(gated->plan_id, "op-1", "", Json(), "r");
+  CHECK(unedited.status().code() == Code::kInvalidArgument);
+  CHECK(unedited.status().field() == "/edits");
+  CHECK(unedited.status().message().find("/0/args/amount") != std::string::npos);
+  CHECK(h.store_->plans().Get(gated->plan_id)->state == "awaiting_approval");
+  CHECK(h.fake().stats().raw_calls == 0);
+  auto edited = h.Plans().Approve(gated->plan_id, "op-1", "",
+                                  Json::array({{{"path", "/0/args/amount"}, {"value", 90}}}), "r");
+  REQUIRE_MESSAGE(edited.ok(), edited.status().ToString());
+  CHECK(h.fake().stats().raw_calls == 1);
+}
+
 TEST_CASE("a plan's state follows its actions in the journal after the apply call returned") {
   PlanHarness h;
   h.Kind("wire", Always(60'000, "expire"));
