@@ -422,9 +422,13 @@ std::string DumpJson(const Json& value) {
 }
 
 std::optional<Json> ParseJsonBody(std::string_view body) {
-  Json parsed = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return std::nullopt;
-  return parsed;
+  // The size was bounded as the body arrived; the depth is bounded here,
+  // since everything that walks a value (dump, JCS, schema checks, ==)
+  // recurses: a body nested 120,000 deep overflowed a handler's stack.
+  StatusOr<Json> parsed =
+      ParseJson(body, JsonLimits{.max_bytes = body.size(), .max_depth = kMaxWireJsonDepth});
+  if (!parsed.ok()) return std::nullopt;
+  return std::move(parsed).value();
 }
 
 }  // namespace idem

@@ -162,7 +162,13 @@ StatusOr<HttpHeaders> ConfigHeaders(const ProviderConfig& config);
 // U+FFFD instead of throwing.
 std::string DumpJson(const Json& value);
 
-// Parses a provider's answer body without throwing; nullopt if not JSON.
+// How deep a provider's or an effector's answer (and a model's output in
+// it) may nest. As deep as a request may (server.max_json_depth's default).
+inline constexpr int kMaxWireJsonDepth = 64;
+
+// Parses a provider's or an effector's answer body without throwing;
+// nullopt if it is not JSON, nests deeper than kMaxWireJsonDepth, repeats
+// a member name, or holds invalid UTF-8 (ParseJson).
 std::optional<Json> ParseJsonBody(std::string_view body);
 
 }  // namespace idem

@@ -15,6 +15,17 @@ HttpResponse Answer(int status, std::string body = "", HttpHeaders headers = {})
   return r;
 }
 
+TEST_CASE("an answer nested deeper than the wire limit is not JSON, not a crash") {
+  auto nested = [](int depth) {
+    return R"({"category":)" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  CHECK(ParseJsonBody(nested(kMaxWireJsonDepth - 1)).has_value());
+  CHECK_FALSE(ParseJsonBody(nested(kMaxWireJsonDepth)).has_value());
+  CHECK_FALSE(ParseJsonBody(nested(200'000)).has_value());
+  CHECK_FALSE(ParseJsonBody(R"({"a":1,"a":2})").has_value());  // which one would the model mean?
+  CHECK(ParseJsonBody(R"({"a":[1,{"b":null}]})") == Json::parse(R"({"a":[1,{"b":null}]})"));
+}
+
 TEST_CASE("HTTP statuses map to one code and retryable bit each") {
   struct Row {
     int status;
