@@ -5,6 +5,7 @@
 // Thread-safety: the handlers are thread-safe; the deps must outlive them.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <span>
 #include <vector>
@@ -34,6 +35,10 @@ struct ApiDeps {
   Notifier& notifier;             // awaiting_approval / approval_overdue / escalation / dead_letter
   ReplayJobs* replays = nullptr;  // bulk replay jobs; null: /v1/replays answers 503
   CostLedger* costs = nullptr;    // GET /v1/stats/cost (null: the route answers 503)
+  // Set when the daemon begins to stop (SIGTERM): a long handler (a run)
+  // starts no more work and answers 503, so the stop is bounded by the
+  // work already started, not by the rest of a 10,000-item run.
+  const std::atomic<bool>* stopping = nullptr;
 };
 
 // Every route, /openapi.json included (documenting all of them).

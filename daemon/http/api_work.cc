@@ -249,7 +249,8 @@ struct ClaimRoute {
     if (identity.is_object()) {
       for (auto it = identity.begin(); it != identity.end(); ++it) args[it.key()] = it.value();
     }
-    StatusOr<Gate> g = plans.GateAction(kit->second, args, "claim", ctx.caller);
+    StatusOr<Gate> g =
+        plans.GateAction(kit->second, args, "claim", ctx.caller, ctx.body.value("run_id", ""));
     // A refused plan is about the work the identity names.
     if (!g.ok()) {
       const Status& s = g.status();
@@ -577,7 +578,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                          FindKind(deps.config, ctx.params[0], "path:kind"));
         RETURN_IF_ERROR(deps.plans.CheckArgs(*kind, ctx.body["args"], "/args"));
         ASSIGN_OR_RETURN(Gate gate,
-                         deps.plans.GateAction(*kind, ctx.body["args"], "action", ctx.caller));
+                         deps.plans.GateAction(*kind, ctx.body["args"], "action", ctx.caller,
+                                               ctx.body.value("run_id", "")));
         if (!gate.allowed) return AwaitingApproval(gate.plan);
         ASSIGN_OR_RETURN(
             ActionOutcome o,
@@ -634,7 +636,22 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         }
         bool waiting = false;
         for (size_t i = 0; i < batch.size(); ++i) {
-          auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller);
+          if (deps.stopping != nullptr && deps.stopping->load(std::memory_order_acquire)) {
+            // SIGTERM: what is started finishes; the rest waits for the
+            // run to be sent again (done items are not redone).
+            RouteResponse stop{
+                503,
+                ProblemBody(503,
+                            Unavailable("the daemon is stopping: " + std::to_string(i) + " of " +
+                                        std::to_string(batch.size()) +
+                                        " items were submitted; send the run again (the same "
+                                        "run_id) to go on, done items are not redone"),
+                            ctx.request_id),
+                {{"Retry-After", "1"}}};
+            stop.transient = true;  // not the run's outcome: never stored under its key
+            return stop;
+          }
+          auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller, run_id);
           if (!gate.ok()) {
             // A refused plan is about this item, not about an "/args" it
             // does not have.

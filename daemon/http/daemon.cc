@@ -293,8 +293,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
 
   d->replays_ =
       std::make_unique<ReplayJobs>(d->config_, d->store_->decisions(), *d->decide_, *d->clock_);
-  ApiDeps api{d->config_, *d->store_, *d->decide_,   *d->apply_,        d->metrics_,
-              *d->clock_, *d->plans_, *d->notifier_, d->replays_.get(), d->costs_.get()};
+  ApiDeps api{d->config_,        *d->store_,      *d->decide_,  *d->apply_,
+              d->metrics_,       *d->clock_,      *d->plans_,   *d->notifier_,
+              d->replays_.get(), d->costs_.get(), &d->draining_};
   ServerDeps sd{d->config_, d->store_->idem_keys(), d->store_->journal(), *d->clock_, d->metrics_};
   ASSIGN_OR_RETURN(d->server_, HttpServer::Create(sd, BuildApiRoutes(api)));
   ASSIGN_OR_RETURN(d->port_, d->server_->Start(listen.first, listen.second));
@@ -376,6 +377,17 @@ void Daemon::SweepLoop() {
 }
 
 void Daemon::Stop() {
+  // The front door first: from here every new request (on an open
+  // connection too, /readyz included) is 503, and long handlers start no
+  // more work; then the sweeper and the outbox stop.
+  draining_.store(true, std::memory_order_release);
+  const bool drained = server_ == nullptr || server_->Drain(config().server.drain_timeout_ms);
+  if (!drained) {
+    LogEvent(LogLevel::kWarn, "drain_timeout",
+             {{"detail",
+               "handlers still running after server.drain_timeout; their answers "
+               "are dropped"}});
+  }
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
     stopping_ = true;
@@ -383,15 +395,7 @@ void Daemon::Stop() {
   sweep_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
   if (outbox_) outbox_->Stop();
-  if (server_) {
-    if (!server_->Drain(config().server.drain_timeout_ms)) {
-      LogEvent(LogLevel::kWarn, "drain_timeout",
-               {{"detail",
-                 "handlers still running after server.drain_timeout; their answers "
-                 "are dropped"}});
-    }
-    server_->Stop();
-  }
+  if (server_) server_->Stop();
   if (replays_) replays_->Stop();  // running bulk replays end "failed: cancelled"
   if (apply_) apply_->Stop();
   if (costs_) {

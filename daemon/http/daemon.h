@@ -81,6 +81,7 @@ class Daemon {
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;
   bool stopping_ = false;
+  std::atomic<bool> draining_{false};  // ApiDeps::stopping
   std::thread sweeper_;
 };
 

@@ -559,7 +559,8 @@ StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::str
 }
 
 StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args,
-                                      const std::string& origin, const std::string& caller) {
+                                      const std::string& origin, const std::string& caller,
+                                      const std::string& run_id) {
   Impl& m = *impl_;
   Gate gate;
   gate.args = args;
@@ -575,7 +576,9 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
     Plan plan;
     plan.plan_id = plan_id;
     plan.origin = origin;
-    plan.actions = Json::array({{{"kind", kind.name}, {"args", args}}});
+    Json action = {{"kind", kind.name}, {"args", args}};
+    if (!run_id.empty()) action["run_id"] = run_id;
+    plan.actions = Json::array({std::move(action)});
     plan.created_by = caller;
     plan.created_at_ms = now;
     plan.updated_at_ms = now;
@@ -663,7 +666,12 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
       // approved unedited by an older daemon.
       r.outcome = valid;
     } else {
-      r.outcome = m.apply.Submit(r.kind, a.value("args", Json::object()), plan_id, request_id);
+      // A gated call's work stays in its run (GateAction wrote it; a
+      // model's output does not choose one).
+      const bool own_run = out.plan.origin != "decision" && a.contains("run_id") &&
+                           a["run_id"].is_string() && !a["run_id"].get<std::string>().empty();
+      r.outcome = m.apply.Submit(r.kind, a.value("args", Json::object()),
+                                 own_run ? a["run_id"].get<std::string>() : plan_id, request_id);
     }
     bool moving = !r.outcome.ok() ? r.outcome.status().code() == Code::kFailedPrecondition &&
                                         m.ClientExecuted(r.kind)

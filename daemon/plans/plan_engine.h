@@ -106,8 +106,11 @@ class PlanEngine {
   // Ungated kinds: allowed, no plan. Gated: the call's plan, allowed only
   // once approved (args then the approved ones); FailedPrecondition once
   // rejected or expired.
+  // `run_id` (may be empty): the run the call's work belongs to; the plan's
+  // action keeps it, and the approved work is submitted under it (else
+  // under the plan id), so GET /v1/runs/{id} lists it either way.
   StatusOr<Gate> GateAction(const ActionConfig& kind, const Json& args, const std::string& origin,
-                            const std::string& caller);
+                            const std::string& caller, const std::string& run_id = "");
 
   // `args` against `kind`'s args_schema (OK when it has none):
   // InvalidArgument with the field `at` + the failing pointer.

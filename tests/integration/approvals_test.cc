@@ -237,6 +237,26 @@ TEST_CASE(
   CHECK(records[0].dump().find("O-24") != std::string::npos);
 }
 
+TEST_CASE("a run's item that waited for approval is listed in its run once approved") {
+  Fixture f;
+  auto run = f.Post(
+      "/v1/runs",
+      {{"run_id", "refunds-1"},
+       {"kind", "refund"},
+       {"items", {{{"order_id", "R-1"}, {"amount", 5}}, {{"order_id", "R-2"}, {"amount", 500}}}}},
+      kAgent, "\"rr-1\"");
+  REQUIRE(run->status == 200);
+  Json items = J(run)["items"];
+  REQUIRE(items[1]["outcome"] == "awaiting_approval");
+  const std::string plan_id = items[1]["plan_id"];
+  auto approved = f.Post("/v1/plans/" + plan_id + "/approve", Json::object(), kOperator);
+  REQUIRE(approved->status == 200);
+  Json listed = J(f.Get("/v1/runs/refunds-1", kAgent));
+  CHECK(listed["counts"]["done"] == 2);
+  REQUIRE(listed["items"].size() == 2);
+  CHECK(f.Get("/v1/runs/" + plan_id, kAgent)->status == 404);
+}
+
 TEST_CASE("a rejected plan is never applied, and a rejection needs a reason") {
   Fixture f;
   std::string id = f.GatedRefund("O-9", 700);

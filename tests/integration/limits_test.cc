@@ -16,12 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/fakes/fake_effector.h"
 #include "tests/integration/harness.h"
 
 namespace idem::testing {
 namespace {
 
 using namespace std::chrono_literals;
+using fakes::FakeEffectorServer;
 
 // A TCP connection to 127.0.0.1:port that only connects; -1 on failure.
 int RawConnect(int port) {
@@ -186,6 +188,74 @@ TEST_CASE("liveness answers 200 while every handler is busy and the handler queu
   CHECK(std::chrono::steady_clock::now() - asked < 1s);
   for (auto& h : held) CHECK(h.get() == 200);
   CHECK(MetricValue(*c, "idem_http_queue_full_total") == 1);
+}
+
+TEST_CASE(
+    "SIGTERM during a long run: open connections get 503, the run starts no more items, the "
+    "daemon exits within drain_timeout, and the run resumes after a restart with each effect "
+    "once") {
+  auto target = FakeEffectorServer::Start();
+  REQUIRE(target != nullptr);
+  target->SetLatencyMs(1000);  // an item takes a second: the signal lands mid-run
+  TempDir dir;
+  std::string config =
+      WriteTestConfig(dir, kQuestionRules,
+                      "actions:\n"
+                      "  ship:\n"
+                      "    identity: {fields: [/n], version: v1}\n"
+                      "    window: 24h\n"
+                      "    on_duplicate: return_original\n"
+                      "    effector: {http: {method: POST, url: \"" +
+                          target->base_url() + "/records\", idempotency: header}}\n");
+  std::string text = ReadFile(config);
+  text.replace(text.find("  threads: 96\n"), 14, "  threads: 96\n  drain_timeout: 2s\n");
+  config = dir.File("drain.yaml", text);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+
+  Json items = Json::array();
+  for (int i = 0; i < 40; ++i) items.push_back({{"n", i}});
+  const std::string run = Json{{"run_id", "nightly"}, {"kind", "ship"}, {"items", items}}.dump();
+  auto submit = [&](const DaemonProcess& d) {
+    auto c = d.Client();
+    c->set_read_timeout(60);
+    return c->Post("/v1/runs", {{"Idempotency-Key", "\"run-1\""}}, run, "application/json");
+  };
+  auto open = daemon->Client();  // a keep-alive connection opened before the signal
+  open->set_keep_alive(true);
+  REQUIRE(open->Get("/readyz")->status == 200);
+
+  auto first = std::async(std::launch::async, [&] { return submit(*daemon); });
+  REQUIRE(WaitFor([&] { return target->Records("records").size() >= 1; }, 10'000));
+  const auto signalled = std::chrono::steady_clock::now();
+  daemon->Signal(SIGTERM);
+  std::this_thread::sleep_for(200ms);
+  auto during = open->Get("/readyz");
+  REQUIRE(during);
+  CHECK(during->status == 503);
+  CHECK(during->get_header_value("Retry-After") == "1");
+
+  auto answered = first.get();
+  REQUIRE(answered);
+  CHECK(answered->status == 503);  // not the run's outcome: the key is free again
+  CHECK(answered->body.find("items were submitted") != std::string::npos);
+  CHECK(daemon->WaitExit(5'000));
+  CHECK(std::chrono::steady_clock::now() - signalled < 4s);
+  const size_t before = target->Records("records").size();
+  CHECK(before < 40);
+
+  auto again = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(again != nullptr, err);
+  target->SetLatencyMs(0);
+  auto resumed = submit(*again);
+  REQUIRE(resumed);
+  REQUIRE(resumed->status == 200);
+  Json counts = Json::parse(resumed->body)["counts"];
+  CHECK(counts.value("executed", 0) + counts.value("already_done", 0) == 40);
+  CHECK(counts.value("already_done", 0) >= static_cast<int>(before));
+  CHECK(target->Records("records").size() == 40);
+  CHECK(target->stats().duplicates_by_key == 0);
 }
 
 TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
