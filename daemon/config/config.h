@@ -85,6 +85,27 @@ struct AuthToken {
 
 struct AuthConfig {
   std::vector<AuthToken> tokens;  // empty: no auth, and the daemon listens only on loopback
+
+  // Whether `token` holds one of `roles`; admin holds every role.
+  static bool TokenHolds(const AuthToken& token, const std::vector<std::string>& roles) {
+    for (const std::string& have : token.roles) {
+      if (have == "admin") return true;
+      for (const std::string& need : roles) {
+        if (have == need) return true;
+      }
+    }
+    return false;
+  }
+  // Whether the caller named `caller` (a token name) holds one of `roles`.
+  // Always true without tokens (no identities: no roles to hold, as for
+  // routes).
+  bool Holds(const std::string& caller, const std::vector<std::string>& roles) const {
+    if (tokens.empty()) return true;
+    for (const AuthToken& t : tokens) {
+      if (t.name == caller) return TokenHolds(t, roles);
+    }
+    return false;
+  }
 };
 
 // The roles a token may hold (routes name them in daemon/http/api*.cc);

@@ -262,6 +262,7 @@ class Resolver {
 
   Status Auth(const Json& node) {
     std::set<std::string> names;
+    std::map<std::string, std::string> hashes;  // lower-case sha256 -> the first name with it
     for (size_t i = 0; i < node.value("tokens", Json::array()).size(); ++i) {
       const Json& t = node["tokens"][i];
       AuthToken token{t["name"], t["sha256"], t["roles"].get<std::vector<std::string>>()};
@@ -276,6 +277,16 @@ class Resolver {
       if (!names.insert(token.name).second) {
         return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
                           "duplicate token name '" + token.name + "'");
+      }
+      // One secret, two names: which name (and roles) a caller gets would
+      // depend on the order of the list.
+      std::string hash = token.sha256;
+      std::transform(hash.begin(), hash.end(), hash.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      if (auto [it, fresh] = hashes.emplace(hash, token.name); !fresh) {
+        return doc_.Error("/auth/tokens/" + std::to_string(i) + "/sha256",
+                          "token '" + token.name + "' has the same sha256 as token '" + it->second +
+                              "': one secret must name one caller");
       }
       config_.auth.tokens.push_back(std::move(token));
     }

@@ -295,6 +295,15 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                     {504, "problem"}},
       .roles = {"agent", "operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        // A promotion rewrites the decision every caller of the key is
+        // served, as an import does: an operator's power, not an agent's.
+        if (ctx.body.value("promote", false) && !deps.config.auth.Holds(ctx.caller, {"operator"})) {
+          return Status(Code::kPermissionDenied,
+                        "token '" + ctx.caller +
+                            "' may replay but not promote: promoting rewrites the cached "
+                            "decision every caller of its key gets, which takes the operator role",
+                        "/promote");
+        }
         ASSIGN_OR_RETURN(Decision original, deps.store.decisions().Get(ctx.params[0]));
         if (ctx.body.value("promote", false) && ctx.body.contains("prompt_version")) {
           // The cache key covers the prompt: an answer to another version

@@ -56,6 +56,9 @@ void WriteJson(http1::Response& res, int status, const Json& body, const char* t
 using SteadyTime = std::chrono::steady_clock::time_point;
 
 const std::string kAnonymous = "anonymous";
+// The rate limiter's bucket for requests whose token is missing or wrong
+// (not a token name: names cannot hold parentheses).
+const std::string kUnauthenticated = "(unauthenticated)";
 
 // The access log line of one answered request (log.h LogAccess), and its
 // trace index entry (a request that may change something: not a GET).
@@ -505,6 +508,13 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     if (named->has_value()) ctx.caller = **named;
   }
   if (!tokens.empty() && !route.is_public) {
+    // Two credentials: a proxy in front and this daemon might each read
+    // another one.
+    if (req.HeaderCount("Authorization") > 1) {
+      Fail(res, InvalidArgument("send one Authorization header", "header:Authorization"),
+           ctx.request_id);
+      return false;
+    }
     const AuthToken* who = nullptr;
     const bool credentials_sent = !req.HeaderValue("Authorization").empty();
     if (auto credentials = BearerCredentials(req.HeaderValue("Authorization"))) {
@@ -514,6 +524,22 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
       }
     }
     if (who == nullptr) {
+      // Guesses share one bucket of server.rate_limit: they cannot be
+      // told apart, and a caller with a valid token never draws from it.
+      if (limiter_ != nullptr) {
+        RateLimiter::Verdict v = limiter_->Take(kUnauthenticated, deps_.clock.NowMillis());
+        if (!v.allowed) {
+          deps_.metrics.http_rate_limited.Inc();
+          res.SetHeader("Retry-After", std::to_string((v.retry_after_ms + 999) / 1000));
+          Fail(res,
+               Status(Code::kResourceExhausted,
+                      "too many requests without a valid token; retry after " +
+                          std::to_string(v.retry_after_ms) + " ms",
+                      "", /*retryable=*/true),
+               ctx.request_id, 429);
+          return false;
+        }
+      }
       Fail(res, Status(Code::kUnauthenticated, "a valid Bearer token is required"), ctx.request_id);
       // RFC 9110 11.6.1: a 401 names its scheme; RFC 6750 3.1: and says a
       // token that was sent is not valid.
@@ -523,12 +549,7 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
       return false;
     }
     if (!route.roles.empty()) {
-      bool allowed = false;
-      for (const auto& have : who->roles) {
-        if (have == "admin") allowed = true;
-        for (const auto& need : route.roles) allowed = allowed || have == need;
-      }
-      if (!allowed) {
+      if (!AuthConfig::TokenHolds(*who, route.roles)) {
         Fail(res,
              Status(Code::kPermissionDenied,
                     "token '" + who->name + "' lacks the role for this route"),

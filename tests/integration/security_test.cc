@@ -176,6 +176,52 @@ TEST_CASE("a 401 names the Bearer scheme, and says so when a token was sent and 
   CHECK(wrong->get_header_value("WWW-Authenticate").find("not-a-token") == std::string::npos);
 }
 
+TEST_CASE("two Authorization headers are refused, whichever comes first") {
+  Fixture f(Tokens());
+  for (auto [first, second] : {std::pair{kAgent, kAdmin}, std::pair{kAdmin, kAgent}}) {
+    httplib::Headers two = {{"Authorization", std::string("Bearer ") + first},
+                            {"Authorization", std::string("Bearer ") + second}};
+    auto r = f.client->Get("/v1/audit/verify", two);
+    REQUIRE(r);
+    CHECK(r->status == 400);
+    CHECK(J(r)["pointer"] == "header:Authorization");
+  }
+}
+
+TEST_CASE("guessed tokens draw from one rate-limit bucket; a valid token is not slowed by them") {
+  Fixture f(Tokens(), "127.0.0.1:0", "  rate_limit: {requests_per_s: 0.01, burst: 3}\n");
+  for (int i = 0; i < 3; ++i) {
+    CHECK(f.client->Get("/v1/decisions", Bearer(("guess-" + std::to_string(i)).c_str()))->status ==
+          401);
+  }
+  auto limited = f.client->Get("/v1/decisions", Bearer("guess-3"));
+  REQUIRE(limited);
+  CHECK(limited->status == 429);
+  CHECK(limited->has_header("Retry-After"));
+  CHECK(f.client->Get("/v1/decisions")->status == 429);  // no token at all: the same bucket
+  CHECK(f.client->Get("/v1/decisions", Bearer(kAgent))->status == 200);
+}
+
+TEST_CASE("an agent may replay a decision but only an operator may promote the replay") {
+  Fixture f(Tokens());
+  auto decided = f.client->Post("/v1/decide", Bearer(kAgent), kBodyA, "application/json");
+  REQUIRE(decided->status == 200);
+  const std::string id = J(decided)["decision_id"];
+  const std::string path = "/v1/decisions/" + id + "/replay";
+  auto replayed = f.client->Post(path, Bearer(kAgent), R"({"model":"demo-2"})", "application/json");
+  CHECK(replayed->status == 200);
+  auto promoted = f.client->Post(path, Bearer(kAgent), R"({"model":"demo-2","promote":true})",
+                                 "application/json");
+  REQUIRE(promoted);
+  CHECK(promoted->status == 403);
+  CHECK(J(promoted)["pointer"] == "/promote");
+  auto by_operator = f.client->Post(path, Bearer(kOperator), R"({"model":"demo-2","promote":true})",
+                                    "application/json");
+  REQUIRE(by_operator);
+  CHECK(by_operator->status == 200);
+  CHECK(J(by_operator)["promoted"] == true);
+}
+
 TEST_CASE("every route declares its roles and a token without one of them is 403") {
   Fixture f(Tokens());
   auto doc_res = f.client->Get("/openapi.json");

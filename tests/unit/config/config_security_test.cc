@@ -49,6 +49,16 @@ TEST_CASE("a role that does not exist is a config error naming file, line and po
                                                   "'operater'") == 0);
 }
 
+TEST_CASE("two tokens with one sha256 are a config error: one secret names one caller") {
+  ConfigFile f;
+  auto config = f.Load(std::string("auth:\n  tokens:\n    - name: cron\n      sha256: ") + kZeros +
+                       "\n      roles: [agent]\n    - name: boss\n      sha256: " + kZeros +
+                       "\n      roles: [admin]\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/auth/tokens/1/sha256");
+  CHECK(config.status().message().find("the same sha256 as token 'cron'") != std::string::npos);
+}
+
 TEST_CASE("every known role is accepted") {
   ConfigFile f;
   auto config = f.Load(std::string("auth:\n  tokens:\n    - name: all\n      sha256: ") + kZeros +
