@@ -34,7 +34,7 @@ namespace idem::cli {
 enum ExitCode : int {
   kExitOk = 0,
   kExitUsage = 1,        // bad arguments, or a request the daemon refused as invalid (400/422)
-  kExitUnreachable = 2,  // no answer, or 502/503/504: the daemon is down or unavailable
+  kExitUnreachable = 2,  // no answer, 429 or 502/503/504: the daemon is down or busy; retry
   kExitNotFound = 3,     // 404
   kExitConflict = 4,     // 409: e.g. the plan is not awaiting approval
   kExitForbidden = 5,    // 401/403: no or wrong token, a missing role, separation of duties
@@ -44,6 +44,12 @@ enum ExitCode : int {
 
 // The exit code for an HTTP status (2xx: kExitOk).
 int ExitCodeForHttp(int status);
+
+// A member of a daemon answer as display text: a string as Printable makes
+// it, another value as JSON, "" when absent or null or `j` is no object.
+std::string Str(const Json& j, const char* key);
+// A numeric member as an integer, 0 when absent or not a number.
+int64_t Int(const Json& j, const char* key);
 
 struct ApiAnswer {
   int status = 0;

@@ -10,13 +10,12 @@
 #include "daemon/core/json.h"
 
 namespace idem::cli {
-namespace {
 
 std::string Str(const Json& j, const char* key) {
   if (!j.is_object()) return "";
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return "";
-  if (it->is_string()) return it->get<std::string>();
+  if (it->is_string()) return Printable(it->get<std::string>());
   return it->dump();
 }
 
@@ -26,6 +25,8 @@ int64_t Int(const Json& j, const char* key) {
   if (it == j.end() || !it->is_number()) return 0;
   return it->get<int64_t>();
 }
+
+namespace {
 
 const Json& Member(const Json& j, const char* key) {
   static const Json* null = new Json();
@@ -130,6 +131,7 @@ int ExitCodeForHttp(int status) {
       return kExitNotFound;
     case 409:
       return kExitConflict;
+    case 429:  // rate limited: come back later, as for an overloaded daemon
     case 502:
     case 503:
     case 504:
@@ -204,7 +206,7 @@ std::string DescribeProblem(const ApiAnswer& a) {
   std::string title = Str(a.body, "title");
   std::string out = "HTTP " + std::to_string(a.status) + (title.empty() ? "" : " " + title);
   std::string detail = Str(a.body, "detail");
-  if (detail.empty() && a.body.is_null()) detail = Truncate(a.text, 200);
+  if (detail.empty() && a.body.is_null()) detail = Truncate(Printable(a.text), 200);
   if (!detail.empty()) out += ": " + detail;
   std::string pointer = Str(a.body, "pointer");
   if (!pointer.empty()) out += " (at " + pointer + ")";
@@ -589,7 +591,7 @@ int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
               const std::string& path, const Json& body, const std::string& idempotency_key) {
   StatusOr<ApiAnswer> a = api.Call(method, path, body, idempotency_key);
   if (!a.ok()) return ReportUnreachable(o, a.status());
-  std::string text = a->body.is_null() ? a->text : a->body.dump(2);
+  std::string text = a->body.is_null() ? Printable(a->text) : a->body.dump(2);
   Print(a->status < 300 ? o.out : o.err, text + "\n");
   return ExitCodeForHttp(a->status);
 }

@@ -266,7 +266,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json_out, "Client subcommands: print the daemon's JSON, for scripts");
   app.footer(
       "Client subcommands send the bearer token in IDEM_TOKEN. Exit codes: 0 ok, 1 usage, "
-      "2 daemon unreachable, 3 not found, 4 conflict, 5 forbidden, 6 audit chain broken, "
+      "2 unreachable or busy (429, 503), 3 not found, 4 conflict, 5 forbidden, 6 audit chain "
+      "broken, "
       "7 other error.");
 
   auto* dlq = app.add_subcommand("dlq", "Dead letters: work whose attempts ran out");

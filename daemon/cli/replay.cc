@@ -13,21 +13,6 @@
 namespace idem::cli {
 namespace {
 
-std::string Str(const Json& j, const char* key) {
-  if (!j.is_object()) return "";
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return "";
-  if (it->is_string()) return it->get<std::string>();
-  return it->dump();
-}
-
-int64_t Int(const Json& j, const char* key) {
-  if (!j.is_object()) return 0;
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return 0;
-  return it->get<int64_t>();
-}
-
 double Num(const Json& j, const char* key) {
   if (!j.is_object()) return 0;
   auto it = j.find(key);

@@ -27,6 +27,12 @@ struct Style {
 // True when `stream` is a terminal and the environment has no NO_COLOR.
 bool UseColor(std::FILE* stream);
 
+// `text` (from the daemon: another caller wrote it) safe for a terminal:
+// C0 controls other than newline and tab, DEL and the C1 controls
+// (U+0080-U+009F) are shown as \xNN, so a field cannot move the cursor,
+// erase a line, set the window title or recolour what follows.
+std::string Printable(std::string_view text);
+
 // Code points in a UTF-8 string (a display width good enough for tables).
 size_t DisplayWidth(std::string_view utf8);
 // At most `max` code points, the last one an ellipsis when cut; newlines

@@ -119,6 +119,7 @@ TEST_CASE("HTTP statuses map to the documented exit codes") {
   CHECK(ExitCodeForHttp(404) == 3);
   CHECK(ExitCodeForHttp(409) == 4);
   CHECK(ExitCodeForHttp(503) == 2);
+  CHECK(ExitCodeForHttp(429) == 2);  // rate limited: retry later, as for 503
   CHECK(ExitCodeForHttp(500) == 7);
 }
 
@@ -214,6 +215,19 @@ TEST_CASE("the dead-letter list is one aligned row per item, the work id whole")
   CHECK(text.find('\033') == std::string::npos);
   CHECK(RenderDeadLetters(Json::array({run}), Style{true}, 1'700'000'300'000)
             .find("\033[31mline one line two\033[0m") != std::string::npos);
+}
+
+TEST_CASE("text another caller wrote cannot drive the operator's terminal") {
+  Json letter = SampleDeadLetter();
+  // An agent's fail: set the window title, erase the line, paint it green.
+  letter["last_error"] = "timeout\x1b]0;all clear\x07\x1b[2K\x1b[32mOK\u009b0m";
+  std::string text = RenderDeadLetters(Json::array({letter}), Style{}, 1'700'000'300'000);
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find('\x07') == std::string::npos);
+  CHECK(text.find("\xc2\x9b") == std::string::npos);  // C1 CSI
+  CHECK(text.find("timeout\\x1b]0;all clear\\x07\\x1b[2K") != std::string::npos);
+  CHECK(Printable("line one\nline\ttwo, caf\xc3\xa9") == "line one\nline\ttwo, caf\xc3\xa9");
+  CHECK(Printable(std::string("nul\0del\x7f", 8)) == "nul\\x00del\\x7f");
 }
 
 TEST_CASE("dlq ls asks for --limit, prints the table or the daemon's JSON, and says when empty") {
