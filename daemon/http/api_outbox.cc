@@ -57,7 +57,7 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .pattern = "/v1/outbox/dead-letters",
       .summary = "Outbox events a subscriber did not take within its attempts "
                  "(?subscriber=NAME&limit=100), oldest event first.",
-      .responses = {{200, "outbox.dead_letter.list"}, {400, "problem"}},
+      .responses = {{200, "outbox.dead_letter.list"}, {400, "problem"}, {404, "problem"}},
       .roles = {"operator"},
       .query = {TextDoc("subscriber", "only this subscriber's (404 for one not configured)"),
                 LimitDoc(kOutboxPage)},

@@ -57,7 +57,11 @@ nlohmann::json ProblemBody(int http_status, const Status& status, const std::str
       {"status", http_status},
       {"detail", status.message()},
   };
-  if (!status.field().empty()) body["pointer"] = status.field();
+  if (status.field() == kWholeBody) {
+    body["pointer"] = "";
+  } else if (!status.field().empty()) {
+    body["pointer"] = status.field();
+  }
   if (status.retryable()) body["retryable"] = true;
   if (!request_id.empty()) body["request_id"] = request_id;
   return body;

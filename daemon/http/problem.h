@@ -23,6 +23,11 @@ int HttpStatusFor(Code code);
 // ResourceExhausted; any other framing error is InvalidArgument.
 Status StatusForRefusal(int http_status, std::string message);
 
+// A Status field that means the request body as a whole: ProblemBody
+// writes it as the pointer "" (RFC 6901: the whole document), which an
+// empty field (no pointer at all) cannot say.
+inline constexpr const char* kWholeBody = "#body";
+
 // {type, title, status, detail, pointer?, request_id, retryable?}
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id);
 

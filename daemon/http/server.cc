@@ -622,7 +622,10 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     limits.max_bytes = deps_.config.server.max_body_bytes;
     limits.max_depth = deps_.config.server.max_json_depth;
     // A refused body, as problem+json or in the route's own terms.
-    auto refuse_body = [&](const Status& why, bool not_json, int status_override = 0) {
+    // One that names no field is about the body as a whole: pointer ""
+    // (RFC 6901: the whole document).
+    auto refuse_body = [&](const Status& refused, bool not_json, int status_override = 0) {
+      const Status why = refused.field().empty() ? refused.WithField(kWholeBody) : refused;
       if (!route.body_refusal) return Fail(res, why, ctx.request_id, status_override);
       Fail(res, why, ctx.request_id, status_override);  // counts it, sets X-Request-Id
       res.SetContent(route.body_refusal(why, not_json), "application/json");
@@ -666,9 +669,15 @@ RouteResponse HttpServer::Finish(const Route& route, const RequestContext& ctx,
                                  StatusOr<RouteResponse> out) const {
   if (out.ok()) return std::move(out).value();
   int status = HttpStatusFor(out.status().code());
+  Status why = out.status();
+  // A 404 that names nothing is about what the path names: its last
+  // parameter, the most specific (/v1/work/{id}/complete: path:id).
+  if (why.code() == Code::kNotFound && why.field().empty() && !route.param_names.empty()) {
+    why = why.WithField("path:" + route.param_names.back());
+  }
   RouteResponse r;
   r.status = status;
-  r.body = ProblemBody(status, out.status(), ctx.request_id);
+  r.body = ProblemBody(status, why, ctx.request_id);
   if (status >= 500) {
     LogEvent(LogLevel::kWarn, "request_failed",
              {{"request_id", ctx.request_id},

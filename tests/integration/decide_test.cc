@@ -205,6 +205,23 @@ TEST_CASE("bad requests get problem+json with a pointer and store nothing") {
     CHECK_FALSE(p["request_id"].get<std::string>().empty());
     if (!c.pointer.empty()) CHECK(p["pointer"] == c.pointer);
   }
+  // What is wrong with the body as a whole points at the whole document ("").
+  for (const std::string& whole :
+       {std::string(R"({"step":)"), std::string(""), std::string("[1]")}) {
+    CAPTURE(whole);
+    auto res = f.client->Post("/v1/decide", whole, "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 400);
+    Json p = Json::parse(res->body);
+    REQUIRE(p.contains("pointer"));
+    CHECK(p["pointer"] == "");
+  }
+  // A 404 for what the path names points at its parameter.
+  auto unknown =
+      f.client->Post("/v1/work/nope/complete", R"({"lease_token":"t"})", "application/json");
+  REQUIRE(unknown);
+  CHECK(unknown->status == 404);
+  CHECK(Json::parse(unknown->body)["pointer"] == "path:id");
   std::string big =
       R"({"step":"triage_ticket","input":{"t":")" + std::string(2 << 20, 'x') + "\"}}";
   auto res = f.client->Post("/v1/decide", big, "application/json");
