@@ -17,8 +17,11 @@
 //   FailedPrecondition            (the libcurl client) libcurl.so.4 cannot
 //                                 be loaded: the message names it and the
 //                                 Debian package to install (libcurl4).
-// Status messages name the method and the URL without its query string and
-// never contain request headers or bodies (headers carry API keys).
+// Status messages name the method and the URL without its query string,
+// userinfo, or any path segment longer than 12 characters or other than
+// letters, digits and ._:- (shown as "…": webhook URLs carry secrets in the
+// path), and never contain request headers or bodies (headers carry API
+// keys).
 //
 // Thread-safety: implementations are safe for concurrent Send calls.
 #pragma once

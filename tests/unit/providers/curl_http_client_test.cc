@@ -122,6 +122,27 @@ TEST_CASE("connection refused is Unavailable and retryable, without header value
   CHECK(response.status().message().find("/v1/x") != std::string::npos);
 }
 
+TEST_CASE("a webhook's secret in the URL path stays out of error messages") {
+  int port = 0;
+  {
+    auto server = FakeProviderServer::Start();
+    REQUIRE(server);
+    port = server->port();
+  }  // closed: nothing listens there now
+  auto http = MakeCurlHttpClient();
+  HttpRequest request;
+  request.url = "http://hook:pw@127.0.0.1:" + std::to_string(port) +
+                "/services/T0001/B0002/xoxbSecretPathToken24ch";
+  request.timeout_ms = 2'000;
+  auto response = http->Send(request);
+  REQUIRE_FALSE(response.ok());
+  const std::string& message = response.status().message();
+  CHECK(message.find("xoxbSecretPathToken24ch") == std::string::npos);
+  CHECK(message.find("pw") == std::string::npos);
+  CHECK(message.find("127.0.0.1:" + std::to_string(port) + "/services/T0001/B0002/…") !=
+        std::string::npos);
+}
+
 TEST_CASE("a connection cut mid-body is Unavailable and retryable") {
   auto server = FakeProviderServer::Start();
   REQUIRE(server);
