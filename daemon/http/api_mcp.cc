@@ -135,7 +135,13 @@ class ApiToolbox final : public McpToolbox {
     for (const char* field : {"plan_id", "decision_id", "work_id"}) {
       std::string hole = std::string("{") + field + "}";
       size_t at = path.find(hole);
-      if (at != std::string::npos) path.replace(at, hole.size(), args.value(field, ""));
+      if (at == std::string::npos) continue;
+      // As a client would send it: the value is one segment, whatever it holds.
+      std::string value;
+      for (char c : args.value(field, "")) {
+        value += c == '%' ? std::string("%25") : c == '/' ? std::string("%2F") : std::string(1, c);
+      }
+      path.replace(at, hole.size(), value);
     }
     RequestContext ctx;
     const Route* route = Find(tool.method, path, &ctx.params);

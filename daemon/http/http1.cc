@@ -223,6 +223,31 @@ std::string PercentDecode(std::string_view s, bool plus_is_space) {
   return out;
 }
 
+std::string DecodePath(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size()) {
+      int hi = HexDigit(s[i + 1]);
+      int lo = HexDigit(s[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        const char c = static_cast<char>(hi * 16 + lo);
+        if (c == '/' || c == '%') {
+          out += c == '/' ? "%2F" : "%25";
+        } else {
+          out += c;
+        }
+        i += 2;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+std::string DecodePathSegment(std::string_view s) { return PercentDecode(s, false); }
+
 bool Request::HasHeader(std::string_view name) const { return HeaderCount(name) > 0; }
 
 std::string Request::HeaderValue(std::string_view name, size_t index) const {
@@ -337,7 +362,7 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
   req.method = std::string(method);
   req.target = std::string(target);
   size_t qmark = target.find('?');
-  req.path = PercentDecode(target.substr(0, qmark), false);
+  req.path = DecodePath(target.substr(0, qmark));
   if (qmark != std::string_view::npos) ParseQuery(target.substr(qmark + 1), req.query);
 
   // Header fields.

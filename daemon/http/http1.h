@@ -132,4 +132,11 @@ std::string_view ReasonPhrase(int status);
 // `plus_is_space`. Malformed escapes are kept as they are.
 std::string PercentDecode(std::string_view s, bool plus_is_space);
 
+// A request target's path, percent-decoded except for %2F and %25, which
+// stay (as %2F, %25) so that an encoded slash is data within a segment
+// (RFC 3986 2.2), never a separator: routes split on real slashes only.
+std::string DecodePath(std::string_view s);
+// One segment of a DecodePath'd path, decoded the rest of the way.
+std::string DecodePathSegment(std::string_view s);
+
 }  // namespace idem::http1

@@ -1,6 +1,7 @@
 #include "daemon/http/router.h"
 
 #include "daemon/http/api_schemas.h"
+#include "daemon/http/http1.h"
 
 namespace idem {
 
@@ -33,7 +34,7 @@ bool MatchPath(const Route& route, std::string_view path, std::vector<std::strin
     const std::string& want = route.segments[i];
     if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
       if (seg.empty()) break;
-      params->emplace_back(seg);
+      params->push_back(http1::DecodePathSegment(seg));  // %2F: a slash inside the value
     } else if (seg != want) {
       break;
     }

@@ -598,9 +598,12 @@ TEST_CASE("repeated query keys keep every value and empty pairs are skipped") {
   CHECK(req.query.size() == 4);
 }
 
-TEST_CASE("the path is percent-decoded but '+' stays a plus") {
-  Request req = MustParse("GET /a%20b/c+d/%41%2f?q=1 HTTP/1.1\r\nHost: t\r\n\r\n");
-  CHECK(req.path == "/a b/c+d/A/");
+TEST_CASE(
+    "the path is percent-decoded but '+' stays a plus, and an encoded slash or percent stays "
+    "encoded") {
+  Request req = MustParse("GET /a%20b/c+d/%41%2f%252F?q=1 HTTP/1.1\r\nHost: t\r\n\r\n");
+  CHECK(req.path == "/a b/c+d/A%2F%252F");
+  CHECK(DecodePathSegment("A%2F%252F") == "A/%2F");  // decoded once, in its segment
   CHECK(QueryValues(req, "q") == std::vector<std::string>{"1"});
 }
 

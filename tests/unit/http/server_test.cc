@@ -104,6 +104,22 @@ TEST_CASE("an idempotency window for a route that takes no Idempotency-Key fails
   CHECK_FALSE(HttpServer::Create(f.Deps(), OneRoute("thing"), schemas).ok());
 }
 
+TEST_CASE("an encoded slash in a path is data within its segment, never a separator") {
+  Route reject{.method = "POST", .pattern = "/v1/plans/{id}/reject"};
+  Route one{.method = "GET", .pattern = "/v1/plans/{id}"};
+  CompileRoute(reject);
+  CompileRoute(one);
+  std::vector<std::string> params;
+  // What the parser leaves of /v1/plans/X%2Freject (http1::DecodePath).
+  CHECK_FALSE(MatchPath(reject, "/v1/plans/X%2Freject", &params));
+  CHECK(params.empty());
+  REQUIRE(MatchPath(one, "/v1/plans/X%2Freject", &params));
+  CHECK(params == std::vector<std::string>{"X/reject"});
+  params.clear();
+  REQUIRE(MatchPath(one, "/v1/plans/100%25", &params));
+  CHECK(params == std::vector<std::string>{"100%"});
+}
+
 TEST_CASE("every shipped API schema compiles") {
   for (const auto& schema : ApiSchemaTexts()) {
     const auto& [name, text] = schema;
