@@ -127,6 +127,16 @@ struct IdemRecord {
   int64_t lease_until_ms = 0;  // in_progress only: after it, the key may be taken over
 };
 
+// Whether a key's window is over at `now_ms`. A key still in progress under
+// a live lease is not over, whatever its window says: a handler that runs
+// past the window (a long run under a short idempotency.routes window)
+// still holds its key, so a retry then is 409, not a second run beside the
+// first, and its holder may still renew and finish it. Both engines.
+inline bool IdemKeyOver(const IdemRecord& r, int64_t now_ms) {
+  if (r.expires_at_ms == 0 || r.expires_at_ms > now_ms) return false;
+  return !(r.state == IdemRecord::State::kInProgress && r.lease_until_ms > now_ms);
+}
+
 enum class BeginOutcome {
   kNew,       // the caller owns the key now and must Finish or Abandon it
   kReplay,    // completed with the same fingerprint: replay record.response_*

@@ -73,9 +73,7 @@ constexpr char kColumns[] =
 // How often a call retries when the row keeps changing under it.
 constexpr int kAttempts = 16;
 
-bool Expired(const IdemRecord& r, int64_t now_ms) {
-  return r.expires_at_ms != 0 && r.expires_at_ms <= now_ms;
-}
+bool Expired(const IdemRecord& r, int64_t now_ms) { return IdemKeyOver(r, now_ms); }
 
 // A value for a text column: libpq takes C strings (a NUL would cut it) and
 // the server refuses text that is not UTF-8.
@@ -146,7 +144,8 @@ constexpr char kTakeSql[] =
     "  expires_at_ms = CASE WHEN (k.expires_at_ms = 0 OR k.expires_at_ms > $6::bigint)"
     "   AND k.fingerprint = EXCLUDED.fingerprint AND (k.ran OR k.state = 'released')"
     "   THEN k.expires_at_ms ELSE EXCLUDED.expires_at_ms END"
-    " WHERE (k.expires_at_ms <> 0 AND k.expires_at_ms <= $6::bigint)"
+    " WHERE (k.expires_at_ms <> 0 AND k.expires_at_ms <= $6::bigint"
+    "   AND NOT (k.state = 'in_progress' AND k.lease_until_ms > $6::bigint))"
     "  OR (k.state = 'in_progress' AND k.lease_until_ms <= $6::bigint)"
     "  OR (k.state = 'released' AND k.fingerprint = EXCLUDED.fingerprint)"
     " RETURNING scope, key, fingerprint, state, ran, owner, response_status, response_body,"
@@ -203,7 +202,8 @@ class PgIdemKeyStore final : public IdemKeyStore {
                            " response_body = $5, response_content_type = $6, lease_until_ms = 0"
                            " WHERE scope = $1 AND key = $2 AND fingerprint = $3"
                            " AND state <> 'completed'"
-                           " AND (expires_at_ms = 0 OR expires_at_ms > $7::bigint)",
+                           " AND (expires_at_ms = 0 OR expires_at_ms > $7::bigint"
+                           "  OR (state = 'in_progress' AND lease_until_ms > $7::bigint))",
                            {P(scope), P(key), P(fingerprint), P(status), Bytea(body),
                             P(content_type), P(now_ms)}));
         if (r.affected() == 1) return Status::Ok();
@@ -281,7 +281,8 @@ class PgIdemKeyStore final : public IdemKeyStore {
                        ctx_.pool.Exec("UPDATE idem_keys"
                                       " SET lease_until_ms = GREATEST(lease_until_ms, $6::bigint)"
                                       " WHERE scope = $1 AND key = $2 AND state = 'in_progress'"
-                                      " AND (expires_at_ms = 0 OR expires_at_ms > $7::bigint)"
+                                      " AND (expires_at_ms = 0 OR expires_at_ms > $7::bigint"
+                                      "  OR lease_until_ms > $7::bigint)"
                                       " AND fingerprint = $3 AND owner = $4 AND request_id = $5",
                                       {P(scope), P(key), P(fingerprint), P(ctx_.instance_id),
                                        P(request_id), P(until), P(now_ms)}));
@@ -323,13 +324,15 @@ class PgIdemKeyStore final : public IdemKeyStore {
     // SKIP LOCKED: a row being written is left for the next sweep, and two
     // daemons sweeping at once take different rows. The outer condition is
     // checked again on the locked row (a retake may have moved its window).
-    ASSIGN_OR_RETURN(Result r,
-                     ctx_.pool.Exec("DELETE FROM idem_keys WHERE (scope, key) IN ("
-                                    " SELECT scope, key FROM idem_keys"
-                                    " WHERE expires_at_ms <> 0 AND expires_at_ms <= $1::bigint"
-                                    " ORDER BY expires_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                                    " AND expires_at_ms <> 0 AND expires_at_ms <= $1::bigint",
-                                    {P(now_ms), P(capped)}));
+    ASSIGN_OR_RETURN(
+        Result r, ctx_.pool.Exec("DELETE FROM idem_keys WHERE (scope, key) IN ("
+                                 " SELECT scope, key FROM idem_keys"
+                                 " WHERE expires_at_ms <> 0 AND expires_at_ms <= $1::bigint"
+                                 " AND NOT (state = 'in_progress' AND lease_until_ms > $1::bigint)"
+                                 " ORDER BY expires_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                                 " AND expires_at_ms <> 0 AND expires_at_ms <= $1::bigint"
+                                 " AND NOT (state = 'in_progress' AND lease_until_ms > $1::bigint)",
+                                 {P(now_ms), P(capped)}));
     return static_cast<size_t>(r.affected());
   }
 

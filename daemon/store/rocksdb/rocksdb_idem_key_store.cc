@@ -12,9 +12,7 @@ std::string RecordKey(const std::string& scope, const std::string& key) {
   return LengthPrefixed(scope) + key;
 }
 
-bool Expired(const IdemRecord& r, int64_t now_ms) {
-  return r.expires_at_ms != 0 && r.expires_at_ms <= now_ms;
-}
+bool Expired(const IdemRecord& r, int64_t now_ms) { return IdemKeyOver(r, now_ms); }
 
 // The answer to a Begin that writes nothing, or nullopt when Begin takes the key.
 std::optional<BeginResult> ReadOnlyOutcome(const std::optional<IdemRecord>& current,
@@ -280,6 +278,8 @@ StatusOr<size_t> RocksIdemKeyStore::SweepExpired(int64_t now_ms, size_t limit) {
     if (current && Expired(*current, now_ms)) {
       Stage(batch, record_key, current, nullptr);
       ++swept;
+    } else if (current && index_key.compare(0, 8, BigEndian8(current->expires_at_ms)) == 0) {
+      continue;  // held past its window (IdemKeyOver): swept once its holder is done
     } else {
       batch.Delete(Family::kIdemExpiry, index_key);  // stale; not expected
     }

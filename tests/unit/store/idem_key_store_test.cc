@@ -135,7 +135,9 @@ TEST_CASE("an expired key is new again and the sweep deletes expired keys") {
   CHECK(fresh.record.expires_at_ms == kT0 + 2'000);
 
   CHECK(s.SweepExpired(kT0 + 1'999, 100).value() == 0);
-  CHECK(s.SweepExpired(kT0 + 10'000, 100).value() == 2);
+  // Both are still held (in progress under their 30 s leases): not over.
+  CHECK(s.SweepExpired(kT0 + 10'000, 100).value() == 0);
+  CHECK(s.SweepExpired(kT0 + 1'000 + kLease, 100).value() == 2);
   CHECK(s.Get("tok:POST /v1/apply", "short").status().code() == Code::kNotFound);
   CHECK(s.Get("tok:POST /v1/apply", "long").status().code() == Code::kNotFound);
   CHECK(s.Get("tok:POST /v1/apply", "forever").ok());
@@ -230,6 +232,29 @@ TEST_CASE("extending a held key's lease keeps a retry in flight past the first l
   CHECK(s.Get(scope, "long").value().lease_until_ms == kT0 + kLease / 2 + kLease);
   // Once the extended lease is over too, the key is taken over.
   CHECK(MustBegin(s, "long", "fp-a", kT0 + kLease / 2 + kLease).outcome == BeginOutcome::kNew);
+}
+
+TEST_CASE(
+    "a key held past its window stays in flight while its holder renews it, and its holder can "
+    "still finish it") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  IdemKeyStore& s = store->idem_keys();
+  const std::string scope = "tok:POST /v1/apply";
+  const int64_t window = 5'000;  // shorter than the run: idempotency.routes set it so
+  MustBegin(s, "run", "fp-a", kT0, window);
+  // A retry at 7 s, while the first still runs: in flight, not a second run.
+  CHECK(MustBegin(s, "run", "fp-a", kT0 + 7'000, window).outcome == BeginOutcome::kInFlight);
+  REQUIRE(s.ExtendLease(scope, "run", "fp-a", "req-1", kT0 + kLease - 1, kLease).ok());
+  CHECK(MustBegin(s, "run", "fp-a", kT0 + kLease + 1, window).outcome == BeginOutcome::kInFlight);
+  // The sweep leaves it, and finds it again once it is done.
+  CHECK(s.SweepExpired(kT0 + kLease + 1, 100).value() == 0);
+  REQUIRE(s.Get(scope, "run").ok());
+  REQUIRE(MustFinish(s, "run", "fp-a", kT0 + kLease + 2).ok());
+  CHECK(s.Get(scope, "run")->state == IdemRecord::State::kCompleted);
+  // Its window was over before it finished: the answer is not kept.
+  CHECK(s.SweepExpired(kT0 + kLease + 3, 100).value() == 1);
+  CHECK(MustBegin(s, "run", "fp-a", kT0 + kLease + 3, window).outcome == BeginOutcome::kNew);
 }
 
 TEST_CASE("only the holder of a key in progress may extend its lease") {
