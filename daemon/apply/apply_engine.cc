@@ -1,6 +1,7 @@
 #include "daemon/apply/apply_engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -153,7 +154,14 @@ class ApplyEngineImpl final : public ApplyEngine {
   bool stopping_ = false;             // guarded by workers_mu_
   bool started_ = false;              // guarded by workers_mu_
   std::vector<std::thread> workers_;  // guarded by workers_mu_
+  // Attempts that ended in an error (not an effect's failure: a claim or
+  // record the store refused), counted so a worker's pass can tell.
+  std::atomic<uint64_t> failed_passes_{0};
 };
+
+// How long a worker waits after a pass whose attempts failed on the store:
+// the store's own recovery probe runs once a second (rocksdb_database.h).
+constexpr int64_t kStoreRetryMs = 1'000;
 
 ClaimRequest ApplyEngineImpl::ClaimFor(const KindRuntime& kind, const WorkItem& item) const {
   ClaimRequest req;
@@ -456,6 +464,12 @@ StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
                    {{"work_id", listed.work_id},
                     {"kind", listed.kind},
                     {"error", outcome.status().ToString()}});
+          // Not handled: the item is as due as before (its claim or record
+          // failed, e.g. the store refuses writes), and a pass that only
+          // meets such items must not start again at once (WorkerLoop).
+          failed_passes_.fetch_add(1, std::memory_order_relaxed);
+          ClearInFlight(listed.work_id);
+          continue;
         }
       }
       ++handled;
@@ -468,15 +482,22 @@ StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
 void ApplyEngineImpl::WorkerLoop() {
   while (true) {
     if (stopping()) return;
+    const uint64_t failed_before = failed_passes_.load(std::memory_order_relaxed);
     StatusOr<size_t> handled = RunDueOnce(options_.batch);
     if (!handled.ok()) {
       LogEvent(LogLevel::kWarn, "apply.worker_pass_error",
                {{"error", handled.status().ToString()}});
     }
-    if (handled.ok() && *handled > 0) continue;  // more may be due right away
+    const bool failing =
+        !handled.ok() || failed_passes_.load(std::memory_order_relaxed) != failed_before;
+    if (!failing && *handled > 0) continue;  // more may be due right away
+    // Attempts that fail on the store (a full disk, a database down) are
+    // tried again at the store's recovery pace, not in a loop that fills
+    // the log and a core.
+    const int64_t wait_ms = failing ? std::max<int64_t>(options_.poll_interval_ms, kStoreRetryMs)
+                                    : options_.poll_interval_ms;
     std::unique_lock<std::mutex> lock(workers_mu_);
-    workers_cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_interval_ms),
-                         [this] { return stopping_; });
+    workers_cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return stopping_; });
     if (stopping_) return;
   }
 }

@@ -615,6 +615,15 @@ uint64_t RocksDatabase::OutboxWatermark() {
 }
 
 Status RocksDatabase::WriteHealth() const {
+  // Below the floor every write will be refused: say so before one is
+  // tried, so a balancer sends writes elsewhere at once (one statvfs).
+  if (const uint64_t floor = options_.min_free_bytes; floor > 0) {
+    if (std::optional<uint64_t> free_bytes = FreeBytes(); free_bytes && *free_bytes < floor) {
+      return Unavailable("store: the disk has " + std::to_string(*free_bytes >> 20) +
+                         " MiB free, below store.min_free_mb (" + std::to_string(floor >> 20) +
+                         "): writes are refused until space returns (reads still work)");
+    }
+  }
   if (!writes_failing_.load(std::memory_order_acquire)) return Status::Ok();
   std::lock_guard<std::mutex> lock(health_mu_);
   if (!writes_failing_.load(std::memory_order_relaxed)) return Status::Ok();

@@ -455,6 +455,34 @@ TEST_CASE("background workers retry due work and stop promptly") {
   h.engine().Stop();  // a second Stop is a no-op
 }
 
+TEST_CASE(
+    "workers meeting a store that refuses writes try again at its recovery pace, not in a loop") {
+  ApplyHarness h;
+  h.options_.poll_interval_ms = 20;
+  h.AddKind("send_reply", {"/ticket_id"}, HeaderEffector(h));
+  h.fake().FailNext(1, 503);
+  ActionOutcome first = h.Submit("send_reply", {{"ticket_id", "T-14"}});
+  REQUIRE(first.kind == ActionOutcomeKind::kRetrying);
+  h.env_.Advance(10'000);                              // due
+  REQUIRE(Failpoints::Set("store.write=error").ok());  // a full disk: every write refused
+  h.engine().StartWorkers(3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+  const uint64_t failed_claims = h.metrics_.store_errors.Get();
+  Failpoints::Clear();
+  // Three workers, one pass each at once and at most one more a second
+  // later: a handful, where a loop made tens of thousands.
+  CHECK(failed_claims >= 1);
+  CHECK(failed_claims <= 9);
+  WorkState state = WorkState::kFailed;
+  for (int i = 0; i < 300 && state != WorkState::kDone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    state = h.Get(first.item.work_id).state;
+  }
+  CHECK(state == WorkState::kDone);  // the store came back: the work goes on by itself
+  h.engine().Stop();
+  CHECK(h.fake().stats().effects == 1);
+}
+
 TEST_CASE("reconcile reports a done effect the target no longer has") {
   ApplyHarness h;
   h.AddKind("create_ticket", {"/ticket_id"}, CheckThenActEffector(h));

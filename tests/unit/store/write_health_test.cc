@@ -132,6 +132,10 @@ TEST_CASE("a store below its free-space floor refuses writes and names the setti
   TempDir dir;
   OpenStore(dir.path());  // made with room (a new folder's first open writes its identity)
   auto store = OpenStore(dir.path(), /*sync=*/false, /*min_free_bytes=*/uint64_t{1} << 62);
+  // Not ready before any write is tried (a balancer moves writes at once).
+  Status ready = store->WriteHealth();
+  CHECK(ready.code() == Code::kUnavailable);
+  CHECK(ready.message().find("store.min_free_mb") != std::string::npos);
   auto claim = store->journal().Claim(ClaimReq("w-1", kT0));
   REQUIRE_FALSE(claim.ok());
   CHECK(claim.status().code() == Code::kUnavailable);
