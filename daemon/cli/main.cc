@@ -142,7 +142,14 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
              {{"detail", "the config is read at start-up; restart the daemon to apply changes"}});
   }
   LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig}});
+  const auto stop_began = std::chrono::steady_clock::now();
   (*daemon)->Stop();
+  // The last line of a clean stop: a log without it ended in a crash.
+  LogEvent(LogLevel::kInfo, "stopped",
+           {{"signal", sig},
+            {"took_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - stop_began)
+                            .count()}});
   return 0;
 }
 

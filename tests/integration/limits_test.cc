@@ -268,6 +268,9 @@ TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
   std::this_thread::sleep_for(200ms);
   CHECK(Healthy(*daemon));
   CHECK(daemon->Stop() == 0);
+  // A clean stop says so last: a log without the line ended in a crash.
+  const std::string log = ReadFile(daemon->log_path());
+  CHECK(log.find(R"("event":"stopped")") != std::string::npos);
 }
 
 }  // namespace
