@@ -701,21 +701,32 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .query = {LimitDoc(kRunPage)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kRunPage));
+              // Counts cover the whole run (up to kRunPage.max items, a
+              // run's size), whatever the page lists: "are all done?" must
+              // not be answered from the first page.
               ASSIGN_OR_RETURN(std::vector<WorkItem> items,
-                               deps.store.journal().ByRun(ctx.params[0], limit));
+                               deps.store.journal().ByRun(ctx.params[0], kRunPage.max + 1));
               // A mistyped run_id is not a run with nothing in it.
               if (items.empty()) {
                 return NotFound("no work item carries run_id '" + ctx.params[0] +
                                 "' (a run is the items POST /v1/runs claimed under it)");
               }
+              const bool truncated = items.size() > kRunPage.max;
+              if (truncated) items.resize(kRunPage.max);
               Json list = Json::array();
               std::map<std::string, int> counts;
               for (const auto& w : items) {
                 counts[std::string(WorkStateName(w.state))]++;
-                list.push_back(WorkBody(w));
+                if (list.size() < limit) list.push_back(WorkBody(w));
               }
-              return RouteResponse{
-                  200, {{"run_id", ctx.params[0]}, {"counts", counts}, {"items", list}}, {}};
+              Json body = {{"run_id", ctx.params[0]},
+                           {"counts", counts},
+                           {"total", items.size()},
+                           {"items", list}};
+              // More items than listed (raise ?limit), or than counted.
+              if (list.size() < items.size()) body["more_items"] = true;
+              if (truncated) body["counts_truncated"] = true;
+              return RouteResponse{200, std::move(body), {}};
             }});
 
   routes.push_back(

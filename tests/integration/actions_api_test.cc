@@ -104,6 +104,13 @@ TEST_CASE("a resubmitted run does no work that is already done") {
   CHECK(f.target->stats().effects == 6);
   auto listed = f.client->Get("/v1/runs/nightly-1");
   CHECK(J(listed)["counts"]["done"] == 6);
+  CHECK_FALSE(J(listed).contains("more_items"));
+  // A page lists fewer, but counts the whole run: "all done?" reads right.
+  Json page = J(f.client->Get("/v1/runs/nightly-1?limit=2"));
+  CHECK(page["items"].size() == 2);
+  CHECK(page["counts"]["done"] == 6);
+  CHECK(page["total"] == 6);
+  CHECK(page["more_items"] == true);
   // An item without its identity refuses the run, naming the item's field.
   Json bad = {{"run_id", "nightly-2"},
               {"kind", "send_invoice"},
