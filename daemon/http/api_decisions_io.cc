@@ -59,6 +59,10 @@ bool IsDecisionId(const std::string& id) {
 }
 
 // The next line of `rest` (without its "\r\n"), which moves past it.
+// How many imported decision ids the audit event names (an import may
+// carry 10,000 lines; the event stays small, the count says the rest).
+constexpr size_t kAuditedIds = 100;
+
 std::string_view NextLine(std::string_view& rest) {
   const size_t nl = rest.find('\n');
   std::string_view line = rest.substr(0, nl);
@@ -169,6 +173,7 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
         limits.max_depth = deps.config.server.max_json_depth;
         std::string_view rest = ctx.raw_body;
         Json results = Json::array();
+        std::vector<std::string> imported_ids;  // for the audit event
         std::map<std::string, int64_t> counts = {
             {"imported", 0}, {"exists", 0}, {"expired", 0}, {"refused", 0}};
         // Counted before anything is stored: a refused import stores nothing.
@@ -206,9 +211,14 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
           } else if (known.status().code() != Code::kNotFound) {
             return known.status();
           } else {
+            // Provenance no line can forge: who imported it, and when (a
+            // plan from it cannot be approved by its importer).
+            d->trace["imported_by"] = ctx.caller;
+            d->trace["imported_at_ms"] = now;
             ASSIGN_OR_RETURN(Decision cached, deps.store.decisions().PutIfAbsent(*d, now));
             if (cached.decision_id == d->decision_id) {
               verdict["verdict"] = "imported";
+              if (imported_ids.size() < kAuditedIds) imported_ids.push_back(d->decision_id);
             } else {
               verdict["verdict"] = "exists";
               verdict["cached_decision_id"] = cached.decision_id;
@@ -229,7 +239,8 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
         event.detail = {{"imported", counts["imported"]},
                         {"exists", counts["exists"]},
                         {"expired", counts["expired"]},
-                        {"refused", counts["refused"]}};
+                        {"refused", counts["refused"]},
+                        {"decision_ids", imported_ids}};  // the first kAuditedIds
         RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         return RouteResponse{200, std::move(body), {}};
       },

@@ -555,6 +555,12 @@ StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::str
   plan.created_at_ms = now;
   plan.updated_at_ms = now;
   m.ApplyVerdict(plan, m.Judge(plan, &d), now);
+  // An imported decision's actions were written by whoever imported it:
+  // the operator sees it, and that token may not approve them either.
+  if (d.trace.is_object() && d.trace.contains("imported_by") &&
+      d.trace["imported_by"].is_string()) {
+    plan.approval["decision_imported_by"] = d.trace["imported_by"];
+  }
   return m.Create(std::move(plan));
 }
 
@@ -712,6 +718,13 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
     return Status(Code::kPermissionDenied, "separation of duties: " + actor + " created plan " +
                                                plan_id +
                                                " and cannot approve it; another operator must");
+  }
+  if (m.AuthEnabled() && plan.approval.is_object() &&
+      plan.approval.value("decision_imported_by", "") == actor) {
+    return Status(Code::kPermissionDenied,
+                  "separation of duties: " + actor + " imported the decision plan " + plan_id +
+                      " comes from (its actions are the importer's) and cannot approve it; "
+                      "another operator must");
   }
   ASSIGN_OR_RETURN(Json edited, m.Edit(plan.actions, edits));
   const bool changed = edited != plan.actions;

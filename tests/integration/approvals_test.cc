@@ -237,6 +237,48 @@ TEST_CASE(
   CHECK(records[0].dump().find("O-24") != std::string::npos);
 }
 
+TEST_CASE("the operator who imported a decision cannot approve the plan made from it") {
+  Fixture source;  // where the decision was made (another daemon, say staging)
+  auto made = source.Post("/v1/decide",
+                          {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-IMP"}}}}, kAgent);
+  REQUIRE(made->status == 200);
+  auto exported = source.Get("/v1/decisions/export");
+  REQUIRE(exported->status == 200);
+
+  Fixture f;
+  auto imported = f.client->Post("/v1/decisions/import",
+                                 {{"Authorization", std::string("Bearer ") + kOperator}},
+                                 exported->body, "application/x-ndjson");
+  REQUIRE(imported->status == 200);
+  CHECK(J(imported)["imported"] == 1);
+  // The agent's decide is a cache hit on the imported decision: its plan
+  // waits, and says who wrote its actions.
+  auto hit = f.Post("/v1/decide", {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-IMP"}}}},
+                    kAgent);
+  REQUIRE(hit->status == 200);
+  const std::string plan_id = J(hit)["plan"]["plan_id"];
+  Json plan = J(f.Get("/v1/plans/" + plan_id));
+  CHECK(plan["state"] == "awaiting_approval");
+  CHECK(plan["approval"]["decision_imported_by"] == "op-1");
+  Json decision = J(f.Get("/v1/decisions/" + J(hit)["decision_id"].get<std::string>()));
+  CHECK(decision["trace"]["imported_by"] == "op-1");
+  auto own = f.Post("/v1/plans/" + plan_id + "/approve", Json::object(), kOperator);
+  REQUIRE(own);
+  CHECK(own->status == 403);
+  CHECK(J(own)["detail"].get<std::string>().find("imported the decision") != std::string::npos);
+  CHECK(f.Post("/v1/plans/" + plan_id + "/approve", Json::object(), kOperator2)->status == 200);
+  // The audit event names what was imported.
+  Json audit = J(f.Get("/v1/audit?limit=100"));
+  bool named = false;
+  for (const Json& e : audit["items"]) {
+    if (e["action"] == "decisions.imported") {
+      named = e["detail"]["decision_ids"].size() == 1 &&
+              e["detail"]["decision_ids"][0] == J(hit)["decision_id"];
+    }
+  }
+  CHECK(named);
+}
+
 TEST_CASE("a run's item that waited for approval is listed in its run once approved") {
   Fixture f;
   auto run = f.Post(
