@@ -37,7 +37,11 @@ std::string Status::ToString() const {
   std::string out(CodeName(code_));
   out += ": ";
   out += message_;
-  if (!field_.empty()) out += " (at " + field_ + ")";
+  // A message that already names its field (a config error's
+  // "file:line: /pointer: ...") is not told it again at its end.
+  if (!field_.empty() && message_.find(field_) == std::string::npos) {
+    out += " (at " + field_ + ")";
+  }
   return out;
 }
 

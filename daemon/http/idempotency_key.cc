@@ -26,28 +26,34 @@ StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values
   }
   std::string_view v = http1::TrimOws(values[0]);
   std::string key;
+  // What follows the item: RFC 8941 parameters (";name" or ";name=value"),
+  // which the Idempotency-Key field gives no meaning, so they are ignored,
+  // or nothing.
+  std::string_view after;
   if (!v.empty() && v.front() == '"') {
-    if (v.size() < 2 || v.back() != '"') {
-      return InvalidArgument("Idempotency-Key is an unterminated sf-string", kField);
-    }
-    std::string_view inner = v.substr(1, v.size() - 2);
-    for (size_t i = 0; i < inner.size(); ++i) {
-      char c = inner[i];
+    size_t i = 1;
+    for (; i < v.size() && v[i] != '"'; ++i) {
+      char c = v[i];
       if (c == '\\') {
-        if (i + 1 >= inner.size() || (inner[i + 1] != '"' && inner[i + 1] != '\\')) {
+        if (i + 1 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\')) {
           return InvalidArgument("Idempotency-Key has an invalid escape", kField);
         }
-        key += inner[++i];
-      } else if (c == '"') {
-        return InvalidArgument("Idempotency-Key has an unescaped quote", kField);
+        key += v[++i];
       } else if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) {
         return InvalidArgument("Idempotency-Key may hold printable ASCII only", kField);
       } else {
         key += c;
       }
     }
+    if (i >= v.size()) {
+      return InvalidArgument("Idempotency-Key is an unterminated sf-string", kField);
+    }
+    after = v.substr(i + 1);
   } else {
-    for (char c : v) {
+    const size_t semi = v.find(';');
+    std::string_view token = v.substr(0, semi);
+    after = semi == std::string_view::npos ? std::string_view() : v.substr(semi);
+    for (char c : token) {
       if (!IsKeyChar(c)) {
         return InvalidArgument(
             "Idempotency-Key must be an sf-string (\"...\") or a token; it has '" +
@@ -55,7 +61,11 @@ StatusOr<std::string> ParseIdempotencyKey(const std::vector<std::string>& values
             kField);
       }
     }
-    key = std::string(v);
+    key = std::string(token);
+  }
+  if (!after.empty() && after.front() != ';') {
+    return InvalidArgument(
+        "Idempotency-Key has text after its value; only ;parameters may follow (RFC 8941)", kField);
   }
   if (key.empty()) return InvalidArgument("Idempotency-Key is empty", kField);
   if (key.size() > kMaxKeyLength) {
