@@ -223,7 +223,7 @@ TEST_CASE("the bot token is absent from the stored work item, its errors and the
     CHECK_FALSE(tg.last_error.empty());
     const std::string stored = tg.ToJson().dump();
     CHECK(stored.find(kToken) == std::string::npos);
-    CHECK(stored.find("AAF-secret") == std::string::npos);         // not even a part of it
+    CHECK(stored.find("AAF-secret") == std::string::npos);  // not even a part of it
     // The URL is named, its token segment cut (curl_http_client's rule).
     CHECK(tg.last_error.find("/…/sendMessage") != std::string::npos);
     WorkItem hook = t.h_.Get(t.WorkId(kWebhookNotifyKind, "plan_secret:awaiting_approval"));
