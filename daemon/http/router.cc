@@ -147,6 +147,9 @@ Json BuildOpenApi(const std::vector<Route>& routes) {
       }
     };
     if (!r.is_public) {
+      common(400,
+             "a caller header is malformed: two Authorization headers, or an Idem-Caller that is "
+             "not a name (pointer header:NAME)");
       common(401, "no valid bearer token (when auth.tokens is configured)");
       common(403, "the token lacks the route's role, or Origin / Host is refused");
     }
