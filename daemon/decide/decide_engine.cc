@@ -391,21 +391,15 @@ class DecideEngineImpl final : public DecideEngine {
   }
 
   // The engine's own memory of hits (shared stores only): a decision read
-  // from the store, trusted for recheck_ms_. Past that (and not expired)
-  // it is kept and put in *stale: the answer while the store cannot be
-  // read (a database outage), as the README promises.
-  std::optional<Decision> Recall(const std::string& key, int64_t now_ms,
-                                 std::optional<Decision>* stale) {
+  // from the store, trusted for recheck_ms_.
+  std::optional<Decision> Recall(const std::string& key, int64_t now_ms) {
     MutexLock lock(hot_mu_);
     auto it = hot_.find(key);
     if (it == hot_.end()) return std::nullopt;
     const HotEntry& e = it->second;
-    if (e.decision.expires_at_ms != 0 && e.decision.expires_at_ms <= now_ms) {
+    if (now_ms - e.read_at_ms >= recheck_ms_ ||
+        (e.decision.expires_at_ms != 0 && e.decision.expires_at_ms <= now_ms)) {
       hot_.erase(it);
-      return std::nullopt;
-    }
-    if (now_ms - e.read_at_ms >= recheck_ms_) {
-      *stale = e.decision;
       return std::nullopt;
     }
     return e.decision;
@@ -434,16 +428,13 @@ class DecideEngineImpl final : public DecideEngine {
   StatusOr<std::optional<DecideResult>> Cached(const std::string& key, const CompiledStep& step) {
     StatusOr<Decision> hit = NotFound("");
     std::optional<Decision> recalled;
-    std::optional<Decision> stale;
-    if (shared_store_) recalled = Recall(key, clock_.NowMillis(), &stale);
+    if (shared_store_) recalled = Recall(key, clock_.NowMillis());
     if (recalled) {
       hit = std::move(*recalled);
     } else {
       hit = store_.GetByKey(key, clock_.NowMillis());
       if (hit.ok()) Remember(*hit);
       if (hit.status().code() == Code::kNotFound) Forget(key);
-      // The store cannot be read: what this daemon last read stands in.
-      if (!hit.ok() && hit.status().code() == Code::kUnavailable && stale) hit = std::move(*stale);
     }
     if (hit.ok()) {
       step.cache_hits->Inc();

@@ -213,61 +213,6 @@ TEST_CASE("a decision refreshed on another daemon is served within the recheck b
   CHECK(t.calls == 2);
 }
 
-// The shared store as a daemon sees it through a database outage: reads
-// by key answer Unavailable while `down`.
-class OutageDecisions final : public DecisionStore {
- public:
-  explicit OutageDecisions(DecisionStore& real) : real_(real) {}
-  std::atomic<bool> down{false};
-  StatusOr<Decision> GetByKey(const std::string& key, int64_t now_ms) override {
-    if (down) return Unavailable("postgres: cannot connect");
-    return real_.GetByKey(key, now_ms);
-  }
-  StatusOr<Decision> Get(const std::string& id) override { return real_.Get(id); }
-  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) override {
-    return real_.PutIfAbsent(d, now_ms);
-  }
-  Status Replace(const Decision& d) override { return real_.Replace(d); }
-  StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
-                              const std::string& cursor, size_t limit) override {
-    return real_.List(step, status, cursor, limit);
-  }
-  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override {
-    return real_.SweepExpired(now_ms, limit);
-  }
-
- private:
-  DecisionStore& real_;
-};
-
-TEST_CASE("while the shared store cannot be read, a daemon serves the hits it last read") {
-  TwoDaemons t;
-  OutageDecisions outage(t.store->decisions());
-  std::map<std::string, std::unique_ptr<Provider>> providers;
-  providers["main"] = std::make_unique<SlowProvider>(t.calls, t.output, 1);
-  DecideCoordination c;
-  c.shared_store = true;
-  c.recheck_ms = 1'000;
-  auto engine =
-      std::move(DecideEngine::Create(t.config, outage, t.store->escalations(), std::move(providers),
-                                     t.clock, t.metrics_a, nullptr, nullptr, c))
-          .value();
-  auto first = TwoDaemons::Decide(*engine);
-  REQUIRE(first.ok());
-  outage.down = true;
-  t.env.Advance(5'000);  // past recheck_ms: it would read the store again
-  auto hit = TwoDaemons::Decide(*engine);
-  REQUIRE_MESSAGE(hit.ok(), hit.status().ToString());
-  CHECK(hit->cache_hit);
-  CHECK(hit->decision.decision_id == first->decision.decision_id);
-  CHECK(t.calls == 1);
-  // A key it never read is still refused (the store is the truth).
-  DecideRequest other;
-  other.step = "triage";
-  other.input = {{"text", "another ticket"}};
-  CHECK(engine->Decide(other).status().code() == Code::kUnavailable);
-}
-
 TEST_CASE("a human's answer given on another daemon is served at once") {
   TwoDaemons t;
   t.Build(/*guard=*/true, /*shared=*/true, /*delay_ms=*/1);
