@@ -101,13 +101,17 @@ TEST_CASE("a slow answer past the timeout is DeadlineExceeded and retryable") {
   CHECK(response.status().retryable());
 }
 
+namespace {
+// A loopback port a server just closed: nothing listens there now.
+int ClosedPort() {
+  auto server = FakeProviderServer::Start();
+  REQUIRE(server);
+  return server->port();
+}
+}  // namespace
+
 TEST_CASE("connection refused is Unavailable and retryable, without header values") {
-  int port = 0;
-  {
-    auto server = FakeProviderServer::Start();
-    REQUIRE(server);
-    port = server->port();
-  }  // closed: nothing listens there now
+  const int port = ClosedPort();
   auto http = MakeCurlHttpClient();
   HttpRequest request;
   request.url = "http://127.0.0.1:" + std::to_string(port) + "/v1/x?key=query-secret";
@@ -123,12 +127,7 @@ TEST_CASE("connection refused is Unavailable and retryable, without header value
 }
 
 TEST_CASE("a webhook's secret in the URL path stays out of error messages") {
-  int port = 0;
-  {
-    auto server = FakeProviderServer::Start();
-    REQUIRE(server);
-    port = server->port();
-  }  // closed: nothing listens there now
+  const int port = ClosedPort();
   auto http = MakeCurlHttpClient();
   HttpRequest request;
   request.url = "http://hook:pw@127.0.0.1:" + std::to_string(port) +
