@@ -2,15 +2,24 @@
 // stored form and the wire form (GET /v1/events, webhook bodies) alike.
 #include <cstdio>
 
+#include "daemon/core/crypto.h"
 #include "daemon/store/store.h"
 
 namespace idem {
 
-std::string OutboxEvent::IdFor(uint64_t seq) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "evt_%020llu", static_cast<unsigned long long>(seq));
-  return buf;
+std::string OutboxEvent::IdFor(std::string_view store_id, uint64_t seq) {
+  char digits[24];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(seq));
+  std::string id = "evt_";
+  if (!store_id.empty()) {
+    id.append(store_id);
+    id.push_back('_');
+  }
+  id.append(digits);
+  return id;
 }
+
+std::string NewStoreId() { return RandomHex(8); }
 
 Json OutboxEvent::ToJson() const {
   return Json{{"seq", seq}, {"event_id", event_id}, {"type", type},

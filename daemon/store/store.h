@@ -690,7 +690,7 @@ class EscalationStore {
 // exists if and only if its state change committed.
 struct OutboxEvent {
   uint64_t seq = 0;            // commit order across all keys; the pull cursor
-  std::string event_id;        // "evt_" + seq in 20 digits: stable, for the consumer's inbox
+  std::string event_id;        // IdFor(the store's id, seq): stable, for the consumer's inbox
   std::string type;            // decision.created | plan.<state> | effect.done | work.dead_letter
   std::string key;             // the decision_id, plan_id or work_id it is about
   int64_t at_ms = 0;           // the state change's time
@@ -698,8 +698,18 @@ struct OutboxEvent {
 
   Json ToJson() const;
   static StatusOr<OutboxEvent> FromJson(const Json& j);
-  static std::string IdFor(uint64_t seq);
+  // "evt_" + store_id + "_" + seq in 20 digits. The store's id (kStoreIdKey,
+  // 16 hex, made once per store and carried by `idem store copy`) keeps the
+  // ids of two stores apart: a consumer that dedupes on event_id and hears
+  // from a new store (a reset, staging and production on one hook) does not
+  // drop its events as seen. An empty store_id gives "evt_" + 20 digits, the
+  // form of events written before stores had an id.
+  static std::string IdFor(std::string_view store_id, uint64_t seq);
 };
+
+// The meta key of the store's id, and a new one (16 hex, random).
+inline constexpr char kStoreIdKey[] = "store.id";
+std::string NewStoreId();
 
 // An event a subscriber did not take within its attempts.
 struct OutboxDeadLetter {

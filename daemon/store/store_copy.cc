@@ -31,8 +31,13 @@ StatusOr<CopyCounts> CopyRocksToPostgres(const std::string& rocks_path,
       !std::filesystem::exists(std::filesystem::path(rocks_path) / "CURRENT", ec)) {
     return NotFound("no RocksDB store at '" + rocks_path + "'");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<PgImporter> importer, PgImporter::Open(options));
-  RETURN_IF_ERROR(VisitRocksStore(rocks_path, *importer));
+  // The server is touched only once the folder is open: a copy refused
+  // because a daemon holds it leaves no schema behind.
+  std::unique_ptr<PgImporter> importer;
+  RETURN_IF_ERROR(VisitRocksStore(rocks_path, [&]() -> StatusOr<StoreRecordVisitor*> {
+    ASSIGN_OR_RETURN(importer, PgImporter::Open(options));
+    return importer.get();
+  }));
   return importer->Commit();
 }
 

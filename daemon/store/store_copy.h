@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -107,6 +108,11 @@ struct CopyCounts {
 // Walks the RocksDB store at `path` (see above). NotFound when there is no
 // store there; Unavailable when a daemon holds it.
 Status VisitRocksStore(const std::string& path, StoreRecordVisitor& visitor);
+// The same, with the visitor made only once the folder is open (so known to
+// be free): a copy refused because a daemon holds the folder creates nothing
+// on the server.
+Status VisitRocksStore(const std::string& path,
+                       const std::function<StatusOr<StoreRecordVisitor*>()>& visitor_once_open);
 
 // Writes visited records into a PostgreSQL schema in one transaction.
 class PgImporter : public StoreRecordVisitor {

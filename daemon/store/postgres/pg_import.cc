@@ -50,8 +50,13 @@ class PgImporterImpl final : public PgImporter {
       RETURN_IF_ERROR(c().ExecScript("LOCK TABLE " + pg::QuoteIdent(t) + " IN EXCLUSIVE MODE"));
     }
     for (std::string_view t : kRecordTables) {
-      ASSIGN_OR_RETURN(pg::Result r,
-                       c().Exec("SELECT EXISTS (SELECT 1 FROM " + pg::QuoteIdent(t) + ")"));
+      // A daemon that opened the schema gave it an id (kStoreIdKey); the
+      // copy replaces it with the source's, so it does not count.
+      const std::string except = t == "meta" ? " WHERE key <> $1" : "";
+      ASSIGN_OR_RETURN(
+          pg::Result r,
+          c().Exec("SELECT EXISTS (SELECT 1 FROM " + pg::QuoteIdent(t) + except + ")",
+                   t == "meta" ? std::vector<Param>{P(kStoreIdKey)} : std::vector<Param>{}));
       if (r.rows() == 1 && r.boolean(0, 0)) {
         return FailedPrecondition("the PostgreSQL schema '" + pool_->options().schema +
                                   "' already holds records (table " + std::string(t) +
@@ -229,7 +234,9 @@ class PgImporterImpl final : public PgImporter {
 
   Status OnMeta(const std::string& key, const std::string& value) override {
     RETURN_IF_ERROR(
-        Exec("INSERT INTO meta (key, value) VALUES ($1, $2)", {P(key), P(value)}, "meta " + key));
+        Exec("INSERT INTO meta (key, value) VALUES ($1, $2)"
+             " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+             {P(key), P(value)}, "meta " + key));
     ++counts_.meta;
     return Status::Ok();
   }

@@ -139,8 +139,9 @@ StatusOr<OutboxDeadLetter> DeadFromRow(const Result& r, int row) {
   return d;
 }
 
-std::string NoDeadLetter(const std::string& subscriber, uint64_t seq) {
-  return "no dead letter of subscriber " + subscriber + " for event " + OutboxEvent::IdFor(seq);
+std::string NoDeadLetter(const PgContext& ctx, const std::string& subscriber, uint64_t seq) {
+  return "no dead letter of subscriber " + subscriber + " for event " +
+         OutboxEvent::IdFor(ctx.store_id, seq);
 }
 
 class PgOutboxStore final : public OutboxStore {
@@ -159,7 +160,7 @@ class PgOutboxStore final : public OutboxStore {
     for (int i = 0; i < r.rows(); ++i) {
       OutboxEvent e;
       e.seq = static_cast<uint64_t>(r.i64(i, 0));
-      e.event_id = OutboxEvent::IdFor(e.seq);
+      e.event_id = OutboxEvent::IdFor(ctx_.store_id, e.seq);
       e.type = r.str(i, 1);
       e.key = r.str(i, 2);
       e.at_ms = r.i64(i, 3);
@@ -238,7 +239,7 @@ class PgOutboxStore final : public OutboxStore {
                                         " WHERE subscriber = $1 AND seq = $2 RETURNING ")
                                         .append(kDeadColumns);
     ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec(kSql, {P(subscriber), P(seq)}));
-    if (r.rows() == 0) return NotFound(NoDeadLetter(subscriber, seq));
+    if (r.rows() == 0) return NotFound(NoDeadLetter(ctx_, subscriber, seq));
     return DeadFromRow(r, 0);
   }
 
@@ -252,7 +253,7 @@ class PgOutboxStore final : public OutboxStore {
                         " last_error = $3, dead_at_ms = $4 WHERE subscriber = $1 AND seq = $2",
                         {P(subscriber), P(seq), P(error), P(now_ms)});
     RETURN_IF_ERROR(r.status());
-    if (r->affected() == 0) return NotFound(NoDeadLetter(subscriber, seq));
+    if (r->affected() == 0) return NotFound(NoDeadLetter(ctx_, subscriber, seq));
     return Status::Ok();
   }
 

@@ -12,9 +12,10 @@ namespace {
 
 class PgStore final : public Store {
  public:
-  PgStore(std::unique_ptr<pg::Pool> pool, std::string instance_id,
+  PgStore(std::unique_ptr<pg::Pool> pool, std::string instance_id, std::string store_id,
           std::function<void(int64_t)> on_write)
-      : pool_(std::move(pool)), ctx_{*pool_, std::move(instance_id), std::move(on_write)} {
+      : pool_(std::move(pool)),
+        ctx_{*pool_, std::move(instance_id), std::move(store_id), std::move(on_write)} {
     meta_ = pg::MakePgMetaStore(ctx_);
     decisions_ = pg::MakePgDecisionStore(ctx_);
     idem_keys_ = pg::MakePgIdemKeyStore(ctx_);
@@ -63,6 +64,20 @@ class PgStore final : public Store {
   std::unique_ptr<TraceIndex> traces_;
 };
 
+// The schema's id, made by the first daemon to open it. Two statements: the
+// insert waits for a concurrent one to commit, and the select after it
+// then sees whichever row stands.
+StatusOr<std::string> StoreId(pg::Pool& pool) {
+  RETURN_IF_ERROR(pool.Exec("INSERT INTO meta (key, value) VALUES ($1, $2)"
+                            " ON CONFLICT (key) DO NOTHING",
+                            {pg::P(kStoreIdKey), pg::P(NewStoreId())})
+                      .status());
+  ASSIGN_OR_RETURN(pg::Result r,
+                   pool.Exec("SELECT value FROM meta WHERE key = $1", {pg::P(kStoreIdKey)}));
+  if (r.rows() != 1) return Internal("the store's id is missing from meta");
+  return r.str(0, 0);
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Store>> OpenPostgresStore(const PgStoreOptions& options) {
@@ -77,8 +92,9 @@ StatusOr<std::unique_ptr<Store>> OpenPostgresStore(const PgStoreOptions& options
   // Each process is its own owner: records of a daemon that died are taken
   // over by the others when their leases expire.
   std::string instance_id = "inst_" + RandomHex(8);
-  return std::unique_ptr<Store>(
-      new PgStore(std::move(pool), std::move(instance_id), options.on_write_micros));
+  ASSIGN_OR_RETURN(std::string store_id, StoreId(*pool));
+  return std::unique_ptr<Store>(new PgStore(std::move(pool), std::move(instance_id),
+                                            std::move(store_id), options.on_write_micros));
 }
 
 StatusOr<std::vector<int>> MigratePostgres(const PgStoreOptions& options) {

@@ -30,6 +30,7 @@ namespace idem::pg {
 struct PgContext {
   Pool& pool;
   std::string instance_id;  // this process ("inst_" + 16 hex), for records it owns
+  std::string store_id;     // the schema's id (kStoreIdKey), shared by every daemon on it
   std::function<void(int64_t micros)> on_write_micros;
 };
 

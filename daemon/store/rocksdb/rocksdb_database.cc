@@ -227,7 +227,7 @@ void RecordBatch::AddOutboxEventText(const std::string& type, const std::string&
   // event (one per complete: the apply cycle's hot path).
   JsonObjectWriter text;
   text.Int("seq", static_cast<int64_t>(seq))
-      .Str("event_id", OutboxEvent::IdFor(seq))
+      .Str("event_id", OutboxEvent::IdFor(db_.store_id(), seq))
       .Str("type", type)
       .Str("key", key)
       .Int("at_ms", at_ms)
@@ -499,6 +499,18 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     if (swept) last = std::max(last, ReadBigEndian8(*swept));
     MutexLock lock(self->outbox_mu_);
     self->outbox_next_ = last + 1;
+  }
+  // The store's id (its outbox events' event_id prefix), made once. One
+  // process at a time opens the folder, so reading then writing is safe.
+  {
+    ASSIGN_OR_RETURN(std::optional<std::string> id, self->Get(Family::kMeta, kStoreIdKey));
+    if (!id || id->empty()) {
+      id = NewStoreId();
+      RecordBatch batch(*self);
+      batch.Put(Family::kMeta, kStoreIdKey, *id);
+      RETURN_IF_ERROR(self->Commit(batch, /*durable=*/true));
+    }
+    self->store_id_ = std::move(*id);
   }
   self->recovery_ = std::thread([db] {
     NameThread("recovery");

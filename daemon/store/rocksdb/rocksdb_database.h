@@ -224,6 +224,8 @@ class RocksDatabase {
   uint64_t OutboxWatermark();
   // Meta key holding the highest seq retention deleted (seqs are never reused).
   static constexpr char kOutboxSweptKey[] = "outbox.swept_through";
+  // The store's id (store.h, kStoreIdKey), read or made by Open; fixed after.
+  const std::string& store_id() const { return store_id_; }
 
  private:
   class ErrorListener;
@@ -265,6 +267,7 @@ class RocksDatabase {
   uint64_t space_since_ GUARDED_BY(space_mu_) = 0;  // bytes admitted since then
   Mutex outbox_mu_;
   uint64_t outbox_next_ GUARDED_BY(outbox_mu_) = 1;
+  std::string store_id_;  // set by Open before the database is shared
   std::set<uint64_t> outbox_in_flight_ GUARDED_BY(outbox_mu_);
 };
 

@@ -10,7 +10,9 @@
 //   "outbox.cursor/<sub>"    -> OnOutboxCursor
 //   "outbox.swept_through"   -> part of OnOutboxLastSeq
 // and the keys that only make sense to this folder ("store.instance_id",
-// "store.write_probe", "idem_keys.in_progress_indexed") are left out.
+// "store.write_probe", "idem_keys.in_progress_indexed") are left out. The
+// store's id ("store.id") is copied: the copy is the same store, and its
+// outbox events keep their event_ids.
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -66,7 +68,12 @@ Status ForEachJson(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f,
 
 }  // namespace
 
-Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
+Status VisitRocksStore(const std::string& path, StoreRecordVisitor& visitor) {
+  return VisitRocksStore(path, [&]() -> StatusOr<StoreRecordVisitor*> { return &visitor; });
+}
+
+Status VisitRocksStore(const std::string& path,
+                       const std::function<StatusOr<StoreRecordVisitor*>()>& visitor_once_open) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
     return NotFound("no RocksDB store at '" + path + "'");
@@ -77,6 +84,8 @@ Status VisitRocksStore(const std::string& path, StoreRecordVisitor& v) {
   // A store a daemon holds: Open says so (Unavailable, "in use by another process").
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDatabase> opened, RocksDatabase::Open(options));
   RocksDatabase& db = *opened;
+  ASSIGN_OR_RETURN(StoreRecordVisitor * made, visitor_once_open());
+  StoreRecordVisitor& v = *made;
   rocks::ScopedSnapshot snapshot(db.raw());
   const rocksdb::Snapshot* snap = snapshot.get();
 

@@ -104,7 +104,7 @@ StatusOr<OutboxDeadLetter> RocksOutboxStore::RequestReplay(const std::string& su
   ASSIGN_OR_RETURN(std::optional<OutboxDeadLetter> d, LoadDead(subscriber, seq));
   if (!d) {
     return NotFound("no dead letter of subscriber " + subscriber + " for event " +
-                    OutboxEvent::IdFor(seq));
+                    OutboxEvent::IdFor(db_.store_id(), seq));
   }
   if (d->state == "replaying") return std::move(*d);
   d->state = "replaying";
@@ -120,7 +120,7 @@ Status RocksOutboxStore::FinishReplay(const std::string& subscriber, uint64_t se
   ASSIGN_OR_RETURN(std::optional<OutboxDeadLetter> d, LoadDead(subscriber, seq));
   if (!d) {
     return NotFound("no dead letter of subscriber " + subscriber + " for event " +
-                    OutboxEvent::IdFor(seq));
+                    OutboxEvent::IdFor(db_.store_id(), seq));
   }
   RecordBatch batch(db_);
   if (delivered) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -79,7 +80,12 @@ TEST_CASE("each committed state change leaves one outbox event, in commit order"
                                                   "work.dead_letter w2"});
   for (size_t i = 1; i < events.size(); ++i) CHECK(events[i].seq > events[i - 1].seq);
   REQUIRE(events.size() == 5);
-  CHECK(events[0].event_id == "evt_" + std::string(19, '0') + std::to_string(events[0].seq));
+  StatusOr<std::optional<std::string>> store_id = store->meta().Get(kStoreIdKey);
+  REQUIRE(store_id.ok());
+  REQUIRE(store_id->has_value());
+  CHECK((*store_id)->size() == 16);
+  CHECK(events[0].event_id ==
+        "evt_" + **store_id + "_" + std::string(19, '0') + std::to_string(events[0].seq));
   CHECK(events[1].data["from"] == "proposed");
   CHECK(events[1].data["actor"] == "alice");
   CHECK(events[3].data == Json{{"attempt", 1},
@@ -237,7 +243,7 @@ TEST_CASE("a subscriber's cursor moves forward only, and a dead letter moves it 
   OutboxDeadLetter dl;
   dl.subscriber = "billing";
   dl.event.seq = 9;
-  dl.event.event_id = OutboxEvent::IdFor(9);
+  dl.event.event_id = OutboxEvent::IdFor("", 9);
   dl.event.type = "effect.done";
   dl.event.key = "w9";
   dl.attempts = 3;
@@ -288,6 +294,35 @@ TEST_CASE("retention deletes old events up to a seq, and seqs are never reused a
   std::vector<OutboxEvent> events = All(*store);
   REQUIRE(events.size() == 1);
   CHECK(events[0].seq > last);
+}
+
+TEST_CASE("event ids of two stores differ and a store keeps its own across a restart") {
+  // A consumer dedupes on event_id; a new store (a reset folder, or staging
+  // beside production on one hook) must not reuse the ids it has seen.
+  TempDir a_dir;
+  TempDir b_dir;
+  std::string first_a;
+  {
+    auto a = OpenStore(a_dir.path());
+    REQUIRE(a->plans().Put(MakePlan("plan_1")).ok());
+    first_a = All(*a).at(0).event_id;
+  }
+  auto b = OpenStore(b_dir.path());
+  REQUIRE(b->plans().Put(MakePlan("plan_1")).ok());
+  const OutboxEvent first_b = All(*b).at(0);
+  CHECK(first_b.seq == 1);
+  CHECK(first_a != first_b.event_id);
+  CHECK(first_a.substr(first_a.size() - 20) ==
+        first_b.event_id.substr(first_b.event_id.size() - 20));
+
+  auto a = OpenStore(a_dir.path());
+  REQUIRE(a->plans().Put(MakePlan("plan_2")).ok());
+  const std::vector<OutboxEvent> events = All(*a);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].event_id == first_a);
+  CHECK(events[1].event_id.substr(0, events[1].event_id.size() - 20) ==
+        first_a.substr(0, first_a.size() - 20));
+  CHECK(events[1].event_id != first_a);
 }
 
 }  // namespace

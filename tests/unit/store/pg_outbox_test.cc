@@ -59,7 +59,7 @@ TEST_SUITE("postgres") {
     REQUIRE_MESSAGE(early.ok(), early.status().ToString());
     REQUIRE(Keys(*early) == std::vector<std::string>{"plan_fast"});
     const uint64_t cursor = (*early)[0].seq;
-    CHECK((*early)[0].event_id == OutboxEvent::IdFor(cursor));
+    CHECK((*early)[0].event_id == OutboxEvent::IdFor(**store->meta().Get(kStoreIdKey), cursor));
 
     REQUIRE((*slow)->ExecScript("COMMIT").ok());
     // The reader continues after the last seq it saw and still gets it.

@@ -419,7 +419,7 @@ TEST_SUITE("postgres") {
     CHECK(counts->outbox_events >= 4);
     CHECK(counts->outbox_cursors == 2);  // hook-a, and hook-b's dead letter moved its cursor
     CHECK(counts->outbox_dead_letters == 1);
-    CHECK(counts->meta == 2);
+    CHECK(counts->meta == 3);  // the two Fill put, and the store's id
     CHECK(counts->traces == 3);
     CHECK(counts->leases_skipped == 1);
 
@@ -488,8 +488,40 @@ TEST_SUITE("postgres") {
     auto counts = CopyRocksToPostgres(rocks_dir.path(), PgOptions(pg_dir.path()));
     REQUIRE(counts.status().code() == Code::kUnavailable);
     CHECK(counts.status().message().find("is in use by another process") != std::string::npos);
+    // Not even the schema was made: the server is touched only once the
+    // folder is open.
+    auto pool = pg::Pool::Open(pg::PoolOptions{testing::PgConninfo(), "public", 1});
+    REQUIRE(pool.ok());
+    auto schemas = (*pool)->Exec("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1",
+                                 {pg::P(testing::PgSchemaFor(pg_dir.path()))});
+    REQUIRE(schemas.ok());
+    CHECK(schemas->rows() == 0);
+  }
+
+  TEST_CASE("a schema a daemon only opened takes a copy, whose events keep their event ids") {
+    TempDir rocks_dir, pg_dir;
+    { Fill(*OpenRocks(rocks_dir.path())); }
+    std::string pg_own_id;
+    {
+      auto pg = OpenPg(pg_dir.path());  // gives the empty schema an id of its own
+      auto id = pg->meta().Get(kStoreIdKey);
+      REQUIRE(id.ok());
+      REQUIRE(id->has_value());
+      pg_own_id = **id;
+    }
+    auto counts = CopyRocksToPostgres(rocks_dir.path(), PgOptions(pg_dir.path()));
+    REQUIRE_MESSAGE(counts.ok(), counts.status().ToString());
+    auto rocks = OpenRocks(rocks_dir.path());
     auto pg = OpenPg(pg_dir.path());
-    CHECK(pg->decisions().Get("dec_a").status().code() == Code::kNotFound);
+    auto from = rocks->outbox().After(0, 100);
+    auto to = pg->outbox().After(0, 100);
+    REQUIRE(from.ok());
+    REQUIRE(to.ok());
+    REQUIRE(!from->empty());
+    REQUIRE(from->size() == to->size());
+    for (size_t i = 0; i < from->size(); ++i) CHECK((*from)[i].event_id == (*to)[i].event_id);
+    CHECK((*to)[0].event_id.find(pg_own_id) == std::string::npos);
+    CHECK(*pg->meta().Get(kStoreIdKey) == *rocks->meta().Get(kStoreIdKey));
   }
 
   TEST_CASE("the copy comparison notices any family left out of the copy") {
