@@ -79,6 +79,46 @@ bool IsBlank(std::string_view line) {
 // decides would serve (its step is configured and computes the same key:
 // same model, prompt, schema and tools) must also hold an output its step
 // accepts, checked as a model's output is.
+// A line as a Decision; a line that is not one is refused naming the field.
+StatusOr<Decision> ImportedDecision(const Json& line) {
+  if (!line.is_object()) return InvalidArgument("a line is one exported decision object", "");
+  for (const char* name : {"decision_id", "decision_key"}) {
+    if (!line.contains(name) || !line[name].is_string()) {
+      return InvalidArgument(std::string(name) + " is missing or not a string",
+                             std::string("/") + name);
+    }
+  }
+  StatusOr<Decision> d = Decision::FromJson(line);
+  if (!d.ok()) {
+    // FromJson speaks of stored records; say what is wrong with the line.
+    const std::string& why = d.status().message();
+    const size_t colon = why.find(": ");
+    return InvalidArgument(
+        "the line is not an exported decision" +
+        (colon == std::string::npos ? std::string() : ": " + why.substr(colon + 2)));
+  }
+  return d;
+}
+
+// That `d`'s id is its own here: a decision of another key under that id,
+// or a plan of other work under the plan id it would get, is refused (an
+// import must not take over a plan, least of all a gate plan awaiting its
+// operator). `known` is what the store holds under the id.
+Status CheckIdFree(const Decision& d, const StatusOr<Decision>& known, PlanStore& plans) {
+  if (known.ok() && known->decision_key != d.decision_key) {
+    return InvalidArgument("decision_id " + d.decision_id + " is a decision of another key here",
+                           "/decision_id");
+  }
+  StatusOr<Plan> plan = plans.Get("plan_" + d.decision_id.substr(4));
+  if (!plan.ok()) return plan.status().code() == Code::kNotFound ? Status::Ok() : plan.status();
+  if (plan->decision_id != d.decision_id) {
+    return InvalidArgument("decision_id " + d.decision_id + " would plan under " + plan->plan_id +
+                               ", which belongs to other work here",
+                           "/decision_id");
+  }
+  return Status::Ok();
+}
+
 Status CheckImported(const Decision& d, const DecideEngine& decide) {
   if (!IsDecisionId(d.decision_id)) {
     return InvalidArgument("decision_id must be dec_ and 32 lower-case hex digits", "/decision_id");
@@ -198,18 +238,22 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
           };
           StatusOr<Json> parsed = ParseJson(line, limits);
           StatusOr<Decision> d =
-              parsed.ok() ? Decision::FromJson(*parsed) : StatusOr<Decision>(parsed.status());
+              parsed.ok() ? ImportedDecision(*parsed) : StatusOr<Decision>(parsed.status());
           if (d.ok()) verdict["decision_id"] = d->decision_id;
           Status valid = d.ok() ? CheckImported(*d, deps.decide) : d.status();
+          StatusOr<Decision> known = valid.ok() ? deps.store.decisions().Get(d->decision_id)
+                                                : StatusOr<Decision>(NotFound(""));
+          if (!known.ok() && known.status().code() != Code::kNotFound) return known.status();
+          if (valid.ok()) {
+            valid = CheckIdFree(*d, known, deps.store.plans());
+            if (!valid.ok() && valid.code() != Code::kInvalidArgument) return valid;
+          }
           if (!valid.ok()) {
             refuse(valid);
           } else if (d->expires_at_ms != 0 && d->expires_at_ms <= now) {
             verdict["verdict"] = "expired";
-          } else if (StatusOr<Decision> known = deps.store.decisions().Get(d->decision_id);
-                     known.ok()) {
+          } else if (known.ok()) {
             verdict["verdict"] = "exists";
-          } else if (known.status().code() != Code::kNotFound) {
-            return known.status();
           } else {
             // Provenance no line can forge: who imported it, and when (a
             // plan from it cannot be approved by its importer).

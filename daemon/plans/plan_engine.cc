@@ -267,6 +267,34 @@ struct PlanEngine::Impl {
     return v;
   }
 
+  // That `p`, found at GatePlanId(work_id), is the gate plan of that work:
+  // no decision's, one action of `kind` whose args as proposed (before an
+  // operator's edits) name that work, and whose args as they stand pass the
+  // kind's schema (it may have changed since the plan was made). Anything
+  // else is refused, never run.
+  Status CheckGatePlan(const Plan& p, const ActionConfig& kind, const std::string& work_id) const {
+    const Json& proposed = p.original_actions.is_array() && !p.original_actions.empty()
+                               ? p.original_actions
+                               : p.actions;
+    auto one_of_kind = [&](const Json& actions) {
+      return actions.is_array() && actions.size() == 1 && actions[0].is_object() &&
+             actions[0].value("kind", "") == kind.name;
+    };
+    const bool gate = p.decision_id.empty() && one_of_kind(proposed) && one_of_kind(p.actions);
+    StatusOr<KeyMaterial> named =
+        gate ? ActionWorkId(kind, proposed[0].value("args", Json()))
+             : StatusOr<KeyMaterial>(FailedPrecondition("not a gate plan"));
+    if (!named.ok() || named->key != work_id) {
+      return Status(Code::kFailedPrecondition,
+                    "plan " + p.plan_id + " is not the approval plan of this work; it is not run",
+                    "/args");
+    }
+    if (!IsState(p, {"approved", "applying", "applied", "partially_failed", "proposed"})) {
+      return Status::Ok();  // nothing of it runs
+    }
+    return CheckActionArgs(kind.name, p.actions[0].value("args", Json()), "/args");
+  }
+
   // `args` of an action of `kind` against the kind's args_schema (OK when it
   // has none or the kind is unknown): InvalidArgument at `at` + the pointer.
   Status CheckActionArgs(const std::string& kind, const Json& args, const std::string& at) const {
@@ -542,6 +570,14 @@ StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::str
   }
   const std::string plan_id = "plan_" + d.decision_id.substr(4);
   auto existing = m.store.plans().Get(plan_id);
+  if (existing.ok() && existing->decision_id != d.decision_id) {
+    // Only an imported decision can name its own id; one that lands on
+    // another's plan (a gate plan, say) must not take it over.
+    return Status(Code::kFailedPrecondition,
+                  "plan " + plan_id + " belongs to other work; decision " + d.decision_id +
+                      " cannot be planned under it",
+                  "path:decision_id");
+  }
   if (existing.ok() || existing.status().code() != Code::kNotFound) return existing;
 
   const int64_t now = m.clock.NowMillis();
@@ -577,6 +613,7 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
   if (!existing.ok() && existing.status().code() != Code::kNotFound) return existing.status();
   if (existing.ok()) {
     gate.plan = std::move(existing).value();
+    RETURN_IF_ERROR(m.CheckGatePlan(gate.plan, kind, work.key));
   } else {
     const int64_t now = m.clock.NowMillis();
     Plan plan;

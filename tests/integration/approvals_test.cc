@@ -30,6 +30,7 @@ struct Fixture {
   TempDir dir;
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
+  std::string config_path;
 
   // threads > 0: the daemon's handler threads (server.threads).
   explicit Fixture(int threads = 0) {
@@ -92,6 +93,7 @@ struct Fixture {
       text.replace(text.find(from), from.size(), "  threads: " + std::to_string(threads) + "\n");
       config = dir.File("idem-threads.yaml", text);
     }
+    config_path = config;
     std::string err;
     daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
     REQUIRE_MESSAGE(daemon != nullptr, err);
@@ -277,6 +279,82 @@ TEST_CASE("the operator who imported a decision cannot approve the plan made fro
     }
   }
   CHECK(named);
+}
+
+// One exported decision of `ticket` from a daemon of its own, as a line.
+Json ExportedDecision(const std::string& ticket) {
+  Fixture source;
+  auto made = source.Post("/v1/decide",
+                          {{"step", "triage_ticket"}, {"input", {{"ticket_id", ticket}}}}, kAgent);
+  REQUIRE(made->status == 200);
+  auto exported = source.Get("/v1/decisions/export");
+  REQUIRE(exported->status == 200);
+  return Json::parse(exported->body.substr(0, exported->body.find('\n')));
+}
+
+TEST_CASE("an imported decision cannot take over the approval plan of a gated call") {
+  Fixture f;
+  CliResult key =
+      RunCli({"key", "--kind", "refund", "--config", f.config_path}, R"({"order_id":"O-51"})");
+  REQUIRE_MESSAGE(key.exit_code == 0, key.err);
+  REQUIRE(key.out.rfind("work_id ", 0) == 0);  // "work_id <hex>\nmaterial …"
+  const std::string work_id = key.out.substr(8, key.out.find('\n') - 8);
+  const std::string gate_plan = "plan_" + Sha256Hex("gate:" + work_id).substr(0, 32);
+  // A line whose decision_id would plan under that gate plan's id, with
+  // actions that need no human (not a refund) and args of its choosing.
+  Json line = ExportedDecision("T-GATE");
+  line["decision_id"] = "dec_" + gate_plan.substr(5);
+  line["output"]["category"] = "question";
+  line["output"]["actions"] = Json::array(
+      {{{"kind", "send_reply"}, {"args", {{"ticket_id", "T"}, {"text", "order O-51, 9000"}}}}});
+  auto import = [&] {
+    auto r = f.client->Post("/v1/decisions/import",
+                            {{"Authorization", std::string("Bearer ") + kOperator}},
+                            line.dump() + "\n", "application/x-ndjson");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    return Json::parse(r->body);
+  };
+
+  SUBCASE("imported before the call: the call refuses the plan it finds, nothing runs") {
+    REQUIRE(import()["imported"] == 1);
+    auto hit = f.Post("/v1/decide",
+                      {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-GATE"}}}}, kAgent);
+    REQUIRE(hit->status == 200);
+    REQUIRE(J(hit)["plan"]["plan_id"] == gate_plan);
+    auto call = f.Post("/v1/actions/refund", {{"args", {{"order_id", "O-51"}, {"amount", 500}}}},
+                       kAgent, "\"o51\"");
+    REQUIRE(call);
+    CHECK(call->status == 409);
+    CHECK(J(call)["detail"].get<std::string>().find("not the approval plan of this work") !=
+          std::string::npos);
+    CHECK(f.Effects() == 0);
+  }
+  SUBCASE("imported after the call: the line is refused at /decision_id") {
+    REQUIRE(f.GatedRefund("O-51", 500) == gate_plan);
+    Json result = import();
+    CHECK(result["refused"] == 1);
+    CHECK(result["results"][0]["field"] == "/decision_id");
+    CHECK(J(f.Get("/v1/plans/" + gate_plan))["state"] == "awaiting_approval");
+  }
+}
+
+TEST_CASE("an import line under the id of a decision of another key is refused, not 'exists'") {
+  Fixture f;
+  auto made =
+      f.Post("/v1/decide", {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-A"}}}}, kAgent);
+  REQUIRE(made->status == 200);
+  Json line = ExportedDecision("T-B");
+  line["decision_id"] = J(made)["decision_id"];
+  auto r = f.client->Post("/v1/decisions/import",
+                          {{"Authorization", std::string("Bearer ") + kOperator}},
+                          line.dump() + "\n{\"a\":1}\n", "application/x-ndjson");
+  REQUIRE(r);
+  Json result = J(r);
+  CHECK(result["refused"] == 2);
+  CHECK(result["results"][0]["field"] == "/decision_id");
+  CHECK(result["results"][1]["field"] == "/decision_id");
+  CHECK(result["results"][1]["reason"].get<std::string>().find("stored") == std::string::npos);
 }
 
 TEST_CASE("a run's item that waited for approval is listed in its run once approved") {
