@@ -105,6 +105,10 @@ class ApplyEngineImpl final : public ApplyEngine {
   ClaimRequest ClaimFor(const KindRuntime& kind, const WorkItem& item) const;
   // Claims and, when granted, runs one attempt.
   StatusOr<ActionOutcome> ClaimAndRun(const KindRuntime& kind, const ClaimRequest& request);
+  // Completes `claimed` with the effect's result, retrying a retryable store
+  // error until shortly before its lease ends (kRecordMarginMs).
+  Status RecordCompletion(const WorkItem& claimed, const EffectResult& effect, int64_t now);
+  static constexpr int64_t kRecordMarginMs = 100;
   // One attempt under the lease of `claimed`: the effect, then its record.
   StatusOr<ActionOutcome> RunAttempt(const KindRuntime& kind, const WorkItem& claimed);
   // After Complete was refused (a stale lease): what the journal holds now.
@@ -300,8 +304,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
                        .Take());
 
   if (attempt.status.ok()) {
-    Status completed = journal_.Complete(claimed.work_id, claimed.lease_token,
-                                         attempt.result.result, attempt.result.external_ref, now);
+    Status completed = RecordCompletion(claimed, attempt.result, now);
     if (completed.code() == Code::kFailedPrecondition) {
       return AfterLostLease(claimed.work_id, completed);
     }
@@ -347,6 +350,31 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
   }
   metrics_.work_failed.Inc();
   return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(failed).value()};
+}
+
+Status ApplyEngineImpl::RecordCompletion(const WorkItem& claimed, const EffectResult& effect,
+                                         int64_t now) {
+  // The effect has landed: giving up on recording it would let the next
+  // holder, after the lease, run it again (twice, for a kind whose target
+  // cannot dedupe). So a store that is briefly unreachable (a database
+  // restart, a failover) is tried again while the lease still holds.
+  int64_t pause_ms = 50;
+  for (;;) {
+    Status s = Failpoints::Hit("apply.record_completion");
+    if (s.ok()) {
+      s = journal_.Complete(claimed.work_id, claimed.lease_token, effect.result,
+                            effect.external_ref, now);
+    }
+    if (s.ok() || !s.retryable() || s.code() == Code::kFailedPrecondition) return s;
+    metrics_.store_errors.Inc();
+    now = clock_.NowMillis();
+    if (now + pause_ms + kRecordMarginMs >= claimed.locked_until_ms) return s;
+    LogEvent(LogLevel::kWarn, "apply.record_retry",
+             {{"work_id", claimed.work_id}, {"error", s.ToString()}, {"retry_in_ms", pause_ms}});
+    clock_.env().SleepMillis(pause_ms);
+    now = clock_.NowMillis();
+    pause_ms = std::min<int64_t>(pause_ms * 2, 1'000);
+  }
 }
 
 StatusOr<ActionOutcome> ApplyEngineImpl::AfterLostLease(const std::string& work_id,

@@ -16,7 +16,8 @@ namespace {
 struct Action {
   enum Kind { kCrash, kError, kDelay } kind = kError;
   int delay_ms = 0;
-  int on_hit = 0;  // 0: every hit
+  int on_hit = 0;     // 0: every hit
+  int until_hit = 0;  // N-M*action: hits on_hit through until_hit
   int hits = 0;
 };
 
@@ -44,7 +45,14 @@ Status ParseInto(std::string_view spec, std::map<std::string, Action, std::less<
     Action a;
     size_t star = act.find('*');
     if (star != std::string_view::npos) {
-      a.on_hit = std::atoi(std::string(act.substr(0, star)).c_str());
+      const std::string hits(act.substr(0, star));
+      a.on_hit = std::atoi(hits.c_str());
+      const size_t dash = hits.find('-');
+      a.until_hit = dash == std::string::npos ? a.on_hit : std::atoi(hits.c_str() + dash + 1);
+      if (a.on_hit < 1 || a.until_hit < a.on_hit) {
+        return InvalidArgument("failpoint '" + std::string(item) +
+                               "': the hits are N or N-M, counted from 1");
+      }
       act = act.substr(star + 1);
     }
     if (act == "crash") {
@@ -102,7 +110,10 @@ Status Failpoints::Hit(std::string_view name) {
     auto it = Table().find(name);
     if (it == Table().end()) return Status::Ok();
     it->second.hits++;
-    if (it->second.on_hit != 0 && it->second.hits != it->second.on_hit) return Status::Ok();
+    if (it->second.on_hit != 0 &&
+        (it->second.hits < it->second.on_hit || it->second.hits > it->second.until_hit)) {
+      return Status::Ok();
+    }
     a = it->second;
   }
   switch (a.kind) {

@@ -6,7 +6,8 @@
 //   crash      the process dies at once with SIGKILL (as kill -9 would);
 //   error      Hit() returns Unavailable("failpoint NAME");
 //   delay(ms)  Hit() sleeps for real for ms milliseconds, then returns OK;
-//   N*action   the action fires on the Nth hit only (e.g. 3*crash).
+//   N*action   the action fires on the Nth hit only (e.g. 3*crash);
+//   N-M*action on hits N through M (e.g. 1-3*error: three errors, then OK).
 //
 // When no failpoint is configured, Hit() costs one relaxed atomic load.
 // Thread-safety: Hit() and Set() may be called concurrently.

@@ -204,8 +204,14 @@ StatusOr<std::unique_ptr<Pool>> Pool::Open(PoolOptions options) {
   // The schema must exist before connections set their search_path to it.
   ASSIGN_OR_RETURN(std::unique_ptr<Conn> c, Conn::Open(pool->options_.conninfo, "public",
                                                        pool->options_.statement_timeout_ms));
-  RETURN_IF_ERROR(
-      c->ExecScript("CREATE SCHEMA IF NOT EXISTS " + QuoteIdent(pool->options_.schema)));
+  // IF NOT EXISTS is not safe against a concurrent CREATE: a daemon that
+  // starts beside another may lose the race with a unique violation
+  // (AlreadyExists), which means the schema is there.
+  if (Status made =
+          c->ExecScript("CREATE SCHEMA IF NOT EXISTS " + QuoteIdent(pool->options_.schema));
+      !made.ok() && made.code() != Code::kAlreadyExists) {
+    return made;
+  }
   RETURN_IF_ERROR(c->ExecScript("SET search_path TO " + QuoteIdent(pool->options_.schema)));
   {
     std::lock_guard<std::mutex> lock(pool->mu_);

@@ -217,6 +217,43 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a store briefly unreachable after the effect is tried again within the lease: one effect") {
+  // idempotency none: the target cannot drop a repeat, so only the journal
+  // stands between a database blip and a second effect.
+  ApplyHarness h;
+  FailpointsGuard guard;
+  h.AddKind("send_reply", {"/ticket_id"},
+            Json{{"method", "POST"}, {"url", h.Url("/replies")}, {"idempotency", "none"}});
+  Json args = {{"ticket_id", "T-R"}};
+  REQUIRE(Failpoints::Set("apply.record_completion=1-4*error").ok());
+  ActionOutcome out = h.Submit("send_reply", args);
+  CHECK(out.kind == ActionOutcomeKind::kExecuted);
+  CHECK(out.item.state == WorkState::kDone);
+  CHECK(out.item.attempt == 1);
+  CHECK(h.env_.total_slept_ms() == 50 + 100 + 200 + 400);
+  CHECK(h.metrics_.store_errors.Get() == 4);
+  h.env_.Advance(60'000);
+  CHECK(h.RunDue() == 0);
+  CHECK(h.fake().stats().effects == 1);
+}
+
+TEST_CASE("a store unreachable past the lease: recording gives up before the lease ends") {
+  ApplyHarness h;
+  FailpointsGuard guard;
+  h.AddKind("send_reply", {"/ticket_id"}, HeaderEffector(h));
+  Json args = {{"ticket_id", "T-S"}};
+  REQUIRE(Failpoints::Set("apply.record_completion=error").ok());
+  const int64_t t0 = h.clock_.NowMillis();
+  auto out = h.engine().Submit("send_reply", args, "", "");
+  CHECK_FALSE(out.ok());
+  CHECK(out.status().code() == Code::kUnavailable);
+  WorkItem running = h.Get(h.WorkId("send_reply", args));
+  CHECK(running.state == WorkState::kRunning);
+  CHECK(h.clock_.NowMillis() < running.locked_until_ms);  // the next holder waits for it
+  CHECK(h.clock_.NowMillis() - t0 > 1'000);               // and it did try for a while
+}
+
 TEST_CASE("a retryable failure is retried with full-jitter backoff, then done") {
   ApplyHarness h;
   h.AddKind("send_reply", {"/ticket_id"}, HeaderEffector(h));

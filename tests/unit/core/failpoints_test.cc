@@ -27,6 +27,17 @@ TEST_CASE("an Nth-hit failpoint fires on that hit only") {
   CHECK(Failpoints::Hit("x").ok());
 }
 
+TEST_CASE("a failpoint over a range of hits fires on each of them and then stops") {
+  ClearFailpoints guard;
+  REQUIRE(Failpoints::Set("x=2-3*error").ok());
+  CHECK(Failpoints::Hit("x").ok());
+  CHECK_FALSE(Failpoints::Hit("x").ok());
+  CHECK_FALSE(Failpoints::Hit("x").ok());
+  CHECK(Failpoints::Hit("x").ok());
+  CHECK(Failpoints::Set("x=3-2*error").code() == Code::kInvalidArgument);
+  CHECK(Failpoints::Set("x=0*error").code() == Code::kInvalidArgument);
+}
+
 TEST_CASE("a malformed failpoint spec is rejected") {
   ClearFailpoints guard;
   CHECK(Failpoints::Set("x").code() == Code::kInvalidArgument);

@@ -2,6 +2,7 @@
 // "postgres": run only by ctest unit_store_postgres (on a real server).
 #include <doctest/doctest.h>
 
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -46,6 +47,35 @@ TEST_SUITE("postgres") {
     auto again = pg::Migrate(*pools[0]);
     REQUIRE(again.ok());
     CHECK(again->empty());
+  }
+
+  TEST_CASE("daemons opening a new schema together all open it, with one store id") {
+    // CREATE SCHEMA IF NOT EXISTS loses a concurrent race with a unique
+    // violation; each round is a new schema, four daemons at once.
+    for (int round = 0; round < 8; ++round) {
+      CAPTURE(round);
+      TempDir dir;
+      PgStoreOptions o;
+      o.conninfo = PgConninfo();
+      o.schema = PgSchemaFor(dir.path());
+      o.pool_size = 1;
+      std::vector<StatusOr<std::unique_ptr<Store>>> opened;
+      for (int i = 0; i < 4; ++i) opened.emplace_back(Internal("not opened"));
+      std::vector<std::thread> threads;
+      for (int i = 0; i < 4; ++i) {
+        threads.emplace_back([&, i] { opened[i] = OpenPostgresStore(o); });
+      }
+      for (auto& t : threads) t.join();
+      std::set<std::string> ids;
+      for (auto& s : opened) {
+        REQUIRE_MESSAGE(s.ok(), s.status().ToString());
+        auto id = (*s)->meta().Get(kStoreIdKey);
+        REQUIRE(id.ok());
+        REQUIRE(id->has_value());
+        ids.insert(**id);
+      }
+      CHECK(ids.size() == 1);
+    }
   }
 
   TEST_CASE("a schema of migration 1 gains the decision trace column and stores traces apart") {
