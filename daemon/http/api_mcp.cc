@@ -27,6 +27,10 @@ namespace idem {
 namespace {
 
 constexpr int64_t kToolKeyLeaseMs = 60'000;
+// How long a call waits for the same call still running before it answers
+// "still running", and the longest client key (as the Idempotency-Key header).
+constexpr int64_t kInFlightWaitMs = 3'000;
+constexpr size_t kMaxClientKey = 255;
 
 // One tool: its MCP description and the REST route it runs.
 struct Tool {
@@ -68,6 +72,13 @@ class ApiToolbox final : public McpToolbox {
     bool final_answer = true;
     // The key: the client's, or the tool and its canonical arguments.
     const bool client_key = meta.is_object() && meta.value("idempotencyKey", Json()).is_string();
+    if (client_key) {
+      const size_t size = meta["idempotencyKey"].get_ref<const std::string&>().size();
+      if (size == 0 || size > kMaxClientKey) {
+        return ToolError("_meta.idempotencyKey must be 1 to " + std::to_string(kMaxClientKey) +
+                         " characters, as an Idempotency-Key header");
+      }
+    }
     const bool refresh = arguments.is_object() && arguments.value("cache", Json()) == "refresh";
     if (tool.dedup == Tool::Dedup::kNone ||
         (!client_key && (tool.dedup == Tool::Dedup::kClientKey || refresh))) {
@@ -79,24 +90,36 @@ class ApiToolbox final : public McpToolbox {
                                  : Sha256Hex(name + "\n" + *canonical);
     const std::string scope = caller + " MCP " + name;
     const std::string fingerprint = Sha256Hex(*canonical);
-    const int64_t now = deps_.clock.NowMillis();
-    auto begun = deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
-                                               deps_.config.idempotency.window_ms, kToolKeyLeaseMs);
-    if (!begun.ok()) return ToolError("idem's store: " + begun.status().message());
-    switch (begun->outcome) {
-      case BeginOutcome::kReplay: {
+    // The same call still running (two workers on one token, a retry after
+    // a timeout) is waited for, a while, as REST's Prefer: wait does: an
+    // agent would read an error as a failed tool.
+    int64_t pause_ms = 20;
+    const int64_t give_up_ms = deps_.clock.NowMillis() + kInFlightWaitMs;
+    for (;;) {
+      const int64_t now = deps_.clock.NowMillis();
+      auto begun =
+          deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
+                                        deps_.config.idempotency.window_ms, kToolKeyLeaseMs);
+      if (!begun.ok()) return ToolError("idem's store: " + begun.status().message());
+      if (begun->outcome == BeginOutcome::kNew) break;
+      if (begun->outcome == BeginOutcome::kReplay) {
         auto stored = ParseJson(begun->record.response_body, JsonLimits{});
-        if (stored.ok()) return *stored;
-        return ToolError("the stored result could not be read");
+        if (!stored.ok()) return ToolError("the stored result could not be read");
+        return Replayed(tool, std::move(stored).value());
       }
-      case BeginOutcome::kMismatch:
+      if (begun->outcome == BeginOutcome::kMismatch) {
         return ToolError("this idempotency key was used with other arguments");
-      case BeginOutcome::kInFlight:
+      }
+      if (now + pause_ms > give_up_ms) {
         return ToolError("the same call is still running; call again in a few seconds");
-      case BeginOutcome::kNew:
-        break;
+      }
+      deps_.clock.env().SleepMillis(pause_ms);
+      pause_ms = std::min<int64_t>(pause_ms * 2, 500);
     }
     Json result = Run(tool, arguments, caller, request_id, &final_answer);
+    // An error changed nothing worth replaying: the call runs again when
+    // retried (a resolved conflict, a fixed record), as REST drops a 4xx.
+    if (result.value("isError", false)) final_answer = false;
     if (final_answer) {
       (void)deps_.store.idem_keys().Finish(scope, key, fingerprint, 200, result.dump(),
                                            "application/json", deps_.clock.NowMillis());
@@ -113,16 +136,40 @@ class ApiToolbox final : public McpToolbox {
 
   static Json ToolResult(Json structured) {
     std::string text = structured.dump(-1, ' ', false, Json::error_handler_t::replace);
-    return {{"content", Json::array({{{"type", "text"}, {"text", text}}})},
-            {"structuredContent", std::move(structured)},
-            {"isError", false}};
+    Json result = {{"content", Json::array({{{"type", "text"}, {"text", text}}})},
+                   {"isError", false}};
+    // MCP: structured content is a JSON object; anything else is text only.
+    if (structured.is_object()) result["structuredContent"] = std::move(structured);
+    return result;
   }
 
-  const Route* Find(const std::string& method, const std::string& path,
+  // A stored answer given again: a do_<kind> whose first call created the
+  // effect says already_done now (its description promises so).
+  static Json Replayed(const Tool& tool, Json stored) {
+    if (tool.kind.empty() || !stored.contains("structuredContent")) return stored;
+    Json body = stored["structuredContent"];
+    if (!body.is_object() || body.value("outcome", "") != "created") return stored;
+    body["outcome"] = "already_done";
+    return ToolResult(std::move(body));
+  }
+
+  // The route of `path` that is the tool's own: one that also matches the
+  // tool's path with "~" in each hole, which no literal route holds. So an
+  // argument can never steer a call onto another route (a decision_id of
+  // "export" onto GET /v1/decisions/export).
+  const Route* Find(const Tool& tool, const std::string& path,
                     std::vector<std::string>* params) const {
+    std::string probe = tool.path;
+    for (size_t open = probe.find('{'); open != std::string::npos; open = probe.find('{')) {
+      probe.replace(open, probe.find('}', open) - open + 1, "~");
+    }
+    std::vector<std::string> probe_params;
     for (const Route& r : *routes_) {
       params->clear();
-      if (r.method == method && MatchPath(r, path, params)) return &r;
+      if (r.method == tool.method && MatchPath(r, path, params) &&
+          MatchPath(r, probe, &probe_params)) {
+        return &r;
+      }
     }
     return nullptr;
   }
@@ -144,8 +191,12 @@ class ApiToolbox final : public McpToolbox {
       path.replace(at, hole.size(), value);
     }
     RequestContext ctx;
-    const Route* route = Find(tool.method, path, &ctx.params);
+    const Route* route = Find(tool, path, &ctx.params);
     if (route == nullptr) return ToolError("no such record: " + path);
+    // The route's roles, as the HTTP pipeline checks them for a REST call.
+    if (!route->roles.empty() && !deps_.config.auth.Holds(caller, route->roles)) {
+      return ToolError("this token lacks the role for " + route->method + " " + route->pattern);
+    }
     ctx.method = tool.method;
     ctx.path = path;
     ctx.caller = caller;
@@ -172,7 +223,20 @@ class ApiToolbox final : public McpToolbox {
     if (out->status >= 400) {
       std::string detail = body.is_object() ? body.value("detail", "") : "";
       std::string where = body.is_object() ? body.value("pointer", "") : "";
-      return ToolError(detail + (where.empty() ? "" : " (at " + where + ")"));
+      // What the problem carries beyond its text (the result that stands,
+      // the state of the work) is part of the answer, as it is over REST.
+      Json extra = Json::object();
+      if (body.is_object()) {
+        for (auto& [name, value] : body.items()) {
+          if (name != "type" && name != "title" && name != "status" && name != "detail" &&
+              name != "pointer" && name != "instance" && name != "request_id") {
+            extra[name] = value;
+          }
+        }
+      }
+      return ToolError(
+          detail + (where.empty() ? "" : " (at " + where + ")") +
+          (extra.empty() ? "" : ". " + extra.dump(-1, ' ', false, Json::error_handler_t::replace)));
     }
     if (!tool.kind.empty() && body.is_object()) {
       body["outcome"] = out->status == 201   ? "created"
@@ -203,6 +267,10 @@ class ApiToolbox final : public McpToolbox {
     const Json any_object = {{"type", "object"}};
     for (const auto& [name, step] : deps_.config.steps) {
       Tool t;
+      // The decision cache already answers a repeat from the same input,
+      // and answers it as it stands now (a resolved escalation, a refresh
+      // by another caller): a derived key would replay a stale answer.
+      t.dedup = Tool::Dedup::kClientKey;
       t.method = "POST";
       t.path = "/v1/decide";
       const std::string step_name = name;
@@ -212,6 +280,16 @@ class ApiToolbox final : public McpToolbox {
         return b;
       };
       Json output = step.output_schema.is_object() ? step.output_schema : any_object;
+      // Nested under /properties/output, the step schema's root-relative
+      // references (#/definitions/…, #/$defs/…) would point nowhere: its
+      // definitions move to the root they are resolved against.
+      Json definitions = Json::object();
+      for (const char* defs : {"definitions", "$defs"}) {
+        if (output.contains(defs)) {
+          definitions[defs] = output[defs];
+          output.erase(defs);
+        }
+      }
       t.spec = {
           {"name", "decide_" + name},
           {"title", "Decide " + name},
@@ -234,6 +312,7 @@ class ApiToolbox final : public McpToolbox {
                                 {"plan", any_object}},
                                {"status"})},
           {"annotations", {{"readOnlyHint", false}, {"idempotentHint", true}}}};
+      for (auto& [defs, value] : definitions.items()) t.spec["outputSchema"][defs] = value;
       Add(std::move(t));
     }
     for (const auto& [name, kind] : deps_.config.actions) {
@@ -281,11 +360,13 @@ class ApiToolbox final : public McpToolbox {
       t.method = std::move(method);
       t.path = std::move(path);
       t.body = std::move(body);
-      t.spec = {{"name", name},
-                {"description", description},
-                {"inputSchema", std::move(input)},
-                {"outputSchema", any_object},
-                {"annotations", {{"readOnlyHint", read_only}, {"idempotentHint", true}}}};
+      t.spec = {
+          {"name", name},
+          {"description", description},
+          {"inputSchema", std::move(input)},
+          {"outputSchema", any_object},
+          {"annotations",
+           {{"readOnlyHint", read_only}, {"idempotentHint", dedup != Tool::Dedup::kClientKey}}}};
       Add(std::move(t));
     };
     auto pass = [](const Json& a) { return a; };
@@ -361,6 +442,7 @@ void AddMcpRoutes(ApiDeps deps, std::shared_ptr<const std::vector<Route>> table,
     req.session_id = header("mcp-session-id");
     req.protocol_version = header("mcp-protocol-version");
     req.caller = ctx.caller;
+    req.take_rate_token = ctx.take_rate_token;
     req.request_id = ctx.request_id;
     req.body = ctx.body;
     McpHttpResponse r = protocol->Handle(req, clock->NowMillis());

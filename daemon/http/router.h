@@ -39,6 +39,10 @@ struct RequestContext {
   std::map<std::string, std::string> headers;  // the route's request_headers (lower-case names)
   std::string raw_body;                        // Route::raw_body routes only: the bytes as sent
   TraceContext trace;  // the caller's traceparent/tracestate, or a new trace (daemon/obs/trace.h)
+  // Takes one more of the caller's server.rate_limit tokens, for a request
+  // that is several calls (an MCP batch); false when none is left. Empty
+  // when no limit applies.
+  std::function<bool()> take_rate_token;
 };
 
 struct RouteResponse {

@@ -574,6 +574,11 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
            ctx.request_id, 429);
       return false;
     }
+    ctx.take_rate_token = [this, caller = ctx.caller] {
+      const bool allowed = limiter_->Take(caller, deps_.clock.NowMillis()).allowed;
+      if (!allowed) deps_.metrics.http_rate_limited.Inc();
+      return allowed;
+    };
   }
 
   // Idempotency-Key syntax first: a malformed or missing key is refused

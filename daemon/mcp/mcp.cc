@@ -65,6 +65,7 @@ struct McpProtocol::Impl {
   mutable std::mutex mu;
   std::list<Session> lru;  // most recently used first
   std::unordered_map<std::string, std::list<Session>::iterator> sessions;
+  std::unordered_map<std::string, size_t> per_caller;  // sessions of each caller
 
   // The session's negotiated version, touched; "" when unknown, expired or
   // opened by another caller (a session id is no credential: it belongs to
@@ -74,8 +75,7 @@ struct McpProtocol::Impl {
     auto it = sessions.find(id);
     if (it == sessions.end() || it->second->caller != caller) return "";
     if (now - it->second->last_used_ms > options.session_idle_ms) {
-      lru.erase(it->second);
-      sessions.erase(it);
+      Drop(it->second);
       return "";
     }
     it->second->last_used_ms = now;
@@ -85,22 +85,38 @@ struct McpProtocol::Impl {
 
   std::string Open(const std::string& version, const std::string& caller, int64_t now) {
     std::lock_guard<std::mutex> lock(mu);
+    // A caller past its own share drops its own least recently used session,
+    // never another token's: one agent's initialize loop cannot end the
+    // sessions of the rest.
+    if (per_caller[caller] >= options.max_sessions_per_caller) {
+      for (auto it = lru.rbegin(); it != lru.rend(); ++it) {
+        if (it->caller == caller) {
+          Drop(std::next(it).base());
+          break;
+        }
+      }
+    }
     while (sessions.size() >= options.max_sessions && !lru.empty()) {
-      sessions.erase(lru.back().id);
-      lru.pop_back();
+      Drop(std::prev(lru.end()));
     }
     std::string id = RandomHex(16);
     lru.push_front(Session{id, version, caller, now});
     sessions[id] = lru.begin();
+    ++per_caller[caller];
     return id;
+  }
+
+  void Drop(std::list<Session>::iterator it) {
+    if (--per_caller[it->caller] == 0) per_caller.erase(it->caller);
+    sessions.erase(it->id);
+    lru.erase(it);
   }
 
   bool Close(const std::string& id, const std::string& caller) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(id);
     if (it == sessions.end() || it->second->caller != caller) return false;
-    lru.erase(it->second);
-    sessions.erase(it);
+    Drop(it->second);
     return true;
   }
 
@@ -237,15 +253,16 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
       initializing = true;
     }
   }
-  if (initializing && messages.size() > 1) {
-    return Refuse(400, -32600, "initialize must be sent alone");
-  }
+  if (initializing && batch) return Refuse(400, -32600, "initialize must be sent alone");
   if (!initializing) {
     if (req.session_id.empty()) {
       return Refuse(400, -32000, "Mcp-Session-Id header required (send initialize first)");
     }
     std::string version = m.Touch(req.session_id, req.caller, now_ms);
     if (version.empty()) return Refuse(404, -32001, "session not found: initialize again");
+    if (batch && version >= "2025-06-18") {
+      return Refuse(400, -32600, "batches are not part of MCP " + version + "; send one message");
+    }
     if (!req.protocol_version.empty() && !Supported(req.protocol_version)) {
       return Refuse(400, -32000, "unsupported MCP-Protocol-Version " + req.protocol_version);
     }
@@ -253,7 +270,21 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
 
   std::string new_session;
   Json answers = Json::array();
+  bool first_call = true;
   for (const Json& msg : messages) {
+    // Every call past the request's first takes its own rate-limit token,
+    // so a batch is limited as that many requests would be.
+    if (msg.is_object() && msg.value("method", Json()) == "tools/call") {
+      if (!first_call && req.take_rate_token && !req.take_rate_token()) {
+        if (msg.contains("id")) {
+          answers.push_back(RpcError(msg["id"], -32000,
+                                     "rate limited: past server.rate_limit; send this call "
+                                     "again later"));
+        }
+        continue;
+      }
+      first_call = false;
+    }
     Json a = m.Dispatch(msg, req, &new_session, now_ms);
     if (!a.is_null()) answers.push_back(std::move(a));
   }

@@ -24,13 +24,16 @@
 // model can act on (McpToolbox decides them).
 //
 // Sessions are kept in memory (a restart ends them; clients re-initialize),
-// at most options.max_sessions, the least recently used dropped first, and
-// each expires after options.session_idle_ms without a request.
+// at most options.max_sessions, the least recently used dropped first, at
+// most options.max_sessions_per_caller of one token (its own least recently
+// used dropped first), and each expires after options.session_idle_ms
+// without a request.
 //
 // Thread-safety: Handle may be called concurrently.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,6 +69,10 @@ struct McpHttpRequest {
   std::string caller;            // the token name (or "anonymous")
   std::string request_id;
   Json body;  // the parsed POST body
+  // Empty, or takes one of the caller's rate-limit tokens: each call of a
+  // batch after the first (the HTTP request took one) needs its own, and a
+  // call without one is answered -32000 "rate limited".
+  std::function<bool()> take_rate_token;
 };
 
 struct McpHttpResponse {
@@ -77,6 +84,7 @@ struct McpHttpResponse {
 
 struct McpOptions {
   size_t max_sessions = 10'000;
+  size_t max_sessions_per_caller = 1'000;  // past it a caller's own oldest goes
   int64_t session_idle_ms = 3'600'000;
   size_t tools_page_size = 100;
   size_t max_batch = 100;  // messages per POST

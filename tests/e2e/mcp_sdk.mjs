@@ -49,6 +49,13 @@ writeFileSync(join(dir, 'refund.args.json'), JSON.stringify({
   type: 'object', additionalProperties: false, required: ['order_id', 'amount'],
   properties: { order_id: { type: 'string' }, amount: { type: 'number', minimum: 0 } },
 }));
+// A step whose output schema refers to its own definitions (as OpenAI
+// strict schemas often do): the tool's outputSchema must still resolve them.
+writeFileSync(join(dir, 'refs.schema.json'), JSON.stringify({
+  type: 'object', required: ['category'],
+  definitions: { label: { type: 'string', minLength: 1 } },
+  properties: { category: { $ref: '#/definitions/label' }, summary: { $ref: '#/definitions/label' } },
+}));
 writeFileSync(join(dir, 'idem.yaml'), `server:
   listen: 127.0.0.1:0
 store:
@@ -66,6 +73,12 @@ steps:
     temperature: 0
     prompt: {template: ${repo}/config/prompts/triage_ticket.mustache, version: v1}
     output_schema: ${repo}/schemas/examples/triage_ticket.v1.json
+  label_ticket:
+    provider: demo
+    model: demo-1
+    temperature: 0
+    prompt: {template: ${repo}/config/prompts/triage_ticket.mustache, version: v1}
+    output_schema: ${dir}/refs.schema.json
 actions:
   send_reply:
     identity: {fields: [/ticket_id, /text], version: v1}
@@ -133,12 +146,51 @@ try {
   assert.equal(decided.structuredContent.output.category, 'question');
   assert.match(decided.content[0].text, /decision_id/);
 
+  // A step schema with $ref: listed (above) and its answer validated by
+  // the SDK against an outputSchema whose references resolve.
+  const labelled = await client.callTool({ name: 'decide_label_ticket',
+    arguments: { input: { ticket_id: 'T-2', text: 'hi' } } });
+  assert.equal(labelled.isError, false, JSON.stringify(labelled));
+  assert.equal(labelled.structuredContent.output.category, 'question');
+
+  // A tool's argument cannot steer it onto another route: "export" is a
+  // decision id here, not GET /v1/decisions/export (an operator's route).
+  const exported = await client.callTool({ name: 'get_decision',
+    arguments: { decision_id: 'export' } });
+  assert.equal(exported.isError, true, JSON.stringify(exported).slice(0, 300));
+  assert.ok(!JSON.stringify(exported).includes('T-1'), 'no decision came back');
+
+  // cache "only" answers as the cache stands now: a miss, then (decided
+  // over REST meanwhile) the hit, never the stored miss.
+  const onlyArgs = { input: { ticket_id: 'T-50', text: 'later' }, cache: 'only' };
+  const miss = await client.callTool({ name: 'decide_triage_ticket', arguments: onlyArgs });
+  assert.equal(miss.isError, true, JSON.stringify(miss));
+  const rest = await fetch(`${base}/v1/decide`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${agentToken}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ step: 'triage_ticket', input: onlyArgs.input }),
+  });
+  assert.equal(rest.status, 200);
+  const hit = await client.callTool({ name: 'decide_triage_ticket', arguments: onlyArgs });
+  assert.equal(hit.isError, false, JSON.stringify(hit));
+  assert.equal(hit.structuredContent.cache, 'hit');
+
+  // A client key is bounded as the Idempotency-Key header is.
+  const longKey = await client.callTool({ name: 'do_send_reply',
+    arguments: { ticket_id: 'T-L', text: 'x' }, _meta: { idempotencyKey: 'k'.repeat(300) } });
+  assert.equal(longKey.isError, true);
+  assert.match(longKey.content[0].text, /255/);
+
   // An action tool twice: one effect; the second says already_done with
   // the first result.
   const args = { ticket_id: 'T-1', text: 'hello' };
   const first = await client.callTool({ name: 'do_send_reply', arguments: args });
   assert.equal(first.isError, false, JSON.stringify(first));
   assert.equal(first.structuredContent.outcome, 'created');
+  // The same call again in the same session (a retry after a timeout).
+  const repeated = await client.callTool({ name: 'do_send_reply', arguments: args });
+  assert.equal(repeated.structuredContent.outcome, 'already_done');
+  assert.equal(repeated.structuredContent.external_ref, first.structuredContent.external_ref);
   // A new session (as after an agent restart) retries the same call.
   const client2 = new Client({ name: 'idem-e2e-2', version: '1.0.0' });
   await client2.connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {

@@ -140,6 +140,59 @@ TEST_CASE("sessions are bounded: the least recently used is dropped first") {
   CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), d), 2).status == 200);
 }
 
+TEST_CASE("a caller past its share of sessions drops its own oldest, never another's") {
+  CountingToolbox tools{1};
+  McpProtocol mcp{tools, McpOptions{.max_sessions = 10, .max_sessions_per_caller = 2}};
+  auto open = [&](const std::string& caller) {
+    McpHttpRequest r = Post(Rpc(1, "initialize", {{"protocolVersion", "2025-11-25"}}));
+    r.caller = caller;
+    return SessionOf(mcp.Handle(r, 0));
+  };
+  auto alive = [&](const std::string& caller, const std::string& sid) {
+    McpHttpRequest r = Post(Rpc(2, "ping"), sid);
+    r.caller = caller;
+    return mcp.Handle(r, 1).status == 200;
+  };
+  const std::string theirs = open("agent-2");
+  const std::string first = open("agent-1");
+  for (int i = 0; i < 50; ++i) open("agent-1");  // an initialize loop
+  CHECK(alive("agent-2", theirs));
+  CHECK_FALSE(alive("agent-1", first));
+  CHECK(mcp.session_count() == 3);
+}
+
+TEST_CASE("each call of a batch past the first takes its own rate-limit token") {
+  Fixture f;
+  std::string sid = f.Initialize("2025-03-26");
+  int tokens = 1;  // the request took one; one more is left
+  McpHttpRequest r = Post(
+      Json::array({Rpc(1, "tools/call", {{"name", "t0"}}), Rpc(2, "ping"),
+                   Rpc(3, "tools/call", {{"name", "t1"}}), Rpc(4, "tools/call", {{"name", "t2"}})}),
+      sid);
+  r.take_rate_token = [&] { return tokens-- > 0; };
+  McpHttpResponse res = f.mcp.Handle(r, 0);
+  REQUIRE(res.status == 200);
+  Json j = Json::parse(res.body);
+  REQUIRE(j.size() == 4);
+  CHECK(j[0]["result"]["isError"] == false);
+  CHECK(j[1]["result"].is_object());  // a ping costs nothing
+  CHECK(j[2]["result"]["isError"] == false);
+  CHECK(j[3]["error"]["code"] == -32000);
+  CHECK(f.tools.calls == 2);
+}
+
+TEST_CASE("batches are refused in sessions of MCP 2025-06-18 and later, and initialize in any") {
+  Fixture f;
+  std::string sid = f.Initialize("2025-06-18");
+  McpHttpResponse r = f.mcp.Handle(Post(Json::array({Rpc(1, "ping")}), sid), 0);
+  CHECK(r.status == 400);
+  CHECK(Json::parse(r.body)["error"]["code"] == -32600);
+  McpHttpResponse init = f.mcp.Handle(
+      Post(Json::array({Rpc(1, "initialize", {{"protocolVersion", "2025-03-26"}})})), 0);
+  CHECK(init.status == 400);
+  CHECK(SessionOf(init).empty());
+}
+
 TEST_CASE("an unsupported MCP-Protocol-Version header is refused") {
   Fixture f;
   std::string sid = f.Initialize();
