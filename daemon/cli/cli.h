@@ -50,6 +50,9 @@ int ExitCodeForHttp(int status);
 std::string Str(const Json& j, const char* key);
 // A numeric member as an integer, 0 when absent or not a number.
 int64_t Int(const Json& j, const char* key);
+// `j` as JSON text for a terminal or a pipe (--json): invalid UTF-8
+// replaced, C1 controls escaped (WithC1Escaped); indent as Json::dump.
+std::string JsonText(const Json& j, int indent = -1);
 
 struct ApiAnswer {
   int status = 0;

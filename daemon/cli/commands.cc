@@ -16,7 +16,11 @@ std::string Str(const Json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return "";
   if (it->is_string()) return Printable(it->get<std::string>());
-  return it->dump();
+  return JsonText(*it);
+}
+
+std::string JsonText(const Json& j, int indent) {
+  return WithC1Escaped(j.dump(indent, ' ', false, Json::error_handler_t::replace));
 }
 
 int64_t Int(const Json& j, const char* key) {
@@ -37,7 +41,7 @@ const Json& Member(const Json& j, const char* key) {
 
 std::string Compact(const Json& j) {
   if (j.is_null()) return "";
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return JsonText(j);
 }
 
 Color StateColor(const std::string& state) {
@@ -97,7 +101,7 @@ Table ActionTable(const Json& actions) {
 
 void Print(std::FILE* f, const std::string& text) { std::fwrite(text.data(), 1, text.size(), f); }
 
-void PrintJson(const Output& o, const Json& j) { Print(o.out, j.dump(2) + "\n"); }
+void PrintJson(const Output& o, const Json& j) { Print(o.out, JsonText(j, 2) + "\n"); }
 
 // An error answer: the problem body on stdout with --json (scripts read it
 // and the exit code), else one line on stderr.
@@ -591,7 +595,7 @@ int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
               const std::string& path, const Json& body, const std::string& idempotency_key) {
   StatusOr<ApiAnswer> a = api.Call(method, path, body, idempotency_key);
   if (!a.ok()) return ReportUnreachable(o, a.status());
-  std::string text = a->body.is_null() ? Printable(a->text) : a->body.dump(2);
+  std::string text = a->body.is_null() ? Printable(a->text) : JsonText(a->body, 2);
   Print(a->status < 300 ? o.out : o.err, text + "\n");
   return ExitCodeForHttp(a->status);
 }

@@ -35,7 +35,7 @@ int Unreachable(const Output& o, const Status& s) {
 
 int Refused(const Output& o, const std::string& what, const ApiAnswer& a) {
   if (o.json && !a.body.is_null()) {
-    Write(o.out, a.body.dump(2) + "\n");
+    Write(o.out, JsonText(a.body, 2) + "\n");
   } else {
     Write(o.err, "idem: " + what + ": " + DescribeProblem(a) + "\n");
   }
@@ -217,7 +217,7 @@ int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
   }
   const bool refused = merged["refused"].get<int64_t>() > 0;
   if (o.json) {
-    Write(o.out, merged.dump(2) + "\n");
+    Write(o.out, JsonText(merged, 2) + "\n");
     return refused ? kExitUsage : kExitOk;
   }
   if (refused) {
@@ -254,7 +254,7 @@ int Cost(DaemonClient& api, const Output& o, const std::string& by, const std::s
   if (!a.ok()) return Unreachable(o, a.status());
   if (a->status != 200) return Refused(o, "cost", *a);
   if (o.json) {
-    Write(o.out, a->body.dump(2) + "\n");
+    Write(o.out, JsonText(a->body, 2) + "\n");
   } else {
     Write(o.out, RenderCost(a->body, o.style));
   }

@@ -533,7 +533,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "idem: %s\n", answer.status().message().c_str());
         return cli::kExitUnreachable;
       }
-      std::string text = answer->body.is_null() ? answer->text : answer->body.dump(2);
+      std::string text =
+          answer->body.is_null() ? cli::Printable(answer->text) : cli::JsonText(answer->body, 2);
       std::fprintf(answer->status < 300 ? stdout : stderr, "%s\n", text.c_str());
       std::string state = answer->body.is_object() ? answer->body.value("state", "") : "";
       std::fprintf(stderr, "idem: replay of %s (Idempotency-Key %s): HTTP %d%s%s\n", dlq_id.c_str(),

@@ -27,9 +27,7 @@ const Json& Member(const Json& j, const char* key) {
   return it == j.end() ? *null : *it;
 }
 
-std::string Compact(const Json& j, size_t max = 120) {
-  return Truncate(j.dump(-1, ' ', false, Json::error_handler_t::replace), max);
-}
+std::string Compact(const Json& j, size_t max = 120) { return Truncate(JsonText(j), max); }
 
 void Print(std::FILE* f, const std::string& text) {
   std::fwrite(text.data(), 1, text.size(), f);
@@ -66,7 +64,7 @@ std::string PathSegment(const std::string& s) {
 
 int ReportError(const Output& o, const std::string& what, const ApiAnswer& a) {
   if (o.json && !a.body.is_null()) {
-    Print(o.out, a.body.dump(2) + "\n");
+    Print(o.out, JsonText(a.body, 2) + "\n");
   } else {
     Print(o.err, "idem: " + what + ": " + DescribeProblem(a) + "\n");
   }
@@ -141,7 +139,7 @@ int ReplayDecision(DaemonClient& api, const Output& o, const std::string& decisi
   if (!a.ok()) return ReportUnreachable(o, a.status());
   if (a->status != 200) return ReportError(o, "replay " + decision_id, *a);
   if (o.json) {
-    Print(o.out, a->body.dump(2) + "\n");
+    Print(o.out, JsonText(a->body, 2) + "\n");
   } else {
     Print(o.out, RenderReplayDiff(a->body, o.style));
   }
@@ -277,7 +275,7 @@ int BulkReplay(DaemonClient& api, const Output& o, const Json& body, bool tty_pr
     std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
   }
   if (o.json) {
-    Print(o.out, job.dump(2) + "\n");
+    Print(o.out, JsonText(job, 2) + "\n");
   } else {
     Print(o.out, RenderReplaySummary(job, o.style));
   }

@@ -58,6 +58,26 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
+std::string WithC1Escaped(std::string json_text) {
+  static const char* kHex = "0123456789abcdef";
+  size_t at = json_text.find('\xc2');
+  if (at == std::string::npos) return json_text;
+  std::string out = json_text.substr(0, at);
+  for (size_t i = at; i < json_text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(json_text[i]);
+    const auto next = i + 1 < json_text.size() ? static_cast<unsigned char>(json_text[i + 1]) : 0;
+    if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
+      out += "\\u00";
+      out += kHex[next >> 4];
+      out += kHex[next & 15];
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string Style::Paint(std::string_view text, Color c) const {
   if (!color || c == Color::kNone || text.empty()) return std::string(text);
   return std::string(Escape(c)) + std::string(text) + "\033[0m";

@@ -32,6 +32,11 @@ bool UseColor(std::FILE* stream);
 // (U+0080-U+009F) are shown as \xNN, so a field cannot move the cursor,
 // erase a line, set the window title or recolour what follows.
 std::string Printable(std::string_view text);
+// `json_text` (a dump of JSON: C0 controls are escaped already) with its C1
+// controls (U+0080-U+009F, which a terminal may take as CSI and the like)
+// written as the JSON escapes \u0080-\u009f: still the same JSON, and as
+// safe for a terminal as Printable.
+std::string WithC1Escaped(std::string json_text);
 
 // Code points in a UTF-8 string (a display width good enough for tables).
 size_t DisplayWidth(std::string_view utf8);

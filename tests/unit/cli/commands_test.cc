@@ -230,6 +230,19 @@ TEST_CASE("text another caller wrote cannot drive the operator's terminal") {
   CHECK(Printable(std::string("nul\0del\x7f", 8)) == "nul\\x00del\\x7f");
 }
 
+TEST_CASE("JSON the CLI prints escapes C1 controls and stays the same JSON") {
+  // U+009B is CSI to a terminal that acts on UTF-8 C1 controls; JSON's own
+  // escaping (nlohmann's dump) covers only U+0000-U+001F.
+  Json j = {{"note", "x\u009b31mred\u0085 caf\u00e9 \u00a0"}, {"n", 1}};
+  std::string text = JsonText(j, 2);
+  CHECK(text.find("\xc2\x9b") == std::string::npos);
+  CHECK(text.find("\xc2\x85") == std::string::npos);
+  CHECK(text.find("\\u009b31mred\\u0085") != std::string::npos);
+  CHECK(text.find("caf\xc3\xa9 \xc2\xa0") != std::string::npos);  // printable: as it is
+  CHECK(Json::parse(text) == j);
+  CHECK(Str(Json{{"o", {{"k", "\u009b"}}}}, "o") == "{\"k\":\"\\u009b\"}");
+}
+
 TEST_CASE("dlq ls asks for --limit, prints the table or the daemon's JSON, and says when empty") {
   FakeHttp http;
   Json items = Json::array({SampleDeadLetter()});
