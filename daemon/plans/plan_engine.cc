@@ -416,6 +416,65 @@ struct PlanEngine::Impl {
     return kit != config.actions.end() && kit->second.effector.empty();
   }
 
+  // Why action `a` of a decision's plan may not run: its work has a gate
+  // plan of its own (a direct call, a run, or a rejected decision plan
+  // left one) that a human has not let through: waiting, refused or
+  // expired. That plan is where the work is decided. OK otherwise.
+  Status HeldElsewhere(const Json& a, const std::string& plan_id) const {
+    auto kit = config.actions.find(a.is_object() ? a.value("kind", "") : "");
+    if (kit == config.actions.end() || !kit->second.approval) return Status::Ok();
+    auto work = ActionWorkId(kit->second, a.value("args", Json()));
+    if (!work.ok()) return Status::Ok();  // its args are checked (and refused) elsewhere
+    auto gate = store.plans().Get(GatePlanId(work->key));
+    if (!gate.ok()) return gate.status().code() == Code::kNotFound ? Status::Ok() : gate.status();
+    if (gate->plan_id == plan_id || !IsState(*gate, {"awaiting_approval", "rejected", "expired"})) {
+      return Status::Ok();
+    }
+    std::string why = gate->state == "rejected"
+                          ? "was rejected by " + gate->rejected_by + ": " + gate->reason
+                      : gate->state == "expired" ? "expired before anyone approved it"
+                                                 : "is waiting for an operator";
+    return FailedPrecondition("its work (" + kit->first + " " + work->key.substr(0, 12) +
+                              "…) has a plan of its own, " + gate->plan_id + ", which " + why +
+                              "; no other plan runs it");
+  }
+
+  // A decision plan refused by a human leaves its approval-gated work
+  // refused too: a gate plan in state rejected for each such action whose
+  // work has none, so a direct call, a run or another decision's plan for
+  // the same work is refused as after a gate plan's own rejection.
+  void HoldRejected(const Plan& rejected, const std::string& actor, const std::string& reason,
+                    int64_t now) {
+    for (const Json& a : rejected.actions) {
+      auto kit = config.actions.find(a.is_object() ? a.value("kind", "") : "");
+      if (kit == config.actions.end() || !kit->second.approval) continue;
+      auto work = ActionWorkId(kit->second, a.value("args", Json()));
+      if (!work.ok()) continue;
+      Plan hold;
+      hold.plan_id = GatePlanId(work->key);
+      hold.origin = "action";
+      hold.state = "rejected";
+      hold.actions = Json::array({{{"kind", kit->first}, {"args", a.value("args", Json())}}});
+      hold.approval = {
+          {"required", true},
+          {"reasons", Json::array({{{"index", 0},
+                                    {"kind", kit->first},
+                                    {"reason", "rejected with plan " + rejected.plan_id}}})}};
+      hold.created_by = actor;
+      hold.rejected_by = actor;
+      hold.reason = reason + " (plan " + rejected.plan_id + ")";
+      hold.history = Json::array({{{"from", "proposed"},
+                                   {"to", "rejected"},
+                                   {"actor", actor},
+                                   {"note", hold.reason},
+                                   {"at_ms", now}}});
+      hold.created_at_ms = now;
+      hold.updated_at_ms = now;
+      Status put = store.plans().Put(hold);  // AlreadyExists: the work has its own plan
+      if (put.ok()) Changed(hold.plan_id);
+    }
+  }
+
   // An edit that changes an action's identity makes it another unit of
   // work. When that work has a gate plan of its own still waiting for a
   // human, or refused by one, approving this plan must not run it: that
@@ -708,6 +767,10 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
       // Never executed: a plan made before its kind had this schema, or
       // approved unedited by an older daemon.
       r.outcome = valid;
+    } else if (Status held =
+                   out.plan.decision_id.empty() ? Status::Ok() : m.HeldElsewhere(a, plan_id);
+               !held.ok()) {
+      r.outcome = held;
     } else {
       // A gated call's work stays in its run (GateAction wrote it; a
       // model's output does not choose one).
@@ -809,7 +872,12 @@ StatusOr<Plan> PlanEngine::Reject(const std::string& plan_id, const std::string&
                                  p.reason = reason;
                                  return Status::Ok();
                                });
-  if (rejected.ok()) m.metrics.plans_rejected.Inc();
+  if (rejected.ok()) {
+    m.metrics.plans_rejected.Inc();
+    if (!rejected->decision_id.empty()) {
+      m.HoldRejected(*rejected, actor, reason, rejected->updated_at_ms);
+    }
+  }
   return rejected;
 }
 

@@ -35,10 +35,6 @@ struct Fixture {
   // threads > 0: the daemon's handler threads (server.threads).
   explicit Fixture(int threads = 0) {
     REQUIRE(target != nullptr);
-    auto token = [](const char* name, const char* secret, const char* roles) {
-      return std::string("    - {name: ") + name + ", sha256: " + Sha256Hex(secret) + ", roles: [" +
-             roles + "]}\n";
-    };
     // The step's plans wait when the model says refund (a policy file);
     // refunds over 100 wait (inline); wires always wait, 1 s at most;
     // shipments are client-executed and always wait.
@@ -83,8 +79,8 @@ struct Fixture {
         "    on_duplicate: return_original\n"
         "    approval: {require: always, reason: shipments are checked}\n"
         "auth:\n  tokens:\n" +
-        token("agent-1", kAgent, "agent") + token("op-1", kOperator, "operator") +
-        token("op-2", kOperator2, "operator") + token("root", kAdmin, "admin");
+        TokenYaml("agent-1", kAgent, "agent") + TokenYaml("op-1", kOperator, "operator") +
+        TokenYaml("op-2", kOperator2, "operator") + TokenYaml("root", kAdmin, "admin");
     std::string config = WriteTestConfig(dir, kRules, extra);
     if (threads > 0) {
       std::string text = ReadFile(config);

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <thread>
 
+#include "daemon/core/crypto.h"
+
 namespace idem::testing {
 namespace fs = std::filesystem;
 
@@ -288,6 +290,11 @@ std::string OnPostgres(const TempDir& dir, const std::string& config_path,
   REQUIRE_MESSAGE(at != std::string::npos, "not a WriteTestConfig config: " << config_path);
   text.replace(at, rocks.size(), "  engine: postgres\n" + store_yaml);
   return dir.File("idem-pg.yaml", text);
+}
+
+std::string TokenYaml(const std::string& name, const std::string& secret,
+                      const std::string& roles) {
+  return "    - {name: " + name + ", sha256: " + Sha256Hex(secret) + ", roles: [" + roles + "]}\n";
 }
 
 std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,

@@ -102,6 +102,10 @@ inline constexpr char kQuestionRules[] = R"(default:
 // The whole file ("" when it cannot be read).
 std::string ReadFile(const std::string& path);
 
+// One line of auth.tokens: the token `name` with `secret` (stored as its
+// sha256) and `roles` ("agent", "operator, admin", ...).
+std::string TokenYaml(const std::string& name, const std::string& secret, const std::string& roles);
+
 // A config file in `dir` for the demo step (scripted provider) plus
 // whatever YAML `extra` adds at the top level; paths are absolute.
 std::string WriteTestConfig(const TempDir& dir, const std::string& rules_yaml,
