@@ -254,15 +254,32 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                                       {"decided_by", r.decision.decided_by}}));
         Json body = DecisionSummary(r.decision);
         body["cache"] = CacheName(r);
-        ASSIGN_OR_RETURN(std::optional<Json> plan, PlanOf(deps, r.decision, ctx.caller));
-        if (plan) body["plan"] = std::move(*plan);
+        StatusOr<std::optional<Json>> plan = PlanOf(deps, r.decision, ctx.caller);
+        bool transient = false;
+        if (!plan.ok() && plan.status().code() == Code::kUnavailable) {
+          // The decision is answered (a hit the store's fallback served);
+          // its plan is in the store that cannot be read now. The agent
+          // learns the plan's id and to come back, not a 503 for the whole.
+          body["plan"] = {
+              {"plan_id", PlanEngine::DecisionPlanId(r.decision.decision_id)},
+              {"state", "unknown"},
+              {"error", "the plan cannot be read or made now (" + plan.status().message() +
+                            "); apply it, or read GET /v1/plans/{id}, once the store "
+                            "is back"}};
+          transient = true;
+        } else {
+          RETURN_IF_ERROR(plan.status());
+          if (*plan) body["plan"] = std::move(**plan);
+        }
         double cost = r.decision.trace.value("cost_usd", 0.0);
         if (r.cache_hit) {
           body["saved_cost_usd"] = cost;  // what this answer would have cost again
         } else {
           body["cost_usd"] = cost;
         }
-        return RouteResponse{200, std::move(body), {}};
+        RouteResponse response{200, std::move(body), {}};
+        response.transient = transient;  // not kept under an Idempotency-Key
+        return response;
       }});
 
   // Before /v1/decisions/{id}: the first route that matches a path serves it.

@@ -109,7 +109,7 @@ Status CheckIdFree(const Decision& d, const StatusOr<Decision>& known, PlanStore
     return InvalidArgument("decision_id " + d.decision_id + " is a decision of another key here",
                            "/decision_id");
   }
-  StatusOr<Plan> plan = plans.Get("plan_" + d.decision_id.substr(4));
+  StatusOr<Plan> plan = plans.Get(PlanEngine::DecisionPlanId(d.decision_id));
   if (!plan.ok()) return plan.status().code() == Code::kNotFound ? Status::Ok() : plan.status();
   if (plan->decision_id != d.decision_id) {
     return InvalidArgument("decision_id " + d.decision_id + " would plan under " + plan->plan_id +

@@ -617,6 +617,10 @@ StatusOr<std::unique_ptr<PlanEngine>> PlanEngine::Create(const Config& config, S
   return std::unique_ptr<PlanEngine>(new PlanEngine(std::move(impl)));
 }
 
+std::string PlanEngine::DecisionPlanId(const std::string& decision_id) {
+  return "plan_" + decision_id.substr(decision_id.rfind("dec_", 0) == 0 ? 4 : 0);
+}
+
 StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::string& caller) {
   Impl& m = *impl_;
   auto sit = m.config.steps.find(d.step);
@@ -627,7 +631,7 @@ StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::str
   if (!d.output.contains(ptr) || !d.output.at(ptr).is_array() || d.output.at(ptr).empty()) {
     return NotFound("the decision's output has no actions at " + sit->second.plan_pointer);
   }
-  const std::string plan_id = "plan_" + d.decision_id.substr(4);
+  const std::string plan_id = DecisionPlanId(d.decision_id);
   auto existing = m.store.plans().Get(plan_id);
   if (existing.ok() && existing->decision_id != d.decision_id) {
     // Only an imported decision can name its own id; one that lands on

@@ -99,8 +99,11 @@ class PlanEngine {
 
   // The plan of a decision whose step has a plan pointer and whose output
   // holds a non-empty action list; NotFound when there is none. Made on the
-  // first call (by `caller`) and returned as stored afterwards.
+  // first call (by `caller`) and returned as stored afterwards, under
+  // DecisionPlanId(decision.decision_id).
   StatusOr<Plan> ProposeFromDecision(const Decision& decision, const std::string& caller);
+  // The id of a decision's plan: "plan_" + the decision id's hex.
+  static std::string DecisionPlanId(const std::string& decision_id);
 
   // Gate for executing `kind` with `args` now (origin "action" or "run").
   // Ungated kinds: allowed, no plan. Gated: the call's plan, allowed only

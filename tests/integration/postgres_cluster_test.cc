@@ -476,7 +476,15 @@ TEST_SUITE("postgres") {
     if (port.empty()) port = std::getenv("PGPORT") != nullptr ? std::getenv("PGPORT") : "5432";
     if (host.empty() || host[0] == '/') host = "localhost";  // a socket dir: TCP on localhost
     CuttableRelay relay(host, std::stoi(port));
-    Cluster cluster(kQuestionRules, kClaimActions);
+    // The step makes plans, and the model's answer has an action: a cached
+    // decision is answered with its plan's id, the plan itself unknown.
+    Cluster cluster(
+        R"(default:
+  output: '{"category":"question","priority":"low","summary":"s","actions":[{"kind":"send_reply","args":{"ticket_id":"{{input.ticket_id}}","text":"hi"}}]}'
+)",
+        std::string("    plan: {pointer: /actions}\n") + kClaimActions +
+            "  send_reply:\n    identity: {fields: [/ticket_id], version: v1}\n"
+            "    window: 24h\n    on_duplicate: return_original\n");
     // libpq: a later key overrides an earlier one.
     DaemonProcess& d = cluster.Start(
         {}, url + " host=127.0.0.1 port=" + std::to_string(relay.port()) + " connect_timeout=2");
@@ -489,6 +497,7 @@ TEST_SUITE("postgres") {
     REQUIRE(decided);
     REQUIRE_MESSAGE(decided->status == 200, decided->body);
     const std::string decision_id = J(decided)["decision_id"];
+    const std::string plan_id = J(decided)["plan"]["plan_id"];
 
     relay.Cut();
     ready = Cluster::Get(d, "/readyz");
@@ -504,7 +513,13 @@ TEST_SUITE("postgres") {
     auto cached = Cluster::Post(d, "/v1/decide", decide, kAgent);
     REQUIRE(cached);
     CHECK_MESSAGE(cached->status == 200, cached->body);
-    if (cached->status == 200) CHECK(J(cached)["decision_id"] == decision_id);
+    if (cached->status == 200) {
+      CHECK(J(cached)["decision_id"] == decision_id);
+      CHECK(J(cached)["plan"]["plan_id"] == plan_id);
+      CHECK(J(cached)["plan"]["state"] == "unknown");
+      CHECK(J(cached)["plan"]["error"].get<std::string>().find("once the store is back") !=
+            std::string::npos);
+    }
     auto by_id = Cluster::Get(d, "/v1/decisions/" + decision_id, kAgent);
     REQUIRE(by_id);
     CHECK(by_id->status == 200);
