@@ -522,6 +522,8 @@ std::string_view ReasonPhrase(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 406:
+      return "Not Acceptable";
     case 408:
       return "Request Timeout";
     case 409:
@@ -530,8 +532,12 @@ std::string_view ReasonPhrase(int status) {
       return "Gone";
     case 411:
       return "Length Required";
+    case 412:
+      return "Precondition Failed";
     case 413:
       return "Content Too Large";
+    case 414:
+      return "URI Too Long";
     case 415:
       return "Unsupported Media Type";
     case 422:

@@ -1,8 +1,11 @@
 #include "daemon/mcp/mcp.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <list>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 #include "daemon/core/crypto.h"
@@ -20,9 +23,56 @@ bool Supported(const std::string& v) {
   return false;
 }
 
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+// Whether an Accept header (RFC 9110 12.5.1) takes type/subtype: the most
+// specific media range that covers it (type/subtype, then type/*, then
+// */*) has a weight above 0.
+bool Accepts(std::string_view accept, std::string_view type, std::string_view subtype) {
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    return v;
+  };
+  auto same = [](std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(a[i])) != b[i]) return false;
+    }
+    return true;
+  };
+  int best = -1;  // the specificity of the best range so far
+  double best_q = 0;
+  while (!accept.empty()) {
+    const size_t comma = accept.find(',');
+    std::string_view range = accept.substr(0, comma);
+    accept = comma == std::string_view::npos ? std::string_view() : accept.substr(comma + 1);
+    const size_t semi = range.find(';');
+    const std::string_view media = trim(range.substr(0, semi));
+    const size_t slash = media.find('/');
+    if (slash == std::string_view::npos) continue;
+    const std::string_view t = media.substr(0, slash), s = media.substr(slash + 1);
+    const int specific = same(t, type) && same(s, subtype) ? 2
+                         : same(t, type) && s == "*"       ? 1
+                         : t == "*" && s == "*"            ? 0
+                                                           : -1;
+    if (specific < best) continue;
+    double q = 1;
+    for (std::string_view params = semi == std::string_view::npos ? "" : range.substr(semi + 1);
+         !params.empty();) {
+      const size_t next = params.find(';');
+      const std::string_view p = trim(params.substr(0, next));
+      params = next == std::string_view::npos ? std::string_view() : params.substr(next + 1);
+      if (p.size() >= 2 && (p[0] == 'q' || p[0] == 'Q') && p[1] == '=') {
+        q = std::atof(std::string(p.substr(2)).c_str());
+      }
+    }
+    if (specific > best) {
+      best = specific;
+      best_q = q;
+    } else {
+      best_q = std::max(best_q, q);  // the same range twice: the kinder weight
+    }
+  }
+  return best >= 0 && best_q > 0;
 }
 
 Json RpcError(const Json& id, int code, const std::string& message) {
@@ -225,11 +275,8 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
   }
   if (req.method != "POST") return Refuse(405, -32000, "method not allowed");
 
-  const std::string accept = Lower(req.accept);
-  const bool json_ok = accept.find("application/json") != std::string::npos ||
-                       accept.find("*/*") != std::string::npos ||
-                       accept.find("application/*") != std::string::npos;
-  const bool sse_ok = accept.find("text/event-stream") != std::string::npos;
+  const bool json_ok = Accepts(req.accept, "application", "json");
+  const bool sse_ok = Accepts(req.accept, "text", "event-stream");
   if (!json_ok && !sse_ok) {
     return Refuse(406, -32000, "Accept must name application/json or text/event-stream");
   }

@@ -698,6 +698,7 @@ TEST_CASE("reason phrases name the statuses the daemon answers with") {
   CHECK(ReasonPhrase(100) == "Continue");
   CHECK(ReasonPhrase(200) == "OK");
   CHECK(ReasonPhrase(404) == "Not Found");
+  CHECK(ReasonPhrase(406) == "Not Acceptable");  // the /mcp refusal of an Accept it cannot meet
   CHECK(ReasonPhrase(413) == "Content Too Large");
   CHECK(ReasonPhrase(431) == "Request Header Fields Too Large");
   CHECK(ReasonPhrase(501) == "Not Implemented");

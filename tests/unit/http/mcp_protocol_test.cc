@@ -288,6 +288,19 @@ TEST_CASE("Accept decides between JSON and one SSE event, and must name one of t
   CHECK(sse.body.substr(sse.body.size() - 2) == "\n\n");
   r.accept = "text/html";
   CHECK(f.mcp.Handle(r, 0).status == 406);
+  // Weights and ranges as RFC 9110 12.5.1 reads them, not substrings.
+  r.accept = "application/json;q=0, text/event-stream";
+  CHECK(f.mcp.Handle(r, 0).content_type == "text/event-stream");
+  r.accept = "application/json-patch+json";
+  CHECK(f.mcp.Handle(r, 0).status == 406);
+  r.accept = "*/*;q=0";
+  CHECK(f.mcp.Handle(r, 0).status == 406);
+  r.accept = "Application/JSON; Q=0.5";
+  CHECK(f.mcp.Handle(r, 0).content_type == "application/json");
+  r.accept = "application/json;q=0, */*";  // the more specific range says no to JSON
+  CHECK(f.mcp.Handle(r, 0).content_type == "text/event-stream");
+  r.accept = "application/*";
+  CHECK(f.mcp.Handle(r, 0).content_type == "application/json");
 }
 
 }  // namespace idem
