@@ -508,6 +508,10 @@ TEST_SUITE("postgres") {
     REQUIRE(write);
     CHECK(write->status == 503);
     CHECK(write->body.find("password") == std::string::npos);
+    // Nor the database's host, port or statement: those are in the log.
+    CHECK(write->body.find("127.0.0.1") == std::string::npos);
+    CHECK(write->body.find("[") == std::string::npos);
+    CHECK(write->body.find("request_id") != std::string::npos);
     // A decision this daemon has seen is still answered, by key and by id;
     // a new one cannot be stored.
     auto cached = Cluster::Post(d, "/v1/decide", decide, kAgent);
