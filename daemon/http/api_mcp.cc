@@ -21,6 +21,7 @@
 #include "daemon/core/json_schema.h"
 #include "daemon/http/api.h"
 #include "daemon/http/api_schemas.h"
+#include "daemon/http/problem.h"
 #include "daemon/mcp/mcp.h"
 
 namespace idem {
@@ -100,7 +101,10 @@ class ApiToolbox final : public McpToolbox {
       auto begun =
           deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
                                         deps_.config.idempotency.window_ms, kToolKeyLeaseMs);
-      if (!begun.ok()) return ToolError("idem's store: " + begun.status().message());
+      if (!begun.ok()) {
+        return ToolError("idem's store: " + CallerDetail(HttpStatusFor(begun.status().code()),
+                                                         begun.status(), request_id));
+      }
       if (begun->outcome == BeginOutcome::kNew) break;
       if (begun->outcome == BeginOutcome::kReplay) {
         auto stored = ParseJson(begun->record.response_body, JsonLimits{});
@@ -216,7 +220,8 @@ class ApiToolbox final : public McpToolbox {
     if (!out.ok()) {
       *final_answer = out.status().code() != Code::kUnavailable;
       std::string where = out.status().field().empty() ? "" : " (at " + out.status().field() + ")";
-      return ToolError(out.status().message() + where);
+      return ToolError(CallerDetail(HttpStatusFor(out.status().code()), out.status(), request_id) +
+                       where);
     }
     if (out->transient || out->status == 202) *final_answer = false;
     Json body = BodyJson(*out);

@@ -51,18 +51,21 @@ Status StatusForRefusal(int http_status, std::string message) {
   }
 }
 
+std::string CallerDetail(int http_status, const Status& status, const std::string& request_id) {
+  const std::string& detail = status.message();
+  if (http_status < 500 || detail.rfind("postgres: ", 0) != 0) return detail;
+  // The database's own words name its host and port and the statement
+  // that failed: the operator's to read (in the log), not every caller's.
+  LogEvent(LogLevel::kWarn, "http.store_error",
+           {{"request_id", request_id}, {"status", http_status}, {"error", detail}});
+  return "the PostgreSQL store cannot serve this now" +
+         std::string(status.retryable() ? "; retry later" : "") +
+         " (the daemon's log has the database's message under http.store_error, request_id " +
+         request_id + ")";
+}
+
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id) {
-  std::string detail = status.message();
-  if (http_status >= 500 && detail.rfind("postgres: ", 0) == 0) {
-    // The database's own words name its host and port and the statement
-    // that failed: the operator's to read (in the log), not every caller's.
-    LogEvent(LogLevel::kWarn, "http.store_error",
-             {{"request_id", request_id}, {"status", http_status}, {"error", detail}});
-    detail = "the PostgreSQL store cannot serve this now" +
-             std::string(status.retryable() ? "; retry later" : "") +
-             " (the daemon's log has the database's message under http.store_error, request_id " +
-             request_id + ")";
-  }
+  std::string detail = CallerDetail(http_status, status, request_id);
   nlohmann::json body = {
       {"type", "urn:idem:problem:" + std::string(CodeName(status.code()))},
       {"title", std::string(http1::ReasonPhrase(http_status))},
