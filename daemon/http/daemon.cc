@@ -236,7 +236,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   outbox_coordination.holder = holder;
   ASSIGN_OR_RETURN(
       d->outbox_, OutboxDispatcher::Create(d->config_.outbox, d->store_->outbox(), *d->http_client_,
-                                           *d->clock_, outbox_coordination));
+                                           *d->clock_, outbox_coordination, &d->metrics_));
   std::map<std::string, std::unique_ptr<Provider>> providers;
   for (const auto& [name, pc] : d->config_.providers) {
     if (pc.type != "scripted" && pc.type != "replay") {

@@ -293,6 +293,8 @@ std::string Metrics::RenderPrometheus() const {
   plans_by_state.Render(out);
   IDEM_METRIC(inbox_events, "Webhook events processed (new event ids).");
   IDEM_METRIC(inbox_duplicates, "Webhook deliveries of an event already processed or running.");
+  outbox_deliveries.Render(out);
+  outbox_cursor.Render(out);
   IDEM_METRIC(store_errors, "Store errors.");
   store_write_seconds.Render(out);
   IDEM_METRIC(trace_entries_dropped,

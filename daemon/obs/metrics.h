@@ -316,6 +316,17 @@ struct Metrics {
                                 {"provider", "model"},
                                 {},
                                 1e9};
+  Family<Counter> outbox_deliveries{
+      "idem_outbox_deliveries_total",
+      "Outbox POSTs to webhook subscribers, by subscriber and result (delivered, failed: an "
+      "attempt that will be retried or dead-lettered, dead_lettered, replay_delivered, "
+      "replay_failed).",
+      {"subscriber", "result"}};
+  Family<Gauge> outbox_cursor{
+      "idem_outbox_cursor",
+      "The seq of the last outbox event each subscriber took (its durable cursor), as this "
+      "daemon moved it.",
+      {"subscriber"}};
   Family<Counter> work_duplicates{
       "idem_work_duplicates_total",
       "Claims of work already done (blocked duplicate effects), by action kind.",

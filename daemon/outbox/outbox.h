@@ -43,6 +43,7 @@
 #include "daemon/config/config.h"
 #include "daemon/core/env.h"
 #include "daemon/core/http_client.h"
+#include "daemon/obs/metrics.h"
 #include "daemon/store/store.h"
 
 namespace idem {
@@ -61,10 +62,13 @@ class OutboxDispatcher {
   // FailedPrecondition (field: the header's config path) if a header names
   // an unset environment variable. `coordination.leases` (may be null)
   // must outlive the dispatcher.
+  // `metrics` (may be null) counts deliveries and shows cursors
+  // (idem_outbox_deliveries_total, idem_outbox_cursor) and must outlive it.
   static StatusOr<std::unique_ptr<OutboxDispatcher>> Create(const OutboxConfig& config,
                                                             OutboxStore& store, HttpClient& http,
                                                             StableClock& clock,
-                                                            OutboxCoordination coordination = {});
+                                                            OutboxCoordination coordination = {},
+                                                            Metrics* metrics = nullptr);
   ~OutboxDispatcher();  // Stop()
 
   void Start();
@@ -87,6 +91,13 @@ class OutboxDispatcher {
     std::string lease_token;
     int64_t lease_until_ms = 0;
     int64_t lease_ttl_ms = 0;
+    // Its series (null without metrics).
+    Counter* delivered = nullptr;
+    Counter* failed = nullptr;
+    Counter* dead_lettered = nullptr;
+    Counter* replay_delivered = nullptr;
+    Counter* replay_failed = nullptr;
+    Gauge* cursor = nullptr;
   };
   OutboxDispatcher(const OutboxConfig& config, OutboxStore& store, HttpClient& http,
                    StableClock& clock, OutboxCoordination coordination);
@@ -109,6 +120,9 @@ class OutboxDispatcher {
   // (acquiring or renewing it when needed); always true without leases.
   bool Hold(Subscriber& s);
   void ReleaseLease(Subscriber& s);
+  static void Count(Counter* c) {
+    if (c != nullptr) c->Inc();
+  }
 
   const OutboxConfig config_;
   OutboxStore& store_;

@@ -64,13 +64,24 @@ OutboxDispatcher::OutboxDispatcher(const OutboxConfig& config, OutboxStore& stor
 
 StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(
     const OutboxConfig& config, OutboxStore& store, HttpClient& http, StableClock& clock,
-    OutboxCoordination coordination) {
+    OutboxCoordination coordination, Metrics* metrics) {
   std::unique_ptr<OutboxDispatcher> d(
       new OutboxDispatcher(config, store, http, clock, std::move(coordination)));
   for (const auto& [name, sub] : config.subscribers) {
     auto s = std::make_unique<Subscriber>();
     s->config = sub;
     s->lease_ttl_ms = std::max(d->lease_ms_, 2 * (sub.retry.timeout_ms + 5'000));
+    if (metrics != nullptr) {
+      auto count = [&](const char* result) {
+        return &metrics->outbox_deliveries.Declare({name, result});
+      };
+      s->delivered = count("delivered");
+      s->failed = count("failed");
+      s->dead_lettered = count("dead_lettered");
+      s->replay_delivered = count("replay_delivered");
+      s->replay_failed = count("replay_failed");
+      s->cursor = &metrics->outbox_cursor.Declare({name});
+    }
     for (const auto& [hname, value] : sub.headers) {
       ASSIGN_OR_RETURN(std::string v,
                        Expand(value, "/outbox/subscribers/" + JsonPointerToken(name) + "/headers/" +
@@ -188,6 +199,7 @@ OutboxDispatcher::Delivered OutboxDispatcher::Deliver(Subscriber& s, const Outbo
   for (;; ++attempt) {
     if (Status fp = Failpoints::Hit("outbox.deliver"); !fp.ok()) {
       error = fp.message();
+      Count(s.failed);
       if (attempt >= max_attempts) break;
       if (Delivered w = WaitHolding(s, s.config.retry.base_ms); w != Delivered::kDone) return w;
       continue;
@@ -199,16 +211,21 @@ OutboxDispatcher::Delivered OutboxDispatcher::Deliver(Subscriber& s, const Outbo
     Status sent = Post(s, e, &final, &retry_after);
     if (sent.ok()) {
       (void)Failpoints::Hit("outbox.delivered");
+      Count(s.delivered);
       // Until this is written, a restart delivers the event again (at least once).
       while (true) {
         Status moved = store_.Advance(s.config.name, e.seq);
-        if (moved.ok()) return Delivered::kDone;
+        if (moved.ok()) {
+          if (s.cursor != nullptr) s.cursor->Set(static_cast<int64_t>(e.seq));
+          return Delivered::kDone;
+        }
         LogEvent(LogLevel::kWarn, "outbox_cursor_failed",
                  {{"subscriber", s.config.name}, {"error", moved.ToString()}});
         if (!Wait(1'000)) return Delivered::kStopping;
       }
     }
     error = sent.message();
+    Count(s.failed);
     if (final || attempt >= max_attempts) break;
     int64_t delay = RetryDelayMs(attempt, s.config.retry.base_ms, s.config.retry.cap_ms,
                                  clock_.env().RandomUnit(), retry_after);
@@ -228,6 +245,8 @@ OutboxDispatcher::Delivered OutboxDispatcher::Deliver(Subscriber& s, const Outbo
              {{"subscriber", s.config.name}, {"error", stored.ToString()}});
     if (!Wait(1'000)) return Delivered::kStopping;
   }
+  Count(s.dead_lettered);
+  if (s.cursor != nullptr) s.cursor->Set(static_cast<int64_t>(e.seq));  // AddDeadLetter moved it
   LogEvent(LogLevel::kWarn, "outbox_dead_letter",
            {{"subscriber", s.config.name},
             {"event_id", e.event_id},
@@ -253,6 +272,7 @@ void OutboxDispatcher::ReplayRequested(Subscriber& s) {
     Status sent = Post(s, d.event, &final, &retry_after);
     Status noted = store_.FinishReplay(s.config.name, d.event.seq, sent.ok(),
                                        sent.ok() ? "" : sent.message(), clock_.NowMillis());
+    Count(sent.ok() ? s.replay_delivered : s.replay_failed);
     LogEvent(sent.ok() ? LogLevel::kInfo : LogLevel::kWarn, "outbox_replay",
              {{"subscriber", s.config.name},
               {"event_id", d.event.event_id},

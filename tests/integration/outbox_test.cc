@@ -166,6 +166,22 @@ TEST_CASE("outbox: a failing subscriber's event goes to its dead letters, and it
   CHECK(Post(*c, "/v1/outbox/dead-letters/hook/" + seq + "/replay", Json::object())["_status"] ==
         404);
   CHECK(Post(*c, "/v1/outbox/dead-letters/nobody/1/replay", Json::object())["_status"] == 404);
+
+  // What an SRE watches: each result counted, and the cursor.
+  auto metric = [&](const std::string& series) {
+    auto res = c->Get("/metrics");
+    REQUIRE(res);
+    const size_t at = res->body.find("\n" + series + " ");
+    return at == std::string::npos ? -1 : std::atol(res->body.c_str() + at + series.size() + 2);
+  };
+  const std::string family = "idem_outbox_deliveries_total{subscriber=\"hook\",result=";
+  CHECK(metric(family + "\"failed\"}") == 2);
+  CHECK(metric(family + "\"dead_lettered\"}") == 1);
+  CHECK(metric(family + "\"delivered\"}") == 1);
+  CHECK(metric(family + "\"replay_delivered\"}") == 1);
+  CHECK(metric(family + "\"replay_failed\"}") == 0);
+  CHECK(metric("idem_outbox_cursor{subscriber=\"hook\"}") ==
+        static_cast<long>(Get(*c, "/v1/events?after=0")["items"][1]["seq"].get<uint64_t>()));
 }
 
 TEST_CASE("outbox: an event committed before a kill -9 is delivered after the restart") {
