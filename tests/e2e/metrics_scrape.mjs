@@ -84,6 +84,10 @@ actions:
     window: 24h
     on_duplicate: return_original
     effector: {http: {method: POST, url: "${effectorUrl}/fail", idempotency: header}}
+outbox:
+  poll: 50ms
+  subscribers:
+    hook: {url: "${effectorUrl}/events"}
 `);
 const portFile = join(dir, 'port');
 const daemon = spawn(idem, ['serve', '--config', join(dir, 'idem.yaml'), '--port-file', portFile,
