@@ -41,6 +41,11 @@ const effector = createServer((req, res) => {
   let data = '';
   req.on('data', (c) => (data += c));
   req.on('end', () => {
+    if (req.url.startsWith('/events')) {  // the outbox subscriber: takes every event
+      res.writeHead(204);
+      res.end();
+      return;
+    }
     if (req.url.startsWith('/fail')) {
       res.writeHead(400, { 'content-type': 'application/json' });
       res.end('{"error":"refused"}');
