@@ -243,11 +243,18 @@ struct ClaimRoute {
       return StatusOr<RouteResponse>(args);
     }
     if (!kit->second.approval) return std::nullopt;
-    Json args = ctx.body.value("args", Json::object());
-    if (!args.is_object()) args = Json::object();
+    // The policy judges the args the claim stores (CheckClaimArgs filled in
+    // their identity fields), and only the identity's fields beside them:
+    // never other members of `identity`, which no one stores or runs (an
+    // "amount" there must not pass the rule for the amount in the args).
+    const bool has_args = ctx.body.contains("args");
+    Json args = has_args ? ctx.body["args"] : Json::object();
     const Json& identity = ctx.body["identity"];
-    if (identity.is_object()) {
-      for (auto it = identity.begin(); it != identity.end(); ++it) args[it.key()] = it.value();
+    for (const std::string& field : kit->second.identity_fields) {
+      Json::json_pointer ptr(field);
+      if (identity.is_object() && identity.contains(ptr) && !args.contains(ptr)) {
+        args[ptr] = identity.at(ptr);
+      }
     }
     StatusOr<Gate> g =
         plans.GateAction(kit->second, args, "claim", ctx.caller, ctx.body.value("run_id", ""));

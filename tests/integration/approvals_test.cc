@@ -225,6 +225,17 @@ TEST_CASE(
   CHECK(J(claimed)["args"] == Json{{"amount", 5}, {"order_id", "O-24"}});
   // The policy sees the same args as /v1/actions would: over 100 waits.
   CHECK(claim("O-25", {{"amount", 5000}})->status == 202);
+  // Members of the identity beyond its fields are not what the policy
+  // judges: a small "amount" there does not let a large one in the args
+  // through (the worker would have sent 5000 with no plan).
+  auto smuggled = f.Post("/v1/work/claim",
+                         {{"kind", "refund"},
+                          {"identity", {{"order_id", "O-26"}, {"amount", 50}}},
+                          {"args", {{"order_id", "O-26"}, {"amount", 5000}}},
+                          {"lease", "1s"}},
+                         kAgent);
+  REQUIRE(smuggled);
+  CHECK(smuggled->status == 202);
   // The lease runs out and the daemon's worker takes the work over: it
   // sends the checked args, and nothing of the refused claims.
   for (int i = 0; i < 100 && f.target->Records("records").empty(); ++i) {
