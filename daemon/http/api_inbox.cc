@@ -23,6 +23,7 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
+#include "daemon/http/problem.h"
 
 namespace idem {
 namespace {
@@ -121,7 +122,8 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .method = "POST",
       .pattern = "/v1/inbox/{source}",
       .summary = "A webhook event from a configured sender: processed once per event id "
-                 "(200 with duplicate: true for a repeat); 401 for a bad signature.",
+                 "(200 with duplicate: true for a repeat; 503 with Retry-After while the first "
+                 "delivery is still being processed); 401 for a bad signature.",
       .responses = {{200, "inbox.response"},
                     {400, "problem"},
                     {401, "problem"},
@@ -180,14 +182,26 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         ASSIGN_OR_RETURN(BeginResult begun,
                          keys.Begin(scope, event_id, fingerprint, ctx.request_id,
                                     deps.clock.NowMillis(), src.window_ms, kInboxLeaseMs));
-        if (begun.outcome != BeginOutcome::kNew) {
+        if (begun.outcome != BeginOutcome::kNew && begun.outcome != BeginOutcome::kReplay) {
+          // The first delivery is still being processed, and may yet fail
+          // (then the event is forgotten for a retry to process): a 2xx now
+          // would stop the sender's retries and lose the event. A sender
+          // retries a 503, after Retry-After.
+          deps.metrics.inbox_duplicates.Inc();
+          RouteResponse busy{503,
+                             ProblemBody(503,
+                                         Unavailable("event " + event_id + " of " + src.name +
+                                                     " is still being processed; send it again "
+                                                     "after Retry-After"),
+                                         ctx.request_id),
+                             {{"Retry-After", "1"}}};
+          busy.transient = true;
+          return busy;
+        }
+        if (begun.outcome == BeginOutcome::kReplay) {
           Json dup = {{"source", src.name}, {"event_id", event_id}, {"duplicate", true}};
-          if (begun.outcome == BeginOutcome::kReplay) {
-            auto first = ParseJson(begun.record.response_body, JsonLimits{});
-            if (first.ok()) dup["first"] = *first;
-          } else {
-            dup["state"] = "in_progress";
-          }
+          auto first = ParseJson(begun.record.response_body, JsonLimits{});
+          if (first.ok()) dup["first"] = *first;
           deps.metrics.inbox_duplicates.Inc();
           return RouteResponse{200, std::move(dup), {}};
         }

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
 #include "daemon/core/crypto.h"
@@ -26,7 +27,13 @@ struct Fixture {
 
   Fixture() {
     REQUIRE(target != nullptr);
+    // A ticket saying "slowfail" makes the model fail after a second, for
+    // good (not retryable): the event is forgotten, for a retry to process.
     const std::string rules =
+        "rules:\n"
+        "  - match: {input: {text: {contains: slowfail}}}\n"
+        "    delay_ms: 1000\n"
+        "    fail: {code: invalid_argument, message: refused}\n"
         "default:\n  output: "
         "'{\"category\":\"question\",\"priority\":\"low\",\"summary\":\"s\",\"actions\":[]}'\n";
     std::string extra =
@@ -50,7 +57,10 @@ struct Fixture {
         "    on_event: {decide: triage_ticket, pointer: /data}\n"
         "  audit_log:\n"
         "    event_id: {pointer: /id}\n"
-        "    on_event: {record: true}\n";
+        "    on_event: {record: true}\n"
+        "  tickets:\n"
+        "    event_id: {pointer: /id}\n"
+        "    on_event: {decide: triage_ticket, pointer: /data}\n";
     std::string config = WriteTestConfig(dir, rules, extra);
     std::string err;
     daemon =
@@ -81,7 +91,7 @@ Json J(const httplib::Result& r) {
 
 TEST_CASE("the same inbox event delivered 50 times at once is processed once") {
   Fixture f;
-  std::atomic<int> ok{0}, fresh{0};
+  std::atomic<int> ok{0}, fresh{0}, retry_later{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 50; ++i) {
     threads.emplace_back([&] {
@@ -91,10 +101,12 @@ TEST_CASE("the same inbox event delivered 50 times at once is processed once") {
         ok++;
         if (Json::parse(r->body)["duplicate"] == false) fresh++;
       }
+      // While the first is being processed: come back (it may yet fail).
+      if (r && r->status == 503 && r->get_header_value("Retry-After") == "1") retry_later++;
     });
   }
   for (auto& t : threads) t.join();
-  CHECK(ok == 50);
+  CHECK(ok + retry_later == 50);
   CHECK(fresh == 1);
   CHECK(f.target->stats().effects == 1);
   CHECK(f.target->stats().raw_calls == 1);
@@ -103,6 +115,29 @@ TEST_CASE("the same inbox event delivered 50 times at once is processed once") {
   CHECK(again["duplicate"] == true);
   CHECK(again["first"]["outcome"] == "executed");
   CHECK(MetricValue(*f.client, "idem_inbox_events_total") == 1);
+}
+
+TEST_CASE(
+    "a redelivery while the first delivery runs is told to come back, so a failure loses nothing") {
+  Fixture f;
+  const std::string event = R"({"id":"ev-7","data":{"ticket_id":"T-7","text":"slowfail"}})";
+  auto first = std::async(std::launch::async, [&] {
+    return f.daemon->Client()->Post("/v1/inbox/tickets", event, "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto during = f.client->Post("/v1/inbox/tickets", event, "application/json");
+  REQUIRE(during);
+  CHECK(during->status == 503);  // not a 2xx: the sender keeps the event
+  CHECK(during->get_header_value("Retry-After") == "1");
+  auto failed = first.get();
+  REQUIRE(failed);
+  CHECK(failed->status >= 400);  // the model refused: the event is forgotten
+  // The sender's retry processes it again (and it fails again here), rather
+  // than being told it was a duplicate of a success that never happened.
+  auto again = f.client->Post("/v1/inbox/tickets", event, "application/json");
+  REQUIRE(again);
+  CHECK(again->status == failed->status);
+  CHECK(again->body.find("duplicate") == std::string::npos);
 }
 
 TEST_CASE("a bad signature is refused and recorded nowhere") {
