@@ -1,6 +1,9 @@
 // The outbox routes (R29): pull the events (GET /v1/events), list the
 // subscribers' dead letters and ask for one to be delivered again.
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,12 +21,30 @@ namespace {
 StatusOr<uint64_t> SeqText(const std::string& v, const std::string& field, bool allow_empty) {
   if (v.empty() && allow_empty) return uint64_t{0};
   char* end = nullptr;
+  errno = 0;
   unsigned long long n = std::strtoull(v.c_str(), &end, 10);
   if (v.empty() || v.size() > 20 || end == v.c_str() || *end != '\0' || v[0] == '-' ||
-      v[0] == '+') {
+      v[0] == '+' || errno == ERANGE) {
     return InvalidArgument("must be a cursor this API returned (a number)", field);
   }
   return static_cast<uint64_t>(n);
+}
+
+// A cursor of /v1/events: "<store id>:<seq>" as next_cursor gives it, or a
+// bare seq (0, or one kept from before cursors named their store). One of
+// another store (a reset folder, another environment) is refused: its seq
+// means nothing here, and a consumer that kept it would skip events.
+StatusOr<uint64_t> CursorText(const std::string& v, const std::string& store_id) {
+  const size_t colon = v.find(':');
+  if (colon == std::string::npos) return SeqText(v, "query:after", true);
+  if (v.compare(0, colon, store_id) != 0) {
+    return Status(Code::kFailedPrecondition,
+                  "this cursor is from another store (" + v.substr(0, std::min<size_t>(colon, 16)) +
+                      ", this one is " + store_id +
+                      "): start again with after=0, and dedupe on event_id",
+                  "query:after");
+  }
+  return SeqText(v.substr(colon + 1), "query:after", false);
 }
 
 }  // namespace
@@ -35,21 +56,25 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .summary = "Outbox events in commit order (?after=CURSOR&limit=100): decision.created, "
                  "plan.<state>, effect.done, work.dead_letter. Keep next_cursor and ask again "
                  "with it; an event is never skipped. Dedupe on event_id.",
-      .responses = {{200, "outbox.event.list"}, {400, "problem"}},
+      .responses = {{200, "outbox.event.list"}, {400, "problem"}, {409, "problem"}},
       .roles = {"operator"},
       .query = {TextDoc("after",
                         "the next_cursor of the previous page (0, or absent: from the "
                         "first event kept)"),
                 LimitDoc(kOutboxPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        ASSIGN_OR_RETURN(uint64_t after, SeqText(QueryParam(ctx, "after"), "query:after", true));
+        ASSIGN_OR_RETURN(std::optional<std::string> store_id, deps.store.meta().Get(kStoreIdKey));
+        const std::string id = store_id.value_or("");
+        ASSIGN_OR_RETURN(uint64_t after, CursorText(QueryParam(ctx, "after"), id));
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
         ASSIGN_OR_RETURN(std::vector<OutboxEvent> events, deps.store.outbox().After(after, limit));
         Json items = Json::array();
         for (const OutboxEvent& e : events) items.push_back(e.ToJson());
         const uint64_t next = events.empty() ? after : events.back().seq;
-        return RouteResponse{
-            200, {{"items", std::move(items)}, {"next_cursor", std::to_string(next)}}, {}};
+        return RouteResponse{200,
+                             {{"items", std::move(items)},
+                              {"next_cursor", (id.empty() ? "" : id + ":") + std::to_string(next)}},
+                             {}};
       }});
 
   routes.push_back(Route{

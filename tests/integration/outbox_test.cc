@@ -112,8 +112,21 @@ TEST_CASE("outbox: each committed state change reaches the subscriber and the pu
   CHECK(page["items"][1]["key"] == work_id);
   CHECK(page["items"][1]["data"]["kind"] == "send_invoice");
   CHECK(Get(*c, "/v1/events?after=" + page["next_cursor"].get<std::string>())["items"].empty());
+  // A cursor names its store (the event ids' prefix) and the seq.
+  const std::string first_id = page["items"][0]["event_id"];
+  const std::string store_id = first_id.substr(4, 16);
   CHECK(Get(*c, "/v1/events?after=0&limit=1")["next_cursor"] ==
-        std::to_string(page["items"][0]["seq"].get<uint64_t>()));
+        store_id + ":" + std::to_string(page["items"][0]["seq"].get<uint64_t>()));
+  // A cursor another store gave (a reset folder, another environment) is
+  // refused, not answered with nothing from its seq on; a bare seq is taken.
+  auto foreign = c->Get("/v1/events?after=0123456789abcdef:542");
+  REQUIRE(foreign);
+  CHECK(foreign->status == 409);
+  CHECK(Json::parse(foreign->body)["pointer"] == "query:after");
+  CHECK(Get(*c, "/v1/events?after=0")["items"].size() == 2);
+  auto overflow = c->Get("/v1/events?after=18446744073709551616");
+  REQUIRE(overflow);
+  CHECK(overflow->status == 400);
 
   REQUIRE(WaitFor([&] { return Received(*hook).size() >= 2; }, 10'000));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // nothing more comes
