@@ -595,6 +595,11 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         Json body = Outcome(*kind, o, ctx.request_id, &status);
         RouteResponse out{status, std::move(body), {}};
         out.transient = StillMoving(o.kind);
+        // Busy: when the holder's lease ends, as a claim's 409 says.
+        if (o.kind == ActionOutcomeKind::kBusy && o.item.locked_until_ms > 0) {
+          out.headers.emplace_back(
+              "Retry-After", RetryAfterSeconds(o.item.locked_until_ms, deps.clock.NowMillis()));
+        }
         return out;
       }});
 

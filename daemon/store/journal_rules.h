@@ -120,10 +120,10 @@ inline Status Refusal(const JournalOpResult& r) {
   if (r.stale_lease) return StaleLeaseStatus(w);
   if (r.differs) {
     return Status(Code::kFailedPrecondition,
-                  "work " + w.work_id +
-                      " is done: this lease completed it with another result or external_ref, "
-                      "and the first complete stands (it is in this answer)",
-                  "/result");
+                  "work " + w.work_id + " is done: this lease completed it with another " +
+                      (r.result_differs ? "result" : "external_ref") +
+                      ", and the first complete stands (it is in this answer)",
+                  r.result_differs ? "/result" : "/external_ref");
   }
   return Status::Ok();
 }
@@ -151,7 +151,8 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
         ConstantTimeEquals(current->lease_token, op.lease_token)) {
       JournalOpResult r{.outcome = ClaimOutcome::kDone, .item = Scrubbed(*current)};
       r.repeated = true;  // a retried Complete by the holder that completed it
-      r.differs = op.result != current->result ||
+      r.result_differs = op.result != current->result;
+      r.differs = r.result_differs ||
                   (!op.external_ref.empty() && op.external_ref != current->external_ref);
       return r;
     }

@@ -303,8 +303,10 @@ struct JournalOpResult {
   // nothing written, item is the record as the first one left it.
   bool repeated = false;
   // With repeated, kComplete: its result or external_ref is not the first
-  // one's, which stands (journal_rules::Refusal says so).
+  // one's, which stands (journal_rules::Refusal says so, pointing at the
+  // result when it differs, else at the external_ref).
   bool differs = false;
+  bool result_differs = false;
   // With stale_lease, kFail: the token's holder completed the work; a fail
   // after that changes nothing.
   bool after_complete = false;

@@ -83,6 +83,24 @@ TEST_CASE("an action runs once: 201 now, then 200 with the original result") {
   CHECK(calls.back().headers["idempotency-key"] == a["work_id"]);
 }
 
+TEST_CASE("the same work called again while it runs is 409 with Retry-After") {
+  Fixture f;
+  f.target->SetLatencyMs(1500);
+  const Json body = {{"args", {{"invoice_id", "INV-BUSY"}, {"amount", 5}}}};
+  auto first = std::async(std::launch::async, [&] {
+    return f.daemon->Client()->Post("/v1/actions/send_invoice", {{"Idempotency-Key", "\"b-1\""}},
+                                    body.dump(), "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto busy = f.Post("/v1/actions/send_invoice", body, "\"b-2\"");  // another key: the same work
+  REQUIRE(busy);
+  CHECK(busy->status == 409);
+  const std::string after = busy->get_header_value("Retry-After");
+  CHECK_FALSE(after.empty());
+  CHECK(std::atoi(after.c_str()) >= 1);
+  REQUIRE(first.get()->status == 201);
+}
+
 TEST_CASE("a resubmitted run does no work that is already done") {
   Fixture f;
   Json items = Json::array();

@@ -308,7 +308,10 @@ TEST_CASE(
   Status other_result = j.Complete("w1", c.item.lease_token, 2, "r1", kT0 + 6);
   CHECK(other_result.code() == Code::kFailedPrecondition);
   CHECK(other_result.field() == "/result");
-  CHECK(j.Complete("w1", c.item.lease_token, 1, "r2", kT0 + 6).code() == Code::kFailedPrecondition);
+  Status other_ref = j.Complete("w1", c.item.lease_token, 1, "r2", kT0 + 6);
+  CHECK(other_ref.code() == Code::kFailedPrecondition);
+  CHECK(other_ref.field() == "/external_ref");  // the member that differs
+  CHECK(other_ref.message().find("another external_ref") != std::string::npos);
   // A fail by the lease that completed it says so, and changes nothing.
   StatusOr<WorkItem> fail_after = j.Fail("w1", c.item.lease_token, "late", true, 0, kT0 + 7);
   CHECK(fail_after.status().code() == Code::kFailedPrecondition);
