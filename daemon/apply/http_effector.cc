@@ -303,6 +303,14 @@ StatusOr<std::string> HttpEffector::NaturalKey(const Json& args) const {
         "the key field " + config_.upsert_key + " must be a non-empty string or an integer",
         "/args" + config_.upsert_key);
   }
+  if (*key == "." || *key == "..") {
+    // A dot segment in the URL names the collection or its parent (libcurl
+    // and servers resolve it), not one resource of it.
+    return InvalidArgument("the key field " + config_.upsert_key +
+                               " cannot be \".\" or \"..\": in the URL that names another "
+                               "resource than one item",
+                           "/args" + config_.upsert_key);
+  }
   return std::move(*key);
 }
 

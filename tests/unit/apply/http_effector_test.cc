@@ -105,6 +105,27 @@ TEST_CASE("effector config defaults per level") {
   CHECK(cta->fingerprint_field == "idem_fingerprint");
 }
 
+TEST_CASE("an upsert key of . or .. is refused: in the URL it would name the collection") {
+  ApplyHarness h;
+  auto effector = HttpEffector::Create(Kind({{"url", h.Url("/tenants/acme/items/{key}")},
+                                             {"idempotency", "upsert"},
+                                             {"upsert_key", "/sku"}}),
+                                       *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  for (const char* dots : {".", ".."}) {
+    CAPTURE(dots);
+    Status refused = (*effector)->Validate(Json{{"sku", dots}});
+    CHECK(refused.code() == Code::kInvalidArgument);
+    CHECK(refused.field() == "/args/sku");
+  }
+  CHECK((*effector)->Validate(Json{{"sku", "..a"}}).ok());  // a name, not a dot segment
+  CHECK((*effector)->Validate(Json{{"sku", "a.b"}}).ok());
+  RecordingContext context;
+  EffectAttempt attempt = (*effector)->Execute(Item({{"sku", ".."}}), context);
+  CHECK_FALSE(attempt.status.ok());
+  CHECK(h.fake().calls().empty());  // nothing went out
+}
+
 TEST_CASE("header values take ${VAR} from the environment, and an unset one is refused") {
   ApplyHarness h;
   setenv("IDEM_TEST_EFFECTOR_TOKEN", "s3cr3t-token", 1);
