@@ -596,7 +596,8 @@ int PrintCall(DaemonClient& api, const Output& o, const std::string& method,
   StatusOr<ApiAnswer> a = api.Call(method, path, body, idempotency_key);
   if (!a.ok()) return ReportUnreachable(o, a.status());
   std::string text = a->body.is_null() ? Printable(a->text) : JsonText(a->body, 2);
-  Print(a->status < 300 ? o.out : o.err, text + "\n");
+  // --json: the answer (the problem body on errors) on stdout, for a pipe.
+  Print(a->status < 300 || o.json ? o.out : o.err, text + "\n");
   return ExitCodeForHttp(a->status);
 }
 

@@ -535,7 +535,7 @@ int main(int argc, char** argv) {
       }
       std::string text =
           answer->body.is_null() ? cli::Printable(answer->text) : cli::JsonText(answer->body, 2);
-      std::fprintf(answer->status < 300 ? stdout : stderr, "%s\n", text.c_str());
+      std::fprintf(answer->status < 300 || json_out ? stdout : stderr, "%s\n", text.c_str());
       std::string state = answer->body.is_object() ? answer->body.value("state", "") : "";
       std::fprintf(stderr, "idem: replay of %s (Idempotency-Key %s): HTTP %d%s%s\n", dlq_id.c_str(),
                    replay_key.c_str(), answer->status, state.empty() ? "" : ", state ",

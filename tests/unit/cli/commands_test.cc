@@ -243,6 +243,26 @@ TEST_CASE("JSON the CLI prints escapes C1 controls and stays the same JSON") {
   CHECK(Str(Json{{"o", {{"k", "\u009b"}}}}, "o") == "{\"k\":\"\\u009b\"}");
 }
 
+TEST_CASE("a record read prints its problem on stderr, or on stdout with --json for a pipe") {
+  FakeHttp http;
+  http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
+    return JsonAnswer(404, Problem(404, "no such work: nope"));
+  };
+  DaemonClient api("http://h", "tok", http);
+  {
+    Captured c;
+    CHECK(PrintCall(api, c.Make(), "GET", "/v1/work/nope", Json(), "") == kExitNotFound);
+    CHECK(c.Out().empty());
+    CHECK(c.Err().find("no such work") != std::string::npos);
+  }
+  {
+    Captured c;
+    CHECK(PrintCall(api, c.Make(/*json=*/true), "GET", "/v1/work/nope", Json(), "") ==
+          kExitNotFound);
+    CHECK(Json::parse(c.Out())["detail"] == "no such work: nope");
+  }
+}
+
 TEST_CASE("dlq ls asks for --limit, prints the table or the daemon's JSON, and says when empty") {
   FakeHttp http;
   Json items = Json::array({SampleDeadLetter()});
