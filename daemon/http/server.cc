@@ -608,6 +608,12 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
 
   for (const auto& [k, v] : req.query) ctx.query[k] = v;
   for (const std::string& h : route.request_headers) {
+    // A header the route reads (an inbox's event id or signature) sent
+    // twice: a proxy and this daemon might each take another one.
+    if (req.HeaderCount(h) > 1) {
+      Fail(res, InvalidArgument("send one " + h + " header", "header:" + h), ctx.request_id);
+      return false;
+    }
     if (req.HasHeader(h)) ctx.headers[h] = req.HeaderValue(h);
   }
   if (route.raw_body && !route.raw_body_types.empty()) {

@@ -168,6 +168,15 @@ TEST_CASE("a bad signature is refused and recorded nowhere") {
   CHECK(J(decided)["outcome"] == "decided");
   CHECK(J(decided)["output"]["category"] == "question");
   CHECK(J(signed_post("sha256=" + HmacSha256Hex(kHmacSecret, body), "evt_1"))["duplicate"] == true);
+  // The event id header twice: which one names the event is not guessed.
+  auto twice = f.client->Post("/v1/inbox/shop",
+                              {{"X-Event-Id", "evt_2"},
+                               {"X-Event-Id", "evt_3"},
+                               {"X-Signature", "sha256=" + HmacSha256Hex(kHmacSecret, body)}},
+                              body, "text/plain");
+  REQUIRE(twice);
+  CHECK(twice->status == 400);
+  CHECK(J(twice)["pointer"] == "header:x-event-id");
 }
 
 TEST_CASE("an inbox event without its id, or for an unknown source, is refused") {
