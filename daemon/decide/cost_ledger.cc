@@ -169,7 +169,17 @@ Status CostLedger::WriteDays(std::map<Key, CostCounts> pending) {
         ReadDay(dit->first);
     Status written = stored.status();
     if (stored.ok()) {
-      for (const auto& [sm, counts] : dit->second) (*stored)[sm].Add(counts);
+      for (const auto& [sm, counts] : dit->second) {
+        // Models are named by callers (a replay picks any): past the day's
+        // row budget a new (step, model) counts under the step's "(other)"
+        // model, so the record stays small enough to read and rewrite.
+        auto row = stored->find(sm);
+        if (row == stored->end() && stored->size() >= kMaxRowsPerDay) {
+          (*stored)[{sm.first, kOtherModel}].Add(counts);
+        } else {
+          (*stored)[sm].Add(counts);
+        }
+      }
       Json rows = Json::array();
       for (const auto& [sm, counts] : *stored) {
         Json r = counts.ToJson();

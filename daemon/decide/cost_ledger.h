@@ -99,6 +99,13 @@ class CostLedger {
   };
   static constexpr size_t kShards = 8;
 
+ public:
+  // A day keeps at most this many (step, model) rows; past them a new
+  // model's counts go to its step's kOtherModel row.
+  static constexpr size_t kMaxRowsPerDay = 1'000;
+  static constexpr char kOtherModel[] = "(other)";
+
+ private:
   void Add(int64_t now_ms, const std::string& step, const std::string& model,
            const CostCounts& delta);
   std::map<Key, CostCounts> TakePending();

@@ -72,6 +72,30 @@ TEST_CASE("cost counts are kept per UTC day, step and model, and survive a new l
   CHECK(first_day->size() == 2);
 }
 
+TEST_CASE("a day keeps a bounded number of rows; models past it count under (other)") {
+  // A replay may name any model: thousands of made-up names must not grow
+  // the day's record, which every flush reads and rewrites.
+  MemoryMeta meta;
+  CostLedger ledger(meta);
+  const size_t n = CostLedger::kMaxRowsPerDay + 50;
+  for (size_t i = 0; i < n; ++i) {
+    ledger.RecordCall(kNov30 + 1000, "triage", "made-up-" + std::to_string(i), 1, 1, 0.001);
+    if (i % 400 == 0) REQUIRE(ledger.Flush().ok());  // across several flushes
+  }
+  REQUIRE(ledger.Flush().ok());
+  auto rows = ledger.Rows(kNov30, kNov30 + kDay - 1);
+  REQUIRE(rows.ok());
+  CHECK(rows->size() == CostLedger::kMaxRowsPerDay + 1);  // the budget, and "(other)"
+  int64_t calls = 0;
+  int64_t other = 0;
+  for (const CostRow& r : *rows) {
+    calls += r.counts.calls;
+    if (r.model == CostLedger::kOtherModel) other = r.counts.calls;
+  }
+  CHECK(calls == static_cast<int64_t>(n));  // nothing lost
+  CHECK(other == 50);
+}
+
 TEST_CASE("counts a failed flush could not write stay pending for the next one") {
   MemoryMeta meta;
   CostLedger ledger(meta);
