@@ -72,8 +72,9 @@ StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(
     s->config = sub;
     s->lease_ttl_ms = std::max(d->lease_ms_, 2 * (sub.retry.timeout_ms + 5'000));
     if (metrics != nullptr) {
+      const std::string& subscriber = name;  // clang 14 cannot capture a structured binding
       auto count = [&](const char* result) {
-        return &metrics->outbox_deliveries.Declare({name, result});
+        return &metrics->outbox_deliveries.Declare({subscriber, result});
       };
       s->delivered = count("delivered");
       s->failed = count("failed");
