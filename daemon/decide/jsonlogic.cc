@@ -713,7 +713,8 @@ const Value& Arg(const std::vector<Value>& values, size_t i) {
 
 class Evaluator {
  public:
-  explicit Evaluator(const JsonLogicLimits& limits) : limits_(limits) {}
+  explicit Evaluator(const JsonLogicLimits& limits, std::vector<std::string>* unresolved = nullptr)
+      : limits_(limits), unresolved_(unresolved) {}
 
   // jsonLogic.apply(rule, data); rule == nullptr is `undefined`.
   StatusOr<Value> Apply(const Json* rule, const Value& data, int depth) {
@@ -1164,8 +1165,17 @@ class Evaluator {
         }
         return MakeArray(std::move(out));
       }
-      case Op::kVar:
-        return Var(values, data);
+      case Op::kVar: {
+        bool found = true;
+        ASSIGN_OR_RETURN(Value v, Var(values, data, &found));
+        if (!found && unresolved_ != nullptr && Arg(values, 1).is(Kind::kUndefined) &&
+            unresolved_->size() < 16) {
+          const Value& path = Arg(values, 0);
+          auto text = ToString(path);
+          unresolved_->push_back(text.ok() ? *text : std::string("?"));
+        }
+        return v;
+      }
       case Op::kMissing:
         return Missing(values, data, depth);
       case Op::kMissingSome:
@@ -1268,7 +1278,9 @@ class Evaluator {
     return Value::Number(nan ? kNaN : result);
   }
 
-  StatusOr<Value> Var(const std::vector<Value>& values, const Value& data) {
+  // `found` (when given) is set false when the path leads nowhere and the
+  // fallback stands in.
+  StatusOr<Value> Var(const std::vector<Value>& values, const Value& data, bool* found = nullptr) {
     const Value& path_value = Arg(values, 0);
     const Value& fallback = Arg(values, 1);
     const Value not_found = fallback.is(Kind::kUndefined) ? Value::Null() : fallback;
@@ -1282,9 +1294,10 @@ class Evaluator {
       const size_t dot = path.find('.', pos);
       const std::string_view part = std::string_view(path).substr(
           pos, dot == std::string::npos ? std::string::npos : dot - pos);
-      if (current.nullish()) return not_found;
-      current = GetProperty(current, part);
-      if (current.is(Kind::kUndefined)) return not_found;
+      if (current.nullish() || (current = GetProperty(current, part)).is(Kind::kUndefined)) {
+        if (found != nullptr) *found = false;
+        return not_found;
+      }
       if (dot == std::string::npos) break;
       pos = dot + 1;
     }
@@ -1376,6 +1389,7 @@ class Evaluator {
   }
 
   const JsonLogicLimits limits_;
+  std::vector<std::string>* const unresolved_;  // may be null
   int64_t used_ = 0;
 };
 
@@ -1417,8 +1431,13 @@ Status CheckRule(const Json& rule, const JsonLogicLimits& limits, std::string& p
 }  // namespace
 
 StatusOr<Json> EvalJsonLogic(const Json& rule, const Json& data, const JsonLogicLimits& limits) {
+  return EvalJsonLogic(rule, data, limits, nullptr);
+}
+
+StatusOr<Json> EvalJsonLogic(const Json& rule, const Json& data, const JsonLogicLimits& limits,
+                             std::vector<std::string>* unresolved) {
   try {
-    Evaluator evaluator(limits);
+    Evaluator evaluator(limits, unresolved);
     ASSIGN_OR_RETURN(Value result, evaluator.Apply(&rule, Value::Borrow(data), 1));
     return result.ToJson();
   } catch (const std::bad_alloc&) {

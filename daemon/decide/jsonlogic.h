@@ -46,6 +46,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "daemon/core/status.h"
@@ -62,6 +64,13 @@ struct JsonLogicLimits {
 // Applies `rule` to `data`. Both are borrowed for the call only.
 StatusOr<Json> EvalJsonLogic(const Json& rule, const Json& data,
                              const JsonLogicLimits& limits = {});
+
+// The same, also listing in `unresolved` (when not null; at most 16) the
+// path of each `var` the evaluation read that led nowhere and had no
+// default (a rule's author did not say what an absent value means), in the
+// order read. Branches that were not taken are not read.
+StatusOr<Json> EvalJsonLogic(const Json& rule, const Json& data, const JsonLogicLimits& limits,
+                             std::vector<std::string>* unresolved);
 
 // JSONLogic truthiness: false for null, false, 0, "", and [] (unlike plain
 // JavaScript); true for everything else, including "0" and {}.

@@ -186,20 +186,28 @@ struct PlanEngine::Impl {
 
   bool AuthEnabled() const { return !config.auth.tokens.empty(); }
 
-  // Applies one policy to one action; a rule that fails to evaluate gates
-  // the action (fail closed) and says why.
+  // Applies one policy to one action; a rule that fails to evaluate, or
+  // that lets the action through only because a value it reads is absent
+  // (no default given: a missing amount is not "not over 100"), gates the
+  // action (fail closed) and says why.
   void Judge(const ApprovalPolicy& policy, const Json& data, size_t index, const std::string& kind,
              Verdict& v) const {
     bool needs = policy.require == "always";
     std::string reason = policy.reason;
     if (policy.require == "when") {
-      auto result = EvalJsonLogic(policy.when, data);
+      std::vector<std::string> unresolved;
+      auto result = EvalJsonLogic(policy.when, data, JsonLogicLimits{}, &unresolved);
       if (!result.ok()) {
         needs = true;
         reason = "the approval rule of " + policy.source +
                  " could not be evaluated: " + result.status().message();
-      } else {
-        needs = JsonLogicTruthy(*result);
+      } else if (JsonLogicTruthy(*result)) {
+        needs = true;
+      } else if (!unresolved.empty()) {
+        needs = true;
+        reason = "the approval rule of " + policy.source + " reads " + unresolved.front() +
+                 ", which this action does not have (a var with a default says what its " +
+                 "absence means)";
       }
     }
     if (needs) Gate(v, index, kind, reason, policy);

@@ -194,6 +194,31 @@ TEST_CASE("var reads dot paths, indices and lengths, with a default, and \"\" is
   });
 }
 
+TEST_CASE("an evaluation lists the vars it read that led nowhere and had no default") {
+  auto unresolved = [](const char* rule, const char* data) {
+    std::vector<std::string> out;
+    StatusOr<Json> r =
+        EvalJsonLogic(Json::parse(rule), Json::parse(data), JsonLogicLimits{}, &out);
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    return out;
+  };
+  using V = std::vector<std::string>;
+  CHECK(unresolved(R"({">": [{"var": "args.amount"}, 100]})", R"({"args": {}})") ==
+        V{"args.amount"});
+  CHECK(unresolved(R"({">": [{"var": "args.amount"}, 100]})", "{}") == V{"args.amount"});
+  // Present, even as null, is not absent; a default says what absence means.
+  CHECK(unresolved(R"({">": [{"var": "a"}, 1]})", R"({"a": null})").empty());
+  CHECK(unresolved(R"({">": [{"var": ["a", 0]}, 1]})", "{}").empty());
+  // missing and missing_some ask about absence; they are not reads.
+  CHECK(unresolved(R"({"missing": ["a", "b"]})", "{}").empty());
+  // A branch not taken reads nothing; one taken does.
+  CHECK(unresolved(R"({"if": [true, 1, {"var": "x"}]})", "{}").empty());
+  CHECK(unresolved(R"({"or": [{"var": "x"}, {"var": "y"}]})", R"({"y": 1})") == V{"x"});
+  // Inside map, paths are the element's.
+  CHECK(unresolved(R"({"map": [{"var": "xs"}, {"var": "k"}]})", R"({"xs": [{"k": 1}, {}]})") ==
+        V{"k"});
+}
+
 TEST_CASE("missing lists absent or empty keys; missing_some needs a minimum present") {
   CheckRows({
       {R"({"missing": ["a", "b"]})", R"({"a": "apple", "c": "carrot"})", R"(["b"])"},

@@ -164,6 +164,53 @@ TEST_CASE("a rule that cannot be evaluated gates the action instead of letting i
         std::string::npos);
 }
 
+TEST_CASE(
+    "a rule that passes an action only because a value it reads is absent gates it, unless the "
+    "rule gave that value a default") {
+  PlanHarness h;
+  ApprovalPolicy over_100;
+  over_100.require = "when";
+  over_100.source = "policies/refund.yaml";
+  over_100.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
+  over_100.reason = "refunds over 100";
+  h.Kind("refund", over_100);
+  // No args_schema: the agent names the field otherwise; `>` of null is
+  // false, and the rule alone would let 5000 through.
+  Plan gated = h.Gated("refund", {{"id", "r-1"}, {"total", 5000}});
+  const std::string reason = gated.approval["reasons"][0]["reason"];
+  CHECK(reason.find("reads args.amount") != std::string::npos);
+  CHECK(reason.find("policies/refund.yaml") != std::string::npos);
+  // Present and small: through, as before.
+  auto small = h.Plans().GateAction(h.config_.actions.at("refund"), {{"id", "r-2"}, {"amount", 50}},
+                                    "action", "agent-1");
+  REQUIRE_MESSAGE(small.ok(), small.status().ToString());
+  CHECK(small->allowed);
+  CHECK(small->plan.plan_id.empty());
+  // Present, over: gated for the rule's own reason.
+  Plan big = h.Gated("refund", {{"id", "r-3"}, {"amount", 500}});
+  CHECK(big.approval["reasons"][0]["reason"] == "refunds over 100");
+
+  // A rule that says what absence means is taken at its word.
+  PlanHarness d;
+  ApprovalPolicy defaulted = over_100;
+  defaulted.when = Json::parse(R"({">": [{"var": ["args.amount", 0]}, 100]})");
+  d.Kind("refund", defaulted);
+  auto absent = d.Plans().GateAction(d.config_.actions.at("refund"), {{"id", "r-1"}}, "action",
+                                     "agent-1");
+  REQUIRE_MESSAGE(absent.ok(), absent.status().ToString());
+  CHECK(absent->allowed);
+  // And a branch the rule did not take reads nothing.
+  PlanHarness m;
+  ApprovalPolicy guarded = over_100;
+  guarded.when = Json::parse(
+      R"({"if": [{"missing": "args.amount"}, false, {">": [{"var": "args.amount"}, 100]}]})");
+  m.Kind("refund", guarded);
+  auto guarded_absent = m.Plans().GateAction(m.config_.actions.at("refund"), {{"id", "r-1"}},
+                                             "action", "agent-1");
+  REQUIRE_MESSAGE(guarded_absent.ok(), guarded_absent.status().ToString());
+  CHECK(guarded_absent->allowed);
+}
+
 TEST_CASE("a plan's own creator cannot approve it, and an edit outside args is refused") {
   PlanHarness h;
   AuthToken t;
