@@ -39,8 +39,14 @@ bool IsValidationFailure(int status) {
   return status == 400 || status == 404 || status == 413 || status == 415 || status == 422;
 }
 
-// Not a final outcome: the work is still moving (see RouteResponse::transient).
-bool IsTransient(const RouteResponse& r) { return r.transient || r.status == 202; }
+// Not a final outcome: the work is still moving (see RouteResponse::transient),
+// or a 503 that tells the caller to retry (a provider or store outage): a
+// retry with the key after its Retry-After runs again, instead of replaying
+// "retry later" for the key's whole window.
+bool IsTransient(const RouteResponse& r) {
+  return r.transient || r.status == 202 ||
+         (r.status == 503 && r.body.is_object() && r.body.value("retryable", false));
+}
 
 int64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
@@ -436,6 +442,9 @@ void HttpServer::Fail(http1::Response& res, const Status& st, const std::string&
     deps_.metrics.http_errors_4xx.Inc();
   }
   if (res.HeaderValue("X-Request-Id").empty()) res.SetHeader("X-Request-Id", request_id);
+  if (status == 503 && st.retryable() && res.HeaderValue("Retry-After").empty()) {
+    res.SetHeader("Retry-After", "1");
+  }
   WriteJson(res, status, ProblemBody(status, st, request_id), kProblemContentType);
 }
 
@@ -689,6 +698,9 @@ RouteResponse HttpServer::Finish(const Route& route, const RequestContext& ctx,
   RouteResponse r;
   r.status = status;
   r.body = ProblemBody(status, why, ctx.request_id);
+  // A 503 the caller may retry says when (RFC 9110 10.2.3): a provider or
+  // store outage, as the server's own overload answers do.
+  if (status == 503 && why.retryable()) r.headers.emplace_back("Retry-After", "1");
   if (status >= 500) {
     LogEvent(LogLevel::kWarn, "request_failed",
              {{"request_id", ctx.request_id},

@@ -21,6 +21,10 @@ const char* kRules = R"(rules:
       input:
         /text: {contains: broken}
     fail: {code: unavailable, message: upstream is down}
+  - match:
+      input:
+        /text: {contains: internal}
+    fail: {code: internal, message: upstream broke}
 default:
   output: '{"category":"question","priority":"normal","summary":"q {{input.ticket_id}}","actions":[]}'
 )";
@@ -135,17 +139,40 @@ TEST_CASE("a duplicate while the first request runs is 409, or waits with Prefer
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == 1);
 }
 
-TEST_CASE("a stored 5xx is replayed too") {
+TEST_CASE(
+    "a retryable 503 says when to come back and is not stored: the retry with the key runs "
+    "again") {
   Fixture f;
   f.Start();
   const std::string body = R"({"step":"triage_ticket","input":{"ticket_id":4,"text":"broken"}})";
   auto first = f.Decide("\"k-5xx\"", body);
   REQUIRE(first);
   CHECK(first->status == 503);
+  CHECK(first->get_header_value("Retry-After") == "1");
+  CHECK(Json::parse(first->body).value("retryable", false));
   long calls = MetricValue(*f.client, "idem_provider_calls_total");
   auto again = f.Decide("\"k-5xx\"", body);
+  REQUIRE(again);
   CHECK(again->status == 503);
+  CHECK_FALSE(again->has_header("Idempotent-Replayed"));
+  CHECK(MetricValue(*f.client, "idem_provider_calls_total") > calls);
+}
+
+TEST_CASE("a 5xx the caller may not retry is a final outcome: stored and replayed") {
+  Fixture f;
+  f.Start();
+  const std::string body = R"({"step":"triage_ticket","input":{"ticket_id":5,"text":"internal"}})";
+  auto first = f.Decide("\"k-500\"", body);
+  REQUIRE(first);
+  CHECK(first->status >= 500);
+  CHECK_FALSE(Json::parse(first->body).contains("retryable"));
+  CHECK_FALSE(first->has_header("Retry-After"));
+  long calls = MetricValue(*f.client, "idem_provider_calls_total");
+  auto again = f.Decide("\"k-500\"", body);
+  REQUIRE(again);
+  CHECK(again->status == first->status);
   CHECK(again->get_header_value("Idempotent-Replayed") == "true");
+  CHECK(again->body == first->body);
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == calls);
 }
 
