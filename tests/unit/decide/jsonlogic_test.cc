@@ -197,8 +197,7 @@ TEST_CASE("var reads dot paths, indices and lengths, with a default, and \"\" is
 TEST_CASE("an evaluation lists the vars it read that led nowhere and had no default") {
   auto unresolved = [](const char* rule, const char* data) {
     std::vector<std::string> out;
-    StatusOr<Json> r =
-        EvalJsonLogic(Json::parse(rule), Json::parse(data), JsonLogicLimits{}, &out);
+    StatusOr<Json> r = EvalJsonLogic(Json::parse(rule), Json::parse(data), JsonLogicLimits{}, &out);
     REQUIRE_MESSAGE(r.ok(), r.status().ToString());
     return out;
   };
