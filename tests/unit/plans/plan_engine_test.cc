@@ -195,8 +195,8 @@ TEST_CASE(
   ApprovalPolicy defaulted = over_100;
   defaulted.when = Json::parse(R"({">": [{"var": ["args.amount", 0]}, 100]})");
   d.Kind("refund", defaulted);
-  auto absent = d.Plans().GateAction(d.config_.actions.at("refund"), {{"id", "r-1"}}, "action",
-                                     "agent-1");
+  auto absent =
+      d.Plans().GateAction(d.config_.actions.at("refund"), {{"id", "r-1"}}, "action", "agent-1");
   REQUIRE_MESSAGE(absent.ok(), absent.status().ToString());
   CHECK(absent->allowed);
   // And a branch the rule did not take reads nothing.
@@ -205,8 +205,8 @@ TEST_CASE(
   guarded.when = Json::parse(
       R"({"if": [{"missing": "args.amount"}, false, {">": [{"var": "args.amount"}, 100]}]})");
   m.Kind("refund", guarded);
-  auto guarded_absent = m.Plans().GateAction(m.config_.actions.at("refund"), {{"id", "r-1"}},
-                                             "action", "agent-1");
+  auto guarded_absent =
+      m.Plans().GateAction(m.config_.actions.at("refund"), {{"id", "r-1"}}, "action", "agent-1");
   REQUIRE_MESSAGE(guarded_absent.ok(), guarded_absent.status().ToString());
   CHECK(guarded_absent->allowed);
 }
