@@ -15,13 +15,22 @@
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/crypto.h"
 #include "daemon/core/json_schema.h"
+#include "daemon/core/mutex.h"
 #include "daemon/decide/jsonlogic.h"
+#include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
 
 namespace idem {
 namespace {
 
 constexpr const char* kSystemActor = "idem";
+
+// A waiting plan whose policy expires it, at or past its deadline.
+bool PastDeadline(const Plan& p, int64_t now_ms) {
+  if (!p.approval.is_object() || p.approval.value("on_timeout", "expire") != "expire") return false;
+  const int64_t deadline = p.approval.value("expires_at_ms", int64_t{0});
+  return deadline > 0 && now_ms >= deadline;
+}
 
 bool IsState(const Plan& p, std::initializer_list<std::string_view> states) {
   for (std::string_view s : states) {
@@ -181,6 +190,32 @@ struct PlanEngine::Impl {
   std::map<std::string, std::unique_ptr<JsonSchema>> args_schemas;  // kind -> compiled
 
   PlanWatches watches;  // long polls on plans
+
+  // Where the sweeps' walks over the plans of a state resume (List cursors
+  // by state; empty: from the newest).
+  Mutex walk_mu;
+  std::map<std::string, std::string> walk_cursors GUARDED_BY(walk_mu);
+
+  // The next plans in `state` for a sweep: up to `pages` pages of `batch`,
+  // newest first, resuming where the last walk over that state stopped, so
+  // every plan in it is looked at within a few passes however many there
+  // are (and plans that never end cannot hide the ones behind them).
+  StatusOr<std::vector<Plan>> Walk(const std::string& state, size_t batch, size_t pages) {
+    std::vector<Plan> out;
+    MutexLock lock(walk_mu);
+    std::string& cursor = walk_cursors[state];
+    for (size_t n = 0; n < pages; ++n) {
+      auto page = store.plans().List(state, batch, cursor);
+      if (!page.ok()) {
+        cursor.clear();  // a cursor the store no longer takes: start over
+        return page.status();
+      }
+      for (Plan& p : page->items) out.push_back(std::move(p));
+      cursor = page->next_cursor;
+      if (cursor.empty()) break;  // the walk is complete: the next one starts anew
+    }
+    return out;
+  }
 
   void Changed(const std::string& plan_id) { watches.Changed(plan_id); }
 
@@ -849,8 +884,16 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
   if (!m.AuthEnabled()) {
     detail["separation_of_duties"] = "not enforced: no auth tokens are configured";
   }
+  const int64_t now = m.clock.NowMillis();
+  bool late = false;
   auto approved =
       m.Transition(plan_id, "awaiting_approval", "approved", actor, comment, detail, [&](Plan& p) {
+        // Inside the write: past its deadline a plan that expires is not
+        // approvable, whether or not a sweep has expired it yet.
+        if (PastDeadline(p, now)) {
+          late = true;
+          return FailedPrecondition("past its deadline");
+        }
         if (changed) {
           if (p.original_actions.is_null()) {
             p.original_actions = p.actions;
@@ -861,6 +904,15 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
         p.comment = comment;
         return Status::Ok();
       });
+  if (late) {
+    auto expired = m.Transition(plan_id, "awaiting_approval", "expired", kSystemActor,
+                                "approval timed out", {});
+    if (expired.ok()) m.metrics.plans_expired.Inc();
+    return FailedPrecondition("plan " + plan_id + " expired before anyone approved it (its " +
+                              "deadline, expires_at_ms " +
+                              std::to_string(plan.approval.value("expires_at_ms", int64_t{0})) +
+                              ", has passed); it will never be applied");
+  }
   RETURN_IF_ERROR(approved.status());
   m.metrics.plans_approved.Inc();
   return Apply(plan_id, actor, request_id);
@@ -952,11 +1004,34 @@ StatusOr<Json> PlanEngine::Detail(const Plan& plan) {
 StatusOr<size_t> PlanEngine::SettleFromJournal() {
   Impl& m = *impl_;
   size_t changed = 0;
-  for (const char* state : {"applying", "partially_failed"}) {
-    ASSIGN_OR_RETURN(std::vector<Plan> plans,
-                     m.store.plans().ByState(state, m.options.settle_batch));
+  const int64_t now = m.clock.NowMillis();
+  // Approved, or applying with work of the daemon's own kinds not in the
+  // journal: the apply that should follow never ran (the daemon died
+  // between the approval's write and the submit). It runs now; the work
+  // ids are the plan's, so a submit that did happen is not repeated.
+  auto stranded = [&](const Plan& p) {
+    if (now - p.updated_at_ms < m.options.resume_after_ms) return false;  // its apply may be running
+    if (p.state == "approved") return true;
+    if (!p.actions.is_array()) return false;
+    for (const Json& a : p.actions) {
+      if (!a.is_object() || m.ClientExecuted(a.value("kind", ""))) continue;
+      auto w = m.WorkOf(a);
+      if (!w.ok() && w.status().code() == Code::kNotFound) return true;
+    }
+    return false;
+  };
+  for (const char* state : {"approved", "applying", "partially_failed"}) {
+    ASSIGN_OR_RETURN(std::vector<Plan> plans, m.Walk(state, m.options.settle_batch, 1));
     for (const Plan& p : plans) {
       if (!p.actions.is_array()) continue;
+      if (p.state != "partially_failed" && stranded(p)) {
+        LogEvent(LogLevel::kWarn, "plan_resumed",
+                 {{"plan_id", p.plan_id}, {"state", p.state}});
+        auto resumed = Apply(p.plan_id, kSystemActor, "resume:" + p.plan_id);
+        if (resumed.ok() && resumed->plan.state != p.state) ++changed;
+        continue;
+      }
+      if (p.state == "approved") continue;
       bool all_done = true;
       bool ended = true;
       for (const Json& a : p.actions) {
@@ -984,8 +1059,9 @@ StatusOr<size_t> PlanEngine::SettleFromJournal() {
 
 StatusOr<size_t> PlanEngine::ExpireDue() {
   Impl& m = *impl_;
+  // Deadlines differ by kind: neither end of the queue holds all due plans.
   ASSIGN_OR_RETURN(std::vector<Plan> waiting,
-                   m.store.plans().ByState("awaiting_approval", m.options.expiry_batch));
+                   m.Walk("awaiting_approval", m.options.expiry_batch, 4));
   const int64_t now = m.clock.NowMillis();
   size_t changed = 0;
   for (const Plan& p : waiting) {

@@ -78,8 +78,11 @@ struct Gate {
 };
 
 struct PlanEngineOptions {
-  size_t expiry_batch = 1000;  // awaiting plans looked at per ExpireDue
-  size_t settle_batch = 200;   // applying / partially_failed plans per SettleFromJournal
+  size_t expiry_batch = 1000;  // a page of awaiting plans; ExpireDue reads up to 4
+  size_t settle_batch = 200;   // plans of each state per SettleFromJournal
+  // An approved plan, or an applying one with work missing from the journal,
+  // is applied again by SettleFromJournal once unchanged for this long.
+  int64_t resume_after_ms = 5'000;
   int64_t max_wait_ms = 60'000;
   // Long polls (Watch) registered at once; past it Watch refuses and the
   // caller answers at once (the agent polls). A poll holds no thread, only
@@ -152,15 +155,23 @@ class PlanEngine {
   StatusOr<Json> Detail(const Plan& plan);
 
   // Approval timeouts: expires (or escalates, once) awaiting plans whose
-  // deadline passed; returns how many it changed. Called by the scheduler.
+  // deadline passed; returns how many it changed. Each call walks on from
+  // where the last stopped (up to 4 pages of options.expiry_batch), so
+  // every waiting plan is looked at within a few calls. (Approve itself
+  // refuses a plan past its deadline, and expires it, whether or not a
+  // sweep has.) Called by the scheduler.
   StatusOr<size_t> ExpireDue();
 
   // Plan states follow the journal: a plan `applying` whose actions have
   // all ended (done, or dead after their attempts, often long after the
   // apply call that began them) becomes `applied` or `partially_failed`,
   // and a `partially_failed` one whose dead letters were replayed and done
-  // becomes `applied`. Reads each action's work item; runs nothing. Looks at
-  // the newest `settle_batch` plans of each state; returns how many it
+  // becomes `applied`. A plan left `approved`, or `applying` with work of
+  // the daemon's kinds missing from the journal (the daemon stopped between
+  // the approval's write and the submit), for options.resume_after_ms is
+  // applied again (as Apply, by "idem"; the work ids are the plan's, so
+  // nothing submitted runs twice). Walks `settle_batch` plans of each state
+  // per call, resuming where the last call stopped; returns how many it
   // changed. Called by the scheduler.
   StatusOr<size_t> SettleFromJournal();
 

@@ -97,6 +97,79 @@ TEST_CASE("an approval that times out expires the plan; one not yet due stays") 
   CHECK(expired);
 }
 
+TEST_CASE("an approval that arrives after the plan's deadline is refused and expires it") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  Plan p = h.Gated("wire", {{"id", "w-1"}});
+  h.env_.Advance(60'001);  // no sweep has run
+  auto late = h.Plans().Approve(p.plan_id, "op-1", "", Json(), "r");
+  CHECK(late.status().code() == Code::kFailedPrecondition);
+  CHECK(late.status().message().find("expired") != std::string::npos);
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "expired");
+  CHECK(h.fake().stats().raw_calls == 0);
+  // The direct call that made it gets the expiry too, not a new plan.
+  auto again = h.Plans().GateAction(h.config_.actions.at("wire"), {{"id", "w-1"}}, "action",
+                                    "agent-1");
+  CHECK(again.status().code() == Code::kFailedPrecondition);
+}
+
+TEST_CASE("the expiry sweep reaches every waiting plan, however many wait around it") {
+  PlanHarness h;
+  h.Kind("wire", Always(3'600'000, "expire"));
+  h.Kind("quick", Always(1'000, "expire"));
+  auto made = PlanEngine::Create(h.config_, *h.store_, h.engine(), h.clock_, h.metrics_, h.notifier,
+                                 PlanEngineOptions{.expiry_batch = 5});
+  REQUIRE(made.ok());
+  h.plans = std::move(made).value();
+  for (int i = 0; i < 25; ++i) h.Gated("wire", {{"id", "old-" + std::to_string(i)}});
+  Plan quick = h.Gated("quick", {{"id", "q-1"}});
+  for (int i = 0; i < 25; ++i) h.Gated("wire", {{"id", "new-" + std::to_string(i)}});
+  h.env_.Advance(1'001);
+  // Each pass reads 4 pages of 5: the whole queue of 51 within 3 passes.
+  for (int pass = 0; pass < 3; ++pass) REQUIRE(h.Plans().ExpireDue().ok());
+  CHECK(h.store_->plans().Get(quick.plan_id)->state == "expired");
+}
+
+TEST_CASE(
+    "a plan left approved or applying without its work, by a daemon that stopped before the "
+    "submit, is applied by the settle sweep, once") {
+  for (const char* left_in : {"approved", "applying"}) {
+    CAPTURE(left_in);
+    PlanHarness h;
+    h.Kind("wire", Always(60'000, "expire"));
+    Plan p = h.Gated("wire", {{"id", "w-1"}});
+    // The approval's write landed; the daemon died before the submit.
+    auto approved = h.store_->plans().Change(
+        p.plan_id, PlanChange{.from = "awaiting_approval",
+                              .to = "approved",
+                              .actor = "op-1",
+                              .now_ms = h.clock_.NowMillis()});
+    REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
+    if (std::string(left_in) == "applying") {
+      REQUIRE(h.store_->plans()
+                  .Change(p.plan_id, PlanChange{.from = "approved",
+                                                .to = "applying",
+                                                .actor = "op-1",
+                                                .now_ms = h.clock_.NowMillis()})
+                  .ok());
+    }
+    // Not at once: the apply that follows an approval may be running.
+    REQUIRE(h.Plans().SettleFromJournal().ok());
+    CHECK(h.fake().stats().raw_calls == 0);
+    CHECK(h.store_->plans().Get(p.plan_id)->state == left_in);
+    h.env_.Advance(5'001);
+    auto settled = h.Plans().SettleFromJournal();
+    REQUIRE_MESSAGE(settled.ok(), settled.status().ToString());
+    CHECK(*settled == 1);
+    auto now = h.store_->plans().Get(p.plan_id);
+    CHECK(now->state == "applied");
+    CHECK(h.fake().stats().effects == 1);
+    h.env_.Advance(5'001);
+    REQUIRE(h.Plans().SettleFromJournal().ok());
+    CHECK(h.fake().stats().effects == 1);
+  }
+}
+
 TEST_CASE("an overdue plan whose policy escalates is notified once and keeps waiting") {
   PlanHarness h;
   h.Kind("wire", Always(1'000, "escalate"));
