@@ -66,7 +66,8 @@ class DaemonClient {
   // `http` must outlive the client. `token` empty: no Authorization header.
   DaemonClient(std::string url, std::string token, HttpClient& http);
   // One request; `body` null sends none. Unavailable when the daemon cannot
-  // be reached (the message names the URL, never the token).
+  // be reached (the message names the URL without its userinfo, never the
+  // token).
   StatusOr<ApiAnswer> Call(const std::string& method, const std::string& path,
                            const Json& body = Json(), const std::string& idempotency_key = "");
   // The same with a body that is not JSON (`content_type` says what it is).
@@ -75,6 +76,8 @@ class DaemonClient {
   const std::string& url() const { return url_; }
 
  private:
+  StatusOr<ApiAnswer> Exchange(const HttpRequest& req);
+
   std::string url_;
   std::string token_;
   HttpClient& http_;

@@ -164,9 +164,15 @@ StatusOr<ApiAnswer> DaemonClient::Call(const std::string& method, const std::str
     req.headers.emplace_back("Content-Type", "application/json");
     req.body = body.dump();
   }
+  return Exchange(req);
+}
+
+StatusOr<ApiAnswer> DaemonClient::Exchange(const HttpRequest& req) {
   StatusOr<HttpResponse> res = http_.Send(req);
   if (!res.ok()) {
-    return Unavailable("cannot reach the daemon at " + url_ + " (" + res.status().message() + ")");
+    // The URL may carry a proxy's user:password: never shown.
+    return Unavailable("cannot reach the daemon at " + UrlForMessages(url_) + " (" +
+                       res.status().message() + ")");
   }
   ApiAnswer a;
   a.status = res->status;

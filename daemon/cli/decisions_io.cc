@@ -62,17 +62,7 @@ StatusOr<ApiAnswer> DaemonClient::CallText(const std::string& method, const std:
   if (!token_.empty()) req.headers.emplace_back("Authorization", "Bearer " + token_);
   req.headers.emplace_back("Content-Type", content_type);
   req.body = body;
-  StatusOr<HttpResponse> res = http_.Send(req);
-  if (!res.ok()) {
-    return Unavailable("cannot reach the daemon at " + url_ + " (" + res.status().message() + ")");
-  }
-  ApiAnswer a;
-  a.status = res->status;
-  a.headers = std::move(res->headers);
-  a.text = std::move(res->body);
-  Json parsed = Json::parse(a.text, nullptr, /*allow_exceptions=*/false);
-  if (!parsed.is_discarded()) a.body = std::move(parsed);
-  return a;
+  return Exchange(req);
 }
 
 StatusOr<int64_t> ParseTimeArg(const std::string& arg, int64_t now_ms) {

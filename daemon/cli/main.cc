@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -106,9 +107,20 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
   if (!daemon.ok()) return Fail(daemon.status());
   const std::string url = "http://" + (*daemon)->host() + ":" + std::to_string((*daemon)->port());
   if (!port_file.empty()) {
-    std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << (*daemon)->port() << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
+    // A supervisor waits for this file: one that cannot be written fails
+    // the start, rather than leaving it waiting for ever.
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream out(tmp);
+    out << (*daemon)->port() << "\n";
+    out.close();
+    const bool written = static_cast<bool>(out);
+    const int err = written && std::rename(tmp.c_str(), port_file.c_str()) == 0 ? 0 : errno;
+    if (!written || err != 0) {
+      std::remove(tmp.c_str());
+      (*daemon)->Stop();
+      return Fail(InvalidArgument("--port-file " + port_file + ": cannot write it (" +
+                                  std::strerror(err != 0 ? err : EIO) + ")"));
+    }
   }
   const Config& config = (*daemon)->config();
   const StoreConfig& sc = config.store;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "daemon/core/json.h"
 
@@ -263,7 +264,19 @@ StatusOr<YamlDocument> ParseYaml(std::string_view text, std::string source) {
   YamlDocument doc;
   doc.source = std::move(source);
   try {
-    YAML::Node root = YAML::Load(std::string(text));
+    // Every document is parsed (a syntax error anywhere is one), and a file
+    // is one document: settings after a `---` (files joined with cat, a
+    // template's output) would otherwise be dropped without a word, auth
+    // tokens among them.
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    for (size_t i = 1; i < documents.size(); ++i) {
+      if (documents[i].IsNull()) continue;  // a trailing `---` or `...`
+      std::string at = doc.source;
+      if (documents[i].Mark().line >= 0) at += ":" + std::to_string(documents[i].Mark().line + 1);
+      return InvalidArgument(at + ": a second YAML document (after `---`); idem reads one " +
+                             "document a file, so merge them into one");
+    }
+    YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
     doc.lines[""] = root.Mark().line >= 0 ? root.Mark().line + 1 : 1;
     RETURN_IF_ERROR(Converter(doc).Convert(root, "", doc.lines[""], 0, doc.value));
   } catch (const YAML::Exception& e) {

@@ -68,42 +68,6 @@ StatusOr<const CurlApi*> LoadCurl() {
   return api;
 }
 
-// The URL as it may appear in an error message: without the query string or
-// fragment (some APIs take keys as query parameters), without userinfo, and
-// with each path segment that could be a secret shown as "…": webhook URLs
-// carry theirs in the path (Slack's /services/T…/B…/<secret>, Discord's
-// /api/webhooks/<id>/<token>). A segment is kept when it is short and plain
-// (at most kPlainSegment letters, digits and ._:-), as /v1/chat/completions.
-std::string UrlForMessages(const std::string& url) {
-  constexpr size_t kPlainSegment = 12;
-  std::string out = url.substr(0, url.find_first_of("?#"));
-  size_t scheme_end = out.find("://");
-  size_t host_start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
-  size_t path_start = out.find('/', host_start);
-  size_t at = out.find('@', host_start);
-  if (at != std::string::npos && (path_start == std::string::npos || at < path_start)) {
-    out.erase(host_start, at + 1 - host_start);
-    path_start = out.find('/', host_start);
-  }
-  if (path_start == std::string::npos) return out;
-  std::string shown = out.substr(0, path_start);
-  size_t seg = path_start + 1;
-  for (;;) {
-    size_t end = out.find('/', seg);
-    std::string_view segment(out.data() + seg, (end == std::string::npos ? out.size() : end) - seg);
-    const bool plain =
-        segment.size() <= kPlainSegment &&
-        std::all_of(segment.begin(), segment.end(), [](unsigned char c) {
-          return std::isalnum(c) != 0 || c == '.' || c == '_' || c == ':' || c == '-';
-        });
-    shown += '/';
-    shown += plain ? std::string(segment) : std::string("…");
-    if (end == std::string::npos) break;
-    seg = end + 1;
-  }
-  return shown;
-}
-
 struct WriteState {
   std::string* body;
   size_t limit;
@@ -373,6 +337,40 @@ class CurlHttpClient final : public HttpClient {
 };
 
 }  // namespace
+
+// Slack's /services/T…/B…/<secret> and Discord's /api/webhooks/<id>/<token>
+// carry their secret in the path: a segment is kept only when it is short
+// and plain (at most kPlainSegment letters, digits and ._:-), as
+// /v1/chat/completions.
+std::string UrlForMessages(const std::string& url) {
+  constexpr size_t kPlainSegment = 12;
+  std::string out = url.substr(0, url.find_first_of("?#"));
+  size_t scheme_end = out.find("://");
+  size_t host_start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+  size_t path_start = out.find('/', host_start);
+  size_t at = out.find('@', host_start);
+  if (at != std::string::npos && (path_start == std::string::npos || at < path_start)) {
+    out.erase(host_start, at + 1 - host_start);
+    path_start = out.find('/', host_start);
+  }
+  if (path_start == std::string::npos) return out;
+  std::string shown = out.substr(0, path_start);
+  size_t seg = path_start + 1;
+  for (;;) {
+    size_t end = out.find('/', seg);
+    std::string_view segment(out.data() + seg, (end == std::string::npos ? out.size() : end) - seg);
+    const bool plain =
+        segment.size() <= kPlainSegment &&
+        std::all_of(segment.begin(), segment.end(), [](unsigned char c) {
+          return std::isalnum(c) != 0 || c == '.' || c == '_' || c == ':' || c == '-';
+        });
+    shown += '/';
+    shown += plain ? std::string(segment) : std::string("…");
+    if (end == std::string::npos) break;
+    seg = end + 1;
+  }
+  return shown;
+}
 
 Status LoadLibcurl() { return LoadCurl().status(); }
 

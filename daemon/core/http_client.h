@@ -65,6 +65,12 @@ struct HttpResponse {
   }
 };
 
+// The URL as it may appear in a message: without the query string or
+// fragment (some APIs take keys as query parameters), without userinfo
+// (user:password@), and with each path segment that could be a secret
+// shown as "…" (the rule in the comment at the top).
+std::string UrlForMessages(const std::string& url);
+
 class HttpClient {
  public:
   virtual ~HttpClient() = default;

@@ -150,11 +150,11 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
           body = std::move(parsed).value();
         }
         std::string event_id;
+        const std::string id_at =
+            src.id_header.empty() ? src.id_pointer : "header:" + src.id_header;
         if (!src.id_header.empty()) {
           event_id = Header(ctx, src.id_header);
-          if (event_id.empty()) {
-            return InvalidArgument("the event id header is missing", "header:" + src.id_header);
-          }
+          if (event_id.empty()) return InvalidArgument("the event id header is missing", id_at);
         } else {
           Json::json_pointer ptr(src.id_pointer);
           if (!body.is_object() || !body.contains(ptr) ||
@@ -166,7 +166,7 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
           event_id = id.is_string() ? id.get<std::string>() : id.dump();
         }
         if (event_id.empty() || event_id.size() > 255) {
-          return InvalidArgument("an event id is 1 to 255 characters", src.id_pointer);
+          return InvalidArgument("an event id is 1 to 255 characters", id_at);
         }
         Json payload = body;
         if (!src.payload_pointer.empty()) {

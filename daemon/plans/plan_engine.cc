@@ -1010,7 +1010,8 @@ StatusOr<size_t> PlanEngine::SettleFromJournal() {
   // between the approval's write and the submit). It runs now; the work
   // ids are the plan's, so a submit that did happen is not repeated.
   auto stranded = [&](const Plan& p) {
-    if (now - p.updated_at_ms < m.options.resume_after_ms) return false;  // its apply may be running
+    if (now - p.updated_at_ms < m.options.resume_after_ms)
+      return false;  // its apply may be running
     if (p.state == "approved") return true;
     if (!p.actions.is_array()) return false;
     for (const Json& a : p.actions) {
@@ -1025,8 +1026,7 @@ StatusOr<size_t> PlanEngine::SettleFromJournal() {
     for (const Plan& p : plans) {
       if (!p.actions.is_array()) continue;
       if (p.state != "partially_failed" && stranded(p)) {
-        LogEvent(LogLevel::kWarn, "plan_resumed",
-                 {{"plan_id", p.plan_id}, {"state", p.state}});
+        LogEvent(LogLevel::kWarn, "plan_resumed", {{"plan_id", p.plan_id}, {"state", p.state}});
         auto resumed = Apply(p.plan_id, kSystemActor, "resume:" + p.plan_id);
         if (resumed.ok() && resumed->plan.state != p.state) ++changed;
         continue;

@@ -177,6 +177,11 @@ TEST_CASE("a bad signature is refused and recorded nowhere") {
   REQUIRE(twice);
   CHECK(twice->status == 400);
   CHECK(J(twice)["pointer"] == "header:x-event-id");
+  // Too long an id from a header names the header, as a missing one does.
+  auto long_id = signed_post("sha256=" + HmacSha256Hex(kHmacSecret, body), std::string(256, 'e'));
+  REQUIRE(long_id);
+  CHECK(long_id->status == 400);
+  CHECK(J(long_id)["pointer"] == "header:x-event-id");
 }
 
 TEST_CASE("an inbox event without its id, or for an unknown source, is refused") {

@@ -188,10 +188,31 @@ TEST_CASE("GET /v1/audit pages in seq order and needs an operator token") {
   CHECK(f.Cli({"audit", "verify"}, kAgent).exit_code == 5);
 }
 
+TEST_CASE("a --port-file the daemon cannot write fails the start instead of leaving it unsaid") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kQuestionRules);
+  // `timeout` ends a daemon that started regardless (exit 124).
+  CliResult r = RunShell("timeout 20 " + std::string(IDEM_BINARY) + " serve --config " + config +
+                         " --data " + dir.path() + "/data --listen 127.0.0.1:0 --port-file " +
+                         dir.path() + "/no/such/folder/port 2>&1");
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.find("--port-file " + dir.path() + "/no/such/folder/port: cannot write it") !=
+        std::string::npos);
+}
+
 TEST_CASE("client commands exit 2 when the daemon is unreachable and 1 on a usage error") {
   CliResult down = RunCli({"--url", "http://127.0.0.1:1", "plans", "ls"});
   CHECK(down.exit_code == 2);
   CHECK(down.err.find("cannot reach the daemon at http://127.0.0.1:1") != std::string::npos);
+  // A proxy's password in the URL stays out of the message (CI logs).
+  CliResult secret = RunCli({"--url", "http://deploy:Hunter2Secret@127.0.0.1:1", "dlq", "ls"});
+  CHECK(secret.exit_code == 2);
+  CHECK(secret.err.find("cannot reach the daemon at http://127.0.0.1:1") != std::string::npos);
+  CHECK(secret.err.find("Hunter2") == std::string::npos);
+  CliResult exported =
+      RunCli({"--url", "http://deploy:Hunter2Secret@127.0.0.1:1", "decisions", "export"});
+  CHECK(exported.exit_code == 2);
+  CHECK(exported.err.find("Hunter2") == std::string::npos);
   CHECK(RunCli({"approve"}).exit_code == 1);                                  // no plan id
   CHECK(RunCli({"reject", "plan_x"}).exit_code == 1);                         // no --reason
   CHECK(RunCli({"approve", "plan_x", "--edit", "amount=1"}).exit_code == 1);  // not a pointer

@@ -79,6 +79,21 @@ TEST_CASE("a duplicate key is an error at its second occurrence") {
   CHECK(doc.status().message() == "t.yaml:3: /a: duplicate key 'a'");
 }
 
+TEST_CASE("a second document is refused with its line, not dropped; --- before one is fine") {
+  auto two = ParseYaml("server:\n  listen: x\n---\nauth:\n  tokens: []\n", "t.yaml");
+  REQUIRE_FALSE(two.ok());
+  CHECK(two.status().message().find("t.yaml:4") != std::string::npos);
+  CHECK(two.status().message().find("second YAML document") != std::string::npos);
+  // A syntax error in a later document is an error too.
+  CHECK_FALSE(ParseYaml("a: 1\n---\nb: [1,\n", "t.yaml").ok());
+  auto leading = ParseYaml("---\na: 1\n", "t.yaml");
+  REQUIRE_MESSAGE(leading.ok(), leading.status().ToString());
+  CHECK(leading->value["a"] == 1);
+  auto trailing = ParseYaml("a: 1\n...\n", "t.yaml");
+  REQUIRE_MESSAGE(trailing.ok(), trailing.status().ToString());
+  CHECK(ParseYaml("", "t.yaml").ok());
+}
+
 TEST_CASE("a syntax error names the file and line") {
   auto doc = ParseYaml("a: 1\nb: [1,\n", "t.yaml");
   REQUIRE_FALSE(doc.ok());

@@ -108,8 +108,8 @@ TEST_CASE("an approval that arrives after the plan's deadline is refused and exp
   CHECK(h.store_->plans().Get(p.plan_id)->state == "expired");
   CHECK(h.fake().stats().raw_calls == 0);
   // The direct call that made it gets the expiry too, not a new plan.
-  auto again = h.Plans().GateAction(h.config_.actions.at("wire"), {{"id", "w-1"}}, "action",
-                                    "agent-1");
+  auto again =
+      h.Plans().GateAction(h.config_.actions.at("wire"), {{"id", "w-1"}}, "action", "agent-1");
   CHECK(again.status().code() == Code::kFailedPrecondition);
 }
 
@@ -139,11 +139,10 @@ TEST_CASE(
     h.Kind("wire", Always(60'000, "expire"));
     Plan p = h.Gated("wire", {{"id", "w-1"}});
     // The approval's write landed; the daemon died before the submit.
-    auto approved = h.store_->plans().Change(
-        p.plan_id, PlanChange{.from = "awaiting_approval",
-                              .to = "approved",
-                              .actor = "op-1",
-                              .now_ms = h.clock_.NowMillis()});
+    auto approved = h.store_->plans().Change(p.plan_id, PlanChange{.from = "awaiting_approval",
+                                                                   .to = "approved",
+                                                                   .actor = "op-1",
+                                                                   .now_ms = h.clock_.NowMillis()});
     REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
     if (std::string(left_in) == "applying") {
       REQUIRE(h.store_->plans()
