@@ -1010,8 +1010,8 @@ StatusOr<size_t> PlanEngine::SettleFromJournal() {
   // between the approval's write and the submit). It runs now; the work
   // ids are the plan's, so a submit that did happen is not repeated.
   auto stranded = [&](const Plan& p) {
-    if (now - p.updated_at_ms < m.options.resume_after_ms)
-      return false;  // its apply may be running
+    // Not at once: the apply that follows the approval may be running.
+    if (now - p.updated_at_ms < m.options.resume_after_ms) return false;
     if (p.state == "approved") return true;
     if (!p.actions.is_array()) return false;
     for (const Json& a : p.actions) {
