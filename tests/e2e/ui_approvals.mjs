@@ -67,7 +67,7 @@ const effector = http.createServer((req, res) => {
   req.on('end', () => {
     let body = null;
     try { body = JSON.parse(data); } catch { body = data; }
-    calls.push({method: req.method, path: req.url, headers: req.headers, body});
+    calls.push({method: req.method, path: req.url, headers: req.headers, body, raw: data});
     if (req.url === '/flaky' && calls.filter((c) => c.path === '/flaky').length === 1) {
       res.writeHead(500, {'Content-Type': 'application/json'});
       res.end('{"error":"down for a moment"}');
@@ -300,6 +300,39 @@ async function main() {
   const again = await call('POST', `/v1/plans/${plans[0]}/approve`, OPERATOR, {});
   check(again.status === 409, 'approving plan 1 again is 409');
 
+  // Plan 4: an account number beyond 2^53, sent as raw JSON (JavaScript
+  // cannot write it). The page says it shows it rounded, refuses to send it
+  // back, and an edit of the amount sends only the amount: the exact
+  // account reaches the effector.
+  const bigRes = await fetch(base + '/v1/actions/refund', {
+    method: 'POST',
+    headers: {Authorization: 'Bearer ' + AGENT, 'Content-Type': 'application/json', 'Idempotency-Key': '"ui-e2e-D-4"'},
+    body: '{"args":{"order_id":"D-4","amount":300,"account":9007199254740993,"currency":"EUR"}}',
+  });
+  const bigPlan = (await bigRes.json()).plan_id;
+  check(bigRes.status === 202, `a refund with a 2^53+1 account waits for approval (${bigRes.status})`);
+  await page.goto(base + '/ui/#/plans/' + bigPlan);
+  await page.waitForSelector('#inexact-numbers');
+  check((await page.textContent('#inexact-numbers')).includes('/0/args/account'),
+        'the page names the number it can only show rounded');
+  await page.click('#edit');
+  const shown = await page.inputValue('#edit-args-0');
+  await page.fill('#edit-args-0', shown.replace(/"account": \d+/, '"account": 9007199254740995'));
+  await page.click('#approve-edited');
+  await page.waitForSelector('.field .error:not(:empty)');
+  check((await page.textContent('.field .error')).includes('/0/args/account'),
+        'an edit of that number is refused in the page, naming it');
+  await page.fill('#edit-args-0', shown.replace('"amount": 300', '"amount": 30'));
+  await page.click('#approve-edited');
+  await page.waitForSelector('table.diff');
+  const bigDiff = await page.textContent('table.diff');
+  check(bigDiff.includes('/0/args/amount') && !bigDiff.includes('/0/args/account'),
+        'the diff shows the amount alone');
+  const forD = await until('refund D-4 at the effector', () =>
+    calls.find((c) => c.path === '/refunds' && c.body && c.body.order_id === 'D-4'));
+  check(forD.raw.includes('"account":9007199254740993') && forD.body.amount === 30,
+        `the effector got the exact account and the edited amount (${forD.raw})`);
+
   // The escalation: a schema-invalid answer is caught in the browser, a valid one resolves it.
   await page.goto(base + '/ui/#/escalations');
   await page.waitForSelector('section.escalation textarea');
@@ -350,6 +383,22 @@ async function main() {
   await page.goto(base + '/ui/#/plans?state=applied');
   await page.waitForSelector(`tr[data-plan="${plans[0]}"]`);
   await page.screenshot({path: path.join(artifacts, 'ui-phone.png')});
+
+  // A queue longer than a page: the older plans are a click away.
+  await page.setViewportSize({width: 1280, height: 860});
+  const many = [];
+  for (let i = 0; i < 51; ++i) {
+    const r = await call('POST', '/v1/actions/refund', AGENT, {args: {order_id: 'Q-' + i, amount: 1, currency: 'EUR'}},
+                         {'Idempotency-Key': '"ui-e2e-q-' + i + '"'});
+    many.push(r.body.plan_id);
+  }
+  await page.goto(base + '/ui/#/plans');
+  await page.waitForSelector('#more');
+  check(await page.$$eval('tr[data-plan]', (rows) => rows.length) === 50, 'the queue shows its newest 50');
+  check(await page.$(`tr[data-plan="${many[0]}"]`) === null, 'the oldest waiting plan is not on the first page');
+  await page.click('#more');
+  await page.waitForSelector(`tr[data-plan="${many[0]}"]`);
+  check(await page.$('#more') === null, 'all 51 are shown after one click, and nothing is left to show');
   check(pageErrors.length === 0, 'no script error or CSP violation in the page' + (pageErrors.length ? ': ' + pageErrors.join(' | ') : ''));
 
   // ---------------------------------------------------------- at the effector
@@ -361,7 +410,7 @@ async function main() {
   check(b.length === 1 && b[0].body.amount === 90, `plan 2's edited args reached the effector once (${b.length}, amount ${b[0]?.body.amount})`);
   check(c.length === 0, `plan 3 never reached the effector (${c.length})`);
   const refunds = calls.filter((c) => c.path === '/refunds').length;
-  check(refunds === 2, `two refunds in all (${refunds})`);
+  check(refunds === 3, `three refunds in all (${refunds})`);
   const p2 = await call('GET', '/v1/plans/' + plans[1], OPERATOR);
   check(p2.body.original_actions?.[0]?.args?.amount === 250 && p2.body.actions?.[0]?.args?.amount === 90,
         'plan 2 keeps both versions');

@@ -10,6 +10,7 @@
 
 const TOKEN_KEY = 'idem.token';
 const QUEUE_REFRESH_MS = 3000;
+const QUEUE_PAGE = 50;  // plans a page of the queue
 const DETAIL_REFRESH_MS = 2000;
 const STATES = ['awaiting_approval', 'proposed', 'approved', 'applying', 'applied',
                 'partially_failed', 'rejected', 'expired'];
@@ -230,18 +231,31 @@ async function showQueue(state, seq) {
       h('label', {class: 'inline'}, 'State ', select)),
     body, stamp);
   let last = '';
+  let pages = 1;  // pages of 50 shown: "Show older" adds one, refreshes keep them
   const load = async () => {
     try {
-      const r = await api('GET', '/v1/plans?state=' + encodeURIComponent(state) + '&limit=50');
-      if (!live(seq)) return;
+      let items = [];
+      let cursor = '';
+      for (let n = 0; n < pages; ++n) {
+        const r = await api('GET', '/v1/plans?state=' + encodeURIComponent(state) + '&limit=' + QUEUE_PAGE +
+                                   (cursor ? '&cursor=' + encodeURIComponent(cursor) : ''));
+        if (!live(seq)) return;
+        const page = (r.body && r.body.items) || [];
+        items = items.concat(page);
+        cursor = (r.body && r.body.next_cursor) || '';
+        if (n === 0 && state === 'awaiting_approval') setCount(page.length, cursor);
+        if (!cursor) break;
+      }
       stamp.textContent = 'Refreshed ' + new Date().toLocaleTimeString() +
                           ' · refreshes every ' + QUEUE_REFRESH_MS / 1000 + ' s';
-      const items = (r.body && r.body.items) || [];
-      if (state === 'awaiting_approval') setCount(items.length, r.body.next_cursor);
-      const key = JSON.stringify(items);
+      const key = JSON.stringify(items) + cursor;
       if (key === last) return;  // unchanged: keep focus where it is
       last = key;
-      body.replaceChildren(queueTable(items, state));
+      const more = cursor
+        ? h('p', {}, h('button', {type: 'button', id: 'more', onclick: () => { pages++; load(); }},
+                      'Show older plans (' + items.length + ' shown, newest first)'))
+        : null;
+      body.replaceChildren(...[queueTable(items, state), more].filter(Boolean));
     } catch (err) {
       if (!live(seq)) return;
       last = '';
@@ -300,6 +314,43 @@ function diffJson(a, b, path, out) {
     }
   } else if (JSON.stringify(a) !== JSON.stringify(b)) {
     out.push({path: path || '/', before: a, after: b});
+  }
+  return out;
+}
+
+// Paths in `v` of integers a browser cannot hold exactly: JSON.parse rounds
+// any beyond 2^53 (9007199254740993 becomes ...992), so the page shows them
+// rounded and must never send them back.
+function inexactNumbers(v, path, out) {
+  out = out || [];
+  path = path || '';
+  if (typeof v === 'number' && Number.isInteger(v) && !Number.isSafeInteger(v)) out.push(path || '/');
+  else if (v !== null && typeof v === 'object') {
+    for (const k of Object.keys(v)) inexactNumbers(v[k], path + '/' + k.replace(/~/g, '~0').replace(/\//g, '~1'), out);
+  }
+  return out;
+}
+
+// The edits ({path, value}) that turn `before` into `after` at `path`: only
+// what changed, so a value the operator did not touch is never sent back as
+// the page parsed it. An object that lost a field, or an array whose length
+// changed, is sent whole.
+function editsBetween(before, after, path, out) {
+  const isObj = v => v !== null && typeof v === 'object';
+  const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+  if (isObj(before) && isObj(after) && Array.isArray(before) === Array.isArray(after)) {
+    const whole = Array.isArray(after) ? after.length !== before.length
+                                       : Object.keys(before).some(k => !own(after, k));
+    if (whole) {
+      out.push({path, value: after});
+      return out;
+    }
+    for (const k of Object.keys(after)) {
+      editsBetween(own(before, k) ? before[k] : undefined, after[k],
+                   path + '/' + k.replace(/~/g, '~0').replace(/\//g, '~1'), out);
+    }
+  } else if (JSON.stringify(before) !== JSON.stringify(after)) {
+    out.push({path, value: after});
   }
   return out;
 }
@@ -365,6 +416,14 @@ function renderPlan(p, seq) {
   if (reasons.length) {
     sections.push(h('section', {class: 'card reasons'}, h('h2', {}, 'Why it needs a human'),
       h('ul', {}, reasons.map(r => h('li', {}, h('code', {}, '#' + r.index + ' ' + (r.kind || '')), ' ', r.reason || '')))));
+  }
+
+  const inexact = actions.flatMap((a, i) => inexactNumbers(a.args, '/' + i + '/args'));
+  if (inexact.length) {
+    sections.push(h('p', {class: 'card warning', id: 'inexact-numbers', role: 'note'},
+      'Integers beyond 2^53 at ' + inexact.join(', ') + ' are shown rounded: a browser cannot hold ' +
+      'them exactly. The daemon keeps and sends the exact values, and edits made here leave them ' +
+      'untouched. To read them exactly: idem plans show ' + p.plan_id + ' --json'));
   }
 
   const actionBox = h('section', {class: 'card'}, h('h2', {}, 'Actions (' + actions.length + ')'),
@@ -449,7 +508,16 @@ function decisionForms(p, seq) {
         if (v === null || typeof v !== 'object' || Array.isArray(v)) {
           editErrors[i].textContent = 'The arguments must be a JSON object.'; bad = true; return;
         }
-        if (JSON.stringify(v) !== JSON.stringify(actions[i].args)) edits.push({path: '/' + i + '/args', value: v});
+        const changed = editsBetween(actions[i].args, v, '/' + i + '/args', []);
+        const inexact = changed.flatMap(e => inexactNumbers(e.value, e.path));
+        if (inexact.length) {
+          editErrors[i].textContent = 'The page cannot send ' + inexact.join(', ') +
+            ' exactly: an integer beyond 2^53, which a browser rounds. Edit it with the CLI: ' +
+            'idem approve ' + p.plan_id + ' --edit PATH=VALUE';
+          bad = true;
+          return;
+        }
+        edits.push(...changed);
       });
       if (bad) { editors.find((t, i) => editErrors[i].textContent).focus(); return; }
       if (!edits.length) {
