@@ -14,10 +14,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <iterator>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/cli/cli.h"
@@ -31,6 +33,10 @@
 
 namespace idem {
 namespace {
+
+// What a stop may take beyond server.drain_timeout (the sweeper, the outbox,
+// the store's last flush) before the process leaves without it.
+constexpr int64_t kStopGraceMs = 5'000;
 
 std::string ReadStdin() {
   return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -155,7 +161,33 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
   }
   LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig}});
   const auto stop_began = std::chrono::steady_clock::now();
-  (*daemon)->Stop();
+  // The stop is bounded: a handler that outlives server.drain_timeout (a
+  // slow provider, an effector's long timeout) has had its caller answered
+  // 503 by then, and the process does not wait for it past a grace for the
+  // rest of the stop. Leaving then is what a crash does, which the journal
+  // and the keys are built for: the next start takes the work over.
+  std::promise<void> stopped;
+  std::future<void> stop_done = stopped.get_future();
+  std::thread stopper([&] {
+    (*daemon)->Stop();
+    stopped.set_value();
+  });
+  const int64_t budget_ms = config.server.drain_timeout_ms + kStopGraceMs;
+  if (stop_done.wait_for(std::chrono::milliseconds(budget_ms)) != std::future_status::ready) {
+    LogEvent(LogLevel::kWarn, "stop_abandoned",
+             {{"signal", sig},
+              {"took_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - stop_began)
+                              .count()},
+              {"detail",
+               "handlers still running past server.drain_timeout and a grace of " +
+                   std::to_string(kStopGraceMs) +
+                   " ms; leaving without them, as after a crash: their callers were answered "
+                   "503, and the next start releases their keys and takes their work over"}});
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
+  stopper.join();
   // The last line of a clean stop: a log without it ended in a crash.
   LogEvent(LogLevel::kInfo, "stopped",
            {{"signal", sig},

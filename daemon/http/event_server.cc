@@ -316,6 +316,14 @@ class EventServer::Loop {
     Complete(id, std::move(res), keep_alive, minor_version);
   }
 
+  // From Drain once its timeout passed: every connection still waiting for
+  // a handler gets 503 now and is closed; the handler's answer, if it ever
+  // comes, is dropped (Finish).
+  void AbandonBusy() {
+    abandon_busy_.store(true, std::memory_order_release);
+    Wake();
+  }
+
   // From a worker: the answer for connection `id`.
   void Complete(uint64_t id, http1::Response response, bool keep_alive, int minor_version) {
     {
@@ -755,11 +763,31 @@ class EventServer::Loop {
     }
     for (int fd : handed) Adopt(fd);
     for (Done& d : done) Finish(d.id, d.response, d.keep_alive, d.minor_version);
+    if (abandon_busy_.exchange(false, std::memory_order_acq_rel)) {
+      std::vector<uint64_t> busy;
+      for (const auto& [id, conn] : conns_) {
+        if (conn->state == State::kBusy && !conn->peer_gone) busy.push_back(id);
+      }
+      for (uint64_t id : busy) {
+        http1::Response res;
+        res.status = 503;
+        server_.callbacks_.error_handler(
+            503,
+            "the server stopped before this request's handler finished (server.drain_timeout); "
+            "whether it took effect is unknown: retry with the same Idempotency-Key after the "
+            "restart",
+            res);
+        res.SetHeader("Retry-After", "1");
+        Conn* c = Find(id);
+        Queue(c, res, /*keep_alive=*/false, /*minor=*/1);
+      }
+    }
   }
 
   void Finish(uint64_t id, const http1::Response& res, bool keep_alive, int minor) {
     Conn* c = Find(id);
     if (c == nullptr) return;
+    if (c->state != State::kBusy) return;  // answered already (AbandonBusy): dropped
     if (c->peer_gone) {
       Close(c);
       return;
@@ -916,6 +944,7 @@ class EventServer::Loop {
   std::atomic<int> load_{0};  // see load()
   std::mutex mu_;
   std::vector<Done> done_;   // answers from workers, under mu_
+  std::atomic<bool> abandon_busy_{false};
   std::vector<int> handed_;  // connections other loops accepted for this one, under mu_
 };
 
@@ -1088,6 +1117,11 @@ bool EventServer::Drain(int64_t timeout_ms) {
     parking_->entries.clear();
   }
   bool idle = workers_->WaitIdle(NowMillis() + timeout_ms);
+  // Past the timeout the callers still waiting get a 503 now, not an empty
+  // reply when the process ends.
+  if (!idle) {
+    for (auto& loop : loops_) loop->AbandonBusy();
+  }
   // The loops write the last answers on their next round; give them one.
   for (auto& loop : loops_) loop->Wake();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));

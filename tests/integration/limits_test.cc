@@ -261,6 +261,50 @@ TEST_CASE(
   CHECK(target->stats().duplicates_by_key == 0);
 }
 
+TEST_CASE(
+    "a handler that outlives drain_timeout: its caller gets 503 at the timeout, and the daemon "
+    "leaves within a grace instead of waiting for it") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, R"(rules:
+  - match:
+      input:
+        /text: {contains: glacial}
+    delay_ms: 25000
+    output: '{"category":"bug","priority":"low","summary":"slow","actions":[]}'
+default:
+  output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
+)");
+  std::string text = ReadFile(config);
+  text.replace(text.find("  threads: 96\n"), 14, "  threads: 96\n  drain_timeout: 1s\n");
+  config = dir.File("drain.yaml", text);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto slow = std::async(std::launch::async, [&] {
+    auto c = daemon->Client();
+    c->set_read_timeout(60);
+    return c->Post("/v1/decide", {{"Idempotency-Key", "\"glacial-1\""}},
+                   R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"glacial"}})",
+                   "application/json");
+  });
+  std::this_thread::sleep_for(500ms);
+  const auto signalled = std::chrono::steady_clock::now();
+  daemon->Signal(SIGTERM);
+  auto answered = slow.get();
+  REQUIRE_MESSAGE(answered, httplib::to_string(answered.error()));
+  CHECK(answered->status == 503);
+  CHECK(answered->get_header_value("Retry-After") == "1");
+  CHECK(answered->body.find("drain_timeout") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - signalled < 3s);  // drain_timeout 1 s, not 25 s
+  CHECK(daemon->WaitExit(15'000));
+  CHECK(std::chrono::steady_clock::now() - signalled < 10s);  // 1 s + the 5 s grace
+  CHECK(ReadFile(daemon->log_path()).find("\"stop_abandoned\"") != std::string::npos);
+  // The next start is healthy and the key is free to run again.
+  auto again = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(again != nullptr, err);
+  CHECK(Healthy(*again));
+}
+
 TEST_CASE("SIGHUP does not stop the daemon; SIGTERM stops it cleanly") {
   TempDir dir;
   auto daemon = StartPlainDaemon(dir);
