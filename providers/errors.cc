@@ -8,6 +8,7 @@
 #include <ctime>
 #include <vector>
 
+#include "daemon/core/env_vars.h"
 #include "daemon/core/json.h"
 
 namespace idem {
@@ -218,6 +219,11 @@ std::string Redact(std::string text, std::string_view secret) {
   return text;
 }
 
+std::string RedactAll(std::string text, const std::vector<std::string>& secrets) {
+  for (const std::string& secret : secrets) text = Redact(std::move(text), secret);
+  return text;
+}
+
 UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse& response,
                                   int64_t now_wall_ms, std::string_view secret) {
   const int s = response.status;
@@ -325,15 +331,19 @@ StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required)
 }
 
 StatusOr<HttpResponse> SendChecked(HttpClient& http, Env& env, std::string_view upstream,
-                                   const HttpRequest& request, std::string_view secret) {
+                                   const HttpRequest& request,
+                                   const std::vector<std::string>& secrets) {
   StatusOr<HttpResponse> response = http.Send(request);
   if (!response.ok()) {
     const Status& s = response.status();
-    return Status(s.code(), Redact(std::string(upstream) + ": " + s.message(), secret), s.field(),
-                  s.retryable());
+    return Status(s.code(), RedactAll(std::string(upstream) + ": " + s.message(), secrets),
+                  s.field(), s.retryable());
   }
   if (response->status >= 200 && response->status <= 299) return response;
-  return ToStatus(ClassifyHttpFailure(upstream, *response, env.WallMillis(), secret));
+  UpstreamError e = ClassifyHttpFailure(upstream, *response, env.WallMillis());
+  e.status = Status(e.status.code(), RedactAll(e.status.message(), secrets), e.status.field(),
+                    e.status.retryable());
+  return ToStatus(e);
 }
 
 std::string SchemaNameForWire(std::string_view name) {
@@ -397,7 +407,8 @@ StatusOr<std::string> ConfigString(const ProviderConfig& config, std::string_vie
   return value;
 }
 
-StatusOr<HttpHeaders> ConfigHeaders(const ProviderConfig& config) {
+StatusOr<HttpHeaders> ConfigHeaders(const ProviderConfig& config,
+                                    std::vector<std::string>* secrets) {
   HttpHeaders out;
   if (!config.raw.is_object()) return out;
   auto it = config.raw.find("headers");
@@ -412,7 +423,27 @@ StatusOr<HttpHeaders> ConfigHeaders(const ProviderConfig& config) {
                                  "' must be a header name with a one-line string value",
                              "/headers");
     }
-    out.emplace_back(name, value.get<std::string>());
+    std::vector<std::string> used;
+    StatusOr<std::string> env =
+        ExpandEnv(value.get<std::string>(), "/headers/" + JsonPointerToken(name), &used);
+    if (!env.ok()) {
+      return Status(env.status().code(), who + ": " + env.status().message(), env.status().field());
+    }
+    std::string expanded = std::move(env).value();
+    if (expanded.find_first_of("\r\n") != std::string::npos) {
+      return InvalidArgument(who + ": '" + name + "' must be a one-line string value", "/headers");
+    }
+    if (secrets != nullptr) {
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const bool authenticates =
+          lower.find("key") != std::string::npos || lower.find("token") != std::string::npos ||
+          lower.find("auth") != std::string::npos || lower.find("secret") != std::string::npos ||
+          lower.find("signature") != std::string::npos || lower == "cookie";
+      if (authenticates) secrets->push_back(expanded);
+      for (std::string& v : used) secrets->push_back(std::move(v));
+    }
+    out.emplace_back(name, std::move(expanded));
   }
   return out;
 }

@@ -54,6 +54,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "daemon/config/config.h"
 #include "daemon/core/env.h"
@@ -97,6 +98,9 @@ std::string ProviderErrorText(std::string_view body);
 // `text` with every occurrence of `secret` replaced by "[redacted]".
 // Secrets shorter than 4 bytes are ignored (they would redact noise).
 std::string Redact(std::string text, std::string_view secret);
+// The same for each of `secrets` (a provider's API key and the values its
+// headers carry: see ConfigHeaders).
+std::string RedactAll(std::string text, const std::vector<std::string>& secrets);
 
 // The error as one Status, with the retry-after marker when retry_after_ms
 // is positive.
@@ -132,10 +136,11 @@ StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required)
 
 // Sends `request` and returns the response when its status is 2xx. A network
 // failure comes back as HttpClient classified it, prefixed with `upstream`;
-// any other status as ToStatus(ClassifyHttpFailure(...)) with `secret`
+// any other status as ToStatus(ClassifyHttpFailure(...)) with `secrets`
 // redacted and env.WallMillis() as the time for an HTTP-date Retry-After.
 StatusOr<HttpResponse> SendChecked(HttpClient& http, Env& env, std::string_view upstream,
-                                   const HttpRequest& request, std::string_view secret);
+                                   const HttpRequest& request,
+                                   const std::vector<std::string>& secrets);
 
 // A name usable as an OpenAI json_schema name or an Anthropic tool name:
 // [A-Za-z0-9_-], at most 64 characters; "output" when nothing is left.
@@ -153,10 +158,15 @@ StatusOr<std::string> ConfigString(const ProviderConfig& config, std::string_vie
                                    std::initializer_list<std::string_view> allowed = {});
 
 // Extra request headers from config.raw["headers"] (an object of strings),
-// in key order; empty when absent. InvalidArgument (naming the header, never
-// its value) when it is not an object of strings or a name or value holds
-// CR or LF.
-StatusOr<HttpHeaders> ConfigHeaders(const ProviderConfig& config);
+// in key order; empty when absent. `${VAR}` in a value is replaced from the
+// environment (ExpandEnv: FailedPrecondition naming an unset variable). The
+// values that must stay out of error texts are appended to `secrets`: each
+// expanded variable's value, and the whole value of a header whose name
+// says it authenticates (…key…, …token…, …auth…, …secret…, cookie,
+// …signature…). InvalidArgument (naming the header, never its value) when
+// it is not an object of strings or a name or value holds CR or LF.
+StatusOr<HttpHeaders> ConfigHeaders(const ProviderConfig& config,
+                                    std::vector<std::string>* secrets);
 
 // JSON text for a wire body. Invalid UTF-8 in strings is replaced with
 // U+FFFD instead of throwing.

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "daemon/apply/telegram_effector.h"
+#include "daemon/core/env_vars.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "providers/errors.h"
@@ -92,32 +93,6 @@ Status CheckUrl(const std::string& url, const std::string& field, bool allow_key
     return InvalidArgument("unknown placeholder {" + name + "} (use {key}, {fingerprint})", field);
   }
   return Status::Ok();
-}
-
-// `${VAR}` in `value` replaced from the environment; the values used are
-// appended to `secrets`.
-StatusOr<std::string> SubstituteEnv(const std::string& value, const std::string& field,
-                                    std::vector<std::string>& secrets) {
-  std::string out;
-  size_t pos = 0;
-  while (true) {
-    size_t start = value.find("${", pos);
-    if (start == std::string::npos) break;
-    size_t end = value.find('}', start);
-    if (end == std::string::npos) return InvalidArgument("unclosed '${' in a header value", field);
-    out += value.substr(pos, start - pos);
-    std::string var = value.substr(start + 2, end - start - 2);
-    const char* v = var.empty() ? nullptr : std::getenv(var.c_str());
-    if (v == nullptr || *v == '\0') {
-      return Status(Code::kFailedPrecondition,
-                    "the environment variable " + var + " (named in a header) is not set", field);
-    }
-    out += v;
-    secrets.emplace_back(v);
-    pos = end + 1;
-  }
-  out += value.substr(pos);
-  return out;
 }
 
 // The candidate records of a lookup or list answer.
@@ -263,7 +238,7 @@ StatusOr<HttpEffectorConfig> ParseHttpEffectorConfig(const ActionConfig& action)
         return InvalidArgument("is not a header name", field);
       }
       if (!value.is_string()) return InvalidArgument("must be a string", field);
-      ASSIGN_OR_RETURN(std::string v, SubstituteEnv(value.get<std::string>(), field, c.secrets));
+      ASSIGN_OR_RETURN(std::string v, ExpandEnv(value.get<std::string>(), field, &c.secrets));
       if (v.find_first_of("\r\n") != std::string::npos) {
         return InvalidArgument("must not contain CR or LF", field);
       }

@@ -371,6 +371,13 @@ class Resolver {
         }
         p.unsupported_params.emplace_back(pattern, params.get<std::vector<std::string>>());
       }
+      if (node.contains("headers") && node["headers"].is_object()) {
+        for (const auto& [hname, value] : node["headers"].items()) {
+          if (!value.is_string()) continue;  // the schema said so already
+          RETURN_IF_ERROR(
+              CheckEnvReferences(at + "/headers" + Token(hname), value.get<std::string>()));
+        }
+      }
     }
     config_.providers[name] = std::move(p);
     return Status::Ok();

@@ -943,7 +943,7 @@ class EventServer::Loop {
   std::string date_;
   std::atomic<int> load_{0};  // see load()
   std::mutex mu_;
-  std::vector<Done> done_;   // answers from workers, under mu_
+  std::vector<Done> done_;  // answers from workers, under mu_
   std::atomic<bool> abandon_busy_{false};
   std::vector<int> handed_;  // connections other loops accepted for this one, under mu_
 };

@@ -7,6 +7,7 @@
 #include "daemon/core/backoff.h"
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
+#include "daemon/core/env_vars.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
 #include "daemon/obs/log.h"
@@ -17,29 +18,6 @@ namespace {
 
 constexpr size_t kBatch = 64;
 constexpr int64_t kReplayScanMs = 1'000;
-
-// `${VAR}` in `value` replaced from the environment.
-StatusOr<std::string> Expand(const std::string& value, const std::string& field) {
-  std::string out;
-  size_t pos = 0;
-  while (true) {
-    size_t start = value.find("${", pos);
-    if (start == std::string::npos) break;
-    size_t end = value.find('}', start);
-    if (end == std::string::npos) return InvalidArgument("unclosed '${' in a header value", field);
-    out += value.substr(pos, start - pos);
-    std::string var = value.substr(start + 2, end - start - 2);
-    const char* v = var.empty() ? nullptr : std::getenv(var.c_str());
-    if (v == nullptr || *v == '\0') {
-      return Status(Code::kFailedPrecondition,
-                    "the environment variable " + var + " (named in a header) is not set", field);
-    }
-    out += v;
-    pos = end + 1;
-  }
-  out += value.substr(pos);
-  return out;
-}
 
 int64_t RetryAfterMs(const HttpResponse& r) {
   const std::string* v = r.FindHeader("retry-after");
@@ -85,8 +63,8 @@ StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(
     }
     for (const auto& [hname, value] : sub.headers) {
       ASSIGN_OR_RETURN(std::string v,
-                       Expand(value, "/outbox/subscribers/" + JsonPointerToken(name) + "/headers/" +
-                                         JsonPointerToken(hname)));
+                       ExpandEnv(value, "/outbox/subscribers/" + JsonPointerToken(name) +
+                                            "/headers/" + JsonPointerToken(hname)));
       s->headers.emplace_back(hname, std::move(v));
     }
     d->subscribers_.push_back(std::move(s));

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "daemon/apply/work_identity.h"
+#include "daemon/core/env_vars.h"
 #include "daemon/core/json.h"
 #include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
@@ -32,23 +33,6 @@ ActionConfig NotifyKind(const std::string& name, Json effector) {
   return a;
 }
 
-// Every ${VAR} in `value` must name a set variable.
-Status CheckEnvSet(const std::string& value, const std::string& field) {
-  size_t pos = 0;
-  while ((pos = value.find("${", pos)) != std::string::npos) {
-    size_t end = value.find('}', pos);
-    if (end == std::string::npos) return InvalidArgument("unclosed '${'", field);
-    std::string var = value.substr(pos + 2, end - pos - 2);
-    const char* v = var.empty() ? nullptr : std::getenv(var.c_str());
-    if (v == nullptr || *v == '\0') {
-      return Status(Code::kFailedPrecondition,
-                    "the environment variable " + var + " (named in a header) is not set", field);
-    }
-    pos = end + 1;
-  }
-  return Status::Ok();
-}
-
 std::string Label(const std::string& kind) {
   if (kind == "awaiting_approval") return "plan awaiting approval";
   if (kind == "approval_overdue") return "approval overdue";
@@ -66,7 +50,7 @@ StatusOr<std::unique_ptr<JournalNotifier>> JournalNotifier::Create(
     Json headers = Json::object();
     for (const auto& [name, value] : config.webhook->headers) {
       RETURN_IF_ERROR(
-          CheckEnvSet(value, "/notifications/webhook/headers/" + JsonPointerToken(name)));
+          ExpandEnv(value, "/notifications/webhook/headers/" + JsonPointerToken(name)).status());
       headers[name] = value;  // ${VAR} expanded by the effector, kept in its memory only
     }
     Json http = {{"url", config.webhook->url}, {"idempotency", "header"}};

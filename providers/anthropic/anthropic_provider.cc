@@ -56,6 +56,7 @@ struct Settings {
   std::string upstream;
   std::string url;
   std::string api_key;
+  std::vector<std::string> secrets;  // the key and the headers' secrets: never in an error
   int64_t max_tokens = 4096;
   bool native = false;
   HttpHeaders extra_headers;  // from config
@@ -72,7 +73,7 @@ class AnthropicProvider final : public Provider {
     try {
       return CompleteOrThrow(request);
     } catch (const std::exception& e) {
-      return Internal(Redact(s_.upstream + ": unexpected error: " + e.what(), s_.api_key));
+      return Internal(RedactAll(s_.upstream + ": unexpected error: " + e.what(), s_.secrets));
     }
   }
 
@@ -126,7 +127,7 @@ class AnthropicProvider final : public Provider {
     http_request.timeout_ms = request.timeout_ms;
     http_request.connect_timeout_ms = std::min(kConnectTimeoutMs, request.timeout_ms);
     ASSIGN_OR_RETURN(HttpResponse response,
-                     SendChecked(http_, env_, s_.upstream, http_request, s_.api_key));
+                     SendChecked(http_, env_, s_.upstream, http_request, s_.secrets));
     return ParseAnswer(response, tool_name);
   }
 
@@ -196,7 +197,8 @@ StatusOr<std::unique_ptr<Provider>> MakeAnthropicProvider(const ProviderConfig& 
   ASSIGN_OR_RETURN(s.max_tokens, ConfigInt(config, "max_tokens", 4096, 1, 1'000'000));
   ASSIGN_OR_RETURN(std::string mode,
                    ConfigString(config, "structured_output", "tool", {"tool", "native"}));
-  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config));
+  s.secrets.push_back(s.api_key);
+  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config, &s.secrets));
   s.native = mode == "native";
   s.upstream = config.name.empty() ? "anthropic" : config.name;
   s.url = StripTrailingSlash(config.base_url.empty() ? kDefaultBaseUrl : config.base_url) +

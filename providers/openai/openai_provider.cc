@@ -19,12 +19,13 @@ constexpr int64_t kConnectTimeoutMs = 10'000;
 class OpenAiProvider final : public Provider {
  public:
   OpenAiProvider(std::string name, std::string base_url, std::string api_key, int64_t max_tokens,
-                 HttpHeaders headers, HttpClient& http, Env& env)
+                 HttpHeaders headers, std::vector<std::string> secrets, HttpClient& http, Env& env)
       : upstream_(std::move(name)),
         url_(StripTrailingSlash(std::move(base_url)) + "/chat/completions"),
         api_key_(std::move(api_key)),
         max_tokens_(max_tokens),
         headers_(std::move(headers)),
+        secrets_(std::move(secrets)),
         http_(http),
         env_(env) {}
 
@@ -35,7 +36,7 @@ class OpenAiProvider final : public Provider {
       return CompleteOrThrow(request);
     } catch (const std::exception& e) {
       // Nothing below should throw; keep the promise that nothing escapes.
-      return Internal(Redact(upstream_ + ": unexpected error: " + e.what(), api_key_));
+      return Internal(RedactAll(upstream_ + ": unexpected error: " + e.what(), secrets_));
     }
   }
 
@@ -58,7 +59,7 @@ class OpenAiProvider final : public Provider {
     http_request.timeout_ms = request.timeout_ms;
     http_request.connect_timeout_ms = std::min(kConnectTimeoutMs, request.timeout_ms);
     ASSIGN_OR_RETURN(HttpResponse response,
-                     SendChecked(http_, env_, upstream_, http_request, api_key_));
+                     SendChecked(http_, env_, upstream_, http_request, secrets_));
     return chat_completions::ParseAnswer(upstream_, response);
   }
 
@@ -66,7 +67,8 @@ class OpenAiProvider final : public Provider {
   const std::string url_;
   const std::string api_key_;
   const int64_t max_tokens_;
-  const HttpHeaders headers_;  // organization and configured extra headers
+  const HttpHeaders headers_;               // organization and configured extra headers
+  const std::vector<std::string> secrets_;  // the key and the headers' secrets: never in an error
   HttpClient& http_;
   Env& env_;
 };
@@ -78,13 +80,14 @@ StatusOr<std::unique_ptr<Provider>> MakeOpenAiProvider(const ProviderConfig& con
   ASSIGN_OR_RETURN(std::string key, ApiKeyFromEnv(config, /*required=*/true));
   ASSIGN_OR_RETURN(int64_t max_tokens, ConfigInt(config, "max_tokens", 0, 0, 1'000'000));
   ASSIGN_OR_RETURN(std::string organization, ConfigString(config, "organization", ""));
-  ASSIGN_OR_RETURN(HttpHeaders headers, ConfigHeaders(config));
+  std::vector<std::string> secrets = {key};
+  ASSIGN_OR_RETURN(HttpHeaders headers, ConfigHeaders(config, &secrets));
   if (!organization.empty()) headers.insert(headers.begin(), {"OpenAI-Organization", organization});
   std::string base_url = config.base_url.empty() ? kDefaultBaseUrl : config.base_url;
   std::string name = config.name.empty() ? "openai" : config.name;
-  return std::unique_ptr<Provider>(
-      std::make_unique<OpenAiProvider>(std::move(name), std::move(base_url), std::move(key),
-                                       max_tokens, std::move(headers), http, env));
+  return std::unique_ptr<Provider>(std::make_unique<OpenAiProvider>(
+      std::move(name), std::move(base_url), std::move(key), max_tokens, std::move(headers),
+      std::move(secrets), http, env));
 }
 
 }  // namespace idem

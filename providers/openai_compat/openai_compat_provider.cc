@@ -37,7 +37,8 @@ struct Settings {
   Api api = Api::kOpenAi;
   std::string upstream;
   std::string url;
-  std::string api_key;  // may be empty
+  std::string api_key;               // may be empty
+  std::vector<std::string> secrets;  // the key and the headers' secrets: never in an error
   int64_t max_tokens = 0;
   HttpHeaders extra_headers;  // from config
 };
@@ -53,7 +54,7 @@ class OpenAiCompatProvider final : public Provider {
     try {
       return CompleteOrThrow(request);
     } catch (const std::exception& e) {
-      return Internal(Redact(s_.upstream + ": unexpected error: " + e.what(), s_.api_key));
+      return Internal(RedactAll(s_.upstream + ": unexpected error: " + e.what(), s_.secrets));
     }
   }
 
@@ -81,7 +82,7 @@ class OpenAiCompatProvider final : public Provider {
       http_request.body = DumpJson(OllamaBody(request));
     }
     ASSIGN_OR_RETURN(HttpResponse response,
-                     SendChecked(http_, env_, s_.upstream, http_request, s_.api_key));
+                     SendChecked(http_, env_, s_.upstream, http_request, s_.secrets));
     if (s_.api == Api::kOpenAi) return chat_completions::ParseAnswer(s_.upstream, response);
     return ParseOllamaAnswer(response);
   }
@@ -108,7 +109,7 @@ class OpenAiCompatProvider final : public Provider {
     const Json& j = *parsed;
     if (std::string error = StringAt(j, "error"); !error.empty()) {
       // Ollama can report a failure inside a 200 (e.g. mid-generation).
-      return Unavailable(Redact(s_.upstream + ": " + error, s_.api_key));
+      return Unavailable(RedactAll(s_.upstream + ": " + error, s_.secrets));
     }
     const Json* message = Find(j, "message");
     const Json* content = message == nullptr ? nullptr : Find(*message, "content");
@@ -145,7 +146,8 @@ StatusOr<std::unique_ptr<Provider>> MakeOpenAiCompatProvider(const ProviderConfi
   s.api = api == "ollama" ? Api::kOllama : Api::kOpenAi;
   ASSIGN_OR_RETURN(s.api_key, ApiKeyFromEnv(config, /*required=*/false));
   ASSIGN_OR_RETURN(s.max_tokens, ConfigInt(config, "max_tokens", 0, 0, 1'000'000));
-  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config));
+  s.secrets.push_back(s.api_key);
+  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config, &s.secrets));
   std::string base = StripTrailingSlash(config.base_url);
   if (s.api == Api::kOllama) {
     if (base.empty()) base = kDefaultOllamaUrl;

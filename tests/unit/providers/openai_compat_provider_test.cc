@@ -64,6 +64,40 @@ TEST_CASE("OpenAI-compatible: a bare base_url gets /v1; a configured key is sent
   CHECK(denied.status().message().find(kTestKey) == std::string::npos);
 }
 
+TEST_CASE(
+    "OpenAI-compatible: a gateway key in a header comes from ${VAR}, and neither it nor a literal "
+    "one reaches an error") {
+  ProviderHarness h;
+  REQUIRE(h.server);
+  ScopedEnvVar key("IDEM_TEST_GW_KEY", kTestKey);
+  ProviderConfig config = h.Config("openai_compatible", "", h.server->base_url());
+  config.raw["headers"] = {{"x-api-key", "${IDEM_TEST_GW_KEY}"},
+                           {"X-Route", "eu-${IDEM_TEST_GW_KEY}"}};
+  auto provider = MakeOrFail(h, config);
+  h.server->Enqueue(FakeReply::HttpError(401));  // echoes the x-api-key it got
+  auto denied = provider->Complete(TriageRequest());
+  REQUIRE_FALSE(denied.ok());
+  CHECK(h.server->last_request().Header("x-api-key") == kTestKey);
+  CHECK(h.server->last_request().Header("x-route") == std::string("eu-") + kTestKey);
+  CHECK(denied.status().code() == Code::kUnauthenticated);
+  CHECK(denied.status().message().find(kTestKey) == std::string::npos);
+  CHECK(denied.status().message().find("[redacted]") != std::string::npos);
+
+  // Written into the file: still a key by its header's name.
+  config.raw["headers"] = {{"x-api-key", "gw-literal-secret-9999"}};
+  auto literal = MakeOrFail(h, config);
+  h.server->Enqueue(FakeReply::HttpError(401));
+  auto refused = literal->Complete(TriageRequest());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("gw-literal-secret-9999") == std::string::npos);
+
+  // An unset variable fails the start, naming it and not guessing.
+  config.raw["headers"] = {{"x-api-key", "${IDEM_TEST_GW_KEY_UNSET}"}};
+  auto unset = MakeOpenAiCompatProvider(config, *h.http, h.env);
+  CHECK(unset.status().code() == Code::kFailedPrecondition);
+  CHECK(unset.status().message().find("IDEM_TEST_GW_KEY_UNSET") != std::string::npos);
+}
+
 TEST_CASE("OpenAI-compatible: faults classify as for OpenAI") {
   ProviderHarness h;
   REQUIRE(h.server);
