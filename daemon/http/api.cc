@@ -356,8 +356,10 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         body["replayed"]["attempts"] = replayed->trace.value("attempts", Json::array());
         body["diff"] = JsonDiff(original.output, replayed->output);
         if (ctx.body.value("promote", false)) {
-          // The replayed answer becomes the cached decision for the key.
-          RETURN_IF_ERROR(deps.store.decisions().Replace(*replayed));
+          // The replayed answer becomes the cached decision for the key;
+          // its audit record is written first, so no promote goes
+          // unrecorded (a Replace that then fails leaves the record, with
+          // the request's trace, and its error goes to the caller).
           AuditEvent event;
           event.at_ms = deps.clock.NowMillis();
           event.actor = ctx.caller;
@@ -368,8 +370,10 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                           {"provider", replayed->provider},
                           {"model", replayed->model},
                           {"diff", body["diff"]},
+                          {"request_id", ctx.request_id},
                           {"trace_id", ctx.trace.trace_id}};
           RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
+          RETURN_IF_ERROR(deps.store.decisions().Replace(*replayed));
           body["promoted"] = true;
         }
         return RouteResponse{200, std::move(body), {}};

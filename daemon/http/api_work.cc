@@ -897,18 +897,24 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           {{200, "work.item"}, {202, "work.item"}, {404, "problem"}, {409, "work.conflict"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        // The audit record goes first: the replay runs an effect, and a
+        // crash between the effect and a record written after it would
+        // leave an operator's effect without its actor. A replay that then
+        // loses a race (another replay requeued it) leaves its event, with
+        // its request_id, and answers that race.
+        ASSIGN_OR_RETURN(WorkItem dead, deps.store.journal().Get(ctx.params[0]));
+        if (dead.state == WorkState::kDead) {
+          AuditEvent event;
+          event.at_ms = deps.clock.NowMillis();
+          event.actor = ctx.caller;
+          event.action = "dead_letter.replayed";
+          event.detail = {{"work_id", dead.work_id},      {"kind", dead.kind},
+                          {"attempts", dead.attempt},     {"last_error", dead.last_error},
+                          {"request_id", ctx.request_id}, {"trace_id", ctx.trace.trace_id}};
+          RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
+        }
         // Requeue, and run it now when the daemon executes the kind.
         ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Replay(ctx.params[0]));
-        AuditEvent event;
-        event.at_ms = deps.clock.NowMillis();
-        event.actor = ctx.caller;
-        event.action = "dead_letter.replayed";
-        event.detail = {{"work_id", o.item.work_id},
-                        {"kind", o.item.kind},
-                        {"state", WorkStateName(o.item.state)},
-                        {"request_id", ctx.request_id},
-                        {"trace_id", ctx.trace.trace_id}};
-        RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
         return RouteResponse{o.item.state == WorkState::kDone ? 200 : 202, WorkBody(o.item), {}};
       }});
 

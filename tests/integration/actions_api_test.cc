@@ -19,6 +19,7 @@ struct Fixture {
   TempDir dir;
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
+  std::string config;
 
   // `extra_yaml`: more top-level config after the actions.
   explicit Fixture(const std::string& extra_yaml = "") {
@@ -44,7 +45,12 @@ struct Fixture {
         "    on_duplicate: return_original\n"
         "    effector: {http: {method: POST, url: \"" +
         target->base_url() + "/replies\", idempotency: header}}\n" + extra_yaml;
-    std::string config = WriteTestConfig(dir, rules, actions);
+    config = WriteTestConfig(dir, rules, actions);
+    Restart();
+  }
+  void Restart() {
+    client.reset();
+    daemon.reset();
     std::string err;
     daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
     REQUIRE_MESSAGE(daemon != nullptr, err);
@@ -228,6 +234,42 @@ TEST_CASE("a 202 retrying is not replayed: a retry with the key reports the work
   CHECK(replayed->status == status);
   CHECK(replayed->get_header_value("Idempotent-Replayed") == "true");
   CHECK(f.Post("/v1/actions/send_invoice", other, "\"t-1\"")->status == 422);
+}
+
+TEST_CASE(
+    "a dead-letter replay is in the audit log before its effect runs, so a crash during the "
+    "effect leaves the operator's action recorded") {
+  Fixture f;
+  f.target->FailNext(3, 500);
+  auto first = f.Post("/v1/actions/send_invoice", {{"args", {{"invoice_id", "INV-9"}}}}, "\"d-1\"");
+  REQUIRE(first);
+  std::string work_id;
+  REQUIRE(WaitFor(
+      [&] {
+        Json dead = J(f.client->Get("/v1/dead-letters"));
+        if (dead["items"].empty()) return false;
+        work_id = dead["items"][0]["work_id"];
+        return true;
+      },
+      10'000));
+  f.target->SetLatencyMs(3'000);
+  auto replay = std::async(std::launch::async, [&] {
+    return f.daemon->Client()->Post("/v1/dead-letters/" + work_id + "/replay",
+                                    {{"Idempotency-Key", "\"r-1\""}}, "", "application/json");
+  });
+  // The effect is under way when the daemon dies.
+  REQUIRE(WaitFor([&] { return f.target->stats().raw_calls >= 4; }, 5'000));
+  f.daemon->Kill9();
+  (void)replay.get();
+  f.target->SetLatencyMs(0);
+  f.Restart();
+  bool recorded = false;
+  const Json audit = J(f.client->Get("/v1/audit?limit=100"));
+  for (const Json& e : audit["items"]) {
+    recorded =
+        recorded || (e["action"] == "dead_letter.replayed" && e["detail"]["work_id"] == work_id);
+  }
+  CHECK_MESSAGE(recorded, audit.dump());
 }
 
 }  // namespace idem::testing
