@@ -308,10 +308,10 @@ class EventServer::Loop {
   // A task refused when the server began to drain: 503, then close (or,
   // with keep_alive, a 503 for `why` on a connection that goes on).
   void Reject(uint64_t id, int minor_version, const char* why = "the server is shutting down",
-              bool keep_alive = false) {
+              bool keep_alive = false, const http1::Request* request = nullptr) {
     http1::Response res;
     res.status = 503;
-    server_.callbacks_.error_handler(503, why, res);
+    server_.callbacks_.error_handler(503, why, res, request);
     res.SetHeader("Retry-After", "1");
     Complete(id, std::move(res), keep_alive, minor_version);
   }
@@ -474,7 +474,7 @@ class EventServer::Loop {
     server_.Refused(Refusal::kConnectionShed);
     http1::Response res;
     res.status = 503;
-    server_.callbacks_.error_handler(503, "too many open connections", res);
+    server_.callbacks_.error_handler(503, "too many open connections", res, nullptr);
     res.SetHeader("Retry-After", "1");
     std::string out;
     http1::SerializeResponse(res, /*keep_alive=*/false, 1, out);
@@ -635,7 +635,7 @@ class EventServer::Loop {
       c->state = State::kBusy;
       c->head_request = req.method == "HEAD";
       if (server_.draining_.load(std::memory_order_acquire)) {
-        Refuse(c, 503, "the server is shutting down", minor);
+        Refuse(c, 503, "the server is shutting down", minor, &req);
         return;
       }
       BatchLane* lane = server_.callbacks_.batch_lane;
@@ -667,7 +667,7 @@ class EventServer::Loop {
       if (server_.workers_->Submit(task)) return;
       server_.queue_full_.fetch_add(1, std::memory_order_relaxed);
       server_.Refused(Refusal::kQueueFull);
-      c = Refuse(c, 503, "every handler is busy and the queue is full", minor);
+      c = Refuse(c, 503, "every handler is busy and the queue is full", minor, &task.request);
       if (c == nullptr) return;
     }
   }
@@ -675,10 +675,11 @@ class EventServer::Loop {
   // A 503 with Retry-After instead of running the request; the connection
   // stays open (unless draining) since the request was read in full.
   // Null when writing it closed the connection.
-  Conn* Refuse(Conn* c, int status, const std::string& why, int minor) {
+  Conn* Refuse(Conn* c, int status, const std::string& why, int minor,
+               const http1::Request* request) {
     http1::Response res;
     res.status = status;
-    server_.callbacks_.error_handler(status, why, res);
+    server_.callbacks_.error_handler(status, why, res, request);
     res.SetHeader("Retry-After", "1");
     const bool keep = !server_.draining_.load(std::memory_order_acquire);
     return AnswerHere(c, res, keep, minor);
@@ -776,7 +777,7 @@ class EventServer::Loop {
             "the server stopped before this request's handler finished (server.drain_timeout); "
             "whether it took effect is unknown: retry with the same Idempotency-Key after the "
             "restart",
-            res);
+            res, nullptr);
         res.SetHeader("Retry-After", "1");
         Conn* c = Find(id);
         Queue(c, res, /*keep_alive=*/false, /*minor=*/1);
@@ -896,7 +897,7 @@ class EventServer::Loop {
   void RefuseAndClose(Conn* c, int status, const std::string& why) {
     http1::Response res;
     res.status = status;
-    server_.callbacks_.error_handler(status, why, res);
+    server_.callbacks_.error_handler(status, why, res, nullptr);
     c->in.clear();
     c->state = State::kClosing;
     Queue(c, res, /*keep_alive=*/false, 1);
@@ -1012,7 +1013,8 @@ bool EventServer::WorkerPool::Serve(Task& task, http1::Response& res) {
   if (ok && !parking_->refusing) return false;
   if (parking_->entries.erase(deferral.token()) == 0) return false;  // resumed already
   if (ok) {
-    task.loop->Reject(task.conn_id, task.request.minor_version);
+    task.loop->Reject(task.conn_id, task.request.minor_version, "the server is shutting down",
+                      /*keep_alive=*/false, &task.request);
     return false;
   }
   return true;
@@ -1108,7 +1110,8 @@ bool EventServer::Drain(int64_t timeout_ms) {
   draining_.store(true, std::memory_order_release);
   for (auto& loop : loops_) loop->Wake();  // stop watching the listening socket
   for (WorkerPool::Task& t : workers_->RejectQueued()) {
-    t.loop->Reject(t.conn_id, t.request.minor_version);
+    t.loop->Reject(t.conn_id, t.request.minor_version, "the server is shutting down",
+                   /*keep_alive=*/false, &t.request);
   }
   {
     std::lock_guard<std::mutex> lock(parking_->mu);

@@ -158,9 +158,11 @@ class EventServer {
   using Handler = std::function<void(const http1::Request&, http1::Response&)>;
   // The same, able to park the request (used instead of Handler when set).
   using DeferringHandler = std::function<void(const http1::Request&, http1::Response&, Deferral&)>;
-  // Builds the answer to a framing error (status from http1.h).
-  using ErrorHandler =
-      std::function<void(int status, const std::string& message, http1::Response&)>;
+  // Builds the answer to a framing error or a refusal (status from
+  // http1.h); `request` is the request refused when it was read whole (a
+  // full queue, a drain), else null.
+  using ErrorHandler = std::function<void(int status, const std::string& message, http1::Response&,
+                                          const http1::Request* request)>;
 
   // What the server refused, for metrics (called on a loop thread).
   enum class Refusal { kConnectionShed, kQueueFull, kAcceptPaused };

@@ -363,9 +363,36 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
         break;
     }
   };
-  callbacks.error_handler = [this](int status, const std::string& message, http1::Response& res) {
-    Fail(res, StatusForRefusal(status, message), RandomHex(8), status);
-    unmatched_metrics_.Count(status);  // no route: the request did not parse, or was refused
+  callbacks.error_handler = [this](int status, const std::string& message, http1::Response& res,
+                                   const http1::Request* req) {
+    // A request refused whole (a full queue, a drain) counts under its
+    // route and keeps the id it came with; one that did not parse has
+    // neither. Either way it gets its access line, so the request_id in
+    // the problem can be found in the log.
+    const Route* route = nullptr;
+    std::string rid = req != nullptr ? req->HeaderValue("X-Request-Id") : "";
+    if (!SaneRequestId(rid)) rid = RandomHex(8);
+    if (req != nullptr) {
+      std::vector<std::string> params;
+      for (const Route& r : routes_) {
+        if (MatchPath(r, req->path, &params) &&
+            (r.method == req->method || (req->method == "HEAD" && r.method == "GET"))) {
+          route = &r;
+          break;
+        }
+        params.clear();
+      }
+    }
+    Fail(res, StatusForRefusal(status, message), rid, status);
+    MetricsFor(route).Count(status);
+    if (AccessLogEnabled()) {
+      LogAccess({{"method", req != nullptr ? req->method : ""},
+                 {"route", route != nullptr ? route->pattern : ""},
+                 {"status", status},
+                 {"duration_ms", 0},
+                 {"request_id", rid},
+                 {"refused", message}});
+    }
   };
   server_ = std::make_unique<EventServer>(options, std::move(callbacks));
 }
@@ -954,6 +981,12 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
       m.idem_key_replayed.Inc();
       const IdemRecord& rec = begun->record;
       res.status = rec.response_status;
+      // A replayed failure is a failure answered, as the first one was.
+      if (res.status >= 500) {
+        deps_.metrics.http_errors_5xx.Inc();
+      } else if (res.status >= 400) {
+        deps_.metrics.http_errors_4xx.Inc();
+      }
       res.SetHeader("Idempotent-Replayed", "true");
       res.SetContent(rec.response_body, rec.response_content_type);
       return;

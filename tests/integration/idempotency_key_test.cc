@@ -168,9 +168,11 @@ TEST_CASE("a 5xx the caller may not retry is a final outcome: stored and replaye
   CHECK_FALSE(Json::parse(first->body).contains("retryable"));
   CHECK_FALSE(first->has_header("Retry-After"));
   long calls = MetricValue(*f.client, "idem_provider_calls_total");
+  const long errors = MetricValue(*f.client, "idem_http_errors_5xx_total");
   auto again = f.Decide("\"k-500\"", body);
   REQUIRE(again);
   CHECK(again->status == first->status);
+  CHECK(MetricValue(*f.client, "idem_http_errors_5xx_total") == errors + 1);  // as it was answered
   CHECK(again->get_header_value("Idempotent-Replayed") == "true");
   CHECK(again->body == first->body);
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == calls);

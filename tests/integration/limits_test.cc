@@ -172,12 +172,15 @@ TEST_CASE("liveness answers 200 while every handler is busy and the handler queu
   c->set_read_timeout(2);
   // The queue is full: a further request is shed, readiness included (a
   // balancer sends traffic elsewhere for now)...
-  auto shed = c->Get("/readyz");
+  auto shed = c->Get("/readyz", {{"X-Request-Id", "shed-readyz-1"}});
   REQUIRE(shed);
   CHECK(shed->status == 503);
   CHECK(shed->get_header_value("Retry-After") == "1");
   CHECK(Json::parse(shed->body)["type"] == "urn:idem:problem:Unavailable");
   CHECK(Json::parse(shed->body)["retryable"] == true);
+  // It is counted under its route and logged with the id it came with, so
+  // a per-route error rate sees it and its request_id can be found.
+  CHECK(shed->get_header_value("X-Request-Id") == "shed-readyz-1");
   // ...but the process is alive, and says so at once: an orchestrator's
   // liveness probe must not restart a daemon for being busy.
   const auto asked = std::chrono::steady_clock::now();
@@ -188,6 +191,15 @@ TEST_CASE("liveness answers 200 while every handler is busy and the handler queu
   CHECK(std::chrono::steady_clock::now() - asked < 1s);
   for (auto& h : held) CHECK(h.get() == 200);
   CHECK(MetricValue(*c, "idem_http_queue_full_total") == 1);
+  CHECK(MetricValue(*c, R"(idem_http_requests_total{route="GET /readyz",code="5xx"})") == 1);
+  const std::string log = ReadFile(daemon->log_path());
+  const size_t line = log.find(R"("request_id":"shed-readyz-1")");
+  REQUIRE(line != std::string::npos);
+  const std::string access =
+      log.substr(log.rfind('\n', line) + 1, log.find('\n', line) - log.rfind('\n', line) - 1);
+  CHECK(access.find(R"("event":"access")") != std::string::npos);
+  CHECK(access.find(R"("route":"/readyz")") != std::string::npos);
+  CHECK(access.find(R"("status":503)") != std::string::npos);
 }
 
 TEST_CASE(
