@@ -108,6 +108,11 @@ TEST_CASE("outbox config errors name the offending key") {
     CHECK(config.status().code() == Code::kInvalidArgument);
     CHECK(config.status().field() == c.field);
   }
+  // A URL that is not one says so, not what the field is for.
+  OutboxConfigDir dir;
+  auto bad_url = dir.Load("outbox: {subscribers: {s: {url: \"htp:/oops\"}}}\n");
+  REQUIRE_FALSE(bad_url.ok());
+  CHECK(bad_url.status().message().find("must be an http:// or https:// URL") != std::string::npos);
 }
 
 }  // namespace idem
