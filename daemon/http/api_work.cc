@@ -964,6 +964,15 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
               std::string token = QueryParam(ctx, "token");
               if (token.empty()) return InvalidArgument("token is required", "query:token");
               Status released = deps.store.leases().Release(ctx.params[0], holder, token);
+              if (released.code() == Code::kFailedPrecondition) {
+                // A release sent again (its answer was lost) finds the lease
+                // free: that is what it asked for. Held by another, it is not.
+                auto now = deps.store.leases().Get(ctx.params[0], deps.clock.NowMillis());
+                if (!now.ok() && now.status().code() == Code::kNotFound) {
+                  return RouteResponse{
+                      200, {{"name", ctx.params[0]}, {"released", true}, {"was_free", true}}, {}};
+                }
+              }
               if (!released.ok() && released.field() == "/token") {
                 return released.WithField("query:token");
               }

@@ -405,7 +405,15 @@ TEST_CASE("a named lease keeps an overlapping cron run out until released or exp
   std::string token2 = J(c)["token"];
   CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-1&token=" + token1)->status == 409);
   CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 200);
+  // The same release sent again (its answer was lost): the lease is free,
+  // which is what it asked for.
+  auto again = f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2);
+  REQUIRE(again);
+  CHECK(again->status == 200);
+  CHECK(J(again)["was_free"] == true);
   CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-3"}})->status == 201);
+  // Once another holds it, an old token's release is refused.
+  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 409);
 }
 
 TEST_CASE("renewing or releasing a named lease needs its token, not only the holder's name") {
