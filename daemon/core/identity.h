@@ -71,7 +71,9 @@ StatusOr<std::string> ComputePromptHash(std::string_view template_text, std::str
                                         const Json& tools);
 
 // OK unless `value` holds an integer that a double cannot hold exactly
-// (|n| >= 2^53); then InvalidArgument naming `where` + the number's pointer.
+// (|n| >= 2^53), or a double that JCS writes as such an integer (an
+// integral value from 2^53 to 1e21: an integer literal past 64 bits, 1e16);
+// then InvalidArgument naming `where` + the number's pointer.
 Status CheckExactIntegers(const Json& value, const std::string& where);
 
 struct DecisionKeyParts {

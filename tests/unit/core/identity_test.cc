@@ -174,7 +174,11 @@ TEST_CASE("an input integer beyond 2^53 is refused with its pointer, as a string
   for (const char* text :
        {R"({"order":{"ids":[1,9007199254740993]}})", R"({"order":{"ids":[1,9007199254740992]}})",
         R"({"order":{"ids":[1,-9007199254740993]}})",
-        R"({"order":{"ids":[1,18446744073709551615]}})"}) {
+        R"({"order":{"ids":[1,18446744073709551615]}})",
+        // Past 64 bits the literal is read as a double: ...901 and ...999
+        // would be one key. And 1e16 comes back from JCS as an integer.
+        R"({"order":{"ids":[1,123456789012345678901]}})", R"({"order":{"ids":[1,1e16]}})",
+        R"({"order":{"ids":[1,-1.5e20]}})"}) {
     CAPTURE(text);
     DecisionKeyParts p = BaseParts();
     p.input = Json::parse(text);
@@ -190,7 +194,8 @@ TEST_CASE("an input integer beyond 2^53 is refused with its pointer, as a string
   CHECK(DecisionKey(a) != DecisionKey(b));
   // The largest exact integers and floats are fine.
   DecisionKeyParts edge = BaseParts();
-  edge.input = Json::parse(R"({"a":9007199254740991,"b":-9007199254740991,"c":1e300,"d":0.5})");
+  edge.input = Json::parse(
+      R"({"a":9007199254740991,"b":-9007199254740991,"c":1e300,"d":0.5,"e":1e21,"f":8.5e15})");
   CHECK(ComputeDecisionKey(edge).ok());
 }
 
