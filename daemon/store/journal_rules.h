@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
@@ -85,6 +86,28 @@ inline std::optional<ClaimOutcome> ReadOnlyOutcome(const std::optional<WorkItem>
   return std::nullopt;
 }
 
+// A running item whose lease ran out on its last attempt, buried by the
+// claim that found it so: dead, with no attempts left. Its holder may have
+// crashed, or may still be working (a slow call): the token stays, so that
+// holder's late complete is still taken (DeadByExpiry) and its effect is
+// recorded instead of run again after a replay.
+inline constexpr std::string_view kLeaseExpiredPrefix = "lease expired on attempt ";
+inline void BuryExpired(WorkItem& w, int64_t now_ms) {
+  w.state = WorkState::kDead;
+  w.last_error = std::string(kLeaseExpiredPrefix) + std::to_string(w.attempt) + " of " +
+                 std::to_string(w.max_attempts) +
+                 ": its holder neither completed nor failed it in time (it crashed, hung, or is "
+                 "still working; its complete is still taken until the work is replayed)";
+  w.locked_until_ms = 0;
+  w.expires_at_ms = 0;
+  w.updated_at_ms = now_ms;
+}
+inline bool DeadByExpiry(const WorkItem& w) {
+  return w.state == WorkState::kDead && !w.lease_token.empty() &&
+         std::string_view(w.last_error).substr(0, kLeaseExpiredPrefix.size()) ==
+             kLeaseExpiredPrefix;
+}
+
 // Does `token` hold `w` (running under that token)?
 inline bool Holds(const WorkItem& w, const std::string& token) {
   return w.state == WorkState::kRunning && ConstantTimeEquals(w.lease_token, token);
@@ -156,7 +179,12 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
                   (!op.external_ref.empty() && op.external_ref != current->external_ref);
       return r;
     }
-    if (!Holds(*current, op.lease_token)) return StaleLease(*current);
+    // The holder of a lease that ran out on the last attempt, completing
+    // late: the effect happened, and recording it is what keeps a replay
+    // from running it again.
+    const bool late =
+        DeadByExpiry(*current) && ConstantTimeEquals(current->lease_token, op.lease_token);
+    if (!late && !Holds(*current, op.lease_token)) return StaleLease(*current);
     WorkItem next = *current;
     next.state = WorkState::kDone;
     next.result = op.result;

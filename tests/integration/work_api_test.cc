@@ -26,6 +26,11 @@ const char* kActions = R"(actions:
     identity: {fields: [/chat_id, /text], version: v1}
     window: forever
     on_duplicate: conflict
+  charge_once:
+    identity: {fields: [/job], version: v1}
+    window: 24h
+    on_duplicate: return_original
+    retry: {attempts: 1, timeout: 5s}
 )";
 
 struct Fixture {
@@ -52,6 +57,33 @@ Json J(const httplib::Result& r) {
 }
 
 }  // namespace
+
+TEST_CASE(
+    "a duplicate claim that finds the last attempt's lease over buries the work, and the slow "
+    "holder's complete still lands, so no replay charges twice") {
+  Fixture f;
+  Json claim = {{"kind", "charge_once"}, {"identity", {{"job", "pay-77"}}}, {"lease", "1s"}};
+  auto first = f.Post("/v1/work/claim", claim);
+  REQUIRE(first->status == 201);
+  const std::string id = J(first)["work_id"], token = J(first)["lease_token"];
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'500));  // the holder is slow, not dead
+  auto duplicate = f.Post("/v1/work/claim", claim);
+  REQUIRE(duplicate->status == 409);
+  CHECK(J(duplicate)["state"] == "dead");
+  CHECK_FALSE(J(duplicate).contains("lease_token"));
+  auto late =
+      f.Post("/v1/work/" + id + "/complete",
+             {{"lease_token", token}, {"result", {{"charge", "ch_1"}}}, {"external_ref", "ch_1"}});
+  REQUIRE(late);
+  CHECK(late->status == 200);
+  CHECK(J(late)["state"] == "done");
+  CHECK(J(f.client->Get("/v1/dead-letters"))["items"].empty());
+  // The next claim gets the recorded charge, not a new lease.
+  auto again = f.Post("/v1/work/claim", claim);
+  REQUIRE(again);
+  CHECK(again->status == 200);
+  CHECK(J(again)["external_ref"] == "ch_1");
+}
 
 TEST_CASE("claim, complete, and a second claim returns the original result") {
   Fixture f;

@@ -338,16 +338,6 @@ const std::string& EnqueueSql() {
   return *s;
 }
 
-void MakeDead(WorkItem& next, int64_t now_ms) {
-  next.state = WorkState::kDead;
-  next.last_error = "lease expired on attempt " + std::to_string(next.attempt) + " of " +
-                    std::to_string(next.max_attempts) + " (the worker crashed or hung)";
-  next.lease_token.clear();
-  next.locked_until_ms = 0;
-  next.expires_at_ms = 0;
-  next.updated_at_ms = now_ms;
-}
-
 ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimRequest& req) {
   if (!current || Expired(*current, req.now_ms)) {
     WorkItem next = NewItem(req);
@@ -356,7 +346,7 @@ ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimReques
   }
   WorkItem next = *current;
   if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
-    MakeDead(next, req.now_ms);
+    BuryExpired(next, req.now_ms);
     return ClaimResult{ClaimOutcome::kDead, std::move(next)};
   }
   GrantLease(next, req);
@@ -700,13 +690,13 @@ class PgJournal final : public Journal {
   // outbox event, unless the record changed since (then nullopt).
   StatusOr<std::optional<WorkItem>> MarkCrashedDead(const WorkItem& seen, int64_t now_ms) {
     WorkItem next = seen;
-    MakeDead(next, now_ms);
+    BuryExpired(next, now_ms);
     bool changed = false;
     int64_t started = NowMicros();
     Status s = ctx_.pool.Tx([&](Conn& c) -> Status {
       ASSIGN_OR_RETURN(
           Result r,
-          c.Exec("UPDATE journal SET state = 'dead', last_error = $5, lease_token = '',"
+          c.Exec("UPDATE journal SET state = 'dead', last_error = $5,"
                  " locked_until_ms = 0, expires_at_ms = 0, updated_at_ms = $2"
                  " WHERE work_id = $1 AND state = 'running' AND attempt = $3 AND lease_token = $4"
                  " AND locked_until_ms <= $2",

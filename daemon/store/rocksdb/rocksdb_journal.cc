@@ -55,14 +55,7 @@ ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimReques
   }
   WorkItem next = *current;
   if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
-    // The holder crashed on its last attempt: no attempts left.
-    next.state = WorkState::kDead;
-    next.last_error = "lease expired on attempt " + std::to_string(next.attempt) + " of " +
-                      std::to_string(next.max_attempts) + " (the worker crashed or hung)";
-    next.lease_token.clear();
-    next.locked_until_ms = 0;
-    next.expires_at_ms = 0;
-    next.updated_at_ms = req.now_ms;
+    BuryExpired(next, req.now_ms);  // no attempts left
     return ClaimResult{ClaimOutcome::kDead, std::move(next)};
   }
   GrantLease(next, req);  // pending, failed, or running under an expired lease

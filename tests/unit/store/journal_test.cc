@@ -253,6 +253,42 @@ TEST_CASE("a crash on the last attempt makes the work dead instead of claimed") 
   CHECK(store->journal().Due(kT0 + 10'000, 10)->empty());
 }
 
+TEST_CASE(
+    "the holder whose lease ran out on the last attempt can still complete it: its effect is "
+    "recorded, not run again after a replay") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w1", kT0, 1'000);
+  r.max_attempts = 1;
+  ClaimResult slow = MustClaim(j, r);
+  // Another caller's claim finds the lease over: dead, no token for it.
+  r.now_ms = kT0 + 1'500;
+  ClaimResult second = MustClaim(j, r);
+  CHECK(second.outcome == ClaimOutcome::kDead);
+  CHECK(second.item.lease_token.empty());
+  CHECK(second.item.last_error.find("still working") != std::string::npos);
+  // The slow holder finishes its charge and completes: taken.
+  REQUIRE(
+      j.Complete("w1", slow.item.lease_token, Json{{"charge", "ch_1"}}, "ch_1", kT0 + 2'000).ok());
+  StatusOr<WorkItem> done = j.Get("w1");
+  CHECK(done->state == WorkState::kDone);
+  CHECK(done->external_ref == "ch_1");
+  CHECK(j.DeadLetters(10)->empty());
+  // A made-up token is still refused, and a replay finds nothing dead.
+  CHECK_FALSE(j.Complete("w1", "0123456789abcdef0123456789abcdef", 1, "", kT0 + 2'100).ok());
+  CHECK(j.Requeue("w1", kT0 + 3'000).status().code() == Code::kFailedPrecondition);
+
+  // Once the dead letter is replayed, the old lease holds nothing.
+  ClaimRequest r2 = Req("w2", kT0, 1'000);
+  r2.max_attempts = 1;
+  ClaimResult old = MustClaim(j, r2);
+  r2.now_ms = kT0 + 1'500;
+  CHECK(MustClaim(j, r2).outcome == ClaimOutcome::kDead);
+  REQUIRE(j.Requeue("w2", kT0 + 1'600).ok());
+  CHECK_FALSE(j.Complete("w2", old.item.lease_token, 1, "", kT0 + 1'700).ok());
+}
+
 TEST_CASE("requeue revives a dead item with a fresh attempt budget") {
   TempDir dir;
   auto store = OpenStore(dir.path());
