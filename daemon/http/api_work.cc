@@ -915,6 +915,13 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         }
         // Requeue, and run it now when the daemon executes the kind.
         ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Replay(ctx.params[0]));
+        if (o.item.state == WorkState::kDead) {
+          // Its one attempt failed for good again: a dead letter still, not
+          // an accepted request a script would take for success.
+          return Conflict(Aborted("the replay's attempts failed: work " + o.item.work_id +
+                                  " is a dead letter again (" + o.item.last_error + ")"),
+                          o.item, ctx.request_id);
+        }
         return RouteResponse{o.item.state == WorkState::kDone ? 200 : 202, WorkBody(o.item), {}};
       }});
 

@@ -272,4 +272,27 @@ TEST_CASE(
   CHECK_MESSAGE(recorded, audit.dump());
 }
 
+TEST_CASE("a dead-letter replay whose attempt fails for good again is 409 dead, not 202") {
+  Fixture f;
+  f.target->FailNext(1, 422);  // not retryable: dead at once
+  auto first =
+      f.Post("/v1/actions/send_invoice", {{"args", {{"invoice_id", "INV-422"}}}}, "\"d-422\"");
+  REQUIRE(first);
+  REQUIRE(first->status == 409);
+  const std::string work_id = J(first)["work_id"];
+  f.target->FailNext(1, 422);
+  auto replay = f.client->Post("/v1/dead-letters/" + work_id + "/replay",
+                               {{"Idempotency-Key", "\"r-422\""}}, "", "application/json");
+  REQUIRE(replay);
+  CHECK(replay->status == 409);
+  CHECK(J(replay)["state"] == "dead");
+  CHECK(J(replay)["detail"].get<std::string>().find("dead letter again") != std::string::npos);
+  // The next replay, with the target fixed, runs it.
+  auto fixed = f.client->Post("/v1/dead-letters/" + work_id + "/replay",
+                              {{"Idempotency-Key", "\"r-422-2\""}}, "", "application/json");
+  REQUIRE(fixed);
+  CHECK(fixed->status == 200);
+  CHECK(J(fixed)["state"] == "done");
+}
+
 }  // namespace idem::testing
