@@ -305,7 +305,12 @@ class DecideEngineImpl final : public DecideEngine {
     d.material = esc.material;
     d.provider = "human";
     d.model = actor;
-    d.prompt_version = step.config->prompt.version;
+    // The version the escalated key was made under, even if another is
+    // the step's default by now: the key's material says which.
+    d.prompt_version = esc.material.is_object() && esc.material.contains("prompt_version") &&
+                               esc.material["prompt_version"].is_string()
+                           ? esc.material["prompt_version"].get<std::string>()
+                           : step.config->prompt.version;
     d.created_at_ms = clock_.NowMillis();
     d.trace_id = CurrentTraceId();
     d.expires_at_ms =
@@ -496,18 +501,40 @@ class DecideEngineImpl final : public DecideEngine {
       return FailedPrecondition("step " + original.step + " is no longer configured");
     }
     const CompiledStep& step = it->second;
+    const Json& recorded = original.material;
+    // What the request does not change is as the decision was made: its
+    // prompt version (when still loaded) and temperature, not today's
+    // defaults, so "replay" without options reproduces the setup.
+    const std::string recorded_version = recorded.is_object() &&
+                                                 recorded.contains("prompt_version") &&
+                                                 recorded["prompt_version"].is_string()
+                                             ? recorded["prompt_version"].get<std::string>()
+                                             : "";
+    std::string version = o.prompt_version;
+    if (version.empty() && !recorded_version.empty() &&
+        (recorded_version == step.config->prompt.version ||
+         step.config->other_prompts.count(recorded_version) != 0)) {
+      version = recorded_version;
+    }
     const PromptConfig* prompt = &step.config->prompt;
-    if (!o.prompt_version.empty() && o.prompt_version != prompt->version) {
-      auto other = step.config->other_prompts.find(o.prompt_version);
+    if (!version.empty() && version != prompt->version) {
+      auto other = step.config->other_prompts.find(version);
       if (other == step.config->other_prompts.end()) {
         std::string loaded = prompt->version;
         for (const auto& entry : step.config->other_prompts) loaded += ", " + entry.first;
         return Status(Code::kFailedPrecondition,
-                      "prompt version " + o.prompt_version + " is not loaded; step " +
-                          original.step + " has " + loaded,
+                      "prompt version " + version + " is not loaded; step " + original.step +
+                          " has " + loaded,
                       "/prompt_version");
       }
       prompt = &other->second;
+    }
+    std::optional<double> temperature = o.temperature;
+    if (!temperature && recorded.is_object() && recorded.contains("temperature")) {
+      if (recorded["temperature"].is_number()) temperature = recorded["temperature"].get<double>();
+    }
+    if (!temperature && !(recorded.is_object() && recorded.contains("temperature"))) {
+      temperature = step.config->temperature;
     }
     std::string provider_name = o.provider.empty() ? original.provider : o.provider;
     if (provider_name == "human" || provider_name.empty()) {
@@ -530,18 +557,32 @@ class DecideEngineImpl final : public DecideEngine {
     }
     if (pm.latency == nullptr) pm = OverflowProviderMetrics();
     std::vector<Candidate> chain = {Candidate{provider_name, pit->second.get(), model, pm}};
+    // The replay's key is that of the material it runs with: the
+    // original's when nothing changed, another when the provider, model,
+    // prompt or temperature did (a replay provider answers by key, and must
+    // not answer another setup with the recording).
     StepKey key;
     key.key.key = original.decision_key;
     key.key.canonical = original.material.dump();
-    key.normalized_input =
-        original.material.is_object() ? original.material.value("input", Json()) : Json();
+    key.normalized_input = recorded.is_object() ? recorded.value("input", Json()) : Json();
+    if (recorded.is_object()) {
+      Json material = recorded;
+      material["provider"] = provider_name;
+      material["model"] = model;
+      material["prompt_version"] = prompt->version;
+      if (!prompt->hash.empty()) material["prompt_hash"] = prompt->hash;
+      material["temperature"] = temperature ? Json(*temperature) : Json(nullptr);
+      if (material != recorded) {
+        ASSIGN_OR_RETURN(std::string canonical, CanonicalJson(material));
+        key.key.key = Sha256Hex(canonical);
+        key.key.canonical = std::move(canonical);
+      }
+    }
     DecideRequest req;
     req.step = original.step;
     req.request_id = o.request_id;
-    ASSIGN_OR_RETURN(ChainOutcome out,
-                     RunChain(step, *prompt, key, req, chain,
-                              o.temperature ? o.temperature : step.config->temperature,
-                              /*dry_run=*/true, o.trace_out));
+    ASSIGN_OR_RETURN(ChainOutcome out, RunChain(step, *prompt, key, req, chain, temperature,
+                                                /*dry_run=*/true, o.trace_out));
     return std::move(out.decision);
   }
 

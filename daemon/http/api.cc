@@ -322,15 +322,24 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                         "/promote");
         }
         ASSIGN_OR_RETURN(Decision original, deps.store.decisions().Get(ctx.params[0]));
-        if (ctx.body.value("promote", false) && ctx.body.contains("prompt_version")) {
-          // The cache key covers the prompt: an answer to another version
-          // cannot stand in for this key's.
-          auto sit = deps.config.steps.find(original.step);
-          if (sit != deps.config.steps.end() &&
-              ctx.body["prompt_version"] != sit->second.prompt.version) {
+        if (ctx.body.value("promote", false) && original.material.is_object()) {
+          // The cache key covers the prompt version and the temperature the
+          // decision was made with (its material's, not today's defaults):
+          // an answer to another cannot stand in for this key's.
+          const Json& m = original.material;
+          if (ctx.body.contains("prompt_version") &&
+              ctx.body["prompt_version"] != m.value("prompt_version", Json())) {
             return Status(Code::kFailedPrecondition,
                           "a replay with another prompt version cannot be promoted: decisions "
                           "are cached per prompt version; make it the step's prompt instead",
+                          "/promote");
+          }
+          if (ctx.body.contains("temperature") &&
+              !(m.contains("temperature") && m["temperature"].is_number() &&
+                m["temperature"].get<double>() == ctx.body["temperature"].get<double>())) {
+            return Status(Code::kFailedPrecondition,
+                          "a replay at another temperature cannot be promoted: decisions are "
+                          "cached per temperature; change the step's temperature instead",
                           "/promote");
           }
         }
@@ -369,11 +378,18 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                           {"decision_key", original.decision_key},
                           {"provider", replayed->provider},
                           {"model", replayed->model},
+                          {"prompt_version", replayed->prompt_version},
                           {"diff", body["diff"]},
                           {"request_id", ctx.request_id},
                           {"trace_id", ctx.trace.trace_id}};
           RETURN_IF_ERROR(deps.store.audit().Append(std::move(event)).status());
-          RETURN_IF_ERROR(deps.store.decisions().Replace(*replayed));
+          // It answers the original's key (a replay with another model is
+          // keyed by that model while it runs); the decision says which
+          // provider and model answered.
+          Decision promoted = *replayed;
+          promoted.decision_key = original.decision_key;
+          promoted.material = original.material;
+          RETURN_IF_ERROR(deps.store.decisions().Replace(promoted));
           body["promoted"] = true;
         }
         return RouteResponse{200, std::move(body), {}};

@@ -281,6 +281,23 @@ TEST_CASE("a replay provider serves a recorded run offline, by decision key") {
     Json full = J(c->Get(("/v1/decisions/" + d["decision_id"].get<std::string>()).c_str()));
     CHECK(full["trace"]["attempts"][0]["finish_reason"] == "replay");
   }
+  // A replay of a recorded decision as it was made finds its answer; one
+  // with another model or temperature is another setup, which the
+  // recording never saw: not its answer under a new name.
+  {
+    Json d = J(c->Post("/v1/decide", DecideBody("T-1"), "application/json"));
+    const std::string path = "/v1/decisions/" + d["decision_id"].get<std::string>() + "/replay";
+    Json same = J(c->Post(path, "{}", "application/json"));
+    CHECK(same["replayed"]["output"] == d["output"]);
+    for (const char* changed : {R"({"model":"demo-9"})", R"({"temperature":0.9})"}) {
+      CAPTURE(changed);
+      auto other = c->Post(path, changed, "application/json");
+      REQUIRE(other);
+      const Json o = Json::parse(other->body);
+      CHECK((other->status != 200 || o["replayed"]["status"] == "failed"));
+      CHECK(other->body.find("has no decision for step triage_ticket") != std::string::npos);
+    }
+  }
   // An input the run never saw: a clear provider error, and the daemon lives on.
   auto unknown = c->Post("/v1/decide", DecideBody("T-9"), "application/json");
   REQUIRE(unknown);

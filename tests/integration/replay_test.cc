@@ -78,9 +78,21 @@ TEST_CASE("a replay against another model shows the diff and leaves the cache al
             ->status == 409);
   CHECK(c->Post("/v1/decisions/dec_nope/replay", "{}", "application/json")->status == 404);
 
+  // The key covers the temperature and prompt version it was made with: a
+  // replay at another cannot be promoted; naming its own version can.
+  auto hot = c->Post(("/v1/decisions/" + id + "/replay").c_str(),
+                     R"({"model":"demo-2","temperature":0.9,"promote":true})", "application/json");
+  REQUIRE(hot);
+  CHECK(hot->status == 409);
+  CHECK(Json::parse(hot->body)["pointer"] == "/promote");
+  CHECK(Json::parse(hot->body)["detail"].get<std::string>().find("temperature") !=
+        std::string::npos);
+  CHECK(J(c->Post("/v1/decide", decide, "application/json"))["decision_id"] == id);
+
   // Promote: the replayed answer becomes the cached decision, audited.
-  Json promoted = J(c->Post(("/v1/decisions/" + id + "/replay").c_str(),
-                            R"({"model":"demo-2","promote":true})", "application/json"));
+  Json promoted =
+      J(c->Post(("/v1/decisions/" + id + "/replay").c_str(),
+                R"({"model":"demo-2","prompt_version":"v1","promote":true})", "application/json"));
   CHECK(promoted["promoted"] == true);
   Json now = J(c->Post("/v1/decide", decide, "application/json"));
   CHECK(now["cache"] == "hit");
