@@ -84,7 +84,11 @@ class ApplyEngineImpl final : public ApplyEngine {
         metrics_(metrics),
         options_(std::move(options)),
         internal_actions_(std::move(internal_actions)),
-        kinds_(std::move(kinds)) {}
+        kinds_(std::move(kinds)) {
+    for (const auto& [name, kind] : kinds_) {
+      if (!kind.effector) client_kinds_.push_back(name);
+    }
+  }
   ~ApplyEngineImpl() override { Stop(); }
 
   StatusOr<ActionOutcome> Submit(const std::string& kind, const Json& args,
@@ -145,6 +149,7 @@ class ApplyEngineImpl final : public ApplyEngine {
   // The internal kinds' configs, which kinds_ points into (map nodes are stable).
   const std::unique_ptr<std::map<std::string, ActionConfig>> internal_actions_;
   const std::map<std::string, KindRuntime> kinds_;
+  std::vector<std::string> client_kinds_;  // kinds without an effector: clients run them
 
   mutable Mutex mu_;
   // Work this process is running now (workers and Replay), so that two
@@ -470,10 +475,12 @@ namespace {
 
 StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
   if (max_items == 0) return size_t{0};
-  // Read past items this process does not run (client-executed kinds,
-  // in-flight work) so that they do not starve the rest.
-  ASSIGN_OR_RETURN(std::vector<WorkItem> due,
-                   journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size()));
+  // Client-executed kinds are not this process's to run: the store passes
+  // over them, however many wait (they filled every pass). In-flight work
+  // is read past here.
+  ASSIGN_OR_RETURN(
+      std::vector<WorkItem> due,
+      journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size(), client_kinds_));
   size_t handled = 0;
   for (const WorkItem& listed : due) {
     if (handled >= max_items) break;

@@ -389,8 +389,13 @@ class Journal {
                                   int64_t now_ms) = 0;
   virtual StatusOr<WorkItem> Get(const std::string& work_id) = 0;
   // Up to n items that are due at now_ms: pending/failed with
-  // next_attempt_at <= now, and running with an expired lease.
-  virtual StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) = 0;
+  // next_attempt_at <= now, and running with an expired lease; oldest due
+  // first. Items of `skip_kinds` are passed over and not counted (the
+  // daemon's workers do not run client-executed kinds: however many of
+  // those wait, they must not fill every pass).
+  StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) { return Due(now_ms, n, {}); }
+  virtual StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n,
+                                              const std::vector<std::string>& skip_kinds) = 0;
   // Dead items, oldest death first.
   virtual StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) = 0;
   // dead -> pending with a fresh attempt budget, due now. FailedPrecondition

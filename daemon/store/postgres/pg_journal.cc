@@ -468,13 +468,16 @@ class PgJournal final : public Journal {
     return Scrubbed(std::move(w));
   }
 
-  StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) override {
+  using Journal::Due;
+  StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n,
+                                      const std::vector<std::string>& skip_kinds) override {
     if (n == 0 || now_ms < 0) return std::vector<WorkItem>();
     return List(
         "WHERE state IN ('pending', 'failed', 'running') AND (CASE WHEN state = 'running' THEN"
-        " locked_until_ms ELSE next_attempt_at_ms END) <= $1 ORDER BY (CASE WHEN state ="
-        " 'running' THEN locked_until_ms ELSE next_attempt_at_ms END), work_id LIMIT $2",
-        {P(now_ms), Limit(n)});
+        " locked_until_ms ELSE next_attempt_at_ms END) <= $1 AND kind <> ALL($3::text[])"
+        " ORDER BY (CASE WHEN state = 'running' THEN locked_until_ms ELSE next_attempt_at_ms"
+        " END), work_id LIMIT $2",
+        {P(now_ms), Limit(n), P(ArrayLiteral(skip_kinds))});
   }
 
   StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) override {

@@ -435,7 +435,8 @@ StatusOr<WorkItem> RocksJournal::Get(const std::string& work_id) {
   return Scrubbed(std::move(*current));
 }
 
-StatusOr<std::vector<WorkItem>> RocksJournal::Due(int64_t now_ms, size_t n) {
+StatusOr<std::vector<WorkItem>> RocksJournal::Due(int64_t now_ms, size_t n,
+                                                  const std::vector<std::string>& skip_kinds) {
   std::vector<WorkItem> out;
   if (n == 0 || now_ms < 0) return out;
   ScopedSnapshot snapshot(db_.raw());
@@ -453,6 +454,7 @@ StatusOr<std::vector<WorkItem>> RocksJournal::Due(int64_t now_ms, size_t n) {
     std::string work_id(key.substr(8));
     ASSIGN_OR_RETURN(std::optional<WorkItem> w, Load(work_id, snapshot.get()));
     if (!w) continue;
+    if (std::find(skip_kinds.begin(), skip_kinds.end(), w->kind) != skip_kinds.end()) continue;
     bool due = ((w->state == WorkState::kPending || w->state == WorkState::kFailed) &&
                 w->next_attempt_at_ms <= now_ms) ||
                (w->state == WorkState::kRunning && w->locked_until_ms <= now_ms);

@@ -65,7 +65,9 @@ class RocksJournal final : public Journal {
                           const std::string& error, bool retryable, int64_t retry_at_ms,
                           int64_t now_ms) override;
   StatusOr<WorkItem> Get(const std::string& work_id) override;
-  StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n) override;
+  using Journal::Due;
+  StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n,
+                                      const std::vector<std::string>& skip_kinds) override;
   StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) override;
   StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) override;
   StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) override;

@@ -415,6 +415,25 @@ TEST_CASE("sweeping removes expired done work and its index entries only") {
   CHECK(Ids(j.DoneWithRef("send_email", 10).value()) == std::set<std::string>{"c"});
 }
 
+TEST_CASE("Due passes over the kinds it is told to skip, however many are due before the rest") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  for (int i = 0; i < 300; ++i) {
+    ClaimRequest r = Req("client-" + std::to_string(i), kT0 + i);
+    r.kind = "manual";
+    REQUIRE(j.Enqueue(r).ok());
+  }
+  ClaimRequest mine = Req("daemon-1", kT0 + 1'000);
+  mine.kind = "send_reply";
+  REQUIRE(j.Enqueue(mine).ok());
+  const int64_t now = kT0 + 5'000;
+  CHECK(Ids(j.Due(now, 256).value()).count("daemon-1") == 0);  // behind 300 older ones
+  std::vector<WorkItem> due = j.Due(now, 256, {"manual"}).value();
+  CHECK(Ids(due) == std::set<std::string>{"daemon-1"});
+  CHECK(j.Due(now, 256, {"other"})->size() == 256);
+}
+
 TEST_CASE("Due returns due and lease-expired items only") {
   TempDir dir;
   auto store = OpenStore(dir.path());
