@@ -629,14 +629,22 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         Json items = Json::array();
         std::map<std::string, int> counts;
         const Json& batch = ctx.body["items"];
+        bool passing_error = false;  // an item met an error that may pass (a store outage)
         // A failed item: a bad one refuses the whole run, its field ("/args/x")
-        // moved under "/items/<i>/x"; any other failure is that item's alone.
-        auto failed = [&items, &counts](size_t i, const Status& s) -> Status {
+        // moved under "/items/<i>/x"; any other failure is that item's alone,
+        // named with its work_id when it has one.
+        auto failed = [&](size_t i, const Status& s) -> Status {
           if (s.code() == Code::kInvalidArgument) {
             return s.WithField("/items/" + std::to_string(i) +
                                s.field().substr(std::min<size_t>(5, s.field().size())));
           }
-          items.push_back({{"index", i}, {"error", s.ToString()}});
+          Json item = {{"index", i}, {"error", s.ToString()}};
+          if (auto id = ActionWorkId(*kind, batch[i]); id.ok()) item["work_id"] = id->key;
+          if (s.retryable()) {
+            item["retryable"] = true;
+            passing_error = true;
+          }
+          items.push_back(std::move(item));
           counts["error"]++;
           return Status::Ok();
         };
@@ -699,7 +707,11 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                            {"state", WorkStateName(o->item.state)}});
         }
         RouteResponse out{200, {{"run_id", run_id}, {"counts", counts}, {"items", items}}, {}};
-        out.transient = waiting || counts.count("retrying") > 0 || counts.count("busy") > 0;
+        // Not final while an item waits, retries, is busy, or met an error
+        // that may pass: a retry with the key runs again (done items are
+        // not redone) instead of replaying this answer for the key's window.
+        out.transient =
+            waiting || passing_error || counts.count("retrying") > 0 || counts.count("busy") > 0;
         return out;
       }});
 

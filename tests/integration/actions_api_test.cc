@@ -20,6 +20,7 @@ struct Fixture {
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
   std::string config;
+  std::map<std::string, std::string> env;  // of the daemon (IDEM_FAILPOINTS)
 
   // `extra_yaml`: more top-level config after the actions.
   explicit Fixture(const std::string& extra_yaml = "") {
@@ -52,7 +53,7 @@ struct Fixture {
     client.reset();
     daemon.reset();
     std::string err;
-    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, env}, &err);
     REQUIRE_MESSAGE(daemon != nullptr, err);
     client = daemon->Client();
   }
@@ -293,6 +294,41 @@ TEST_CASE("a dead-letter replay whose attempt fails for good again is 409 dead, 
   REQUIRE(fixed);
   CHECK(fixed->status == 200);
   CHECK(J(fixed)["state"] == "done");
+}
+
+TEST_CASE(
+    "a run whose item met an error that may pass is not stored under its key: the retry runs "
+    "again and finishes it") {
+  Fixture f;
+  f.env["IDEM_FAILPOINTS"] = "apply.after_claim=2*error";  // the second item's claim
+  f.Restart();
+  const Json run = {
+      {"run_id", "re"},
+      {"kind", "send_invoice"},
+      {"items",
+       Json::array({{{"invoice_id", "R-1"}}, {{"invoice_id", "R-2"}}, {{"invoice_id", "R-3"}}})}};
+  auto first = f.Post("/v1/runs", run, "\"run-e\"");
+  REQUIRE(first);
+  REQUIRE_MESSAGE(first->status == 200, first->body);
+  const Json a = J(first);
+  CHECK(a["counts"]["error"] == 1);
+  const Json& bad = a["items"][1];
+  CHECK(bad.contains("error"));
+  CHECK(bad["work_id"].get<std::string>().size() == 64);  // trackable
+  CHECK(bad["retryable"] == true);
+  auto again = f.Post("/v1/runs", run, "\"run-e\"");
+  REQUIRE(again);
+  CHECK_FALSE(again->has_header("Idempotent-Replayed"));
+  const Json b = J(again);
+  CHECK(b["counts"].value("error", 0) == 0);
+  // The item whose claim failed holds its lease until the takeover: busy
+  // now, and done once the daemon's worker has run it.
+  CHECK(b["counts"].value("executed", 0) + b["counts"].value("already_done", 0) +
+            b["counts"].value("busy", 0) + b["counts"].value("retrying", 0) ==
+        3);
+  REQUIRE(WaitFor([&] { return J(f.client->Get("/v1/runs/re"))["counts"].value("done", 0) == 3; },
+                  20'000));
+  CHECK(f.target->stats().duplicates_by_key == 0);
 }
 
 }  // namespace idem::testing
