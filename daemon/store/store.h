@@ -626,6 +626,15 @@ struct LeaseResult {
   NamedLease lease;  // the current lease (the other holder's for kHeld)
 };
 
+// The error of a renewal whose lease is no longer live (LeaseStore::Acquire).
+inline Status LeaseLapsed(const std::string& name) {
+  return Status(Code::kFailedPrecondition,
+                "lease '" + name +
+                    "' is not held under this token any more: it expired or was released, and "
+                    "another holder may have held it since; acquire it again without a token",
+                "/token");
+}
+
 class LeaseStore {
  public:
   virtual ~LeaseStore() = default;
@@ -633,7 +642,11 @@ class LeaseStore {
   // renew if `holder` holds it and `token` is its token (same token, expiry
   // now + ttl); kHeld if another holder does. The holder's name alone does
   // not renew: anyone can say it, only the acquirer learned the token, so a
-  // wrong or empty token is FailedPrecondition (field "/token").
+  // wrong or empty token is FailedPrecondition (field "/token"). A token
+  // for a lease that is no longer live (it expired or was released, so
+  // another holder may have held it since) is FailedPrecondition
+  // (LeaseLapsed, field "/token"): the caller acquires it again without a
+  // token and learns that it lost it, instead of a silent new lease.
   // InvalidArgument if name or holder is empty or ttl_ms <= 0.
   virtual StatusOr<LeaseResult> Acquire(const std::string& name, const std::string& holder,
                                         const std::string& token, int64_t ttl_ms,

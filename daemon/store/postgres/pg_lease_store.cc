@@ -92,6 +92,16 @@ class PgLeaseStore final : public LeaseStore {
                                         {P(name), P(holder), P(token), P(until), P(now_ms)}));
         if (r.rows() == 1) return LeaseResult{LeaseOutcome::kRenewed, LeaseAt(r, 0)};
       }
+      if (!token.empty()) {
+        // Not renewed: held by another, under another token, or lapsed.
+        ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
+        if (!current || current->expires_at_ms <= now_ms) return LeaseLapsed(name);
+        if (current->holder != holder) return LeaseResult{LeaseOutcome::kHeld, *current};
+        if (!ConstantTimeEquals(token, current->token)) {
+          return WrongToken(name, holder, "; renewing it");
+        }
+        continue;  // renewed meanwhile by a concurrent call with the same token
+      }
       {
         WriteTimer timer(ctx_);
         ASSIGN_OR_RETURN(

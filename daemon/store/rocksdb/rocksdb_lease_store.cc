@@ -31,6 +31,7 @@ StatusOr<LeaseResult> RocksLeaseStore::Acquire(const std::string& name, const st
                       "; renewing it needs the token its acquire returned",
                   "/token");
   }
+  if (!live && !token.empty()) return LeaseLapsed(name);
   LeaseResult result;
   if (live) {
     result.outcome = LeaseOutcome::kRenewed;

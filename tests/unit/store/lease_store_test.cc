@@ -66,6 +66,33 @@ TEST_CASE("the holder's name alone does not renew a named lease: its token does"
   CHECK(again->lease.token != a->lease.token);
 }
 
+TEST_CASE(
+    "a renewal whose lease lapsed is refused, so its holder learns another may have run, and "
+    "acquires anew") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  LeaseStore& l = store->leases();
+  auto a = l.Acquire("nightly", "run-A", "", 2'000, kT0);
+  REQUIRE(a.ok());
+  // run-B takes it once it lapsed, and lets it go.
+  auto b = l.Acquire("nightly", "run-B", "", 10'000, kT0 + 2'500);
+  REQUIRE(b.ok());
+  CHECK(b->outcome == LeaseOutcome::kAcquired);
+  REQUIRE(l.Release("nightly", "run-B", b->lease.token).ok());
+  // run-A's renew loop comes back with its old token: not a silent new lease.
+  auto renew = l.Acquire("nightly", "run-A", a->lease.token, 2'000, kT0 + 3'000);
+  CHECK(renew.status().code() == Code::kFailedPrecondition);
+  CHECK(renew.status().field() == "/token");
+  CHECK(renew.status().message().find("acquire it again") != std::string::npos);
+  // Lapsed with nobody in between: the same.
+  auto lapsed = l.Acquire("nightly", "run-A", a->lease.token, 2'000, kT0 + 60'000);
+  CHECK(lapsed.status().code() == Code::kFailedPrecondition);
+  auto fresh = l.Acquire("nightly", "run-A", "", 2'000, kT0 + 60'000);
+  REQUIRE(fresh.ok());
+  CHECK(fresh->outcome == LeaseOutcome::kAcquired);
+  CHECK(fresh->lease.token != a->lease.token);
+}
+
 TEST_CASE("only the holder with the lease's token releases a named lease") {
   TempDir dir;
   auto store = OpenStore(dir.path());
