@@ -332,8 +332,14 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
 
   const bool retryable = attempt.status.retryable();
   const RetryConfig& retry = kind.action->retry;
-  const int64_t delay = RetryDelayMs(claimed.attempt, retry.base_ms, retry.cap_ms,
-                                     clock_.env().RandomUnit(), attempt.retry_after_ms);
+  int64_t delay = RetryDelayMs(claimed.attempt, retry.base_ms, retry.cap_ms,
+                               clock_.env().RandomUnit(), attempt.retry_after_ms);
+  if (attempt.status.code() == Code::kDeadlineExceeded) {
+    // The target may still be making what this attempt asked for: the next
+    // attempt's lookup must be able to see it (a jittered backoff of ~0 ms
+    // made a check-then-act effector create a second record).
+    delay = std::max(delay, kind.effector->UnknownOutcomeSettleMs());
+  }
   StatusOr<WorkItem> failed = journal_.Fail(claimed.work_id, claimed.lease_token,
                                             attempt.status.ToString(), retryable, now + delay, now);
   if (!failed.ok()) {

@@ -78,6 +78,13 @@ class Effector {
   // up); the engine's lease covers it plus a margin.
   virtual int64_t AttemptBudgetMs() const = 0;
 
+  // After an attempt whose outcome is unknown (its call timed out: the
+  // target may still be making the record), how long the next attempt
+  // waits at least. An effector that finds its own earlier effect by a
+  // lookup (check-then-act) needs that record to exist by then, or it
+  // makes a second one; one whose target dedups by key needs nothing.
+  virtual int64_t UnknownOutcomeSettleMs() const { return 0; }
+
   // One attempt of the effect of `item` (its work_id is the idempotency key
   // or fingerprint). Never throws.
   virtual EffectAttempt Execute(const WorkItem& item, EffectContext& context) = 0;

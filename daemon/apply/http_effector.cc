@@ -295,6 +295,11 @@ Status HttpEffector::Validate(const Json& args) const {
   return Status::Ok();
 }
 
+int64_t HttpEffector::UnknownOutcomeSettleMs() const {
+  // A create that timed out may land up to a whole call's time later.
+  return config_.level == Level::kCheckThenAct ? config_.timeout_ms : 0;
+}
+
 int64_t HttpEffector::AttemptBudgetMs() const {
   int calls = config_.level == Level::kCheckThenAct ? 2 : 1;
   return calls * config_.timeout_ms;

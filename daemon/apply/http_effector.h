@@ -119,6 +119,7 @@ class HttpEffector final : public Effector {
 
   Status Validate(const Json& args) const override;
   int64_t AttemptBudgetMs() const override;
+  int64_t UnknownOutcomeSettleMs() const override;
   EffectAttempt Execute(const WorkItem& item, EffectContext& context) override;
   bool CanLookup() const override { return !config_.lookup_url.empty(); }
   bool CanList() const override { return !config_.list_url.empty(); }

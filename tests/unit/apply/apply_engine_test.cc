@@ -163,6 +163,32 @@ TEST_CASE("check_then_act: a lost answer is found by the retry's lookup") {
   CHECK(records[0]["idem_fingerprint"] == done.work_id);
 }
 
+TEST_CASE(
+    "check_then_act: after a call that timed out, the retry waits for the slow create to land "
+    "and finds it, instead of making a second record") {
+  ApplyHarness h;
+  ActionConfig& k = h.AddKind("create_ticket", {"/ticket_id"}, CheckThenActEffector(h));
+  k.retry.base_ms = 1;  // a jittered backoff of about nothing
+  k.retry.cap_ms = 1;
+  k.retry.timeout_ms = 300;
+  Json args = {{"ticket_id", "T-slow"}};
+  h.fake().TimeoutNext(1, 700);  // the target makes it, 700 ms later
+  ActionOutcome first = h.Submit("create_ticket", args);
+  REQUIRE(first.kind == ActionOutcomeKind::kRetrying);
+  const WorkItem failed = h.Get(h.WorkId("create_ticket", args));
+  CHECK(failed.next_attempt_at_ms - failed.updated_at_ms >= 300);
+  // Not due before then...
+  h.env_.Advance(100);
+  CHECK(h.RunDue() == 0);
+  // ...and by then the slow create has landed: the lookup finds it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  h.env_.Advance(300);
+  CHECK(h.RunDue() == 1);
+  WorkItem done = h.Get(h.WorkId("create_ticket", args));
+  CHECK(done.state == WorkState::kDone);
+  CHECK(h.fake().Records("records").size() == 1);
+}
+
 TEST_CASE("check_then_act: external_ref recorded before a crash finishes the work without a call") {
   ApplyHarness h;
   FailpointsGuard guard;
