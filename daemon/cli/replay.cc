@@ -29,6 +29,25 @@ const Json& Member(const Json& j, const char* key) {
 
 std::string Compact(const Json& j, size_t max = 120) { return Truncate(JsonText(j), max); }
 
+// "from → to" of a changed value, each cut to `max`; when the cut would
+// show two equal texts (a long reply whose end changed), both are shown
+// from a little before their first difference instead.
+std::string ChangedPair(const Json& from, const Json& to, size_t max = 120) {
+  const std::string a = JsonText(from), b = JsonText(to);
+  std::string left = Truncate(a, max), right = Truncate(b, max);
+  if (left == right && a != b) {
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    size_t start = i > 40 ? i - 40 : 0;
+    // Not inside a UTF-8 sequence (both texts are the same up to i).
+    while (start > 0 && (static_cast<unsigned char>(a[start]) & 0xC0) == 0x80) --start;
+    const std::string lead = start > 0 ? "…" : "";
+    left = lead + Truncate(a.substr(start), max);
+    right = lead + Truncate(b.substr(start), max);
+  }
+  return left + " → " + right;
+}
+
 void Print(std::FILE* f, const std::string& text) {
   std::fwrite(text.data(), 1, text.size(), f);
   std::fflush(f);
@@ -113,7 +132,7 @@ std::string RenderReplayDiff(const Json& answer, const Style& style) {
   if (changed.is_array()) {
     for (const Json& c : changed) {
       out += style.Paint("  ~ " + Str(c, "pointer"), Color::kYellow) + ": " +
-             Compact(Member(c, "from")) + " → " + Compact(Member(c, "to")) + "\n";
+             ChangedPair(Member(c, "from"), Member(c, "to")) + "\n";
     }
   }
   if (added.is_array()) {

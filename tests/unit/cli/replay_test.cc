@@ -99,6 +99,20 @@ TEST_CASE("replay_diff_shows_each_pointer_before_and_after") {
         std::string::npos);
 }
 
+TEST_CASE("replay_diff_of_two_long_texts_that_differ_late_shows_where_they_differ") {
+  Json answer = ReplayAnswer();
+  const std::string common(200, 'x');
+  answer["diff"] = {{"changed", Json::array({{{"pointer", "/actions/0/args/text"},
+                                              {"from", common + " -- good-high"},
+                                              {"to", common + " -- good-high-v2"}}})},
+                    {"added", Json::array()},
+                    {"removed", Json::array()}};
+  const std::string text = RenderReplayDiff(answer, Style{});
+  CAPTURE(text);
+  CHECK(text.find("-- good-high\" → …") != std::string::npos);
+  CHECK(text.find("-- good-high-v2\"") != std::string::npos);
+}
+
 TEST_CASE("replay_diff_says_no_change_and_reports_a_failed_replay") {
   Json same = ReplayAnswer();
   same["diff"] = {{"changed", Json::array()}, {"added", Json::array()}, {"removed", Json::array()}};
