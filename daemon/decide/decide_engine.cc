@@ -759,6 +759,17 @@ class DecideEngineImpl final : public DecideEngine {
                         std::to_string(trace.size()) + " attempts: " + last_error.message(),
                     "", last_error.retryable());
     }
+    // One open escalation a key: a refresh that fails again joins the one
+    // a human may be answering already (a second would hide the first from
+    // the open list, and two answers would overwrite each other).
+    if (auto open = escalations_.OpenByKey(key.key.key); open.ok()) {
+      ChainOutcome out;
+      out.escalated = true;
+      out.escalation = std::move(open).value();
+      return out;
+    } else if (open.status().code() != Code::kNotFound) {
+      return open.status();
+    }
     metrics_.decide_escalations.Inc();
     Escalation esc;
     esc.escalation_id = "esc_" + RandomHex(16);

@@ -46,6 +46,15 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(Json::parse(again->body)["escalation_id"] == e["escalation_id"]);
   CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
 
+  // cache: refresh asks the model again; failing again, it joins the open
+  // escalation instead of opening a second that hides the first.
+  const std::string refresh =
+      R"({"step":"triage_ticket","input":{"ticket_id":"42","text":"refund"},"cache":"refresh"})";
+  auto refreshed = c->Post("/v1/decide", refresh, "application/json");
+  REQUIRE(refreshed);
+  CHECK(Json::parse(refreshed->body)["escalation_id"] == e["escalation_id"]);
+  CHECK(Json::parse(c->Get("/v1/escalations")->body)["items"].size() == 1);
+
   Json open = Json::parse(c->Get("/v1/escalations?state=open")->body);
   REQUIRE(open["items"].size() == 1);
 
@@ -70,7 +79,7 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(a["status"] == "decided");
   CHECK(a["cache"] == "hit");
   CHECK(a["decision_id"] == dec["decision_id"]);
-  CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == 4);  // 2, and the refresh's 2
   CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].empty());
   CHECK(Json::parse(c->Get("/v1/escalations?state=resolved")->body)["items"].size() == 1);
 

@@ -103,7 +103,10 @@ StatusOr<Escalation> RocksEscalationStore::Resolve(const std::string& escalation
   next.resolved_at_ms = now_ms;
   RecordBatch batch(db_);
   batch.PutJson(Family::kEscalations, escalation_id, next.ToJson());
-  batch.Delete(Family::kEscalationsOpen, current.decision_key);
+  // The key's open entry, if it is this one's (never another's).
+  ASSIGN_OR_RETURN(std::optional<std::string> open,
+                   db_.Get(Family::kEscalationsOpen, current.decision_key));
+  if (open && *open == escalation_id) batch.Delete(Family::kEscalationsOpen, current.decision_key);
   RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
   return next;
 }
