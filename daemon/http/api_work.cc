@@ -927,6 +927,17 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         }
         // Requeue, and run it now when the daemon executes the kind.
         ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Replay(ctx.params[0]));
+        if (o.kind == ActionOutcomeKind::kBusy) {
+          // Another replay of it runs now: as a replay sent after that one
+          // is answered (409, not dead), not an accepted second replay.
+          RouteResponse busy = Conflict(Aborted("work " + o.item.work_id +
+                                                " is being replayed by another request now; its "
+                                                "state is in GET /v1/work/" +
+                                                o.item.work_id),
+                                        o.item, ctx.request_id);
+          busy.transient = true;  // a moment's answer: never stored under the key
+          return busy;
+        }
         if (o.item.state == WorkState::kDead) {
           // Its one attempt failed for good again: a dead letter still, not
           // an accepted request a script would take for success.

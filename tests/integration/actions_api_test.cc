@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "tests/fakes/fake_effector.h"
@@ -329,6 +330,31 @@ TEST_CASE(
   REQUIRE(WaitFor([&] { return J(f.client->Get("/v1/runs/re"))["counts"].value("done", 0) == 3; },
                   20'000));
   CHECK(f.target->stats().duplicates_by_key == 0);
+}
+
+TEST_CASE("of two dead-letter replays at once, one runs it and the other is 409, as after it") {
+  Fixture f;
+  f.target->FailNext(1, 422);
+  auto first =
+      f.Post("/v1/actions/send_invoice", {{"args", {{"invoice_id", "INV-2x"}}}}, "\"d-2x\"");
+  REQUIRE(first);
+  REQUIRE(first->status == 409);
+  const std::string work_id = J(first)["work_id"];
+  f.target->SetLatencyMs(1'000);
+  auto replay = [&](const std::string& key) {
+    return std::async(std::launch::async, [&f, &work_id, key] {
+      auto r = f.daemon->Client()->Post("/v1/dead-letters/" + work_id + "/replay",
+                                        {{"Idempotency-Key", "\"" + key + "\""}}, "",
+                                        "application/json");
+      return r ? r->status : -1;
+    });
+  };
+  auto a = replay("ra");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto b = replay("rb");
+  std::multiset<int> got = {a.get(), b.get()};
+  CHECK(got == std::multiset<int>{200, 409});
+  CHECK(f.target->stats().effects == 1);
 }
 
 }  // namespace idem::testing
