@@ -586,6 +586,10 @@ void ApplyEngineImpl::ReconcileKind(const std::string& name, const KindRuntime& 
       if (!found->found) {
         report.findings.push_back({item.work_id, name, item.external_ref, "missing",
                                    "the target's lookup finds no record with this fingerprint"});
+      } else if (found->matches > 1) {
+        report.findings.push_back({item.work_id, name, item.external_ref, "duplicate",
+                                   "the target holds " + std::to_string(found->matches) +
+                                       " records with this fingerprint"});
       } else if (!found->external_ref.empty() && found->external_ref != item.external_ref) {
         report.findings.push_back({item.work_id, name, item.external_ref, "ref_mismatch",
                                    "the target's record has id " + found->external_ref});
@@ -598,8 +602,24 @@ void ApplyEngineImpl::ReconcileKind(const std::string& name, const KindRuntime& 
       report.errors.push_back(name + ": listing the target failed: " + listed.status().ToString());
       return;
     }
+    std::map<std::string, size_t> seen;  // fingerprint -> records listed with it
+    for (const ListedRecord& record : *listed) {
+      if (!record.fingerprint.empty()) ++seen[record.fingerprint];
+    }
     for (const ListedRecord& record : *listed) {
       if (record.fingerprint.empty()) continue;
+      if (size_t n = seen[record.fingerprint]; n > 1) {
+        // Once per fingerprint, unless its lookup said so already.
+        bool reported = false;
+        for (const auto& f : report.findings) {
+          reported = reported || (f.work_id == record.fingerprint && f.problem == "duplicate");
+        }
+        if (!reported) {
+          report.findings.push_back(
+              {record.fingerprint, name, record.external_ref, "duplicate",
+               "the target lists " + std::to_string(n) + " records with this fingerprint"});
+        }
+      }
       StatusOr<WorkItem> item = journal_.Get(record.fingerprint);
       if (item.ok()) {
         if (item->kind == name && item->state == WorkState::kDead) {

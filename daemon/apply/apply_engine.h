@@ -90,7 +90,10 @@ struct ReconcileFinding {
   // "missing": the journal says done, the target's lookup finds no record;
   // "ref_mismatch": the target's record carries another id than the journal;
   // "extra": the target lists a record (list_url) whose work the journal
-  //          has as dead, or (window forever) does not know at all.
+  //          has as dead, or (window forever) does not know at all;
+  // "duplicate": the target holds more than one record with the work's
+  //          fingerprint (its lookup answers, or its list, says so): an
+  //          effect made twice.
   std::string problem;
   std::string detail;  // e.g. the id the target reports
 };

@@ -57,6 +57,7 @@ struct LookupResult {
   bool found = false;
   std::string external_ref;  // of the found record (may be empty)
   Json record;               // the found record (null when not found)
+  size_t matches = 0;        // records the answer holds with this fingerprint (> 1: a duplicate)
 };
 
 // One record the target lists (for "extra" findings in reconciliation).

@@ -427,10 +427,11 @@ StatusOr<LookupResult> HttpEffector::DoLookup(const WorkItem& item, int64_t* ret
     if (fp != record.end() && !(fp->is_string() && fp->get<std::string>() == item.work_id)) {
       continue;
     }
+    ++result.matches;
+    if (result.found) continue;  // the first is the one adopted; the rest are counted
     result.found = true;
     result.external_ref = TextAt(record, config_.external_ref).value_or("");
     result.record = std::move(record);
-    return result;
   }
   return result;
 }

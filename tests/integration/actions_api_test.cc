@@ -359,9 +359,9 @@ TEST_CASE("of two dead-letter replays at once, one runs it and the other is 409,
 
 TEST_CASE("a run with no items is refused: it would be a run no GET /v1/runs/{id} finds") {
   Fixture f;
-  auto empty = f.Post("/v1/runs",
-                      {{"run_id", "none"}, {"kind", "send_invoice"}, {"items", Json::array()}},
-                      "\"run-none\"");
+  auto empty =
+      f.Post("/v1/runs", {{"run_id", "none"}, {"kind", "send_invoice"}, {"items", Json::array()}},
+             "\"run-none\"");
   REQUIRE(empty);
   CHECK(empty->status == 400);
   CHECK(J(empty)["pointer"] == "/items");

@@ -576,6 +576,29 @@ TEST_CASE("reconcile reports a done effect the target no longer has") {
   CHECK(last->findings.size() == 1);
 }
 
+TEST_CASE("reconcile reports a done effect the target holds twice, once") {
+  for (bool listed : {false, true}) {
+    CAPTURE(listed);
+    ApplyHarness h;
+    Json http = CheckThenActEffector(h);
+    if (listed) http["list_url"] = h.Url("/records");
+    h.AddKind("create_ticket", {"/ticket_id"}, http);
+    ActionOutcome o = h.Submit("create_ticket", {{"ticket_id", "T-1"}});
+    REQUIRE(o.kind == ActionOutcomeKind::kExecuted);
+    // A second record with the same fingerprint (made by another way in).
+    HttpRequest twin;
+    twin.url = h.Url("/records");
+    twin.body = Json{{"ticket_id", "T-1"}, {"idem_fingerprint", o.item.work_id}}.dump();
+    REQUIRE(h.http_->Send(twin).ok());
+    auto report = h.engine().Reconcile();
+    REQUIRE(report.ok());
+    REQUIRE(report->findings.size() == 1);
+    CHECK(report->findings[0].problem == "duplicate");
+    CHECK(report->findings[0].work_id == o.item.work_id);
+    CHECK(report->findings[0].detail.find("2 records") != std::string::npos);
+  }
+}
+
 TEST_CASE("reconcile lists the target for extra records and reports a lookup that fails") {
   ApplyHarness h;
   Json http = CheckThenActEffector(h);
