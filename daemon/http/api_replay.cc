@@ -2,6 +2,7 @@
 // daemon/replay/replay_jobs.h, GET /v1/replays/{id} reports its progress
 // and summary.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 
@@ -41,7 +42,12 @@ StatusOr<int64_t> ParseSince(const Json& since, int64_t now_ms) {
   } else if (std::sscanf(text.c_str(), "%4d-%2d-%2d%n", &y, &mo, &d, &used) == 3) {
     ok = static_cast<size_t>(used) == text.size();
   }
-  if (!ok || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60 || y < 1970) {
+  // A day past its month's end (2026-02-31) is no date: it must not roll
+  // over into the next month.
+  const std::chrono::year_month_day date{std::chrono::year{y},
+                                         std::chrono::month{static_cast<unsigned>(mo)},
+                                         std::chrono::day{static_cast<unsigned>(d)}};
+  if (!ok || mo < 1 || !date.ok() || h > 23 || mi > 59 || s > 60 || y < 1970) {
     return InvalidArgument(
         "since must be a duration such as 24h, a UTC time such as 2026-11-30T14:05:00Z or "
         "2026-11-30, or epoch milliseconds; got '" +

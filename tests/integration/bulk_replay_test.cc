@@ -145,6 +145,14 @@ TEST_CASE("a bulk replay of 1,000 decisions with a second prompt version summari
       c->Post("/v1/replays", R"({"step":"triage_ticket","since":"yesterday"})", "application/json");
   CHECK(bad_since->status == 400);
   CHECK(Json::parse(bad_since->body)["pointer"] == "/since");
+  // A day past its month's end is no date (not 3 March).
+  for (const char* day : {"2026-02-31", "2026-02-29", "2026-04-31T00:00:00Z"}) {
+    CAPTURE(day);
+    auto bad_day =
+        c->Post("/v1/replays", R"({"step":"triage_ticket","since":")" + std::string(day) + R"("})",
+                "application/json");
+    CHECK(bad_day->status == 400);
+  }
   CHECK(c->Get("/v1/replays/rpl_nope")->status == 404);
 
   // The bulk replay of every decision of the step (1,000 recorded + the
