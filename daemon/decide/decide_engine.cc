@@ -447,7 +447,11 @@ class DecideEngineImpl final : public DecideEngine {
         const Json* cost = hit->trace.is_object() && hit->trace.contains("cost_usd")
                                ? &hit->trace["cost_usd"]
                                : nullptr;
-        costs_->RecordHit(clock_.NowMillis(), hit->step, hit->model,
+        // A human's answer (its model field names the resolver) counts
+        // under "human": a person is not a model, and the per-day rows are
+        // bounded.
+        costs_->RecordHit(clock_.NowMillis(), hit->step,
+                          hit->provider == "human" ? std::string("human") : hit->model,
                           cost != nullptr && cost->is_number() ? cost->get<double>() : 0.0);
       }
       DecideResult r;

@@ -80,6 +80,15 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(a["cache"] == "hit");
   CHECK(a["decision_id"] == dec["decision_id"]);
   CHECK(MetricValue(*c, "idem_provider_calls_total") == 4);  // 2, and the refresh's 2
+  // The hit on alice's answer counts under "human", not as a model "alice".
+  bool human = false, alice = false;
+  const Json by_model = Json::parse(c->Get("/v1/stats/cost?by=model")->body);
+  for (const Json& row : by_model["items"]) {
+    human = human || row["model"] == "human";
+    alice = alice || row["model"] == "alice";
+  }
+  CHECK(human);
+  CHECK_FALSE(alice);
   CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].empty());
   CHECK(Json::parse(c->Get("/v1/escalations?state=resolved")->body)["items"].size() == 1);
 
