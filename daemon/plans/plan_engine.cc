@@ -772,7 +772,14 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
     return FailedPrecondition("plan " + plan_id + " is " + out.plan.state +
                               "; it will never be applied");
   }
-  if (IsState(out.plan, {"proposed", "approved"})) {
+  // proposed / approved -> applying. A proposed plan moves before its work
+  // is submitted (a reject racing the apply must lose). An approved one
+  // moves after: nothing can reject it, and a daemon that dies between the
+  // approval and the submit leaves it `approved`, which the settle sweep
+  // applies (were it `applying` already, the sweep could not tell work
+  // never submitted from work done and forgotten after its window).
+  auto begin = [&]() -> Status {
+    if (!IsState(out.plan, {"proposed", "approved"})) return Status::Ok();
     auto started = m.Transition(plan_id, out.plan.state, "applying", actor, "apply",
                                 {{"request_id", request_id}});
     if (started.ok()) {
@@ -785,7 +792,10 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
     } else {
       return started.status();
     }
-  }
+    return Status::Ok();
+  };
+  const bool approved = out.plan.state == "approved";
+  if (!approved) RETURN_IF_ERROR(begin());
   // applying, applied, partially_failed: submitting again redoes nothing.
   bool all_done = true;
   for (size_t i = 0; i < out.plan.actions.size(); ++i) {
@@ -834,6 +844,7 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
     all_done = all_done && r.outcome.ok() && r.outcome->item.state == WorkState::kDone;
     out.actions.push_back(std::move(r));
   }
+  if (approved) RETURN_IF_ERROR(begin());
   // A partially_failed plan whose dead letters were replayed and done is
   // applied now.
   const bool settles =
@@ -1005,27 +1016,20 @@ StatusOr<size_t> PlanEngine::SettleFromJournal() {
   Impl& m = *impl_;
   size_t changed = 0;
   const int64_t now = m.clock.NowMillis();
-  // Approved, or applying with work of the daemon's own kinds not in the
-  // journal: the apply that should follow never ran (the daemon died
-  // between the approval's write and the submit). It runs now; the work
-  // ids are the plan's, so a submit that did happen is not repeated.
+  // Approved and never moved on: the apply that follows an approval never
+  // ran (the daemon died between the approval's write and the submit; the
+  // plan leaves `approved` only after its work is submitted). It runs now;
+  // the work ids are the plan's, so a submit that did happen is not
+  // repeated. Not at once: the apply that follows the approval may be
+  // running.
   auto stranded = [&](const Plan& p) {
-    // Not at once: the apply that follows the approval may be running.
-    if (now - p.updated_at_ms < m.options.resume_after_ms) return false;
-    if (p.state == "approved") return true;
-    if (!p.actions.is_array()) return false;
-    for (const Json& a : p.actions) {
-      if (!a.is_object() || m.ClientExecuted(a.value("kind", ""))) continue;
-      auto w = m.WorkOf(a);
-      if (!w.ok() && w.status().code() == Code::kNotFound) return true;
-    }
-    return false;
+    return p.state == "approved" && now - p.updated_at_ms >= m.options.resume_after_ms;
   };
   for (const char* state : {"approved", "applying", "partially_failed"}) {
     ASSIGN_OR_RETURN(std::vector<Plan> plans, m.Walk(state, m.options.settle_batch, 1));
     for (const Plan& p : plans) {
       if (!p.actions.is_array()) continue;
-      if (p.state != "partially_failed" && stranded(p)) {
+      if (stranded(p)) {
         LogEvent(LogLevel::kWarn, "plan_resumed", {{"plan_id", p.plan_id}, {"state", p.state}});
         auto resumed = Apply(p.plan_id, kSystemActor, "resume:" + p.plan_id);
         if (resumed.ok() && resumed->plan.state != p.state) ++changed;

@@ -80,8 +80,8 @@ struct Gate {
 struct PlanEngineOptions {
   size_t expiry_batch = 1000;  // a page of awaiting plans; ExpireDue reads up to 4
   size_t settle_batch = 200;   // plans of each state per SettleFromJournal
-  // An approved plan, or an applying one with work missing from the journal,
-  // is applied again by SettleFromJournal once unchanged for this long.
+  // An approved plan is applied by SettleFromJournal once unchanged for this
+  // long (its approval's apply never ran).
   int64_t resume_after_ms = 5'000;
   int64_t max_wait_ms = 60'000;
   // Long polls (Watch) registered at once; past it Watch refuses and the
@@ -166,13 +166,13 @@ class PlanEngine {
   // all ended (done, or dead after their attempts, often long after the
   // apply call that began them) becomes `applied` or `partially_failed`,
   // and a `partially_failed` one whose dead letters were replayed and done
-  // becomes `applied`. A plan left `approved`, or `applying` with work of
-  // the daemon's kinds missing from the journal (the daemon stopped between
-  // the approval's write and the submit), for options.resume_after_ms is
-  // applied again (as Apply, by "idem"; the work ids are the plan's, so
-  // nothing submitted runs twice). Walks `settle_batch` plans of each state
-  // per call, resuming where the last call stopped; returns how many it
-  // changed. Called by the scheduler.
+  // becomes `applied`. A plan left `approved` (the daemon stopped between
+  // the approval's write and the submit: Apply moves an approved plan on
+  // only after submitting its work) for options.resume_after_ms is applied
+  // (as Apply, by "idem"; the work ids are the plan's, so nothing submitted
+  // runs twice). Walks `settle_batch` plans of each state per call,
+  // resuming where the last call stopped; returns how many it changed.
+  // Called by the scheduler.
   StatusOr<size_t> SettleFromJournal();
 
   struct Impl;
