@@ -364,6 +364,16 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         body["replayed"]["cost_usd"] = replayed->trace.value("cost_usd", 0.0);
         body["replayed"]["attempts"] = replayed->trace.value("attempts", Json::array());
         body["diff"] = JsonDiff(original.output, replayed->output);
+        if (ctx.body.value("promote", false) && original.material.is_object() &&
+            original.material.value("prompt_version", Json()) != Json(replayed->prompt_version)) {
+          // The decision's own version is no longer loaded, so the replay
+          // ran another: its answer is not this key's.
+          return Status(Code::kFailedPrecondition,
+                        "the replay ran prompt version " + replayed->prompt_version +
+                            ", not the decision's own (no longer loaded): an answer to another "
+                            "version cannot be promoted over this key's",
+                        "/promote");
+        }
         if (ctx.body.value("promote", false)) {
           // The replayed answer becomes the cached decision for the key;
           // its audit record is written first, so no promote goes

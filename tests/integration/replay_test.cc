@@ -101,4 +101,33 @@ TEST_CASE("a replay against another model shows the diff and leaves the cache al
   CHECK(daemon->Stop() == 0);
 }
 
+TEST_CASE("a decision whose prompt version is no longer loaded cannot be promoted from a replay") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  const std::string decide = R"({"step":"triage_ticket","input":{"ticket_id":"T-7","text":"x"}})";
+  const std::string id =
+      J(daemon->Client()->Post("/v1/decide", decide, "application/json"))["decision_id"];
+  daemon.reset();
+  // v2 is the prompt now, and v1 is not kept under prompts:.
+  std::string text = ReadFile(config);
+  const std::string v1 = "      version: v1\n";
+  REQUIRE(text.find(v1) != std::string::npos);
+  text.replace(text.find(v1), v1.size(), "      version: v2\n");
+  const std::string v2_config = dir.File("v2.yaml", text);
+  daemon = DaemonProcess::Start({v2_config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto c = daemon->Client();
+  auto promote = c->Post(("/v1/decisions/" + id + "/replay").c_str(), R"({"promote":true})",
+                         "application/json");
+  REQUIRE(promote);
+  CHECK(promote->status == 409);
+  CHECK(Json::parse(promote->body)["pointer"] == "/promote");
+  // A replay without promote still runs (with the version loaded) and says so.
+  Json replay = J(c->Post(("/v1/decisions/" + id + "/replay").c_str(), "{}", "application/json"));
+  CHECK(replay["replayed"]["prompt_version"] == "v2");
+}
+
 }  // namespace idem::testing
