@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -35,7 +36,8 @@ namespace idem {
 namespace {
 
 // What a stop may take beyond server.drain_timeout (the sweeper, the outbox,
-// the store's last flush) before the process leaves without it.
+// the store's last flush) before the process leaves without it; more when
+// an effector's attempt can take longer (Serve).
 constexpr int64_t kStopGraceMs = 5'000;
 
 std::string ReadStdin() {
@@ -172,7 +174,15 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
     (*daemon)->Stop();
     stopped.set_value();
   });
-  const int64_t budget_ms = config.server.drain_timeout_ms + kStopGraceMs;
+  // The grace covers an effector call in flight (a check-then-act attempt
+  // is two calls): leaving in the middle of one would let the takeover make
+  // the effect again at a target that does not dedupe. A provider call is
+  // only tokens: the drain's 503 already told its caller to retry.
+  int64_t grace_ms = kStopGraceMs;
+  for (const auto& [name, kind] : config.actions) {
+    if (!kind.effector.empty()) grace_ms = std::max(grace_ms, 2 * kind.retry.timeout_ms + 1'000);
+  }
+  const int64_t budget_ms = config.server.drain_timeout_ms + grace_ms;
   if (stop_done.wait_for(std::chrono::milliseconds(budget_ms)) != std::future_status::ready) {
     LogEvent(
         LogLevel::kWarn, "stop_abandoned",
@@ -181,11 +191,11 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
                          std::chrono::steady_clock::now() - stop_began)
                          .count()},
          {"detail", "handlers still running past server.drain_timeout and a grace of " +
-                        std::to_string(kStopGraceMs) +
+                        std::to_string(grace_ms) +
                         " ms; leaving without them, as after a crash: their callers were answered "
                         "503, and the next start releases their keys and takes their work over"}});
     std::fflush(nullptr);
-    std::_Exit(0);
+    std::_Exit(1);  // not a clean stop, and a supervisor should know
   }
   stopper.join();
   // The last line of a clean stop: a log without it ended in a crash.
