@@ -908,6 +908,13 @@ class Evaluator {
     return false;
   }
 
+  // A primitive that ToNumber turns into a number it does not hold: a
+  // boolean, null, or a string of white space only.
+  static bool NotANumber(const Value& v) {
+    if (v.is(Kind::kBool) || v.is(Kind::kNull) || v.is(Kind::kUndefined)) return true;
+    return v.is(Kind::kString) && v.string().find_first_not_of(" \t\n\r\f\v") == std::string::npos;
+  }
+
   // IsLessThan (x < y): nullopt is JavaScript's "undefined" (a NaN operand).
   StatusOr<std::optional<bool>> LessThan(const Value& x, const Value& y) {
     ASSIGN_OR_RETURN(Value px, ToPrimitive(x));
@@ -918,6 +925,12 @@ class Evaluator {
     }
     ASSIGN_OR_RETURN(double nx, ToNumber(px));
     ASSIGN_OR_RETURN(double ny, ToNumber(py));
+    // JavaScript compares "5,000" (NaN) as false either way, and true, null
+    // or "" as 0 or 1: none is a judgement of an amount.
+    if (unresolved_ != nullptr && unresolved_->size() < 16 &&
+        (std::isnan(nx) || std::isnan(ny) || NotANumber(px) || NotANumber(py))) {
+      unresolved_->push_back("a comparison has a value that is not a number");
+    }
     if (std::isnan(nx) || std::isnan(ny)) return std::optional<bool>();
     return std::optional<bool>(nx < ny);
   }
@@ -998,8 +1011,12 @@ class Evaluator {
   StatusOr<Value> AndOr(bool is_or, const Args& args, const Value& data, int depth) {
     Value current;  // undefined when there are no arguments
     for (size_t i = 0; i < args.size(); ++i) {
+      const size_t doubts = unresolved_ != nullptr ? unresolved_->size() : 0;
       ASSIGN_OR_RETURN(current, Apply(args.at(i), data, depth + 1));
       if (LogicTruthy(current) == is_or) return current;
+      // An `or` that goes on to a next operand is a fallback the author
+      // wrote: what the falsy one could not read is covered by it.
+      if (is_or && i + 1 < args.size() && unresolved_ != nullptr) unresolved_->resize(doubts);
     }
     return current;
   }
@@ -1168,11 +1185,12 @@ class Evaluator {
       case Op::kVar: {
         bool found = true;
         ASSIGN_OR_RETURN(Value v, Var(values, data, &found));
-        if (!found && unresolved_ != nullptr && Arg(values, 1).is(Kind::kUndefined) &&
-            unresolved_->size() < 16) {
+        if ((!found || v.is(Kind::kNull)) && unresolved_ != nullptr &&
+            Arg(values, 1).is(Kind::kUndefined) && unresolved_->size() < 16) {
           const Value& path = Arg(values, 0);
           auto text = ToString(path);
-          unresolved_->push_back(text.ok() ? *text : std::string("?"));
+          unresolved_->push_back((text.ok() ? *text : std::string("?")) +
+                                 (found ? " is null" : " is absent"));
         }
         return v;
       }

@@ -65,10 +65,14 @@ struct JsonLogicLimits {
 StatusOr<Json> EvalJsonLogic(const Json& rule, const Json& data,
                              const JsonLogicLimits& limits = {});
 
-// The same, also listing in `unresolved` (when not null; at most 16) the
-// path of each `var` the evaluation read that led nowhere and had no
-// default (a rule's author did not say what an absent value means), in the
-// order read. Branches that were not taken are not read.
+// The same, also listing in `unresolved` (when not null; at most 16) what
+// the evaluation could not judge, in the order met: each `var` it read
+// that was absent or null and had no default ("args.amount is absent",
+// "... is null"), and each comparison (< <= > >=) with an operand that is
+// not a number ("5,000", {}), which is false whichever way it is asked.
+// Branches not taken are not read; what a falsy operand of an `or` could
+// not read is dropped when a next operand follows (a fallback the author
+// wrote); `missing` asks about absence and is not a read.
 StatusOr<Json> EvalJsonLogic(const Json& rule, const Json& data, const JsonLogicLimits& limits,
                              std::vector<std::string>* unresolved);
 

@@ -240,9 +240,9 @@ struct PlanEngine::Impl {
         needs = true;
       } else if (!unresolved.empty()) {
         needs = true;
-        reason = "the approval rule of " + policy.source + " reads " + unresolved.front() +
-                 ", which this action does not have (a var with a default says what its " +
-                 "absence means)";
+        reason = "the approval rule of " + policy.source +
+                 " cannot judge this action: " + unresolved.front() +
+                 " (a var with a default says what its absence means)";
       }
     }
     if (needs) Gate(v, index, kind, reason, policy);

@@ -194,7 +194,7 @@ TEST_CASE("var reads dot paths, indices and lengths, with a default, and \"\" is
   });
 }
 
-TEST_CASE("an evaluation lists the vars it read that led nowhere and had no default") {
+TEST_CASE("an evaluation lists what it could not judge: absent or null vars, comparisons of NaN") {
   auto unresolved = [](const char* rule, const char* data) {
     std::vector<std::string> out;
     StatusOr<Json> r = EvalJsonLogic(Json::parse(rule), Json::parse(data), JsonLogicLimits{}, &out);
@@ -202,20 +202,36 @@ TEST_CASE("an evaluation lists the vars it read that led nowhere and had no defa
     return out;
   };
   using V = std::vector<std::string>;
+  const std::string nan = "a comparison has a value that is not a number";
+  // The read first, then the comparison it spoiled.
   CHECK(unresolved(R"({">": [{"var": "args.amount"}, 100]})", R"({"args": {}})") ==
-        V{"args.amount"});
-  CHECK(unresolved(R"({">": [{"var": "args.amount"}, 100]})", "{}") == V{"args.amount"});
-  // Present, even as null, is not absent; a default says what absence means.
-  CHECK(unresolved(R"({">": [{"var": "a"}, 1]})", R"({"a": null})").empty());
+        V{"args.amount is absent", nan});
+  CHECK(unresolved(R"({">": [{"var": "args.amount"}, 100]})", "{}") ==
+        V{"args.amount is absent", nan});
+  CHECK(unresolved(R"({">": [{"var": "a"}, 1]})", R"({"a": null})") == V{"a is null", nan});
+  CHECK(unresolved(R"({">": [{"var": "a"}, 1]})", R"({"a": true})") == V{nan});
+  CHECK(unresolved(R"({"==": [{"var": "a"}, 1]})", R"({"a": null})") == V{"a is null"});
+  // A value that is there but no number cannot be compared either.
+  CHECK(unresolved(R"({">": [{"var": "a"}, 100]})", R"({"a": "5,000"})") == V{nan});
+  CHECK(unresolved(R"({">": [{"var": "a"}, 100]})", R"({"a": {"value": 5000}})") == V{nan});
+  CHECK(unresolved(R"({">": [{"var": "a"}, 100]})", R"({"a": "5000"})").empty());  // a number
+  CHECK(unresolved(R"({">": [{"var": "a"}, 1]})", R"({"a": 2})").empty());
+  // A default says what absence means.
   CHECK(unresolved(R"({">": [{"var": ["a", 0]}, 1]})", "{}").empty());
   // missing and missing_some ask about absence; they are not reads.
   CHECK(unresolved(R"({"missing": ["a", "b"]})", "{}").empty());
   // A branch not taken reads nothing; one taken does.
   CHECK(unresolved(R"({"if": [true, 1, {"var": "x"}]})", "{}").empty());
-  CHECK(unresolved(R"({"or": [{"var": "x"}, {"var": "y"}]})", R"({"y": 1})") == V{"x"});
+  CHECK(unresolved(R"({"if": [false, 1, {"var": "x"}]})", "{}") == V{"x is absent"});
+  // An `or` that falls back to a next operand covers what the first missed;
+  // its last operand does not.
+  CHECK(unresolved(R"({">": [{"or": [{"var": "a"}, 0]}, 1]})", "{}").empty());
+  CHECK(unresolved(R"({"or": [{"var": "x"}, {"var": "y"}]})", "{}") == V{"y is absent"});
+  // An `and` that stops at a falsy read keeps it.
+  CHECK(unresolved(R"({"and": [{"var": "x"}, true]})", "{}") == V{"x is absent"});
   // Inside map, paths are the element's.
   CHECK(unresolved(R"({"map": [{"var": "xs"}, {"var": "k"}]})", R"({"xs": [{"k": 1}, {}]})") ==
-        V{"k"});
+        V{"k is absent"});
 }
 
 TEST_CASE("missing lists absent or empty keys; missing_some needs a minimum present") {
