@@ -214,7 +214,12 @@ inline StatusOr<JournalOpResult> CompleteOrFail(const std::optional<WorkItem>& c
     return r;
   }
   WorkItem next = *current;
-  next.last_error = op.error;
+  // A holder's own words never pass for the daemon's bury (DeadByExpiry
+  // reads that prefix): they are quoted as reported.
+  next.last_error =
+      std::string_view(op.error).substr(0, kLeaseExpiredPrefix.size()) == kLeaseExpiredPrefix
+          ? "reported: " + op.error
+          : op.error;
   // lease_token stays (never returned; the next claim replaces it) so that a
   // retried Fail is a no-op. Holds() needs running: it holds nothing now.
   next.locked_until_ms = 0;

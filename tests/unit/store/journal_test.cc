@@ -279,6 +279,17 @@ TEST_CASE(
   CHECK_FALSE(j.Complete("w1", "0123456789abcdef0123456789abcdef", 1, "", kT0 + 2'100).ok());
   CHECK(j.Requeue("w1", kT0 + 3'000).status().code() == Code::kFailedPrecondition);
 
+  // A holder's fail whose text reads like the bury is its own: no complete
+  // after it.
+  ClaimRequest r3 = Req("w3", kT0, 1'000);
+  r3.max_attempts = 1;
+  ClaimResult own = MustClaim(j, r3);
+  REQUIRE(j.Fail("w3", own.item.lease_token, "lease expired on attempt 1 of 1: upstream said so",
+                 false, 0, kT0 + 100)
+              .ok());
+  CHECK_FALSE(j.Complete("w3", own.item.lease_token, 1, "", kT0 + 200).ok());
+  CHECK(j.Get("w3")->state == WorkState::kDead);
+
   // Once the dead letter is replayed, the old lease holds nothing.
   ClaimRequest r2 = Req("w2", kT0, 1'000);
   r2.max_attempts = 1;
