@@ -260,23 +260,51 @@ Status YamlDocument::Check(const JsonSchema& schema) const {
   return InvalidArgument(std::move(message), errors.front().pointer);
 }
 
+// The 1-based line where a second document's content begins, or 0: the
+// first line with content after a document marker (`---` or `...` at the
+// start of a line, then a blank or the end) that follows content. Blank
+// and comment lines are not content; a `---` before any content opens the
+// first document.
+static int SecondDocumentLine(std::string_view text) {
+  bool content = false, ended = false;
+  int line = 0;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    std::string_view l = text.substr(pos, eol - pos);
+    ++line;
+    const bool marker = (l.substr(0, 3) == "---" || l.substr(0, 3) == "...") &&
+                        (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
+    std::string_view rest = marker ? l.substr(3) : l;
+    const size_t first = rest.find_first_not_of(" \t\r");
+    const bool has = first != std::string_view::npos && rest[first] != '#';
+    if (marker && content) ended = true;
+    if (has) {
+      if (ended) return line;
+      content = true;
+    }
+    if (eol == text.size()) break;
+    pos = eol + 1;
+  }
+  return 0;
+}
+
 StatusOr<YamlDocument> ParseYaml(std::string_view text, std::string source) {
   YamlDocument doc;
   doc.source = std::move(source);
   try {
-    // Every document is parsed (a syntax error anywhere is one), and a file
-    // is one document: settings after a `---` (files joined with cat, a
-    // template's output) would otherwise be dropped without a word, auth
-    // tokens among them.
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
-    for (size_t i = 1; i < documents.size(); ++i) {
-      if (documents[i].IsNull()) continue;  // a trailing `---` or `...`
-      std::string at = doc.source;
-      if (documents[i].Mark().line >= 0) at += ":" + std::to_string(documents[i].Mark().line + 1);
-      return InvalidArgument(at + ": a second YAML document (after `---`); idem reads one " +
-                             "document a file, so merge them into one");
+    // A file is one document: settings after a `---` (files joined with
+    // cat, a template's output) would otherwise be dropped without a word,
+    // auth tokens among them. Found by their markers (`---` or `...` at
+    // the start of a line) rather than by parsing every document, which
+    // lets a file of many tiny documents take any amount of memory.
+    if (int line = SecondDocumentLine(text); line > 0) {
+      return InvalidArgument(doc.source + ":" + std::to_string(line) +
+                             ": a second YAML document (after `---`); idem reads one document a "
+                             "file, so merge them into one");
     }
-    YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
+    YAML::Node root = YAML::Load(std::string(text));
     doc.lines[""] = root.Mark().line >= 0 ? root.Mark().line + 1 : 1;
     RETURN_IF_ERROR(Converter(doc).Convert(root, "", doc.lines[""], 0, doc.value));
   } catch (const YAML::Exception& e) {
