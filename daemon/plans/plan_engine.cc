@@ -222,9 +222,10 @@ struct PlanEngine::Impl {
   bool AuthEnabled() const { return !config.auth.tokens.empty(); }
 
   // Applies one policy to one action; a rule that fails to evaluate, or
-  // that lets the action through only because a value it reads is absent
-  // (no default given: a missing amount is not "not over 100"), gates the
-  // action (fail closed) and says why.
+  // that lets the action through with a doubt EvalJsonLogic reports (a var
+  // absent or null without a default, a comparison with a value that is no
+  // number: a missing amount is not "not over 100"), gates the action
+  // (fail closed) and says why.
   void Judge(const ApprovalPolicy& policy, const Json& data, size_t index, const std::string& kind,
              Verdict& v) const {
     bool needs = policy.require == "always";
