@@ -401,6 +401,11 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           promoted.material = original.material;
           RETURN_IF_ERROR(deps.store.decisions().Replace(promoted));
           body["promoted"] = true;
+          // The original's plan, if it still waits, would run its own
+          // actions beside the new decision's: it is retired now (and would
+          // be refused at its approval anyway, should this fail).
+          auto retired = deps.plans.RetireSupersededPlan(original.decision_id, ctx.caller);
+          if (retired.ok() && !retired->empty()) body["retired_plan_id"] = *retired;
         }
         return RouteResponse{200, std::move(body), {}};
       }});

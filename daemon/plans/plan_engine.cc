@@ -436,6 +436,61 @@ struct PlanEngine::Impl {
     return p;
   }
 
+  // The decision that took the place of plan `p`'s: a promote, a decide
+  // with cache=refresh, or a decide after its window stored another
+  // answer under the same key. Its id, or "" while p's decision is still
+  // its key's (or the key holds none, or p is not a decision's plan).
+  StatusOr<std::string> SupersededBy(const Plan& p) {
+    if (p.decision_id.empty()) return std::string();
+    auto d = store.decisions().Get(p.decision_id);
+    if (!d.ok()) {
+      if (d.status().code() == Code::kNotFound) return std::string();  // swept
+      return d.status();
+    }
+    auto current = store.decisions().GetByKey(d->decision_key, clock.NowMillis());
+    if (!current.ok()) {
+      if (current.status().code() == Code::kNotFound) return std::string();
+      return current.status();
+    }
+    return current->decision_id == p.decision_id ? std::string() : current->decision_id;
+  }
+
+  // Ends plan `p` (proposed or awaiting approval, nothing submitted) whose
+  // decision `by` superseded: rejected, by `actor`, without the holds a
+  // human's rejection leaves (the new decision's plan may run the same
+  // work). `p` becomes the plan as stored afterwards; the error for a
+  // caller who wanted it to run.
+  Status RetireSuperseded(Plan& p, const std::string& by, const std::string& actor) {
+    const std::string reason = "superseded: decision " + by + " now answers the input of " +
+                               p.decision_id + " (a promote, or a new decide of that input); " +
+                               "its plan is " + PlanEngine::DecisionPlanId(by);
+    auto retired = Transition(p.plan_id, p.state, "rejected", actor, reason,
+                              {{"reason", reason}, {"superseded_by", by}}, [&](Plan& q) {
+                                q.rejected_by = actor;
+                                q.reason = reason;
+                                return Status::Ok();
+                              });
+    if (retired.ok()) {
+      p = std::move(retired).value();
+      metrics.plans_rejected.Inc();
+    } else if (retired.status().code() == Code::kFailedPrecondition) {
+      ASSIGN_OR_RETURN(p, store.plans().Get(p.plan_id));  // another call moved it first
+    } else {
+      return retired.status();
+    }
+    return FailedPrecondition("plan " + p.plan_id + " is " + p.state + " (" + p.reason +
+                              "); it will never be applied");
+  }
+
+  // OK while plan `p`, not yet applied, may still run; otherwise retires it
+  // (RetireSuperseded) and answers why it will not.
+  Status CheckCurrent(Plan& p, const std::string& actor) {
+    if (!IsState(p, {"proposed", "awaiting_approval"})) return Status::Ok();
+    ASSIGN_OR_RETURN(std::string by, SupersededBy(p));
+    if (by.empty()) return Status::Ok();
+    return RetireSuperseded(p, by, actor);
+  }
+
   // The plan `id` names: a plan id, or a decision id (its plan is proposed
   // now if the decision predates plans at decide time).
   StatusOr<Plan> Resolve(const std::string& id, const std::string& actor, PlanEngine& engine) {
@@ -768,6 +823,9 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
   if (ValidTraceId(out.plan.trace_id) && out.plan.trace_id != CurrentTraceId()) {
     plan_trace.emplace(TraceContext::Continue(out.plan.trace_id, request_id));
   }
+  // A plan whose decision another took the place of never runs (the new
+  // one's plan is the input's now), whoever asks.
+  RETURN_IF_ERROR(m.CheckCurrent(out.plan, kSystemActor));
   if (out.plan.state == "awaiting_approval") return out;  // the caller answers 202
   if (IsState(out.plan, {"rejected", "expired"})) {
     return FailedPrecondition("plan " + plan_id + " is " + out.plan.state +
@@ -885,6 +943,9 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
                       " comes from (its actions are the importer's) and cannot approve it; "
                       "another operator must");
   }
+  // Approving a superseded decision's plan could run both its actions and
+  // those of the decision now cached for the same input.
+  RETURN_IF_ERROR(m.CheckCurrent(plan, kSystemActor));
   ASSIGN_OR_RETURN(Json edited, m.Edit(plan.actions, edits));
   const bool changed = edited != plan.actions;
   Json detail = {{"comment", comment}};
@@ -955,6 +1016,20 @@ StatusOr<Plan> PlanEngine::Reject(const std::string& plan_id, const std::string&
     }
   }
   return rejected;
+}
+
+StatusOr<std::string> PlanEngine::RetireSupersededPlan(const std::string& decision_id,
+                                                       const std::string& actor) {
+  Impl& m = *impl_;
+  auto plan = m.store.plans().Get(DecisionPlanId(decision_id));
+  if (!plan.ok()) {
+    if (plan.status().code() == Code::kNotFound) return std::string();
+    return plan.status();
+  }
+  Status current = m.CheckCurrent(*plan, actor);
+  if (current.ok()) return std::string();
+  if (current.code() != Code::kFailedPrecondition) return current;
+  return plan->state == "rejected" ? plan->plan_id : std::string();
 }
 
 bool PlanEngine::Watch(const std::string& plan_id, uint64_t seen, int64_t wait_ms,

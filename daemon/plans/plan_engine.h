@@ -16,6 +16,8 @@
 //   awaiting_approval -> approved -------> applying -> partially_failed
 //                     -> rejected | expired
 // `applying` with work still retrying stays applying until a later apply.
+// A decision plan not yet applying whose decision was superseded moves to
+// rejected when anyone tries to run it (RetireSupersededPlan).
 //
 // Every way in is gated: Apply (POST /v1/plans/{id}/apply), GateAction
 // (POST /v1/actions/{kind}, each item of /v1/runs, client claims of a kind
@@ -137,6 +139,16 @@ class PlanEngine {
   // proposed | awaiting_approval -> rejected; `reason` must not be empty.
   StatusOr<Plan> Reject(const std::string& plan_id, const std::string& actor,
                         const std::string& reason);
+
+  // A decision plan not yet applied (proposed or awaiting approval) never
+  // runs once another decision answers its input (a promote, a decide with
+  // cache=refresh, a decide after the window): Apply and Approve refuse it
+  // with FailedPrecondition and move it to rejected (by "idem", reason
+  // "superseded: ..."), leaving no holds on its work. This does the same
+  // at once for `decision_id`'s plan (the promote, by `actor`): the
+  // retired plan's id, or "" when there was nothing to retire.
+  StatusOr<std::string> RetireSupersededPlan(const std::string& decision_id,
+                                             const std::string& actor);
 
   // A long poll on a plan that holds no thread: `fire` is called once, when
   // the plan changes (on the changing thread, after its write), when

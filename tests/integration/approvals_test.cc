@@ -591,4 +591,41 @@ TEST_CASE("the approval queue pages newest first") {
   CHECK(f.Get("/v1/plans?cursor=zz")->status == 400);
 }
 
+TEST_CASE(
+    "a promote retires the original decision's waiting plan, so an operator approves only the "
+    "answer the input has now") {
+  Fixture f;
+  const Json decide = {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-9"}}}};
+  auto d = f.Post("/v1/decide", decide, kAgent);
+  REQUIRE(d->status == 200);
+  const std::string old_plan = J(d)["plan"]["plan_id"];
+  const std::string old_id = J(d)["decision_id"];
+  REQUIRE(J(d)["plan"]["state"] == "awaiting_approval");
+
+  auto promoted = f.Post("/v1/decisions/" + old_id + "/replay", {{"promote", true}}, kOperator);
+  REQUIRE(promoted);
+  REQUIRE_MESSAGE(promoted->status == 200, promoted->body);
+  CHECK(J(promoted)["promoted"] == true);
+  CHECK(J(promoted)["retired_plan_id"] == old_plan);
+  Json retired = J(f.Get("/v1/plans/" + old_plan));
+  CHECK(retired["state"] == "rejected");
+  CHECK(retired["reason"].get<std::string>().find("superseded") != std::string::npos);
+  auto approve_old = f.Post("/v1/plans/" + old_plan + "/approve", Json::object(), kOperator2);
+  REQUIRE(approve_old);
+  CHECK(approve_old->status == 409);
+  CHECK(f.Effects() == 0);
+
+  // The agent's next decide gets the promoted decision and its own plan,
+  // which an operator approves once.
+  auto again = f.Post("/v1/decide", decide, kAgent);
+  REQUIRE(again->status == 200);
+  CHECK(J(again)["decision_id"] == J(promoted)["replayed"]["decision_id"]);
+  const std::string new_plan = J(again)["plan"]["plan_id"];
+  CHECK(new_plan != old_plan);
+  auto approve_new = f.Post("/v1/plans/" + new_plan + "/approve", Json::object(), kOperator2);
+  REQUIRE(approve_new);
+  CHECK_MESSAGE(approve_new->status == 200, approve_new->body);
+  CHECK(f.Effects() == 1);
+}
+
 }  // namespace idem::testing

@@ -431,6 +431,92 @@ TEST_CASE(
   CHECK(h.fake().stats().raw_calls == 1);
 }
 
+TEST_CASE(
+    "a waiting plan whose decision another took the place of is refused at its approval and "
+    "leaves the new decision's plan free to run") {
+  PlanHarness h;
+  h.Kind("refund", Always(3'600'000, "expire"));
+  h.config_.steps["triage"].name = "triage";
+  h.config_.steps["triage"].plan_pointer = "/actions";
+  auto decision = [](char id, int amount) {
+    Decision d;
+    d.decision_id = "dec_" + std::string(32, id);
+    d.decision_key = std::string(64, 'f');  // one input, so one key
+    d.step = "triage";
+    d.material = {{"input", {{"ticket", 7}}}};
+    d.output = {{"actions", Json::array({{{"kind", "refund"},
+                                          {"args", {{"id", "r-7"}, {"amount", amount}}}}})}};
+    return d;
+  };
+  const Decision first = decision('a', 500);
+  REQUIRE(h.store_->decisions().PutIfAbsent(first, h.clock_.NowMillis()).ok());
+  auto old_plan = h.Plans().ProposeFromDecision(first, "agent-1");
+  REQUIRE_MESSAGE(old_plan.ok(), old_plan.status().ToString());
+  REQUIRE(old_plan->state == "awaiting_approval");
+
+  // A promote (or a refresh) stores another answer for the same input.
+  const Decision second = decision('b', 50);
+  REQUIRE(h.store_->decisions().Replace(second).ok());
+
+  // Approving the old plan would refund 500 beside the new decision's 50.
+  auto approved = h.Plans().Approve(old_plan->plan_id, "op-1", "", Json(), "r-1");
+  REQUIRE(approved.status().code() == Code::kFailedPrecondition);
+  CHECK(approved.status().message().find("superseded") != std::string::npos);
+  CHECK(approved.status().message().find(second.decision_id) != std::string::npos);
+  auto stored = h.store_->plans().Get(old_plan->plan_id);
+  REQUIRE(stored.ok());
+  CHECK(stored->state == "rejected");
+  CHECK(stored->rejected_by == "idem");
+  // Applying it by the old decision's id is refused as well.
+  CHECK(h.Plans().Apply(first.decision_id, "agent-1", "r-2").status().code() ==
+        Code::kFailedPrecondition);
+  CHECK(h.fake().stats().raw_calls == 0);
+
+  // The retired plan leaves no hold: the new decision's plan, for the same
+  // work, is approved and runs once.
+  auto new_plan = h.Plans().ProposeFromDecision(second, "agent-1");
+  REQUIRE_MESSAGE(new_plan.ok(), new_plan.status().ToString());
+  auto ran = h.Plans().Approve(new_plan->plan_id, "op-1", "", Json(), "r-3");
+  REQUIRE_MESSAGE(ran.ok(), ran.status().ToString());
+  REQUIRE(ran->actions.size() == 1);
+  CHECK(ran->actions[0].outcome.ok());
+  CHECK(h.fake().stats().raw_calls == 1);
+}
+
+TEST_CASE(
+    "a promote retires the original decision's waiting plan at once, and only a waiting one") {
+  PlanHarness h;
+  h.Kind("refund", Always(3'600'000, "expire"));
+  h.config_.steps["triage"].name = "triage";
+  h.config_.steps["triage"].plan_pointer = "/actions";
+  Decision d;
+  d.decision_id = "dec_" + std::string(32, 'c');
+  d.decision_key = std::string(64, 'e');
+  d.step = "triage";
+  d.output = {{"actions", Json::array({{{"kind", "refund"}, {"args", {{"id", "r-9"}}}}})}};
+  REQUIRE(h.store_->decisions().PutIfAbsent(d, h.clock_.NowMillis()).ok());
+  auto plan = h.Plans().ProposeFromDecision(d, "agent-1");
+  REQUIRE(plan.ok());
+  // Still its key's decision: nothing to retire.
+  auto none = h.Plans().RetireSupersededPlan(d.decision_id, "op-1");
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+  CHECK(h.store_->plans().Get(plan->plan_id)->state == "awaiting_approval");
+
+  Decision promoted = d;
+  promoted.decision_id = "dec_" + std::string(32, 'd');
+  REQUIRE(h.store_->decisions().Replace(promoted).ok());
+  auto retired = h.Plans().RetireSupersededPlan(d.decision_id, "op-1");
+  REQUIRE_MESSAGE(retired.ok(), retired.status().ToString());
+  CHECK(*retired == plan->plan_id);
+  auto stored = h.store_->plans().Get(plan->plan_id);
+  CHECK(stored->state == "rejected");
+  CHECK(stored->rejected_by == "op-1");
+  CHECK(stored->reason.find(promoted.decision_id) != std::string::npos);
+  // Once rejected there is nothing left to retire.
+  CHECK(h.Plans().RetireSupersededPlan(d.decision_id, "op-1")->empty());
+}
+
 TEST_CASE("a plan's state follows its actions in the journal after the apply call returned") {
   PlanHarness h;
   h.Kind("wire", Always(60'000, "expire"));
