@@ -355,10 +355,13 @@ class EventServer::Loop {
     bool read_eof = false;    // the peer sends nothing more
     int64_t last_active = 0;
     std::shared_ptr<std::atomic<bool>> gone;  // shared with its worker task
-    int64_t request_started = 0;              // when the request being read began (seconds)
-    bool overflow = false;                    // read more than any acceptable request
-    size_t parse_need = 0;                    // do not parse again before `in` holds this much
-    size_t head_scanned = 0;                  // of the head being read (http1::ParseResult)
+    // The request a worker runs, without its body: what its access line
+    // names should the stop answer it (AbandonBusy).
+    std::unique_ptr<http1::Request> busy_request;
+    int64_t request_started = 0;  // when the request being read began (seconds)
+    bool overflow = false;        // read more than any acceptable request
+    size_t parse_need = 0;        // do not parse again before `in` holds this much
+    size_t head_scanned = 0;      // of the head being read (http1::ParseResult)
     // The request being answered is a HEAD: its answer goes without a body,
     // whichever path writes it (worker, batch lane, loop, refusal).
     bool head_request = false;
@@ -663,6 +666,13 @@ class EventServer::Loop {
         continue;
       }
       if (c->gone == nullptr) c->gone = std::make_shared<std::atomic<bool>>(false);
+      if (c->busy_request == nullptr) c->busy_request = std::make_unique<http1::Request>();
+      c->busy_request->method = req.method;
+      c->busy_request->path = req.path;
+      c->busy_request->headers.clear();
+      if (std::string rid = req.HeaderValue("X-Request-Id"); !rid.empty()) {
+        c->busy_request->headers.push_back({"X-Request-Id", std::move(rid)});
+      }
       WorkerPool::Task task{this, c->id, std::move(exchange->request), c->gone};
       if (server_.workers_->Submit(task)) return;
       server_.queue_full_.fetch_add(1, std::memory_order_relaxed);
@@ -770,6 +780,7 @@ class EventServer::Loop {
         if (conn->state == State::kBusy && !conn->peer_gone) busy.push_back(id);
       }
       for (uint64_t id : busy) {
+        Conn* c = Find(id);
         http1::Response res;
         res.status = 503;
         server_.callbacks_.error_handler(
@@ -777,9 +788,10 @@ class EventServer::Loop {
             "the server stopped before this request's handler finished (server.drain_timeout); "
             "whether it took effect is unknown: retry with the same Idempotency-Key after the "
             "restart",
-            res, nullptr);
+            res,
+            c->busy_request != nullptr && !c->busy_request->method.empty() ? c->busy_request.get()
+                                                                           : nullptr);
         res.SetHeader("Retry-After", "1");
-        Conn* c = Find(id);
         Queue(c, res, /*keep_alive=*/false, /*minor=*/1);
       }
     }
@@ -789,6 +801,7 @@ class EventServer::Loop {
     Conn* c = Find(id);
     if (c == nullptr) return;
     if (c->state != State::kBusy) return;  // answered already (AbandonBusy): dropped
+    if (c->busy_request != nullptr) c->busy_request->method.clear();  // no worker runs it now
     if (c->peer_gone) {
       Close(c);
       return;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <future>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -295,9 +296,9 @@ default:
   auto slow = std::async(std::launch::async, [&] {
     auto c = daemon->Client();
     c->set_read_timeout(60);
-    return c->Post("/v1/decide", {{"Idempotency-Key", "\"glacial-1\""}},
-                   R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"glacial"}})",
-                   "application/json");
+    return c->Post(
+        "/v1/decide", {{"Idempotency-Key", "\"glacial-1\""}, {"X-Request-Id", "req-glacial-1"}},
+        R"({"step":"triage_ticket","input":{"ticket_id":1,"text":"glacial"}})", "application/json");
   });
   std::this_thread::sleep_for(500ms);
   const auto signalled = std::chrono::steady_clock::now();
@@ -310,7 +311,18 @@ default:
   CHECK(std::chrono::steady_clock::now() - signalled < 3s);  // drain_timeout 1 s, not 25 s
   CHECK(daemon->WaitExit(15'000));
   CHECK(std::chrono::steady_clock::now() - signalled < 10s);  // 1 s + the 5 s grace
-  CHECK(ReadFile(daemon->log_path()).find("\"stop_abandoned\"") != std::string::npos);
+  const std::string log = ReadFile(daemon->log_path());
+  CHECK(log.find("\"stop_abandoned\"") != std::string::npos);
+  // Its access line names the request the caller sent, as any other does.
+  bool access_line = false;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    Json j = Json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("event", "") != "access" || j.value("status", 0) != 503) continue;
+    access_line = j.value("method", "") == "POST" && j.value("route", "") == "/v1/decide" &&
+                  j.value("request_id", "") == "req-glacial-1";
+  }
+  CHECK(access_line);
   // The next start is healthy and the key is free to run again.
   auto again = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(again != nullptr, err);
