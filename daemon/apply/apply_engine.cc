@@ -119,6 +119,7 @@ class ApplyEngineImpl final : public ApplyEngine {
   StatusOr<ActionOutcome> AfterLostLease(const std::string& work_id, Status refused);
   // Marks dead an item whose kind this daemon cannot run (not configured).
   void BuryUnknownKind(const WorkItem& item);
+  void PassOverForeignKind(const std::string& kind) EXCLUDES(mu_);
   void ReconcileKind(const std::string& name, const KindRuntime& kind, ReconcileReport& report);
   // Tells options_.notifier that `dead` became a dead letter.
   void NotifyDead(const WorkItem& dead);
@@ -150,6 +151,8 @@ class ApplyEngineImpl final : public ApplyEngine {
   const std::unique_ptr<std::map<std::string, ActionConfig>> internal_actions_;
   const std::map<std::string, KindRuntime> kinds_;
   std::vector<std::string> client_kinds_;  // kinds without an effector: clients run them
+  // Kinds met in a shared journal that this config lacks: another daemon's.
+  std::vector<std::string> foreign_kinds_ GUARDED_BY(mu_);
 
   mutable Mutex mu_;
   // Work this process is running now (workers and Replay), so that two
@@ -430,6 +433,22 @@ StatusOr<ActionOutcome> ApplyEngineImpl::Replay(const std::string& work_id) {
   return ClaimAndRun(*kind, ClaimFor(*kind, requeued));
 }
 
+void ApplyEngineImpl::PassOverForeignKind(const std::string& kind) {
+  {
+    MutexLock lock(mu_);
+    if (std::find(foreign_kinds_.begin(), foreign_kinds_.end(), kind) != foreign_kinds_.end()) {
+      return;
+    }
+    foreign_kinds_.push_back(kind);
+  }
+  LogEvent(LogLevel::kWarn, "apply.unknown_kind_skipped",
+           {{"kind", kind},
+            {"why",
+             "the shared journal holds work of a kind this daemon's config does not name; its "
+             "workers leave that work to the daemons that have the kind (every daemon on one "
+             "database should have the same actions:)"}});
+}
+
 void ApplyEngineImpl::BuryUnknownKind(const WorkItem& item) {
   ClaimRequest req;
   req.work_id = item.work_id;
@@ -484,15 +503,23 @@ StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
   // Client-executed kinds are not this process's to run: the store passes
   // over them, however many wait (they filled every pass). In-flight work
   // is read past here.
-  ASSIGN_OR_RETURN(
-      std::vector<WorkItem> due,
-      journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size(), client_kinds_));
+  std::vector<std::string> skipped = client_kinds_;
+  {
+    MutexLock lock(mu_);
+    skipped.insert(skipped.end(), foreign_kinds_.begin(), foreign_kinds_.end());
+  }
+  ASSIGN_OR_RETURN(std::vector<WorkItem> due,
+                   journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size(), skipped));
   size_t handled = 0;
   for (const WorkItem& listed : due) {
     if (handled >= max_items) break;
     if (stopping()) break;  // Stop() should not wait for a whole batch
     const KindRuntime* kind = FindKind(listed.kind);
     if (kind != nullptr && !kind->effector) continue;  // clients claim their own work
+    if (kind == nullptr && options_.shared_journal) {
+      PassOverForeignKind(listed.kind);
+      continue;
+    }
     if (!TryMarkInFlight(listed.work_id)) continue;
     StatusOr<WorkItem> fresh = journal_.Get(listed.work_id);
     if (fresh.ok() && IsDue(*fresh, clock_.NowMillis())) {

@@ -46,6 +46,12 @@
 // as for an unknown kind), so no API caller can run one; their work enters
 // the journal through Journal::Enqueue.
 //
+// Work of a kind the config does not name: alone with its journal, the
+// daemon buries it (a dead letter, "action kind 'x' is not configured in
+// this daemon"); on a shared journal it leaves it to the daemons that
+// know the kind, logs `apply.unknown_kind_skipped` once per kind, and its
+// workers pass over that kind from then on.
+//
 // Dead letters: when an attempt (Submit, Replay or a worker), a claim or the
 // burial of an unconfigured kind makes an item dead, the engine calls
 // ApplyOptions::notifier with kind "dead_letter" (event_id
@@ -115,6 +121,11 @@ struct ApplyOptions {
   std::vector<ActionConfig> internal_kinds;
   // Told about dead letters; null: nobody is. Must outlive the engine.
   Notifier* notifier = nullptr;
+  // Other daemons share the journal (Store::shared()): work of a kind this
+  // daemon's config lacks may be another's (a rolling config change, or
+  // daemons with different kinds), so its workers pass over it instead of
+  // burying it as a dead letter (what a daemon alone with its store does).
+  bool shared_journal = false;
 };
 
 // The "dead_letter" notification of `dead` (see Dead letters above), for

@@ -262,6 +262,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     d->notifier_ = std::make_unique<NullNotifier>();
   }
   apply_options.notifier = d->notifier_.get();
+  apply_options.shared_journal = d->store_->shared();
 
   CostLedgerSharing cost_sharing;
   if (d->store_->shared()) {

@@ -695,4 +695,34 @@ TEST_CASE("workers leave client-executed work alone and bury work of unknown kin
   CHECK(buried.last_error.find("not configured") != std::string::npos);
 }
 
+TEST_CASE(
+    "on a shared journal, workers pass over work of a kind their config lacks and leave it to the "
+    "daemons that have it") {
+  ApplyHarness h;
+  h.options_.shared_journal = true;  // as on PostgreSQL, beside other daemons
+  h.AddKind("send_reply", {"/ticket_id"}, HeaderEffector(h));
+  for (int i = 0; i < 3; ++i) {
+    ClaimRequest req;
+    req.work_id = "w-newer-" + std::to_string(i);
+    req.kind = "newer_kind";  // another daemon's config has it, this one's not yet
+    req.now_ms = h.clock_.NowMillis();
+    REQUIRE(h.journal().Enqueue(req).ok());
+  }
+  REQUIRE(h.Submit("send_reply", {{"ticket_id", "T-1"}}).kind == ActionOutcomeKind::kExecuted);
+  CHECK(h.RunDue() == 0);
+  CHECK(h.RunDue() == 0);
+  for (int i = 0; i < 3; ++i) {
+    WorkItem left = h.Get("w-newer-" + std::to_string(i));
+    CHECK(left.state == WorkState::kPending);
+    CHECK(left.attempt == 0);
+    CHECK(left.last_error.empty());
+  }
+  // Its own kinds' work still runs in the same passes.
+  h.fake().FailNext(1, 503);
+  REQUIRE(h.Submit("send_reply", {{"ticket_id", "T-2"}}).kind == ActionOutcomeKind::kRetrying);
+  h.env_.Advance(60'000);
+  CHECK(h.RunDue() == 1);
+  CHECK(h.Get(h.WorkId("send_reply", {{"ticket_id", "T-2"}})).state == WorkState::kDone);
+}
+
 }  // namespace idem::testing
