@@ -240,7 +240,7 @@ UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse&
   std::string text = ProviderErrorText(response.body);
   if (text.empty() && !response.body.empty() && response.body.size() <= 200 &&
       response.body.find('<') == std::string::npos) {
-    text = std::string(TrimView(response.body));  // a short plain-text body
+    text = ValidUtf8Text(TrimView(response.body));  // a short plain-text body
   }
   std::string msg(upstream);
   msg += ": HTTP " + std::to_string(s);

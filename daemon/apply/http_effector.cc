@@ -122,7 +122,10 @@ StatusOr<std::vector<Json>> Items(const Json& answer, const std::string& items_p
 Json AnswerBody(const HttpResponse& response) {
   if (response.body.empty()) return nullptr;
   if (std::optional<Json> j = ParseJsonBody(response.body)) return std::move(*j);
-  return response.body;
+  // Kept as text; bytes that are not UTF-8 (a latin-1 answer) could not be
+  // stored, and a completion that cannot be recorded would run the effect
+  // again on the next attempt.
+  return ValidUtf8Text(response.body);
 }
 
 }  // namespace

@@ -85,19 +85,7 @@ std::string ClientMessage(std::string_view what) {
     const size_t close = what.find("] ");
     if (close != std::string_view::npos) what.remove_prefix(close + 2);
   }
-  std::string out;
-  out.reserve(what.size());
-  size_t pos = 0;
-  while (pos < what.size()) {
-    const size_t start = pos;
-    if (DecodeUtf8(what, pos)) {
-      out.append(what, start, pos - start);
-    } else {
-      out += '?';
-      ++pos;
-    }
-  }
-  return out;
+  return ValidUtf8Text(what, "?");
 }
 
 // Builds the value from SAX events. Doing it ourselves (instead of
@@ -370,6 +358,23 @@ StatusOr<std::string> CanonicalJson(const Json& value) {
 }
 
 bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_view::npos; }
+
+std::string ValidUtf8Text(std::string_view s, std::string_view replacement) {
+  size_t bad = FindInvalidUtf8(s);
+  if (bad == std::string_view::npos) return std::string(s);
+  std::string out(s.substr(0, bad));
+  size_t pos = bad;
+  while (pos < s.size()) {
+    const size_t start = pos;
+    if (DecodeUtf8(s, pos)) {
+      out.append(s, start, pos - start);
+    } else {
+      out += replacement;
+      ++pos;
+    }
+  }
+  return out;
+}
 
 void AppendJsonStringContent(std::string_view s, std::string& out) {
   static constexpr char kHex[] = "0123456789abcdef";

@@ -45,6 +45,11 @@ void AppendJsonStringContent(std::string_view s, std::string& out);
 // True if `s` is well-formed UTF-8 (no overlong forms, no surrogates).
 bool IsValidUtf8(std::string_view s);
 
+// `s` with each byte that does not begin a well-formed UTF-8 character
+// replaced by `replacement` (U+FFFD by default): text from outside (an
+// upstream's answer) made storable as JSON, losing only what was not text.
+std::string ValidUtf8Text(std::string_view s, std::string_view replacement = "\xEF\xBF\xBD");
+
 // The longest prefix of `s` of at most `max_bytes` bytes that does not end
 // inside a UTF-8 character, so that text cut at a byte limit stays valid
 // UTF-8 (and storable as JSON). Every byte cap on text goes through here.

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/fakes/serve.h"
 #include "tests/unit/apply/apply_test_util.h"
 
 namespace idem::testing {
@@ -723,6 +724,37 @@ TEST_CASE(
   h.env_.Advance(60'000);
   CHECK(h.RunDue() == 1);
   CHECK(h.Get(h.WorkId("send_reply", {{"ticket_id", "T-2"}})).state == WorkState::kDone);
+}
+
+TEST_CASE(
+    "an effect whose answer is text that is not UTF-8 is recorded once, its bad bytes replaced, "
+    "instead of running again on every attempt") {
+  httplib::Server latin;
+  std::atomic<int> calls{0};
+  latin.Post("/x", [&](const httplib::Request&, httplib::Response& res) {
+    calls.fetch_add(1);
+    res.status = 201;
+    res.set_content(std::string("caf\xe9 ok"), "text/plain; charset=latin-1");
+  });
+  std::thread serving;
+  const int port = fakes::ServeInBackground(latin, 0, serving);
+  REQUIRE(port > 0);
+  ApplyHarness h;
+  h.AddKind("latin", {"/id"},
+            Json{{"method", "POST"},
+                 {"url", "http://127.0.0.1:" + std::to_string(port) + "/x"},
+                 {"idempotency", "header"}});
+  ActionOutcome o = h.Submit("latin", {{"id", "L9"}});
+  CHECK(o.kind == ActionOutcomeKind::kExecuted);
+  CHECK(o.item.state == WorkState::kDone);
+  CHECK(o.item.result["body"] == "caf\xef\xbf\xbd ok");
+  // A retry of the call is a duplicate, and no worker runs it again.
+  CHECK(h.Submit("latin", {{"id", "L9"}}).kind == ActionOutcomeKind::kDuplicate);
+  h.env_.Advance(120'000);
+  CHECK(h.RunDue() == 0);
+  CHECK(calls.load() == 1);
+  latin.stop();
+  serving.join();
 }
 
 }  // namespace idem::testing

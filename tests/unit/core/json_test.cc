@@ -328,4 +328,13 @@ TEST_CASE("json_object_writer_writes_text_that_is_not_utf8_as_empty_and_names_it
   CHECK(Json::parse(text) == Json{{"good", "ok"}, {"bad", ""}, {"worse", ""}});
 }
 
+TEST_CASE("text that is not UTF-8 is made storable by replacing only its bad bytes") {
+  CHECK(ValidUtf8Text("plain") == "plain");
+  CHECK(ValidUtf8Text("caf\xc3\xa9") == "caf\xc3\xa9");
+  CHECK(ValidUtf8Text("caf\xe9 ok") == "caf\xef\xbf\xbd ok");
+  CHECK(ValidUtf8Text("\xed\xa0\x80", "?") == "???");  // an encoded surrogate, byte by byte
+  CHECK(ValidUtf8Text("ab\xe2\x82", "?") == "ab??");   // cut inside a character
+  CHECK(IsValidUtf8(ValidUtf8Text("\xff\xfe\x80 x \xf4\x90\x80\x80")));
+}
+
 }  // namespace idem
