@@ -19,6 +19,7 @@
 #include "daemon/decide/jsonlogic.h"
 #include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
+#include "daemon/store/journal_rules.h"
 
 namespace idem {
 namespace {
@@ -436,6 +437,56 @@ struct PlanEngine::Impl {
     return p;
   }
 
+  // Whether gate plan `p` approved one execution of work `work_id` that is
+  // over: applied, and the work's done record has outlived its window (or
+  // was swept). The same identity is then new work, which no earlier
+  // approval covers.
+  StatusOr<bool> ApprovalSpent(const Plan& p, const std::string& work_id) {
+    if (!IsState(p, {"applied", "partially_failed"})) return false;
+    auto w = store.journal().Get(work_id);
+    if (!w.ok()) {
+      if (w.status().code() == Code::kNotFound) return true;
+      return w.status();
+    }
+    return journal_rules::Expired(*w, clock.NowMillis());
+  }
+
+  // Gate plan `spent` (ApprovalSpent) waits again, for `fresh`'s action:
+  // made by `caller`, with verdict `v`; its earlier life stays in its history
+  // and the audit log. A concurrent call that re-gated it first wins.
+  StatusOr<Plan> Regate(const Plan& spent, Plan fresh, const Verdict& v,
+                        const std::string& caller) {
+    const int64_t now = clock.NowMillis();
+    ApplyVerdict(fresh, v, now);
+    auto waiting = Transition(
+        spent.plan_id, spent.state, "awaiting_approval", caller,
+        "its work ran and its window ended: the same identity is new work, which needs its "
+        "own approval",
+        {{"origin", fresh.origin},
+         {"reasons", fresh.approval.value("reasons", Json::array())},
+         {"actions", fresh.actions}},
+        [&](Plan& p) {
+          p.origin = fresh.origin;
+          p.actions = fresh.actions;
+          p.original_actions = Json();
+          p.approval = fresh.approval;
+          p.created_by = caller;
+          p.approved_by.clear();
+          p.rejected_by.clear();
+          p.comment.clear();
+          p.reason.clear();
+          p.trace_id = CurrentTraceId();
+          return Status::Ok();
+        });
+    if (!waiting.ok()) {
+      if (waiting.status().code() != Code::kFailedPrecondition) return waiting.status();
+      return store.plans().Get(spent.plan_id);  // another call re-gated it
+    }
+    metrics.plans_awaiting_approval.Inc();
+    NotifyAwaiting(*waiting);
+    return waiting;
+  }
+
   // The decision that took the place of plan `p`'s: a promote, a decide
   // with cache=refresh, or a decide after its window stored another
   // answer under the same key. Its id, or "" while p's decision is still
@@ -776,6 +827,19 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
   if (existing.ok()) {
     gate.plan = std::move(existing).value();
     RETURN_IF_ERROR(m.CheckGatePlan(gate.plan, kind, work.key));
+    ASSIGN_OR_RETURN(bool spent, m.ApprovalSpent(gate.plan, work.key));
+    if (spent) {
+      // The approved work ran and its window is over: this call is new
+      // work, judged as if the first, with its own args.
+      Plan fresh;
+      fresh.origin = origin;
+      Json action = {{"kind", kind.name}, {"args", args}};
+      if (!run_id.empty()) action["run_id"] = run_id;
+      fresh.actions = Json::array({std::move(action)});
+      Verdict v = m.Judge(fresh, nullptr);
+      if (!v.required()) return gate;  // the rule lets this one through
+      ASSIGN_OR_RETURN(gate.plan, m.Regate(gate.plan, std::move(fresh), v, caller));
+    }
   } else {
     const int64_t now = m.clock.NowMillis();
     Plan plan;

@@ -24,7 +24,12 @@
 // whose policy needs approval). A gated call makes (once, keyed by the
 // work_id of its args) a one-action plan awaiting approval and returns it;
 // the same call after approval goes on with the approved (possibly edited)
-// args; after rejection or expiry it is refused.
+// args; after rejection or expiry it is refused. An approval covers one
+// execution: once the approved work ran and its kind's window is over (its
+// done record expired or was swept), the same identity is new work, and
+// its call makes the gate plan wait again (applied -> awaiting_approval,
+// made by that caller, with that call's args) unless the kind's rule lets
+// those args through.
 //
 // Separation of duties: the token that created a plan cannot approve or
 // reject it (PermissionDenied), admin included. Without configured tokens

@@ -517,6 +517,61 @@ TEST_CASE(
   CHECK(h.Plans().RetireSupersededPlan(d.decision_id, "op-1")->empty());
 }
 
+TEST_CASE(
+    "an approval covers one execution: once the approved work's window is over, the same identity "
+    "waits for a new approval of its own args") {
+  PlanHarness h;
+  ApprovalPolicy over_100;
+  over_100.require = "when";
+  over_100.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
+  over_100.reason = "big tips need a human";
+  over_100.timeout_ms = 3'600'000;
+  h.Kind("tip", over_100);
+  h.config_.actions["tip"].window_ms = 3'000;
+  // The target keeps no key of its own (with the work_id as its key, it
+  // would refuse the later work's other body).
+  h.config_.actions["tip"].effector["http"]["idempotency"] = "none";
+  const ActionConfig& tip = h.config_.actions.at("tip");
+  Plan first = h.Gated("tip", {{"id", "u1"}, {"amount", 500}});
+  auto approved = h.Plans().Approve(first.plan_id, "op-1", "", Json(), "r-1");
+  REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
+  CHECK(h.fake().stats().raw_calls == 1);
+
+  // Within the window the identity is the same work: the approval stands.
+  auto same = h.Plans().GateAction(tip, {{"id", "u1"}, {"amount", 500}}, "action", "agent-2");
+  REQUIRE(same.ok());
+  CHECK(same->allowed);
+
+  // After it, the same identity is new work: nothing runs until a human
+  // approves it, with the args this call brought.
+  h.env_.Advance(5'000);
+  auto later = h.Plans().GateAction(tip, {{"id", "u1"}, {"amount", 9999}}, "action", "agent-2");
+  REQUIRE_MESSAGE(later.ok(), later.status().ToString());
+  CHECK_FALSE(later->allowed);
+  CHECK(later->plan.plan_id == first.plan_id);
+  CHECK(later->plan.state == "awaiting_approval");
+  CHECK(later->plan.created_by == "agent-2");
+  CHECK(later->plan.approved_by.empty());
+  CHECK(later->plan.actions[0]["args"]["amount"] == 9999);
+  CHECK(h.fake().stats().raw_calls == 1);
+  // A second call meanwhile waits on the same plan.
+  auto waiting = h.Plans().GateAction(tip, {{"id", "u1"}, {"amount", 9999}}, "run", "agent-3");
+  REQUIRE(waiting.ok());
+  CHECK_FALSE(waiting->allowed);
+  auto again = h.Plans().Approve(first.plan_id, "op-1", "", Json(), "r-2");
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  CHECK(h.fake().stats().raw_calls == 2);
+
+  // After that window too, an amount the rule lets through runs with its
+  // own args, not the approved ones.
+  h.env_.Advance(5'000);
+  CHECK(h.store_->plans().Get(first.plan_id)->state == "applied");
+  auto small = h.Plans().GateAction(tip, {{"id", "u1"}, {"amount", 1}}, "run", "agent-2");
+  REQUIRE(small.ok());
+  CHECK(small->allowed);
+  CHECK(small->args["amount"] == 1);
+}
+
 TEST_CASE("a plan's state follows its actions in the journal after the apply call returned") {
   PlanHarness h;
   h.Kind("wire", Always(60'000, "expire"));
