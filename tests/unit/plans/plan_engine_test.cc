@@ -67,6 +67,15 @@ ApprovalPolicy Always(int64_t timeout_ms, const std::string& on_timeout) {
   return p;
 }
 
+// Gates amounts over 100 (`args.amount`).
+ApprovalPolicy OverHundred(const std::string& reason = "refunds over 100") {
+  ApprovalPolicy p;
+  p.require = "when";
+  p.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
+  p.reason = reason;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("an approval that times out expires the plan; one not yet due stays") {
@@ -250,11 +259,8 @@ TEST_CASE(
     "a rule that passes an action only because a value it reads is absent gates it, unless the "
     "rule gave that value a default") {
   PlanHarness h;
-  ApprovalPolicy over_100;
-  over_100.require = "when";
+  ApprovalPolicy over_100 = OverHundred();
   over_100.source = "policies/refund.yaml";
-  over_100.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
-  over_100.reason = "refunds over 100";
   h.Kind("refund", over_100);
   // No args_schema: the agent names the field otherwise; `>` of null is
   // false, and the rule alone would let 5000 through.
@@ -369,10 +375,7 @@ TEST_CASE(
     "a decision's plan whose args break the kind's schema waits for a human, who must edit or "
     "reject it") {
   PlanHarness h;
-  ApprovalPolicy over_100;
-  over_100.require = "when";
-  over_100.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
-  over_100.reason = "refunds over 100";
+  ApprovalPolicy over_100 = OverHundred();
   // First without a rule over the amount (a rule that reads it would gate
   // an amount that is no number by itself).
   ApprovalPolicy never;
@@ -521,10 +524,7 @@ TEST_CASE(
     "an approval covers one execution: once the approved work's window is over, the same identity "
     "waits for a new approval of its own args") {
   PlanHarness h;
-  ApprovalPolicy over_100;
-  over_100.require = "when";
-  over_100.when = Json::parse(R"({">": [{"var": "args.amount"}, 100]})");
-  over_100.reason = "big tips need a human";
+  ApprovalPolicy over_100 = OverHundred("big tips need a human");
   over_100.timeout_ms = 3'600'000;
   h.Kind("tip", over_100);
   h.config_.actions["tip"].window_ms = 3'000;
