@@ -399,6 +399,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           Decision promoted = *replayed;
           promoted.decision_key = original.decision_key;
           promoted.material = original.material;
+          // Whoever chose this answer for the key may not approve its plan
+          // (as an importer may not).
+          if (promoted.trace.is_object()) promoted.trace["promoted_by"] = ctx.caller;
           RETURN_IF_ERROR(deps.store.decisions().Replace(promoted));
           body["promoted"] = true;
           // The original's plan, if it still waits, would run its own

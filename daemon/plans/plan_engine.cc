@@ -806,9 +806,11 @@ StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::str
   m.ApplyVerdict(plan, m.Judge(plan, &d), now);
   // An imported decision's actions were written by whoever imported it:
   // the operator sees it, and that token may not approve them either.
-  if (d.trace.is_object() && d.trace.contains("imported_by") &&
-      d.trace["imported_by"].is_string()) {
-    plan.approval["decision_imported_by"] = d.trace["imported_by"];
+  // So are a promoted decision's, by whoever chose that answer for the key.
+  for (const char* by : {"imported_by", "promoted_by"}) {
+    if (d.trace.is_object() && d.trace.contains(by) && d.trace[by].is_string()) {
+      plan.approval[std::string("decision_") + by] = d.trace[by];
+    }
   }
   return m.Create(std::move(plan));
 }
@@ -1000,12 +1002,14 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
                                                plan_id +
                                                " and cannot approve it; another operator must");
   }
-  if (m.AuthEnabled() && plan.approval.is_object() &&
-      plan.approval.value("decision_imported_by", "") == actor) {
-    return Status(Code::kPermissionDenied,
-                  "separation of duties: " + actor + " imported the decision plan " + plan_id +
-                      " comes from (its actions are the importer's) and cannot approve it; "
-                      "another operator must");
+  for (const char* how : {"imported", "promoted"}) {
+    if (m.AuthEnabled() && plan.approval.is_object() &&
+        plan.approval.value(std::string("decision_") + how + "_by", "") == actor) {
+      return Status(Code::kPermissionDenied,
+                    "separation of duties: " + actor + " " + how + " the decision plan " + plan_id +
+                        " comes from (its actions are the " + how +
+                        " answer) and cannot approve it; another operator must");
+    }
   }
   // Approving a superseded decision's plan could run both its actions and
   // those of the decision now cached for the same input.

@@ -622,6 +622,12 @@ TEST_CASE(
   CHECK(J(again)["decision_id"] == J(promoted)["replayed"]["decision_id"]);
   const std::string new_plan = J(again)["plan"]["plan_id"];
   CHECK(new_plan != old_plan);
+  // The operator who promoted the answer chose what its plan does: it may
+  // not approve that plan.
+  CHECK(J(f.Get("/v1/plans/" + new_plan))["approval"]["decision_promoted_by"] == "op-1");
+  auto own = f.Post("/v1/plans/" + new_plan + "/approve", Json::object(), kOperator);
+  REQUIRE(own);
+  CHECK(own->status == 403);
   auto approve_new = f.Post("/v1/plans/" + new_plan + "/approve", Json::object(), kOperator2);
   REQUIRE(approve_new);
   CHECK_MESSAGE(approve_new->status == 200, approve_new->body);
