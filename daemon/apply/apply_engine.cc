@@ -430,7 +430,15 @@ StatusOr<ActionOutcome> ApplyEngineImpl::Replay(const std::string& work_id) {
     // Pending again; a client (or a later config with the kind) runs it.
     return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(requeued)};
   }
-  return ClaimAndRun(*kind, ClaimFor(*kind, requeued));
+  IDEM_FAILPOINT("apply.replay_after_requeue");
+  ASSIGN_OR_RETURN(ActionOutcome ran, ClaimAndRun(*kind, ClaimFor(*kind, requeued)));
+  if (ran.kind == ActionOutcomeKind::kBusy) {
+    // This replay requeued it and a worker (here, or another daemon's on a
+    // shared store) claimed it first: under way because of this replay,
+    // not another one.
+    ran.kind = ActionOutcomeKind::kRetrying;
+  }
+  return ran;
 }
 
 void ApplyEngineImpl::PassOverForeignKind(const std::string& kind) {

@@ -158,7 +158,9 @@ class ApplyEngine {
 
   // R21/R24: requeues the dead letter `work_id` (a fresh attempt budget)
   // and runs it at once on the calling thread. FailedPrecondition unless
-  // dead, NotFound if unknown.
+  // dead, NotFound if unknown. kBusy: another replay of it runs in this
+  // process now; kRetrying also when a worker (here or another daemon's)
+  // claimed it between this replay's requeue and its own claim.
   virtual StatusOr<ActionOutcome> Replay(const std::string& work_id) = 0;
 
   // Starts `n` worker threads that retry due work; idempotent.

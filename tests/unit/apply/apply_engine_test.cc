@@ -401,6 +401,35 @@ TEST_CASE("Replay runs a dead letter again at once; it refuses work that is not 
   CHECK(h.engine().Replay("no-such-work").status().code() == Code::kNotFound);
 }
 
+TEST_CASE(
+    "a replay whose requeued work a worker claims first answers that its work is under way, not "
+    "that another replay runs") {
+  ApplyHarness h;
+  h.AddKind("send_reply", {"/ticket_id"}, HeaderEffector(h));
+  h.fake().FailNext(1, 404);
+  ActionOutcome dead = h.Submit("send_reply", {{"ticket_id", "T-12"}});
+  REQUIRE(dead.kind == ActionOutcomeKind::kDead);
+  h.fake().SetLatencyMs(600);
+  // The worker (another daemon's, on a shared store) claims it between the
+  // replay's requeue and the replay's own claim.
+  REQUIRE(Failpoints::Set("apply.replay_after_requeue=delay(300)").ok());
+  auto other = ApplyEngine::Create(h.config_, h.store_->journal(), *h.http_, h.clock_, h.metrics_,
+                                   h.options_);
+  REQUIRE(other.ok());
+  std::thread worker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    (void)(*other)->RunDueOnce(10);
+  });
+  auto replayed = h.engine().Replay(dead.item.work_id);
+  worker.join();
+  Failpoints::Clear();
+  REQUIRE_MESSAGE(replayed.ok(), replayed.status().ToString());
+  CHECK(replayed->kind == ActionOutcomeKind::kRetrying);
+  CHECK(h.Get(dead.item.work_id).state == WorkState::kDone);
+  CHECK(h.fake().stats().effects == 1);
+  (*other)->Stop();
+}
+
 TEST_CASE("16 threads submitting the same 50 actions concurrently make exactly 50 effects") {
   for (const char* level : {"header", "none"}) {
     CAPTURE(level);
