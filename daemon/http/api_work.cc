@@ -107,6 +107,31 @@ RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::
       200, WorkBodyText(w, {.duplicate = true, .without_result = kind.on_duplicate == "ignore"}));
 }
 
+// A caller's lease name: 1 to 200 bytes of printable UTF-8, and none of
+// the daemon's own (IsInternalLeaseName).
+constexpr size_t kMaxLeaseNameBytes = 200;
+Status CheckLeaseName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxLeaseNameBytes) {
+    return InvalidArgument("a lease name is 1 to " + std::to_string(kMaxLeaseNameBytes) +
+                               " bytes; this one is " + std::to_string(name.size()),
+                           "path:name");
+  }
+  const bool control = std::any_of(name.begin(), name.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+  });
+  if (control || !IsValidUtf8(name)) {
+    return InvalidArgument("a lease name is printable UTF-8 text (no control characters)",
+                           "path:name");
+  }
+  if (IsInternalLeaseName(name)) {
+    return InvalidArgument(
+        "lease names that start with decide:, outbox:, cost: or idem. are the "
+        "daemon's own (its daemons coordinate on them); choose another name",
+        "path:name");
+  }
+  return Status::Ok();
+}
+
 StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def, int64_t max,
                                 int64_t min = 1) {
   if (!body.contains(name)) return def;
@@ -956,9 +981,10 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                  "wrong token.",
       .key_policy = KeyPolicy::kOptional,
       .request_schema = "lease.request",
-      .responses = {{201, "lease"}, {200, "lease"}, {409, "lease.conflict"}},
+      .responses = {{201, "lease"}, {200, "lease"}, {400, "problem"}, {409, "lease.conflict"}},
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        RETURN_IF_ERROR(CheckLeaseName(ctx.params[0]));
         ASSIGN_OR_RETURN(int64_t ttl, DurationField(ctx.body, "ttl", 60'000, kMaxLeaseMs));
         ASSIGN_OR_RETURN(
             LeaseResult r,
@@ -989,6 +1015,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             .query = {TextDoc("holder", "the holder that acquired it", true),
                       TextDoc("token", "the token its acquire returned", true)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+              RETURN_IF_ERROR(CheckLeaseName(ctx.params[0]));
               std::string holder = QueryParam(ctx, "holder");
               if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
               std::string token = QueryParam(ctx, "token");

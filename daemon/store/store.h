@@ -635,6 +635,18 @@ inline Status LeaseLapsed(const std::string& name) {
                 "/token");
 }
 
+// Whether `name` is one of the leases idem takes for itself among daemons
+// that share a store ("decide:<key>" single-flight, "outbox:<subscriber>"
+// delivery, "cost:flush"; "idem." kept for more): callers' named leases
+// (POST /v1/leases) may not take them, or they could stall a decide or
+// stop the outbox.
+inline bool IsInternalLeaseName(std::string_view name) {
+  for (std::string_view prefix : {"decide:", "outbox:", "cost:", "idem."}) {
+    if (name.starts_with(prefix)) return true;
+  }
+  return false;
+}
+
 class LeaseStore {
  public:
   virtual ~LeaseStore() = default;

@@ -448,6 +448,25 @@ TEST_CASE("a named lease keeps an overlapping cron run out until released or exp
   CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 409);
 }
 
+TEST_CASE(
+    "a caller's lease name is bounded printable text and none of the daemon's own, which would "
+    "stall its decides or stop its outbox") {
+  Fixture f;
+  for (const std::string& name :
+       std::vector<std::string>{"decide:0123abcd", "outbox:hook", "cost:flush", "idem.x",
+                                std::string(201, 'n'), "a%0Ab", "a%00b", "a%C3"}) {
+    auto taken = f.Post("/v1/leases/" + name, {{"holder", "cron"}, {"ttl", "1m"}});
+    REQUIRE(taken);
+    CHECK_MESSAGE(taken->status == 400, name);
+    CHECK(J(taken)["pointer"] == "path:name");
+    auto released = f.client->Delete(("/v1/leases/" + name + "?holder=cron&token=t0123").c_str());
+    REQUIRE(released);
+    CHECK(released->status == 400);
+  }
+  CHECK(f.Post("/v1/leases/" + std::string(200, 'n'), {{"holder", "cron"}})->status == 201);
+  CHECK(f.Post("/v1/leases/decided:nightly", {{"holder", "cron"}})->status == 201);
+}
+
 TEST_CASE("renewing or releasing a named lease needs its token, not only the holder's name") {
   Fixture f;
   auto a = f.Post("/v1/leases/digest", {{"holder", "cron"}, {"ttl", "1m"}});

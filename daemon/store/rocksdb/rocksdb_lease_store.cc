@@ -75,17 +75,24 @@ StatusOr<NamedLease> RocksLeaseStore::Get(const std::string& name, int64_t now_m
 }
 
 StatusOr<size_t> RocksLeaseStore::SweepExpired(int64_t now_ms, size_t limit) {
-  // Leases are few (one per name a caller coordinates on): a scan of the
-  // family, without an expiry index.
+  // No expiry index: leases are few (one per name a caller coordinates
+  // on). Each call reads at most kSweepStretch of them, on from where the
+  // last stopped, so that however many a caller makes, a sweep stays short
+  // and every lease is looked at within a few sweeps.
+  constexpr size_t kSweepStretch = 1'000;
   std::vector<std::string> candidates;
   {
+    MutexLock cursor(sweep_mu_);
     std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kLeases, {});
-    for (it->SeekToFirst(); it->Valid() && candidates.size() < limit; it->Next()) {
+    size_t read = 0;
+    it->Seek(sweep_from_);
+    for (; it->Valid() && candidates.size() < limit && read < kSweepStretch; it->Next(), ++read) {
       ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(it->value().ToString(), "lease"));
       ASSIGN_OR_RETURN(NamedLease l, store_internal::NamedLeaseFromJson(j));
       if (l.expires_at_ms <= now_ms) candidates.push_back(it->key().ToString());
     }
     RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning leases"));
+    sweep_from_ = it->Valid() ? it->key().ToString() : std::string();  // the end: from the start
   }
   size_t swept = 0;
   for (const std::string& name : candidates) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "daemon/core/mutex.h"
 #include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/store.h"
 
@@ -30,6 +31,10 @@ class RocksLeaseStore final : public LeaseStore {
   StatusOr<std::optional<NamedLease>> Load(const std::string& name);
 
   RocksDatabase& db_;
+  // Where the next sweep goes on (a name; "" from the start): each sweep
+  // reads a bounded stretch, however many leases live.
+  Mutex sweep_mu_;
+  std::string sweep_from_ GUARDED_BY(sweep_mu_);
 };
 
 class RocksMetaStore final : public MetaStore {
