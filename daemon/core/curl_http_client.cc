@@ -338,6 +338,27 @@ class CurlHttpClient final : public HttpClient {
 
 }  // namespace
 
+std::string PercentDecode(std::string_view s, bool plus_is_space) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+      continue;
+    }
+    out += (plus_is_space && c == '+') ? ' ' : c;
+  }
+  return out;
+}
+
 // Slack's /services/T…/B…/<secret> and Discord's /api/webhooks/<id>/<token>
 // carry their secret in the path: a segment is kept only when it is short
 // and plain (at most kPlainSegment letters, digits and ._:-), as

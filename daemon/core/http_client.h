@@ -71,6 +71,10 @@ struct HttpResponse {
 // shown as "…" (the rule in the comment at the top).
 std::string UrlForMessages(const std::string& url);
 
+// Percent-decoding of a URL component; '+' means space when
+// `plus_is_space`. Malformed escapes are kept as they are.
+std::string PercentDecode(std::string_view s, bool plus_is_space);
+
 class HttpClient {
  public:
   virtual ~HttpClient() = default;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "daemon/core/http_client.h"
+
 namespace idem::http1 {
 namespace {
 
@@ -205,22 +207,7 @@ bool NameEquals(std::string_view a, std::string_view b) {
 }
 
 std::string PercentDecode(std::string_view s, bool plus_is_space) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (c == '%' && i + 2 < s.size()) {
-      int hi = HexDigit(s[i + 1]);
-      int lo = HexDigit(s[i + 2]);
-      if (hi >= 0 && lo >= 0) {
-        out += static_cast<char>(hi * 16 + lo);
-        i += 2;
-        continue;
-      }
-    }
-    out += (plus_is_space && c == '+') ? ' ' : c;
-  }
-  return out;
+  return ::idem::PercentDecode(s, plus_is_space);
 }
 
 std::string DecodePath(std::string_view s) {

@@ -156,6 +156,27 @@ TEST_CASE("listening beyond loopback without tokens is a start-up error; with to
   CHECK(f.client->Get("/v1/decisions")->status == 401);
 }
 
+TEST_CASE("serve and migrate refuse a PostgreSQL URL libpq cannot parse without printing it") {
+  TempDir dir;
+  const std::string config =
+      OnPostgres(dir, WriteTestConfig(dir, kRules), "  url_env: IDEM_PG_URL\n");
+  for (const char* url : {"postgresql://idemp:p%ssw0rd-SECRET@127.0.0.1:1/idemdb",
+                          "host=127.0.0.1 port=1 DBPASSWORD999"}) {
+    for (const char* command : {"serve", "migrate"}) {
+      CAPTURE(url);
+      CAPTURE(command);
+      CliResult r = RunCli({command, "--config", config}, "", {{"IDEM_PG_URL", url}});
+      CAPTURE(r.err);
+      CHECK(r.exit_code != 0);
+      CHECK(r.err.find("cannot connect") != std::string::npos);
+      for (const char* secret : {"SECRET", "ssw0rd", "DBPASSWORD999"}) {
+        CHECK(r.err.find(secret) == std::string::npos);
+        CHECK(r.out.find(secret) == std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("the Bearer scheme is case-insensitive") {
   Fixture f(Tokens());
   CHECK(f.client->Get("/v1/decisions", {{"Authorization", "bearer agent-secret"}})->status == 200);

@@ -1,11 +1,14 @@
 #include "daemon/store/postgres/pg_client.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "daemon/core/dynlib.h"
+#include "daemon/core/http_client.h"
 
 namespace idem::pg {
 namespace {
@@ -87,7 +90,131 @@ Status FromResult(PGconn* c, PGresult* r, std::string_view sql) {
   return Internal(text);
 }
 
+// The passwords `conninfo` holds, as written: a URL's user:password@ (and
+// the whole userinfo) and its ?password= parameter, or a key=value
+// string's password= value.
+std::vector<std::string> ConninfoPasswords(std::string_view conninfo) {
+  std::vector<std::string> out;
+  const size_t scheme = conninfo.find("://");
+  if (conninfo.starts_with("postgresql://") || conninfo.starts_with("postgres://")) {
+    const size_t start = scheme + 3;
+    const size_t end = std::min(conninfo.find_first_of("/?", start), conninfo.size());
+    std::string_view authority = conninfo.substr(start, end - start);
+    const size_t at = authority.rfind('@');
+    if (at != std::string_view::npos) {
+      std::string_view userinfo = authority.substr(0, at);
+      out.emplace_back(userinfo);
+      const size_t colon = userinfo.find(':');
+      if (colon != std::string_view::npos) out.emplace_back(userinfo.substr(colon + 1));
+    }
+    const size_t query = conninfo.find('?', start);
+    if (query != std::string_view::npos) {
+      std::string_view params = conninfo.substr(query + 1);
+      while (!params.empty()) {
+        const size_t amp = std::min(params.find('&'), params.size());
+        std::string_view param = params.substr(0, amp);
+        if (param.starts_with("password=")) out.emplace_back(param.substr(9));
+        params.remove_prefix(std::min(amp + 1, params.size()));
+      }
+    }
+    return out;
+  }
+  // key = value pairs; a value may be 'quoted' with \ escapes.
+  size_t i = 0;
+  auto skip_space = [&] {
+    while (i < conninfo.size() && std::isspace(static_cast<unsigned char>(conninfo[i]))) ++i;
+  };
+  while (i < conninfo.size()) {
+    skip_space();
+    const size_t key_start = i;
+    while (i < conninfo.size() && conninfo[i] != '=' &&
+           !std::isspace(static_cast<unsigned char>(conninfo[i]))) {
+      ++i;
+    }
+    std::string_view key = conninfo.substr(key_start, i - key_start);
+    skip_space();
+    if (i >= conninfo.size() || conninfo[i] != '=') continue;
+    ++i;
+    skip_space();
+    std::string value;
+    if (i < conninfo.size() && conninfo[i] == '\'') {
+      for (++i; i < conninfo.size() && conninfo[i] != '\''; ++i) {
+        if (conninfo[i] == '\\' && i + 1 < conninfo.size()) ++i;
+        value.push_back(conninfo[i]);
+      }
+      ++i;
+    } else {
+      while (i < conninfo.size() && !std::isspace(static_cast<unsigned char>(conninfo[i]))) {
+        value.push_back(conninfo[i++]);
+      }
+    }
+    if (key == "password") out.push_back(std::move(value));
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string ConninfoFreeMessage(std::string_view message, std::string_view conninfo) {
+  // The names of libpq's options may be quoted ("invalid integer value
+  // \"x\" for connection option \"port\""): they say what is wrong and are
+  // no secret.
+  static constexpr std::string_view kKeywords[] = {"host",
+                                                   "hostaddr",
+                                                   "port",
+                                                   "dbname",
+                                                   "user",
+                                                   "password",
+                                                   "passfile",
+                                                   "connect_timeout",
+                                                   "sslmode",
+                                                   "sslcert",
+                                                   "sslkey",
+                                                   "sslrootcert",
+                                                   "sslcrl",
+                                                   "options",
+                                                   "service",
+                                                   "application_name",
+                                                   "client_encoding",
+                                                   "target_session_attrs",
+                                                   "keepalives",
+                                                   "gssencmode"};
+  const std::string decoded = PercentDecode(conninfo, false);
+  auto in_conninfo = [&](std::string_view t) {
+    return conninfo.find(t) != std::string_view::npos || decoded.find(t) != std::string::npos;
+  };
+  std::string out;
+  out.reserve(message.size());
+  size_t i = 0;
+  while (i < message.size()) {
+    const size_t open = message.find('"', i);
+    const size_t close = open == std::string_view::npos ? open : message.find('"', open + 1);
+    if (close == std::string_view::npos) {
+      out.append(message.substr(i));
+      break;
+    }
+    std::string_view quoted = message.substr(open + 1, close - open - 1);
+    const bool words = std::any_of(quoted.begin(), quoted.end(), [](unsigned char c) {
+      return std::isalnum(c) != 0 || c >= 0x80;
+    });
+    const bool keyword =
+        std::find(std::begin(kKeywords), std::end(kKeywords), quoted) != std::end(kKeywords);
+    out.append(message.substr(i, open + 1 - i));
+    out.append(words && !keyword && in_conninfo(quoted) ? std::string_view("…") : quoted);
+    out.push_back('"');
+    i = close + 1;
+  }
+  for (const std::string& raw : ConninfoPasswords(conninfo)) {
+    for (const std::string& secret : {raw, PercentDecode(raw, false)}) {
+      if (secret.size() < 4) continue;
+      for (size_t pos = 0; (pos = out.find(secret, pos)) != std::string::npos;) {
+        out.replace(pos, secret.size(), "…");
+        pos += std::string_view("…").size();
+      }
+    }
+  }
+  return out;
+}
 
 Param Bytea(std::string_view bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -156,7 +283,7 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const std::string& conninfo, const st
   PGconn* c = pq.connectdb(conninfo.c_str());
   if (c == nullptr) return Unavailable("postgres: out of memory opening a connection");
   if (pq.status(c) != CONNECTION_OK) {
-    std::string msg = Trimmed(pq.error_message(c));
+    std::string msg = ConninfoFreeMessage(Trimmed(pq.error_message(c)), conninfo);
     pq.finish(c);
     return Unavailable("postgres: cannot connect: " + msg);
   }

@@ -150,6 +150,17 @@ class Pool {
   int open_ = 0;                             // under mu_: checked out + idle
 };
 
+// libpq's message about a connection to `conninfo`, fit to show: libpq
+// quotes the part of a connection string it cannot parse ("invalid
+// percent-encoded token: \"p%ssw0rd\"", "missing \"=\" after \"...\""), and
+// that part may be the password. So any quoted text of `message` that occurs
+// in `conninfo` (as written or percent-decoded), except the name of a libpq
+// option, is shown as "…", and so is the password wherever it appears (a
+// URL's user:password@ or password= parameter, a key=value string's
+// password=; one shorter than 4 bytes is left alone, it would redact noise).
+// Conn::Open's Unavailable carries this, never the libpq message itself.
+std::string ConninfoFreeMessage(std::string_view message, std::string_view conninfo);
+
 // Quotes an identifier for SQL text ("schema" names only; values always go
 // as parameters).
 std::string QuoteIdent(std::string_view name);

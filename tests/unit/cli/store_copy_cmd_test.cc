@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "daemon/cli/cli.h"
+#include "daemon/store/store.h"
 
 namespace idem::cli {
 namespace {
@@ -19,7 +22,50 @@ std::string ReadAll(std::FILE* f) {
   return s;
 }
 
+// One `idem store copy` of the RocksDB store at `rocks` to `conninfo`: its
+// exit code, stdout and stderr.
+struct Copied {
+  int exit_code;
+  std::string out, err;
+};
+Copied Copy(const std::string& rocks, const std::string& conninfo) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  Output o;
+  o.out = out;
+  o.err = err;
+  PgStoreOptions to;
+  to.conninfo = conninfo;
+  to.schema = "idem";
+  Copied c{StoreCopy(o, rocks, to), ReadAll(out), ReadAll(err)};
+  std::fclose(out);
+  std::fclose(err);
+  return c;
+}
+
 }  // namespace
+
+TEST_CASE("store copy to a URL libpq cannot parse exits 2 and prints no part of its password") {
+  char tmpl[] = "/tmp/idem-copy-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string rocks = std::string(tmpl) + "/store";
+  {
+    auto store = OpenRocksStore(StoreOptions{rocks, false});
+    REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+  }
+  for (const char* url : {"postgresql://idemp:p%ssw0rd-SECRET@127.0.0.1:1/idemdb",
+                          "host=127.0.0.1 port=1 DBPASSWORD999"}) {
+    CAPTURE(url);
+    Copied c = Copy(rocks, url);
+    CAPTURE(c.err);
+    CHECK(c.exit_code == kExitUnreachable);
+    CHECK(c.err.find("cannot connect") != std::string::npos);
+    CHECK(c.err.find("SECRET") == std::string::npos);
+    CHECK(c.err.find("DBPASSWORD999") == std::string::npos);
+    CHECK(c.out.empty());
+  }
+  std::filesystem::remove_all(tmpl);
+}
 
 TEST_CASE("store copy counts are listed per family, leases as not copied") {
   CopyCounts c;
@@ -41,21 +87,11 @@ TEST_CASE("store copy counts are listed per family, leases as not copied") {
 }
 
 TEST_CASE("store copy from a folder without a store exits 3 and never reaches the server") {
-  std::FILE* out = std::tmpfile();
-  std::FILE* err = std::tmpfile();
-  Output o;
-  o.out = out;
-  o.err = err;
-  PgStoreOptions to;
   // Nothing listens here: reaching for the server would fail with exit 2.
-  to.conninfo = "host=127.0.0.1 port=1 connect_timeout=1";
-  to.schema = "idem";
-  CHECK(StoreCopy(o, "/nonexistent/idem-store", to) == kExitNotFound);
-  std::string message = ReadAll(err);
-  CHECK(message.find("no RocksDB store at '/nonexistent/idem-store'") != std::string::npos);
-  CHECK(ReadAll(out).empty());
-  std::fclose(out);
-  std::fclose(err);
+  Copied c = Copy("/nonexistent/idem-store", "host=127.0.0.1 port=1 connect_timeout=1");
+  CHECK(c.exit_code == kExitNotFound);
+  CHECK(c.err.find("no RocksDB store at '/nonexistent/idem-store'") != std::string::npos);
+  CHECK(c.out.empty());
 }
 
 }  // namespace idem::cli
