@@ -5,6 +5,7 @@
 
 #include "daemon/core/json_diff.h"
 #include "daemon/core/mutex.h"
+#include "daemon/http/problem.h"
 
 namespace idem {
 namespace {
@@ -260,12 +261,12 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           // The decision is answered (a hit the store's fallback served);
           // its plan is in the store that cannot be read now. The agent
           // learns the plan's id and to come back, not a 503 for the whole.
-          body["plan"] = {
-              {"plan_id", PlanEngine::DecisionPlanId(r.decision.decision_id)},
-              {"state", "unknown"},
-              {"error", "the plan cannot be read or made now (" + plan.status().message() +
-                            "); apply it, or read GET /v1/plans/{id}, once the store "
-                            "is back"}};
+          body["plan"] = {{"plan_id", PlanEngine::DecisionPlanId(r.decision.decision_id)},
+                          {"state", "unknown"},
+                          {"error", "the plan cannot be read or made now (" +
+                                        CallerDetail(503, plan.status(), ctx.request_id) +
+                                        "); apply it, or read GET /v1/plans/{id}, once the store "
+                                        "is back"}};
           transient = true;
         } else {
           RETURN_IF_ERROR(plan.status());
@@ -354,7 +355,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         if (!replayed.ok()) {
           if (replayed.status().code() != Code::kUnavailable) return replayed.status();
           // The replay found no valid output: a finding, not a failure of the call.
-          body["replayed"] = {{"status", "failed"}, {"error", replayed.status().message()}};
+          body["replayed"] = {{"status", "failed"},
+                              {"error", CallerDetail(503, replayed.status(), ctx.request_id)}};
           body["diff"] = nullptr;
           // Asked to promote: nothing was, and a script must be able to tell.
           if (ctx.body.value("promote", false)) body["promoted"] = false;

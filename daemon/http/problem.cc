@@ -53,7 +53,10 @@ Status StatusForRefusal(int http_status, std::string message) {
 
 std::string CallerDetail(int http_status, const Status& status, const std::string& request_id) {
   const std::string& detail = status.message();
-  if (http_status < 500 || detail.rfind("postgres: ", 0) != 0) return detail;
+  // The store's message may come annotated ("store: postgres: ...").
+  const bool database =
+      detail.starts_with("postgres: ") || detail.find(": postgres: ") != std::string::npos;
+  if (http_status < 500 || !database) return detail;
   // The database's own words name its host and port and the statement
   // that failed: the operator's to read (in the log), not every caller's.
   LogEvent(LogLevel::kWarn, "http.store_error",

@@ -31,8 +31,10 @@ inline constexpr const char* kWholeBody = "#body";
 // {type, title, status, detail, pointer?, request_id, retryable?}
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id);
 // The text of `status` a caller gets (ProblemBody's detail, an MCP tool's
-// error): its message, except that the database's own words on a 5xx
-// (host, port, statement) are logged as http.store_error instead.
+// error, a part of an answer that reports a store failure): its message,
+// except that the database's own words on a 5xx (host, port, statement;
+// a message that starts "postgres: ", or has it after a context such as
+// "store: ") are logged as http.store_error instead.
 std::string CallerDetail(int http_status, const Status& status, const std::string& request_id);
 
 inline constexpr const char* kProblemContentType = "application/problem+json";

@@ -500,9 +500,14 @@ TEST_SUITE("postgres") {
     const std::string plan_id = J(decided)["plan"]["plan_id"];
 
     relay.Cut();
+    const std::string relay_port = std::to_string(relay.port());
     ready = Cluster::Get(d, "/readyz");
     REQUIRE(ready);
     CHECK(ready->status == 503);
+    // /readyz is public: it names no host or port either.
+    CHECK_MESSAGE(ready->body.find("127.0.0.1") == std::string::npos, ready->body);
+    CHECK(ready->body.find(relay_port) == std::string::npos);
+    CHECK(ready->body.find("http.store_error") != std::string::npos);
     Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-DOWN"}}}};
     auto write = Cluster::Post(d, "/v1/work/claim", claim, kAgent);
     REQUIRE(write);
@@ -521,8 +526,11 @@ TEST_SUITE("postgres") {
       CHECK(J(cached)["decision_id"] == decision_id);
       CHECK(J(cached)["plan"]["plan_id"] == plan_id);
       CHECK(J(cached)["plan"]["state"] == "unknown");
-      CHECK(J(cached)["plan"]["error"].get<std::string>().find("once the store is back") !=
-            std::string::npos);
+      const std::string plan_error = J(cached)["plan"]["error"];
+      CHECK(plan_error.find("once the store is back") != std::string::npos);
+      CHECK_MESSAGE(plan_error.find("127.0.0.1") == std::string::npos, plan_error);
+      CHECK(plan_error.find(relay_port) == std::string::npos);
+      CHECK(plan_error.find("http.store_error") != std::string::npos);
     }
     auto by_id = Cluster::Get(d, "/v1/decisions/" + decision_id, kAgent);
     REQUIRE(by_id);

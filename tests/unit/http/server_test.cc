@@ -185,6 +185,28 @@ TEST_CASE("refusals before any route are typed for retries: 503 and 408 retryabl
   }
 }
 
+TEST_CASE("a database message under a context (store: postgres: ...) names no host or port") {
+  const std::string words =
+      "postgres: cannot connect: connection to server at \"localhost\" (127.0.0.1), port "
+      "18399 failed: Connection refused";
+  for (const Status& st : {Unavailable(words), Unavailable("store: " + words),
+                           Unavailable(words).Annotate("reading plan pln_1")}) {
+    CAPTURE(st.message());
+    const std::string detail = ProblemBody(503, st, "rid-7")["detail"];
+    CHECK(detail.find("127.0.0.1") == std::string::npos);
+    CHECK(detail.find("18399") == std::string::npos);
+    CHECK(detail.find("localhost") == std::string::npos);
+    CHECK(detail.find("http.store_error") != std::string::npos);
+    CHECK(detail.find("rid-7") != std::string::npos);
+    CHECK(CallerDetail(503, st, "rid-7") == detail);
+  }
+  // A 4xx's message is the caller's own business: kept.
+  CHECK(CallerDetail(409, InvalidArgument("store: postgres: x"), "r") == "store: postgres: x");
+  // So is a message that merely mentions PostgreSQL.
+  CHECK(CallerDetail(503, Unavailable("the postgres store is draining"), "r") ==
+        "the postgres store is draining");
+}
+
 // Prometheus naming: one idem_ prefix, _total on counters only, base units.
 TEST_CASE("every metric name follows the Prometheus naming rules") {
   Metrics m;
