@@ -248,6 +248,14 @@ StatusOr<HttpEffectorConfig> ParseHttpEffectorConfig(const ActionConfig& action)
       c.headers.emplace_back(name, std::move(v));
     }
   }
+  // A target may echo the request in its error answer: what the daemon's
+  // own messages hide of its URLs (UrlForMessages) is as secret there.
+  for (const std::string* url : {&c.url, &c.lookup_url, &c.list_url}) {
+    for (std::string& part : UrlSecrets(*url)) c.secrets.push_back(std::move(part));
+  }
+  // The longest first: a secret that holds another is redacted whole.
+  std::stable_sort(c.secrets.begin(), c.secrets.end(),
+                   [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   return c;
 }
 

@@ -67,7 +67,10 @@
 // Failures: HttpClient's network errors as they are (retryable); non-2xx
 // answers classified by providers/errors.h (408, 409, 429, 5xx retryable,
 // other 4xx permanent, Retry-After honoured); a 2xx lookup answer that is
-// not JSON is retryable Unavailable.
+// not JSON is retryable Unavailable. A failure's message never holds a
+// secret, even when the target's answer echoes the request: the `${VAR}`
+// header values and what UrlForMessages hides of the configured URLs (see
+// HttpEffectorConfig::secrets) show as "[redacted]".
 //
 // Failpoint: apply.after_lookup (check_then_act: the lookup found nothing,
 // the create has not been sent).
@@ -94,9 +97,13 @@ struct HttpEffectorConfig {
   std::string url;
   Level level = Level::kHeader;
   std::string idempotency_header = "Idempotency-Key";
-  HttpHeaders headers;               // values with ${VAR} already substituted
-  std::vector<std::string> secrets;  // substituted values, redacted from messages
-  std::string upsert_key;            // JSON pointer into args
+  HttpHeaders headers;  // values with ${VAR} already substituted
+  // Redacted from messages (an answer may echo the request): the ${VAR}
+  // values, and the parts of url, lookup.url and list_url that the daemon's
+  // own messages hide (UrlSecrets: userinfo and its Basic credential, query
+  // values, secret-looking path segments; a template's literal text only).
+  std::vector<std::string> secrets;
+  std::string upsert_key;  // JSON pointer into args
   std::string lookup_url;
   std::string lookup_method = "GET";
   std::string lookup_found;  // JSON pointer of the matches in a lookup/list answer

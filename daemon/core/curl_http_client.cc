@@ -336,6 +336,48 @@ class CurlHttpClient final : public HttpClient {
   std::vector<CURL*> idle_ GUARDED_BY(pool_mu_);
 };
 
+// Slack's /services/T…/B…/<secret> and Discord's /api/webhooks/<id>/<token>
+// carry their secret in the path: a segment is kept only when it is short
+// and plain (at most 12 letters, digits and ._:-), as /v1/chat/completions.
+bool PlainSegment(std::string_view segment) {
+  constexpr size_t kPlainSegment = 12;
+  return segment.size() <= kPlainSegment &&
+         std::all_of(segment.begin(), segment.end(), [](unsigned char c) {
+           return std::isalnum(c) != 0 || c == '.' || c == '_' || c == ':' || c == '-';
+         });
+}
+
+std::string Base64(std::string_view bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16;
+    if (i + 1 < bytes.size())
+      n |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 2]);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kAlphabet[n & 63] : '=';
+  }
+  return out;
+}
+
+// `text` without its {placeholders}: the literal pieces around them.
+std::vector<std::string_view> LiteralPieces(std::string_view text) {
+  std::vector<std::string_view> pieces;
+  for (;;) {
+    const size_t open = text.find('{');
+    const size_t close = open == std::string_view::npos ? open : text.find('}', open);
+    if (close == std::string_view::npos) break;
+    if (open > 0) pieces.push_back(text.substr(0, open));
+    text.remove_prefix(close + 1);
+  }
+  if (!text.empty()) pieces.push_back(text);
+  return pieces;
+}
+
 }  // namespace
 
 std::string PercentDecode(std::string_view s, bool plus_is_space) {
@@ -359,12 +401,54 @@ std::string PercentDecode(std::string_view s, bool plus_is_space) {
   return out;
 }
 
-// Slack's /services/T…/B…/<secret> and Discord's /api/webhooks/<id>/<token>
-// carry their secret in the path: a segment is kept only when it is short
-// and plain (at most kPlainSegment letters, digits and ._:-), as
-// /v1/chat/completions.
+std::vector<std::string> UrlSecrets(std::string_view url) {
+  std::vector<std::string> out;
+  auto add = [&out](std::string_view part, bool plus_is_space) {
+    if (part.empty()) return;
+    out.emplace_back(part);
+    std::string decoded = PercentDecode(part, plus_is_space);
+    if (decoded != part) out.push_back(std::move(decoded));
+  };
+  url = url.substr(0, url.find('#'));
+  const size_t scheme_end = url.find("://");
+  const size_t host_start = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
+  const size_t authority_end = std::min(url.find_first_of("/?", host_start), url.size());
+  const std::string_view authority = url.substr(host_start, authority_end - host_start);
+  if (const size_t at = authority.rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = authority.substr(0, at);
+    add(userinfo, false);
+    const size_t colon = userinfo.find(':');
+    if (colon != std::string_view::npos) add(userinfo.substr(colon + 1), false);
+    const std::string user = PercentDecode(userinfo.substr(0, colon), false);
+    const std::string password =
+        colon == std::string_view::npos ? "" : PercentDecode(userinfo.substr(colon + 1), false);
+    out.push_back(Base64(user + ":" + password));
+  }
+  const size_t query = std::min(url.find('?', authority_end), url.size());
+  std::string_view path = url.substr(authority_end, query - authority_end);
+  while (!path.empty()) {
+    path.remove_prefix(1);  // the '/'
+    const size_t end = std::min(path.find('/'), path.size());
+    for (std::string_view piece : LiteralPieces(path.substr(0, end))) {
+      if (!PlainSegment(piece)) add(piece, false);
+    }
+    path.remove_prefix(end);
+  }
+  std::string_view params = query < url.size() ? url.substr(query + 1) : std::string_view();
+  while (!params.empty()) {
+    const size_t amp = std::min(params.find('&'), params.size());
+    std::string_view param = params.substr(0, amp);
+    const size_t eq = param.find('=');
+    for (std::string_view piece :
+         LiteralPieces(eq == std::string_view::npos ? param : param.substr(eq + 1))) {
+      add(piece, true);
+    }
+    params.remove_prefix(std::min(amp + 1, params.size()));
+  }
+  return out;
+}
+
 std::string UrlForMessages(const std::string& url) {
-  constexpr size_t kPlainSegment = 12;
   std::string out = url.substr(0, url.find_first_of("?#"));
   size_t scheme_end = out.find("://");
   size_t host_start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
@@ -380,13 +464,8 @@ std::string UrlForMessages(const std::string& url) {
   for (;;) {
     size_t end = out.find('/', seg);
     std::string_view segment(out.data() + seg, (end == std::string::npos ? out.size() : end) - seg);
-    const bool plain =
-        segment.size() <= kPlainSegment &&
-        std::all_of(segment.begin(), segment.end(), [](unsigned char c) {
-          return std::isalnum(c) != 0 || c == '.' || c == '_' || c == ':' || c == '-';
-        });
     shown += '/';
-    shown += plain ? std::string(segment) : std::string("…");
+    shown += PlainSegment(segment) ? std::string(segment) : std::string("…");
     if (end == std::string::npos) break;
     seg = end + 1;
   }

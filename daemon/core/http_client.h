@@ -71,6 +71,19 @@ struct HttpResponse {
 // shown as "…" (the rule in the comment at the top).
 std::string UrlForMessages(const std::string& url);
 
+// The parts of `url` that UrlForMessages hides, as secrets to redact from
+// other text (an upstream's answer that echoes the request): the userinfo
+// (user:password) and its password, the credential libcurl sends for them
+// in `Authorization: Basic` (base64 of the decoded user:password), the
+// value of each query parameter (the whole parameter when it has no '='),
+// and each path segment UrlForMessages shows as "…"; each as written and
+// percent-decoded. In a URL template, a placeholder in braces ({key}, filled
+// per call; braces are no URL's own characters) is no part of a secret, the
+// literal text around it is: a path segment's pieces are each judged as a
+// segment. Short parts are returned too: the caller decides what is too
+// short to redact.
+std::vector<std::string> UrlSecrets(std::string_view url);
+
 // Percent-decoding of a URL component; '+' means space when
 // `plus_is_space`. Malformed escapes are kept as they are.
 std::string PercentDecode(std::string_view s, bool plus_is_space);

@@ -1,13 +1,16 @@
 #include "daemon/apply/http_effector.h"
 
 #include <doctest/doctest.h>
+#include <httplib.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tests/fakes/serve.h"
 #include "tests/unit/apply/apply_test_util.h"
 
 namespace idem::testing {
@@ -302,6 +305,93 @@ TEST_CASE("a lookup answer that is not JSON is a retryable failure; 404 means ab
   auto malformed = (*wrong_shape)->Lookup(Item({{"ticket_id", "T-1"}}));
   CHECK(malformed.status().code() == Code::kUnavailable);
   CHECK(malformed.status().retryable());
+}
+
+TEST_CASE("a 400 that echoes the request names none of the URL's secrets in the error") {
+  // The target answers every call 400, repeating what it was sent: the
+  // path (decoded), each query parameter and the Authorization header.
+  httplib::Server echo;
+  echo.set_error_handler([](const httplib::Request&, httplib::Response&) {});
+  auto handler = [](const httplib::Request& req, httplib::Response& res) {
+    std::string query;
+    for (const auto& [name, value] : req.params) query += name + "=" + value + "&";
+    const Json body = {{"message", "bad request: path " + req.path + " query " + query +
+                                       " authorization " + req.get_header_value("Authorization")}};
+    res.status = 400;
+    res.set_content(body.dump(), "application/json");
+  };
+  echo.Put(".*", handler);
+  echo.Post(".*", handler);
+  std::thread thread;
+  const int port = fakes::ServeInBackground(echo, 0, thread);
+  REQUIRE(port > 0);
+  const std::string base = "http://u:USERINFOPASS777@127.0.0.1:" + std::to_string(port);
+  ApplyHarness h;
+  struct Case {
+    Json http;
+    std::vector<std::string> secrets;
+  };
+  const Case cases[] = {
+      {{{"url", base + "/refunds/PATHSECRETabcdef123456?apikey=QUERYSECRET555&v=2"},
+        {"idempotency", "header"}},
+       // dTpVU0VSSU5GT1BBU1M3Nzc= is base64("u:USERINFOPASS777"), curl's Basic credential.
+       {"USERINFOPASS777", "dTpVU0VSSU5GT1BBU1M3Nzc=", "PATHSECRETabcdef123456", "QUERYSECRET555"}},
+      // A template: its literal parts are secret, the item's key is not.
+      {{{"url", base + "/hooks/TOKEN%20PART-{key}/PATHSECRET-two-xyz?sig=SIGSECRET999"},
+        {"idempotency", "upsert"},
+        {"upsert_key", "/ticket_id"}},
+       {"USERINFOPASS777", "TOKEN PART-", "TOKEN%20PART-", "PATHSECRET-two-xyz", "SIGSECRET999"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.http.dump());
+    auto effector = HttpEffector::Create(Kind(c.http), *h.http_, h.env_);
+    REQUIRE(effector.ok());
+    RecordingContext context;
+    EffectAttempt attempt = (*effector)->Execute(Item({{"ticket_id", "T-1234567890123"}}), context);
+    REQUIRE_FALSE(attempt.status.ok());
+    const std::string& message = attempt.status.message();
+    CAPTURE(message);
+    CHECK_FALSE(attempt.status.retryable());
+    CHECK(message.find("HTTP 400") != std::string::npos);
+    CHECK(message.find("[redacted]") != std::string::npos);
+    for (const std::string& secret : c.secrets) {
+      CAPTURE(secret);
+      CHECK(message.find(secret) == std::string::npos);
+    }
+    if (c.http.contains("upsert_key")) {
+      // The per-item key is the item's own, not the config's secret.
+      CHECK(message.find("T-1234567890123") != std::string::npos);
+    }
+  }
+  echo.stop();
+  thread.join();
+}
+
+TEST_CASE(
+    "a URL's secrets are its userinfo, Basic credential, query values and odd path segments") {
+  std::vector<std::string> parts =
+      UrlSecrets("https://bot:pa%20ss@h.example/v1/chat/AAAAbbbbCCCCdddd/x%2Fy?k=a+b&flag#frag");
+  auto has = [&](const std::string& s) {
+    return std::find(parts.begin(), parts.end(), s) != parts.end();
+  };
+  CHECK(has("bot:pa%20ss"));
+  CHECK(has("pa%20ss"));
+  CHECK(has("pa ss"));
+  CHECK(has("Ym90OnBhIHNz"));  // base64("bot:pa ss")
+  CHECK(has("AAAAbbbbCCCCdddd"));
+  CHECK(has("x%2Fy"));
+  CHECK(has("a+b"));
+  CHECK(has("a b"));
+  CHECK(has("flag"));
+  // What UrlForMessages shows is no secret.
+  for (const char* shown : {"h.example", "v1", "chat", "frag"}) {
+    CAPTURE(shown);
+    CHECK_FALSE(has(shown));
+  }
+  // A template's placeholders are no part of a secret.
+  CHECK(UrlSecrets("http://h/items/{key}").empty());
+  CHECK(UrlSecrets("http://h/a/{key}-LONGLITERALSECRET?t={fingerprint}") ==
+        std::vector<std::string>{"-LONGLITERALSECRET"});
 }
 
 }  // namespace idem::testing
