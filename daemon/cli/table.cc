@@ -32,6 +32,42 @@ const char* Escape(Color c) {
 
 bool IsContinuation(unsigned char c) { return (c & 0xC0) == 0x80; }
 
+// The code point of the C1 control (U+0080-U+009F) or bidirectional
+// formatting character (U+061C, U+200E, U+200F, U+202A-U+202E,
+// U+2066-U+2069) whose UTF-8 starts at text[i], with its length in bytes;
+// 0 when none starts there.
+char32_t HiddenControlAt(std::string_view text, size_t i, size_t* length) {
+  auto at = [&](size_t k) -> unsigned {
+    return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u;
+  };
+  const unsigned c = at(0);
+  if (c == 0xc2 && at(1) >= 0x80 && at(1) <= 0x9f) {
+    *length = 2;
+    return at(1);
+  }
+  if (c == 0xd8 && at(1) == 0x9c) {
+    *length = 2;
+    return 0x061c;
+  }
+  if (c == 0xe2 && IsContinuation(at(1)) && IsContinuation(at(2))) {
+    const char32_t cp = 0x2000 | (at(1) & 0x3f) << 6 | (at(2) & 0x3f);
+    if (cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
+        (cp >= 0x2066 && cp <= 0x2069)) {
+      *length = 3;
+      return cp;
+    }
+  }
+  return 0;
+}
+
+// "\u" and four hex digits: the JSON escape of a code point below U+10000.
+std::string UnicodeEscape(char32_t cp) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out = "\\u";
+  for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(cp >> shift) & 15];
+  return out;
+}
+
 }  // namespace
 
 std::string Printable(std::string_view text) {
@@ -45,12 +81,17 @@ std::string Printable(std::string_view text) {
   };
   for (size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
+    size_t length = 0;
     if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
       show(c);
-    } else if (c == 0xc2 && i + 1 < text.size() &&
-               static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
-      show(static_cast<unsigned char>(text[++i]));  // U+0080-U+009F, two bytes in UTF-8
+    } else if (char32_t hidden = HiddenControlAt(text, i, &length); hidden != 0) {
+      // C1 (two bytes in UTF-8) as \xNN, a bidi control as \uNNNN.
+      if (hidden <= 0x9f) {
+        show(static_cast<unsigned char>(hidden));
+      } else {
+        out += UnicodeEscape(hidden);
+      }
+      i += length - 1;
     } else {
       out += static_cast<char>(c);
     }
@@ -59,20 +100,16 @@ std::string Printable(std::string_view text) {
 }
 
 std::string WithC1Escaped(std::string json_text) {
-  static const char* kHex = "0123456789abcdef";
-  size_t at = json_text.find('\xc2');
+  size_t at = json_text.find_first_of("\xc2\xd8\xe2");
   if (at == std::string::npos) return json_text;
   std::string out = json_text.substr(0, at);
   for (size_t i = at; i < json_text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(json_text[i]);
-    const auto next = i + 1 < json_text.size() ? static_cast<unsigned char>(json_text[i + 1]) : 0;
-    if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
-      out += "\\u00";
-      out += kHex[next >> 4];
-      out += kHex[next & 15];
-      ++i;
+    size_t length = 0;
+    if (char32_t hidden = HiddenControlAt(json_text, i, &length); hidden != 0) {
+      out += UnicodeEscape(hidden);
+      i += length - 1;
     } else {
-      out += static_cast<char>(c);
+      out += json_text[i];
     }
   }
   return out;

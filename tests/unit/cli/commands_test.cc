@@ -243,6 +243,35 @@ TEST_CASE("JSON the CLI prints escapes C1 controls and stays the same JSON") {
   CHECK(Str(Json{{"o", {{"k", "\u009b"}}}}, "o") == "{\"k\":\"\\u009b\"}");
 }
 
+TEST_CASE("bidi controls an agent wrote cannot reorder what the operator reads") {
+  // U+202E (right-to-left override) makes "approved ... failed" read backwards.
+  const std::string marks =
+      "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c";
+  Json letter = SampleDeadLetter();
+  letter["last_error"] = "refund \u202edeliaf\u202c ok" + marks;
+  std::string text = RenderDeadLetters(Json::array({letter}), Style{}, 1'700'000'300'000);
+  CAPTURE(text);
+  for (const char* raw : {"\xe2\x80\xaa", "\xe2\x80\xab", "\xe2\x80\xac", "\xe2\x80\xad",
+                          "\xe2\x80\xae", "\xe2\x81\xa6", "\xe2\x81\xa7", "\xe2\x81\xa8",
+                          "\xe2\x81\xa9", "\xe2\x80\x8e", "\xe2\x80\x8f", "\xd8\x9c"}) {
+    CHECK(text.find(raw) == std::string::npos);
+  }
+  CHECK(text.find("refund \\u202edeliaf\\u202c ok") != std::string::npos);
+  CHECK(Printable("a\u200fb\u2069c\u061c") == "a\\u200fb\\u2069c\\u061c");
+  // Other characters of those blocks are text: dashes, quotes, Arabic letters.
+  CHECK(Printable("\u2014 \u201c\u201d \u2026 \u0627 \u2070") ==
+        "\u2014 \u201c\u201d \u2026 \u0627 \u2070");
+
+  // --json: the same escapes, and still the same JSON.
+  Json j = {{"last_error", "refund \u202edeliaf\u202c ok" + marks}};
+  std::string json = JsonText(j, 2);
+  CAPTURE(json);
+  CHECK(json.find("\xe2\x80\xae") == std::string::npos);
+  CHECK(json.find("\xd8\x9c") == std::string::npos);
+  CHECK(json.find("refund \\u202edeliaf\\u202c ok") != std::string::npos);
+  CHECK(Json::parse(json) == j);
+}
+
 TEST_CASE("a record read prints its problem on stderr, or on stdout with --json for a pipe") {
   FakeHttp http;
   http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
