@@ -13,6 +13,7 @@
 // cache "refresh" means "ask again" and gets no derived key either. Reads
 // (get_plan, get_decision) are never deduplicated: a poll sees the state
 // as it is now.
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -32,6 +33,9 @@ constexpr int64_t kToolKeyLeaseMs = 60'000;
 // "still running", and the longest client key (as the Idempotency-Key header).
 constexpr int64_t kInFlightWaitMs = 3'000;
 constexpr size_t kMaxClientKey = 255;
+// Levels a stored answer adds around the route's values: the result, its
+// structuredContent, the route body, the member that holds the value.
+constexpr int kResultWrapping = 8;
 
 // One tool: its MCP description and the REST route it runs.
 struct Tool {
@@ -107,7 +111,13 @@ class ApiToolbox final : public McpToolbox {
       }
       if (begun->outcome == BeginOutcome::kNew) break;
       if (begun->outcome == BeginOutcome::kReplay) {
-        auto stored = ParseJson(begun->record.response_body, JsonLimits{});
+        // The stored answer is ours, bounded when it was made: it is read
+        // back whole, not under a request's limits (a 600 KB result is
+        // twice that stored, with its text copy; its wrapping nests a
+        // request's or an upstream's deepest value a few levels further).
+        const std::string& text = begun->record.response_body;
+        auto stored =
+            ParseJson(text, JsonLimits{.max_bytes = text.size(), .max_depth = StoredDepth()});
         if (!stored.ok()) return ToolError("the stored result could not be read");
         return Replayed(tool, std::move(stored).value());
       }
@@ -134,6 +144,12 @@ class ApiToolbox final : public McpToolbox {
   }
 
  private:
+  // The deepest stored answer: the deepest value a route takes (a request
+  // body) or keeps (an upstream's answer), inside the result's wrapping.
+  int StoredDepth() const {
+    return std::max(deps_.config.server.max_json_depth, JsonLimits{}.max_depth) + kResultWrapping;
+  }
+
   static Json ToolError(const std::string& text) {
     return {{"content", Json::array({{{"type", "text"}, {"text", text}}})}, {"isError", true}};
   }
