@@ -53,6 +53,41 @@ Json Obj(Json properties, std::vector<std::string> required) {
   return {{"type", "object"}, {"properties", std::move(properties)}, {"required", required}};
 }
 
+// `schema`, to be nested at the JSON pointer `at` (a fragment, "#/…") of
+// another document, with the references to its own document ("#", "#/…")
+// pointing where they did. A schema with an "$id" (the root's or a
+// subschema's) is a resource of its own, against which its references
+// still resolve: it is left as it is. Values that are data, not schemas
+// (const, enum, default, examples), are never touched, nor are the names of
+// properties and definitions.
+void RebaseRefs(Json& schema, const std::string& at) {
+  if (!schema.is_object()) return;  // true, false: no references
+  auto id = schema.find("$id");
+  if (id != schema.end() && id->is_string() &&
+      !id->get_ref<const std::string&>().starts_with("#")) {
+    return;
+  }
+  for (auto& [keyword, value] : schema.items()) {
+    if (keyword == "$ref") {
+      if (!value.is_string()) continue;
+      const std::string& ref = value.get_ref<const std::string&>();
+      if (ref == "#" || ref.starts_with("#/")) value = at + ref.substr(1);
+    } else if (keyword == "const" || keyword == "enum" || keyword == "default" ||
+               keyword == "examples") {
+      continue;
+    } else if (keyword == "properties" || keyword == "patternProperties" ||
+               keyword == "definitions" || keyword == "$defs" || keyword == "dependentSchemas" ||
+               keyword == "dependencies") {
+      if (!value.is_object()) continue;
+      for (Json& sub : value) RebaseRefs(sub, at);  // by name: each value a schema
+    } else if (value.is_array()) {
+      for (Json& sub : value) RebaseRefs(sub, at);  // allOf, anyOf, oneOf, items, prefixItems
+    } else {
+      RebaseRefs(value, at);  // not, items, additionalProperties, if, then, else...
+    }
+  }
+}
+
 class ApiToolbox final : public McpToolbox {
  public:
   ApiToolbox(ApiDeps deps, std::shared_ptr<const std::vector<Route>> routes)
@@ -301,16 +336,10 @@ class ApiToolbox final : public McpToolbox {
         return b;
       };
       Json output = step.output_schema.is_object() ? step.output_schema : any_object;
-      // Nested under /properties/output, the step schema's root-relative
-      // references (#/definitions/…, #/$defs/…) would point nowhere: its
-      // definitions move to the root they are resolved against.
-      Json definitions = Json::object();
-      for (const char* defs : {"definitions", "$defs"}) {
-        if (output.contains(defs)) {
-          definitions[defs] = output[defs];
-          output.erase(defs);
-        }
-      }
+      // Nested under /properties/output, the step schema's references to
+      // its own root ("#", "#/definitions/…", "#/properties/a") would be
+      // resolved against the tool's outputSchema: they are moved with it.
+      RebaseRefs(output, "#/properties/output");
       t.spec = {
           {"name", "decide_" + name},
           {"title", "Decide " + name},
@@ -333,7 +362,6 @@ class ApiToolbox final : public McpToolbox {
                                 {"plan", any_object}},
                                {"status"})},
           {"annotations", {{"readOnlyHint", false}, {"idempotentHint", true}}}};
-      for (auto& [defs, value] : definitions.items()) t.spec["outputSchema"][defs] = value;
       Add(std::move(t));
     }
     for (const auto& [name, kind] : deps_.config.actions) {

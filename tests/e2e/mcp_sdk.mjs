@@ -42,7 +42,12 @@ const effectorUrl = `http://127.0.0.1:${effector.address().port}`;
 // --- the daemon ----------------------------------------------------------
 const dir = mkdtempSync(join(tmpdir(), 'idem-mcp-'));
 const agentToken = 'agent-secret', operatorToken = 'op-secret';
-writeFileSync(join(dir, 'rules.yaml'), `default:
+writeFileSync(join(dir, 'rules.yaml'), `rules:
+  - match: {step: tree_ticket}
+    output: '{"category":"root","children":[{"category":"leaf","children":[]}]}'
+  - match: {step: pair_ticket}
+    output: '{"a":"x","b":"y"}'
+default:
   output: '{"category":"question","priority":"low","summary":"s","actions":[]}'
 `);
 writeFileSync(join(dir, 'refund.args.json'), JSON.stringify({
@@ -56,6 +61,30 @@ writeFileSync(join(dir, 'refs.schema.json'), JSON.stringify({
   definitions: { label: { type: 'string', minLength: 1 } },
   properties: { category: { $ref: '#/definitions/label' }, summary: { $ref: '#/definitions/label' } },
 }));
+// Step schemas whose references point at their own root: the whole schema
+// ("#", a recursive tree), one of its properties, and definitions under an
+// $id (resolved against that $id, not the tool's outputSchema).
+writeFileSync(join(dir, 'tree.schema.json'), JSON.stringify({
+  type: 'object', required: ['category'],
+  properties: { category: { type: 'string' }, children: { type: 'array', items: { $ref: '#' } } },
+}));
+writeFileSync(join(dir, 'pair.schema.json'), JSON.stringify({
+  type: 'object', required: ['a', 'b'],
+  properties: { a: { type: 'string', minLength: 1 }, b: { $ref: '#/properties/a' } },
+}));
+writeFileSync(join(dir, 'lab.schema.json'), JSON.stringify({
+  $id: 'https://example.com/schemas/lab.json',
+  type: 'object', required: ['category'],
+  definitions: { lab: { type: 'string', minLength: 1 } },
+  properties: { category: { $ref: '#/definitions/lab' } },
+}));
+const step = (name, schema) => `  ${name}:
+    provider: demo
+    model: demo-1
+    temperature: 0
+    prompt: {template: ${repo}/config/prompts/triage_ticket.mustache, version: v1}
+    output_schema: ${schema}
+`;
 writeFileSync(join(dir, 'idem.yaml'), `server:
   listen: 127.0.0.1:0
 store:
@@ -79,7 +108,8 @@ steps:
     temperature: 0
     prompt: {template: ${repo}/config/prompts/triage_ticket.mustache, version: v1}
     output_schema: ${dir}/refs.schema.json
-actions:
+${step('tree_ticket', `${dir}/tree.schema.json`)}${step('pair_ticket', `${dir}/pair.schema.json`)}\
+${step('id_ticket', `${dir}/lab.schema.json`)}actions:
   send_reply:
     identity: {fields: [/ticket_id, /text], version: v1}
     window: 24h
@@ -152,6 +182,23 @@ try {
     arguments: { input: { ticket_id: 'T-2', text: 'hi' } } });
   assert.equal(labelled.isError, false, JSON.stringify(labelled));
   assert.equal(labelled.structuredContent.output.category, 'question');
+  // References to the step schema's root resolve as in the step schema:
+  // a recursive tree ("#"), a sibling property, definitions under an $id.
+  for (const [name, expected] of [['tree_ticket', { category: 'root',
+    children: [{ category: 'leaf', children: [] }] }], ['pair_ticket', { a: 'x', b: 'y' }],
+  ['id_ticket', { category: 'question' }]]) {
+    const got = await client.callTool({ name: `decide_${name}`,
+      arguments: { input: { ticket_id: name, text: 'refs' } } });
+    assert.equal(got.isError, false, JSON.stringify(got));
+    for (const [field, value] of Object.entries(expected)) {
+      assert.deepEqual(got.structuredContent.output[field], value, `${name}: ${field}`);
+    }
+  }
+  // (The SDK checked each answer against the listed outputSchema: resolved
+  // against the tool's root, "#" would have asked the child for a status.)
+  const treeTool = tools.find((t) => t.name === 'decide_tree_ticket');
+  assert.equal(treeTool.outputSchema.properties.output.properties.children.items.$ref,
+    '#/properties/output');
 
   // A tool's argument cannot steer it onto another route: "export" is a
   // decision id here, not GET /v1/decisions/export (an operator's route).
