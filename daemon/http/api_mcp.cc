@@ -44,10 +44,18 @@ struct Tool {
   std::string path;                       // with {placeholders} filled from the arguments
   std::function<Json(const Json&)> body;  // REST body from the arguments
   std::unique_ptr<JsonSchema> input;
-  std::string kind;  // do_<kind>: the action kind
+  std::string kind;            // do_<kind>: the action kind
+  int64_t kind_window_ms = 0;  // do_<kind>: the kind's window (0: forever)
   // Which calls share a stored answer (see the top of this file).
   enum class Dedup { kNone, kClientKey, kDerived } dedup = Dedup::kDerived;
 };
+
+// The shorter of two windows (0: forever).
+int64_t ShorterWindow(int64_t a_ms, int64_t b_ms) {
+  if (a_ms == 0) return b_ms;
+  if (b_ms == 0) return a_ms;
+  return std::min(a_ms, b_ms);
+}
 
 Json Obj(Json properties, std::vector<std::string> required) {
   return {{"type", "object"}, {"properties", std::move(properties)}, {"required", required}};
@@ -128,6 +136,14 @@ class ApiToolbox final : public McpToolbox {
     if (!canonical.ok()) return ToolError(canonical.status().message());
     std::string key = client_key ? meta["idempotencyKey"].get<std::string>()
                                  : Sha256Hex(name + "\n" + *canonical);
+    // A client's key lives as an Idempotency-Key header does; a derived
+    // one of a do_<kind> stands for the unit of work, so it lives no longer
+    // than the kind remembers that work: past the kind's window the same
+    // call is new work, as it is over REST.
+    int64_t window_ms = deps_.config.idempotency.window_ms;
+    if (!client_key && !tool.kind.empty()) {
+      window_ms = ShorterWindow(window_ms, tool.kind_window_ms);
+    }
     const std::string scope = caller + " MCP " + name;
     const std::string fingerprint = Sha256Hex(*canonical);
     // The same call still running (two workers on one token, a retry after
@@ -137,9 +153,8 @@ class ApiToolbox final : public McpToolbox {
     const int64_t give_up_ms = deps_.clock.NowMillis() + kInFlightWaitMs;
     for (;;) {
       const int64_t now = deps_.clock.NowMillis();
-      auto begun =
-          deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
-                                        deps_.config.idempotency.window_ms, kToolKeyLeaseMs);
+      auto begun = deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
+                                                 window_ms, kToolKeyLeaseMs);
       if (!begun.ok()) {
         return ToolError("idem's store: " + CallerDetail(HttpStatusFor(begun.status().code()),
                                                          begun.status(), request_id));
@@ -375,17 +390,36 @@ class ApiToolbox final : public McpToolbox {
       t.body = [](const Json& a) { return Json{{"args", a}}; };
       Json input = kind.args_schema.is_object() ? kind.args_schema : any_object;
       if (!input.contains("type")) input["type"] = "object";
+      t.kind_window_ms = kind.window_ms;
       std::string identity;
       for (const auto& f : kind.identity_fields) identity += (identity.empty() ? "" : ", ") + f;
+      // What a call again gets: the same call (its stored answer), or
+      // another with the same identity (the kind's on_duplicate).
+      std::string again =
+          "Calling again with the same identity " +
+          (kind.window_ms == 0 ? std::string() : "within " + FormatDuration(kind.window_ms) + " ") +
+          "never repeats the effect: ";
+      if (kind.on_duplicate == "conflict") {
+        again +=
+            "the same call again (the same arguments or _meta.idempotencyKey) returns outcome "
+            "already_done with the original result; any other call with that identity is "
+            "refused with an error (the work was already done).";
+      } else if (kind.on_duplicate == "ignore") {
+        again +=
+            "the same call again (the same arguments or _meta.idempotencyKey) returns outcome "
+            "already_done with the original result; any other call with that identity returns "
+            "outcome already_done without the result.";
+      } else {
+        again += "it returns outcome already_done with the original result.";
+      }
       t.spec = {
           {"name", "do_" + name},
           {"title", "Do " + name},
           {"description",
            "Execute the action '" + name +
-               "' exactly once per unit of work (identity: " + identity +
-               "). Calling again with the same identity never repeats the effect: it returns "
-               "outcome already_done with the original result. outcome awaiting_approval means "
-               "a human must approve first: call again later with the same arguments."},
+               "' exactly once per unit of work (identity: " + identity + "). " + again +
+               " outcome awaiting_approval means a human must approve first: call again later "
+               "with the same arguments."},
           {"inputSchema", input},
           {"outputSchema",
            Obj({{"outcome",

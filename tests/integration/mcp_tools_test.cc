@@ -3,7 +3,10 @@
 // effector in this process (it answers with the body it got).
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <map>
 #include <string>
+#include <thread>
 
 #include "tests/fakes/fake_effector.h"
 #include "tests/integration/harness.h"
@@ -13,7 +16,7 @@ namespace {
 
 using fakes::FakeEffectorServer;
 
-// A daemon with the kind send_reply and an MCP session.
+// A daemon with the kind send_reply (and `kinds_yaml`'s) and an MCP session.
 struct Fixture {
   TempDir dir;
   std::unique_ptr<FakeEffectorServer> target = FakeEffectorServer::Start();
@@ -22,8 +25,15 @@ struct Fixture {
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
 
-  Fixture() {
+  // `kinds_yaml`: more action kinds (under actions:, two-space indented;
+  // "{effector}" in it is the fake effector's URL).
+  explicit Fixture(const std::string& kinds_yaml = "") {
     REQUIRE(target != nullptr);
+    std::string kinds = kinds_yaml;  // "{effector}": the fake's URL
+    for (size_t at = kinds.find("{effector}"); at != std::string::npos;
+         at = kinds.find("{effector}")) {
+      kinds.replace(at, 10, target->base_url());
+    }
     const std::string config =
         WriteTestConfig(dir, kQuestionRules,
                         "actions:\n"
@@ -32,7 +42,7 @@ struct Fixture {
                         "    window: 24h\n"
                         "    on_duplicate: return_original\n"
                         "    effector: {http: {method: POST, url: \"" +
-                            target->base_url() + "/replies\", idempotency: header}}\n");
+                            target->base_url() + "/replies\", idempotency: header}}\n" + kinds);
     std::string err;
     daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
     REQUIRE_MESSAGE(daemon != nullptr, err);
@@ -107,6 +117,76 @@ TEST_CASE("a retried tool call whose first answer was large replays it") {
 TEST_CASE("a retried tool call whose first answer was deeply nested replays it") {
   Fixture f;
   CallTwiceReplays(f, {{"ticket_id", "T-DEEP"}, {"text", Nested(61)}});
+}
+
+TEST_CASE("a do_ call again after its kind's window is new work, as over REST") {
+  Fixture f(
+      "  ping_short:\n"
+      "    identity: {fields: [/ping_id], version: v1}\n"
+      "    window: 2s\n"
+      "    on_duplicate: return_original\n"
+      "    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: header}}\n");
+  const Json args = {{"ping_id", "P-1"}};
+  Json first = f.Call("do_ping_short", args);
+  REQUIRE_MESSAGE(first["isError"] == false, first.dump());
+  CHECK(first["structuredContent"]["outcome"] == "created");
+  Json within = f.Call("do_ping_short", args);
+  CHECK(within["structuredContent"]["outcome"] == "already_done");
+  CHECK(within["structuredContent"]["work_id"] == first["structuredContent"]["work_id"]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  Json after = f.Call("do_ping_short", args);
+  REQUIRE_MESSAGE(after["isError"] == false, after.dump());
+  CHECK(after["structuredContent"]["outcome"] == "created");
+  CHECK(f.target->stats().raw_calls == 2);  // (the same work id: the fake answers it again)
+}
+
+TEST_CASE("a do_ tool's description says what a call again gets under each on_duplicate") {
+  std::string kinds;
+  for (const char* mode : {"conflict", "ignore"}) {
+    kinds += std::string("  once_") + mode + ":\n    identity: {fields: [/id], version: v1}\n" +
+             "    window: 24h\n    on_duplicate: " + mode +
+             "\n    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: "
+             "header}}\n";
+  }
+  Fixture f(kinds);
+  auto listed = f.Rpc("tools/list", Json::object());
+  REQUIRE(listed);
+  const Json tools = Json::parse(listed->body)["result"]["tools"];
+  std::map<std::string, std::string> described;
+  for (const Json& t : tools) {
+    described[t["name"]] = t["description"];
+  }
+  CAPTURE(described["do_once_conflict"]);
+  CAPTURE(described["do_once_ignore"]);
+  CHECK(described["do_send_reply"].find("it returns outcome already_done with the original "
+                                        "result") != std::string::npos);
+  CHECK(described["do_once_conflict"].find("refused with an error") != std::string::npos);
+  CHECK(described["do_once_ignore"].find("already_done without the result") != std::string::npos);
+  for (const char* tool : {"do_once_conflict", "do_once_ignore"}) {
+    CHECK(described[tool].find("it returns outcome already_done") == std::string::npos);
+  }
+  // What they say is what a call gets: the same call again replays the
+  // first answer; another call with the same identity (here, another key)
+  // is refused (conflict) or answered without the result (ignore).
+  for (const char* tool : {"do_once_conflict", "do_once_ignore"}) {
+    CAPTURE(tool);
+    const Json args = {{"id", std::string("X-") + tool}};
+    Json first = f.Call(tool, args);
+    REQUIRE_MESSAGE(first["isError"] == false, first.dump());
+    Json same = f.Call(tool, args);
+    CHECK(same["structuredContent"]["outcome"] == "already_done");
+    CHECK(same["structuredContent"]["result"] == first["structuredContent"]["result"]);
+    Json other = f.Call(tool, args, {{"idempotencyKey", "another-call"}});
+    if (std::string(tool) == "do_once_conflict") {
+      CHECK(other["isError"] == true);
+      CHECK(other["content"][0]["text"].get<std::string>().find("already done") !=
+            std::string::npos);
+    } else {
+      CHECK(other["isError"] == false);
+      CHECK(other["structuredContent"]["outcome"] == "already_done");
+      CHECK_FALSE(other["structuredContent"].contains("result"));
+    }
+  }
 }
 
 }  // namespace idem::testing
