@@ -119,10 +119,19 @@ class ApiToolbox final : public McpToolbox {
     }
     bool final_answer = true;
     // The key: the client's, or the tool and its canonical arguments.
-    const bool client_key = meta.is_object() && meta.value("idempotencyKey", Json()).is_string();
+    const bool client_key = meta.is_object() && meta.contains("idempotencyKey");
     if (client_key) {
-      const size_t size = meta["idempotencyKey"].get_ref<const std::string&>().size();
-      if (size == 0 || size > kMaxClientKey) {
+      // A key of another type is refused, not dropped: the caller meant to
+      // pin its answer and would get the derived key's instead.
+      const Json& given = meta["idempotencyKey"];
+      if (!given.is_string()) {
+        return ToolError("_meta.idempotencyKey must be a string (it is " +
+                         std::string(given.type_name()) + "), as an Idempotency-Key header");
+      }
+      // Characters (code points; the text is valid UTF-8), not bytes.
+      size_t length = 0;
+      for (unsigned char c : given.get_ref<const std::string&>()) length += (c & 0xC0) != 0x80;
+      if (length == 0 || length > kMaxClientKey) {
         return ToolError("_meta.idempotencyKey must be 1 to " + std::to_string(kMaxClientKey) +
                          " characters, as an Idempotency-Key header");
       }

@@ -189,4 +189,27 @@ TEST_CASE("a do_ tool's description says what a call again gets under each on_du
   }
 }
 
+TEST_CASE("_meta.idempotencyKey is counted in characters and must be a string") {
+  Fixture f;
+  std::string e150, e256;
+  for (int i = 0; i < 150; ++i) e150 += "\xC3\xA9";  // é: 2 bytes, one character
+  for (int i = 0; i < 256; ++i) e256 += "\xC3\xA9";
+  Json fits = f.Call("do_send_reply", {{"ticket_id", "T-K1"}}, {{"idempotencyKey", e150}});
+  CHECK_MESSAGE(fits["isError"] == false, fits.dump());
+  Json again = f.Call("do_send_reply", {{"ticket_id", "T-K1"}}, {{"idempotencyKey", e150}});
+  CHECK(again["structuredContent"]["outcome"] == "already_done");
+  Json too_long = f.Call("do_send_reply", {{"ticket_id", "T-K2"}}, {{"idempotencyKey", e256}});
+  CHECK(too_long["isError"] == true);
+  CHECK(too_long["content"][0]["text"].get<std::string>().find("255 characters") !=
+        std::string::npos);
+  for (const Json& key : {Json(5), Json(true), Json::object(), Json(nullptr)}) {
+    CAPTURE(key);
+    Json wrong = f.Call("do_send_reply", {{"ticket_id", "T-K3"}}, {{"idempotencyKey", key}});
+    CHECK(wrong["isError"] == true);
+    CHECK(wrong["content"][0]["text"].get<std::string>().find("_meta.idempotencyKey must be a "
+                                                              "string") != std::string::npos);
+  }
+  CHECK(f.target->stats().effects == 1);  // T-K1 once; nothing for the refused calls
+}
+
 }  // namespace idem::testing
