@@ -261,7 +261,8 @@ size_t McpProtocol::session_count() const {
 
 McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
   Impl& m = *impl_;
-  if (req.method == "GET") {
+  // HEAD is GET without the body (RFC 9110 9.3.2): the same status and Allow.
+  if (req.method == "GET" || req.method == "HEAD") {
     McpHttpResponse r = Refuse(405, -32000, "this server opens no server-to-client stream");
     r.headers.push_back({"Allow", "POST, DELETE"});
     return r;

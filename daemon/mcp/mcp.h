@@ -14,7 +14,8 @@
 //          initializes again). A requested protocol version that is
 //          supported is echoed; otherwise the latest is offered.
 //          MCP-Protocol-Version, when sent, must be a supported version (400).
-//   GET    405: this server opens no server-to-client stream.
+//   GET    405 (Allow: POST, DELETE): this server opens no server-to-client
+//          stream. HEAD is answered as GET.
 //   DELETE ends the session (200; 404 if unknown).
 // Methods: initialize, notifications/initialized (and any other
 // notification: accepted, ignored), ping, tools/list (paged: nextCursor),

@@ -212,4 +212,17 @@ TEST_CASE("_meta.idempotencyKey is counted in characters and must be a string") 
   CHECK(f.target->stats().effects == 1);  // T-K1 once; nothing for the refused calls
 }
 
+TEST_CASE("HEAD /mcp is answered as GET: 405 with Allow and no body") {
+  Fixture f;
+  auto get = f.client->Get("/mcp");
+  auto head = f.client->Head("/mcp");
+  REQUIRE(get);
+  REQUIRE(head);
+  CHECK(get->status == 405);
+  CHECK(head->status == 405);
+  CHECK(head->get_header_value("Allow") == "POST, DELETE");
+  CHECK(head->get_header_value("Allow") == get->get_header_value("Allow"));
+  CHECK(head->body.empty());
+}
+
 }  // namespace idem::testing

@@ -203,6 +203,19 @@ TEST_CASE("an unsupported MCP-Protocol-Version header is refused") {
   CHECK(f.mcp.Handle(r, 0).status == 200);
 }
 
+TEST_CASE("HEAD is answered as GET: 405 with Allow") {
+  Fixture f;
+  McpHttpRequest get;
+  get.method = "GET";
+  McpHttpRequest head = get;
+  head.method = "HEAD";
+  McpHttpResponse g = f.mcp.Handle(get, 0), h = f.mcp.Handle(head, 0);
+  CHECK(h.status == 405);
+  CHECK(h.headers == g.headers);
+  CHECK(h.body == g.body);
+  CHECK(h.headers == std::vector<std::pair<std::string, std::string>>{{"Allow", "POST, DELETE"}});
+}
+
 TEST_CASE("notifications alone are accepted with 202 and no body") {
   Fixture f;
   std::string sid = f.Initialize();
