@@ -269,6 +269,9 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
   }
   if (req.method == "DELETE") {
     if (req.session_id.empty()) return Refuse(400, -32000, "Mcp-Session-Id header required");
+    if (!req.protocol_version.empty() && !Supported(req.protocol_version)) {
+      return Refuse(400, -32000, "unsupported MCP-Protocol-Version " + req.protocol_version);
+    }
     if (!m.Close(req.session_id, req.caller)) return Refuse(404, -32001, "session not found");
     McpHttpResponse r;
     r.body = "{}";

@@ -16,7 +16,8 @@
 //          MCP-Protocol-Version, when sent, must be a supported version (400).
 //   GET    405 (Allow: POST, DELETE): this server opens no server-to-client
 //          stream. HEAD is answered as GET.
-//   DELETE ends the session (200; 404 if unknown).
+//   DELETE ends the session (200; 404 if unknown; 400 without
+//          Mcp-Session-Id or with an unsupported MCP-Protocol-Version).
 // Methods: initialize, notifications/initialized (and any other
 // notification: accepted, ignored), ping, tools/list (paged: nextCursor),
 // tools/call. JSON-RPC errors for protocol faults: -32600 invalid request,

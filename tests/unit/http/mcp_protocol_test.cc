@@ -49,6 +49,14 @@ Json Rpc(int id, const std::string& method, Json params = Json::object()) {
   return {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}};
 }
 
+McpHttpRequest Delete(std::string session, std::string caller = "agent-1") {
+  McpHttpRequest r;
+  r.method = "DELETE";
+  r.session_id = std::move(session);
+  r.caller = std::move(caller);
+  return r;
+}
+
 std::string SessionOf(const McpHttpResponse& r) {
   for (const auto& [k, v] : r.headers) {
     if (k == "Mcp-Session-Id") return v;
@@ -101,10 +109,7 @@ TEST_CASE("requests after initialize need a live session") {
 TEST_CASE("DELETE ends a session and GET opens no stream") {
   Fixture f;
   std::string sid = f.Initialize();
-  McpHttpRequest del;
-  del.method = "DELETE";
-  del.session_id = sid;
-  del.caller = "agent-1";
+  McpHttpRequest del = Delete(sid);
   CHECK(f.mcp.Handle(del, 0).status == 200);
   CHECK(f.mcp.Handle(del, 0).status == 404);
   CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), sid), 0).status == 404);
@@ -121,11 +126,7 @@ TEST_CASE(
   McpHttpRequest other = Post(Rpc(2, "ping"), sid);
   other.caller = "agent-2";
   CHECK(f.mcp.Handle(other, 0).status == 404);
-  McpHttpRequest del;
-  del.method = "DELETE";
-  del.session_id = sid;
-  del.caller = "agent-2";
-  CHECK(f.mcp.Handle(del, 0).status == 404);
+  CHECK(f.mcp.Handle(Delete(sid, "agent-2"), 0).status == 404);
   CHECK(f.mcp.Handle(Post(Rpc(3, "ping"), sid), 0).status == 200);  // its owner's, still alive
 }
 
@@ -201,6 +202,20 @@ TEST_CASE("an unsupported MCP-Protocol-Version header is refused") {
   CHECK(f.mcp.Handle(r, 0).status == 400);
   r.protocol_version = "2025-06-18";
   CHECK(f.mcp.Handle(r, 0).status == 200);
+}
+
+TEST_CASE("DELETE with an unsupported MCP-Protocol-Version is refused and ends nothing") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  McpHttpRequest del = Delete(sid);
+  del.protocol_version = "1999-01-01";
+  McpHttpResponse refused = f.mcp.Handle(del, 0);
+  CHECK(refused.status == 400);
+  CHECK(Json::parse(refused.body)["error"]["message"].get<std::string>().find("1999-01-01") !=
+        std::string::npos);
+  CHECK(f.mcp.Handle(Post(Rpc(2, "ping"), sid), 0).status == 200);  // still alive
+  del.protocol_version = "2025-11-25";
+  CHECK(f.mcp.Handle(del, 0).status == 200);
 }
 
 TEST_CASE("HEAD is answered as GET: 405 with Allow") {
