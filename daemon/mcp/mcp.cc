@@ -170,25 +170,32 @@ struct McpProtocol::Impl {
     return true;
   }
 
-  // One JSON-RPC message; null for a notification or a response (no answer).
-  Json Dispatch(const Json& msg, const McpHttpRequest& req, std::string* new_session, int64_t now) {
+  // One JSON-RPC message; null for a notification or a response (no
+  // answer). *invalid is set when the message is no valid JSON-RPC message
+  // at all (-32600): its answer carries the message's id when that is a
+  // valid one (JSON-RPC 2.0, 5), else null.
+  Json Dispatch(const Json& msg, const McpHttpRequest& req, std::string* new_session, int64_t now,
+                bool* invalid) {
+    auto refuse = [&msg, invalid](const std::string& why) {
+      *invalid = true;
+      const bool readable = msg.is_object() && msg.contains("id") && ValidId(msg["id"]);
+      return RpcError(readable ? msg["id"] : Json(), -32600, why);
+    };
     if (!msg.is_object() || msg.value("jsonrpc", Json()) != "2.0") {
-      return RpcError(msg.is_object() && msg.contains("id") ? msg["id"] : Json(), -32600,
-                      "not a JSON-RPC 2.0 message");
+      return refuse("not a JSON-RPC 2.0 message");
     }
     if (!msg.contains("method")) {
       // A response to us (this server asks nothing, so it is dropped); a
       // message that is neither request nor response is invalid (JSON-RPC
       // 2.0, 5.1).
       if (msg.contains("result") || msg.contains("error")) return Json();
-      return RpcError(msg.contains("id") ? msg["id"] : Json(), -32600,
-                      "neither a request (method) nor a response (result or error)");
+      return refuse("neither a request (method) nor a response (result or error)");
     }
-    if (!msg["method"].is_string()) return RpcError(Json(), -32600, "method must be a string");
+    if (!msg["method"].is_string()) return refuse("method must be a string");
     const std::string method = msg["method"];
     if (!msg.contains("id")) return Json();  // a notification: accepted, nothing to say
     const Json& id = msg["id"];
-    if (!ValidId(id)) return RpcError(Json(), -32600, "id must be a string or an integer");
+    if (!ValidId(id)) return refuse("id must be a string or an integer");
     const Json params = msg.value("params", Json::object());
     if (!params.is_object()) return RpcError(id, -32602, "params must be an object");
 
@@ -322,6 +329,7 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
   std::string new_session;
   Json answers = Json::array();
   bool first_call = true;
+  bool invalid = false;  // a message that is no JSON-RPC message (-32600)
   for (const Json& msg : messages) {
     // Every call past the request's first takes its own rate-limit token,
     // so a batch is limited as that many requests would be.
@@ -336,8 +344,17 @@ McpHttpResponse McpProtocol::Handle(const McpHttpRequest& req, int64_t now_ms) {
       }
       first_call = false;
     }
-    Json a = m.Dispatch(msg, req, &new_session, now_ms);
+    Json a = m.Dispatch(msg, req, &new_session, now_ms, &invalid);
     if (!a.is_null()) answers.push_back(std::move(a));
+  }
+  // A lone message the server cannot accept is an HTTP error (MCP
+  // transports, "Sending Messages to the Server"), its JSON-RPC error the
+  // body; in a batch, each message's error is its answer in the batch's.
+  if (invalid && !batch) {
+    McpHttpResponse r;
+    r.status = 400;
+    r.body = answers[0].dump(-1, ' ', false, Json::error_handler_t::replace);
+    return r;
   }
   McpHttpResponse r;
   if (!new_session.empty()) r.headers.push_back({"Mcp-Session-Id", new_session});

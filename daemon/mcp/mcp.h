@@ -14,6 +14,9 @@
 //          initializes again). A requested protocol version that is
 //          supported is echoed; otherwise the latest is offered.
 //          MCP-Protocol-Version, when sent, must be a supported version (400).
+//          A body of one message that is no valid JSON-RPC message is 400
+//          with its -32600 error (the message's id when readable); in a
+//          batch each message's error is its answer in the batch's 200.
 //   GET    405 (Allow: POST, DELETE): this server opens no server-to-client
 //          stream. HEAD is answered as GET.
 //   DELETE ends the session (200; 404 if unknown; 400 without

@@ -231,6 +231,45 @@ TEST_CASE("HEAD is answered as GET: 405 with Allow") {
   CHECK(h.headers == std::vector<std::pair<std::string, std::string>>{{"Allow", "POST, DELETE"}});
 }
 
+TEST_CASE(
+    "a lone message that is no valid JSON-RPC request is a 400 carrying its error, with its id "
+    "when readable") {
+  Fixture f;
+  std::string sid = f.Initialize();
+  struct Case {
+    Json msg;
+    Json id;  // the id the error carries
+  };
+  for (const Case& c :
+       {Case{{{"jsonrpc", "2.0"}, {"method", 5}}, nullptr},
+        Case{{{"jsonrpc", "2.0"}, {"id", 5}, {"method", 5}}, 5},
+        Case{{{"jsonrpc", "1.0"}, {"id", "a"}, {"method", "ping"}}, "a"},
+        Case{{{"jsonrpc", "1.0"}, {"id", Json::array()}, {"method", "ping"}}, nullptr},
+        Case{{{"jsonrpc", "2.0"}, {"id", nullptr}, {"method", "ping"}}, nullptr},
+        Case{{{"jsonrpc", "2.0"}, {"id", 8}}, 8}}) {
+    CAPTURE(c.msg);
+    McpHttpResponse r = f.mcp.Handle(Post(c.msg, sid), 0);
+    CHECK(r.status == 400);
+    CHECK(r.content_type == "application/json");
+    Json j = Json::parse(r.body);
+    CHECK(j["error"]["code"] == -32600);
+    CHECK(j["id"] == c.id);
+  }
+  // Valid requests the server answers with an error stay 200.
+  CHECK(f.mcp.Handle(Post(Rpc(1, "resources/list"), sid), 0).status == 200);
+  CHECK(f.mcp.Handle(Post(Rpc(1, "tools/call", {{"name", "unknown"}}), sid), 0).status == 200);
+  // In a batch, the invalid message's error is its answer in the batch's.
+  std::string old = f.Initialize("2025-03-26");
+  McpHttpResponse batch = f.mcp.Handle(
+      Post(Json::array({Rpc(1, "ping"), {{"jsonrpc", "2.0"}, {"id", 2}, {"method", 5}}}), old), 0);
+  REQUIRE(batch.status == 200);
+  Json answers = Json::parse(batch.body);
+  REQUIRE(answers.size() == 2);
+  CHECK(answers[0]["result"].is_object());
+  CHECK(answers[1]["id"] == 2);
+  CHECK(answers[1]["error"]["code"] == -32600);
+}
+
 TEST_CASE("notifications alone are accepted with 202 and no body") {
   Fixture f;
   std::string sid = f.Initialize();
