@@ -5,6 +5,7 @@
 // Thread-safety: the handlers are thread-safe; the deps must outlive them.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <span>
@@ -13,6 +14,7 @@
 #include "daemon/apply/apply_engine.h"
 #include "daemon/config/config.h"
 #include "daemon/core/env.h"
+#include "daemon/core/json.h"
 #include "daemon/decide/decide_engine.h"
 #include "daemon/http/router.h"
 #include "daemon/obs/metrics.h"
@@ -23,6 +25,19 @@
 namespace idem {
 
 class ReplayJobs;  // daemon/replay/replay_jobs.h
+
+// Limits for reading back an answer the daemon stored under a key (an
+// Idempotency-Key's, an MCP call's, an inbox event's): it is ours, bounded
+// when it was made, so it is read whole (`bytes`), as deep as the deepest
+// value a route takes or keeps plus a few levels of the answer's wrapping,
+// not under a request's limits (a replay must never fail where the first
+// answer did not).
+inline JsonLimits StoredAnswerLimits(const Config& config, size_t bytes) {
+  constexpr int kWrapping = 8;
+  return JsonLimits{
+      .max_bytes = bytes,
+      .max_depth = std::max(config.server.max_json_depth, JsonLimits{}.max_depth) + kWrapping};
+}
 
 struct ApiDeps {
   const Config& config;

@@ -200,7 +200,9 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         }
         if (begun.outcome == BeginOutcome::kReplay) {
           Json dup = {{"source", src.name}, {"event_id", event_id}, {"duplicate", true}};
-          auto first = ParseJson(begun.record.response_body, JsonLimits{});
+          auto first =
+              ParseJson(begun.record.response_body,
+                        StoredAnswerLimits(deps.config, begun.record.response_body.size()));
           if (first.ok()) dup["first"] = *first;
           deps.metrics.inbox_duplicates.Inc();
           return RouteResponse{200, std::move(dup), {}};

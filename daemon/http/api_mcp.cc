@@ -33,9 +33,6 @@ constexpr int64_t kToolKeyLeaseMs = 60'000;
 // "still running", and the longest client key (as the Idempotency-Key header).
 constexpr int64_t kInFlightWaitMs = 3'000;
 constexpr size_t kMaxClientKey = 255;
-// Levels a stored answer adds around the route's values: the result, its
-// structuredContent, the route body, the member that holds the value.
-constexpr int kResultWrapping = 8;
 
 // One tool: its MCP description and the REST route it runs.
 struct Tool {
@@ -175,8 +172,7 @@ class ApiToolbox final : public McpToolbox {
         // twice that stored, with its text copy; its wrapping nests a
         // request's or an upstream's deepest value a few levels further).
         const std::string& text = begun->record.response_body;
-        auto stored =
-            ParseJson(text, JsonLimits{.max_bytes = text.size(), .max_depth = StoredDepth()});
+        auto stored = ParseJson(text, StoredAnswerLimits(deps_.config, text.size()));
         if (!stored.ok()) return ToolError("the stored result could not be read");
         return Replayed(tool, std::move(stored).value());
       }
@@ -203,12 +199,6 @@ class ApiToolbox final : public McpToolbox {
   }
 
  private:
-  // The deepest stored answer: the deepest value a route takes (a request
-  // body) or keeps (an upstream's answer), inside the result's wrapping.
-  int StoredDepth() const {
-    return std::max(deps_.config.server.max_json_depth, JsonLimits{}.max_depth) + kResultWrapping;
-  }
-
   static Json ToolError(const std::string& text) {
     return {{"content", Json::array({{{"type", "text"}, {"text", text}}})}, {"isError", true}};
   }
