@@ -409,16 +409,21 @@ TEST_CASE(
   h.fake().FailNext(1, 404);
   ActionOutcome dead = h.Submit("send_reply", {{"ticket_id", "T-12"}});
   REQUIRE(dead.kind == ActionOutcomeKind::kDead);
-  h.fake().SetLatencyMs(600);
   // The worker (another daemon's, on a shared store) claims it between the
-  // replay's requeue and the replay's own claim.
-  REQUIRE(Failpoints::Set("apply.replay_after_requeue=delay(300)").ok());
+  // replay's requeue and the replay's own claim, 1 s later, and is still
+  // in its 1.5 s effect then, whenever in that second it claimed.
+  h.fake().SetLatencyMs(1'500);
+  REQUIRE(Failpoints::Set("apply.replay_after_requeue=delay(1000)").ok());
   auto other = ApplyEngine::Create(h.config_, h.store_->journal(), *h.http_, h.clock_, h.metrics_,
                                    h.options_);
   REQUIRE(other.ok());
   std::thread worker([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    (void)(*other)->RunDueOnce(10);
+    // Polls until the requeued work is due and it has run it.
+    for (int i = 0; i < 500; ++i) {
+      auto ran = (*other)->RunDueOnce(10);
+      if (ran.ok() && *ran > 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   });
   auto replayed = h.engine().Replay(dead.item.work_id);
   worker.join();
