@@ -224,6 +224,21 @@ std::string RedactAll(std::string text, const std::vector<std::string>& secrets)
   return text;
 }
 
+nlohmann::json RedactAllIn(nlohmann::json value, const std::vector<std::string>& secrets) {
+  if (secrets.empty()) return value;
+  if (value.is_string()) return RedactAll(value.get<std::string>(), secrets);
+  if (value.is_array()) {
+    for (nlohmann::json& element : value) element = RedactAllIn(std::move(element), secrets);
+    return value;
+  }
+  if (!value.is_object()) return value;
+  nlohmann::json out = nlohmann::json::object();
+  for (auto& [name, member] : value.items()) {
+    out[RedactAll(name, secrets)] = RedactAllIn(std::move(member), secrets);
+  }
+  return out;
+}
+
 UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse& response,
                                   int64_t now_wall_ms, std::string_view secret) {
   const int s = response.status;

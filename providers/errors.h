@@ -101,6 +101,10 @@ std::string Redact(std::string text, std::string_view secret);
 // The same for each of `secrets` (a provider's API key and the values its
 // headers carry: see ConfigHeaders).
 std::string RedactAll(std::string text, const std::vector<std::string>& secrets);
+// `value` with RedactAll applied to every string in it, member names
+// included (an upstream's answer that echoes the request, before it is
+// stored). Two members whose names become equal keep the later one.
+nlohmann::json RedactAllIn(nlohmann::json value, const std::vector<std::string>& secrets);
 
 // The error as one Status, with the retry-after marker when retry_after_ms
 // is positive.

@@ -241,7 +241,8 @@ StatusOr<HttpEffectorConfig> ParseHttpEffectorConfig(const ActionConfig& action)
         return InvalidArgument("is not a header name", field);
       }
       if (!value.is_string()) return InvalidArgument("must be a string", field);
-      ASSIGN_OR_RETURN(std::string v, ExpandEnv(value.get<std::string>(), field, &c.secrets));
+      ASSIGN_OR_RETURN(std::string v,
+                       ExpandEnv(value.get<std::string>(), field, &c.stored_secrets));
       if (v.find_first_of("\r\n") != std::string::npos) {
         return InvalidArgument("must not contain CR or LF", field);
       }
@@ -250,12 +251,19 @@ StatusOr<HttpEffectorConfig> ParseHttpEffectorConfig(const ActionConfig& action)
   }
   // A target may echo the request in its error answer: what the daemon's
   // own messages hide of its URLs (UrlForMessages) is as secret there.
+  c.secrets = c.stored_secrets;
   for (const std::string* url : {&c.url, &c.lookup_url, &c.list_url}) {
-    for (std::string& part : UrlSecrets(*url)) c.secrets.push_back(std::move(part));
+    for (std::string& part : UrlSecrets(*url)) {
+      if (!PlainSegment(part)) c.stored_secrets.push_back(part);
+      c.secrets.push_back(std::move(part));
+    }
   }
   // The longest first: a secret that holds another is redacted whole.
-  std::stable_sort(c.secrets.begin(), c.secrets.end(),
-                   [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  for (std::vector<std::string>* list : {&c.secrets, &c.stored_secrets}) {
+    std::stable_sort(list->begin(), list->end(), [](const std::string& a, const std::string& b) {
+      return a.size() > b.size();
+    });
+  }
   return c;
 }
 
@@ -397,7 +405,7 @@ EffectAttempt HttpEffector::CreateRecord(const WorkItem& item, EffectContext* co
   HttpResponse response;
   attempt = Exchange(request, &response);
   if (!attempt.status.ok()) return attempt;
-  Json answer = AnswerBody(response);
+  Json answer = RedactAllIn(AnswerBody(response), config_.stored_secrets);
   attempt.result.external_ref = TextAt(answer, config_.external_ref).value_or("");
   attempt.result.result = Json{{"status", response.status}, {"body", std::move(answer)}};
   if (context != nullptr && !attempt.result.external_ref.empty()) {
@@ -441,8 +449,8 @@ StatusOr<LookupResult> HttpEffector::DoLookup(const WorkItem& item, int64_t* ret
     ++result.matches;
     if (result.found) continue;  // the first is the one adopted; the rest are counted
     result.found = true;
-    result.external_ref = TextAt(record, config_.external_ref).value_or("");
-    result.record = std::move(record);
+    result.record = RedactAllIn(std::move(record), config_.stored_secrets);
+    result.external_ref = TextAt(result.record, config_.external_ref).value_or("");
   }
   return result;
 }
@@ -468,7 +476,8 @@ StatusOr<std::vector<ListedRecord>> HttpEffector::List() {
     ListedRecord listed;
     auto fp = record.find(config_.fingerprint_field);
     if (fp != record.end() && fp->is_string()) listed.fingerprint = fp->get<std::string>();
-    listed.external_ref = TextAt(record, config_.external_ref).value_or("");
+    listed.external_ref =
+        RedactAll(TextAt(record, config_.external_ref).value_or(""), config_.stored_secrets);
     out.push_back(std::move(listed));
   }
   return out;

@@ -62,7 +62,10 @@
 // The stored result is {"status": <HTTP status>, "body": <the answer: JSON,
 // or text when not JSON, or null when empty>}; a check_then_act attempt that
 // found an earlier attempt's record stores {"status": 200, "body": <the
-// record>, "found_existing": true}.
+// record>, "found_existing": true}. An answer that echoes a secret of the
+// request is stored with it as "[redacted]" (every string, member names
+// included; HttpEffectorConfig::stored_secrets), and external_ref is read
+// from what is stored.
 //
 // Failures: HttpClient's network errors as they are (retryable); non-2xx
 // answers classified by providers/errors.h (408, 409, 429, 5xx retryable,
@@ -103,6 +106,13 @@ struct HttpEffectorConfig {
   // own messages hide (UrlSecrets: userinfo and its Basic credential, query
   // values, secret-looking path segments; a template's literal text only).
   std::vector<std::string> secrets;
+  // Redacted from what is stored of a 2xx answer (the result body, a found
+  // record): the ${VAR} values, and the URL parts in `secrets` that are not
+  // PlainSegment (longer than 12 characters, or with characters other than
+  // letters, digits and ._:-). A short plain query value (format=json) is
+  // hidden from messages but not from data, where it is likelier the
+  // answer's own text ("application/json") than an echo.
+  std::vector<std::string> stored_secrets;
   std::string upsert_key;  // JSON pointer into args
   std::string lookup_url;
   std::string lookup_method = "GET";

@@ -336,17 +336,6 @@ class CurlHttpClient final : public HttpClient {
   std::vector<CURL*> idle_ GUARDED_BY(pool_mu_);
 };
 
-// Slack's /services/T…/B…/<secret> and Discord's /api/webhooks/<id>/<token>
-// carry their secret in the path: a segment is kept only when it is short
-// and plain (at most 12 letters, digits and ._:-), as /v1/chat/completions.
-bool PlainSegment(std::string_view segment) {
-  constexpr size_t kPlainSegment = 12;
-  return segment.size() <= kPlainSegment &&
-         std::all_of(segment.begin(), segment.end(), [](unsigned char c) {
-           return std::isalnum(c) != 0 || c == '.' || c == '_' || c == ':' || c == '-';
-         });
-}
-
 std::string Base64(std::string_view bytes) {
   static constexpr char kAlphabet[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -446,6 +435,14 @@ std::vector<std::string> UrlSecrets(std::string_view url) {
     params.remove_prefix(std::min(amp + 1, params.size()));
   }
   return out;
+}
+
+bool PlainSegment(std::string_view segment) {
+  constexpr size_t kPlainSegment = 12;
+  return segment.size() <= kPlainSegment &&
+         std::all_of(segment.begin(), segment.end(), [](unsigned char c) {
+           return std::isalnum(c) != 0 || c == '.' || c == '_' || c == ':' || c == '-';
+         });
 }
 
 std::string UrlForMessages(const std::string& url) {

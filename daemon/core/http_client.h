@@ -84,6 +84,12 @@ std::string UrlForMessages(const std::string& url);
 // short to redact.
 std::vector<std::string> UrlSecrets(std::string_view url);
 
+// Whether a URL part is plain enough to show: at most 12 letters, digits and
+// `._:-`, as /v1/chat/completions. Slack's /services/T…/B…/<secret> and
+// Discord's /api/webhooks/<id>/<token> carry their secret in the path, so a
+// path segment is shown only when plain.
+bool PlainSegment(std::string_view segment);
+
 // Percent-decoding of a URL component; '+' means space when
 // `plus_is_space`. Malformed escapes are kept as they are.
 std::string PercentDecode(std::string_view s, bool plus_is_space);

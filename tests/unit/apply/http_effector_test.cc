@@ -368,6 +368,92 @@ TEST_CASE("a 400 that echoes the request names none of the URL's secrets in the 
 }
 
 TEST_CASE(
+    "a 2xx answer that echoes the request is stored without its secrets, and keeps its data") {
+  // The target answers 201 with what it was sent (the Authorization header
+  // and the query, as values and as a member name), and its lookup lists a
+  // record that echoes the same, matched by fingerprint.
+  httplib::Server echo;
+  echo.set_error_handler([](const httplib::Request&, httplib::Response&) {});
+  auto echoed = [](const httplib::Request& req) {
+    const std::string auth = req.get_header_value("Authorization");
+    return Json{{"authorization", auth},
+                {"apikey", req.get_param_value("apikey")},
+                {"format", req.get_param_value("format")},
+                {"content_type", "application/json"},
+                {"headers_seen", {{auth, true}}},
+                {"list", Json::array({"x " + auth + " y"})}};
+  };
+  echo.Post(".*", [&](const httplib::Request& req, httplib::Response& res) {
+    Json body = {{"id", "rec_1"}, {"echo", echoed(req)}};
+    res.status = 201;
+    res.set_content(body.dump(), "application/json");
+  });
+  echo.Get(".*", [&](const httplib::Request& req, httplib::Response& res) {
+    Json record = {
+        {"id", "rec_0"}, {"idem_fingerprint", req.get_param_value("fp")}, {"echo", echoed(req)}};
+    res.set_content(Json::array({record}).dump(), "application/json");
+  });
+  std::thread thread;
+  const int port = fakes::ServeInBackground(echo, 0, thread);
+  REQUIRE(port > 0);
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  ApplyHarness h;
+  setenv("IDEM_TEST_EFFECTOR_SECRET", "s3cr3t-value-42", 1);
+  const Json headers = {{"Authorization", "Bearer ${IDEM_TEST_EFFECTOR_SECRET}"}};
+  const std::vector<std::string> secrets = {"s3cr3t-value-42", "QUERYSECRET-5555555"};
+  auto holds_secret = [&](const Json& stored) {
+    const std::string text = stored.dump();
+    for (const std::string& secret : secrets) {
+      if (text.find(secret) != std::string::npos) return true;
+    }
+    return false;
+  };
+
+  Json http = {{"url", base + "/records?apikey=QUERYSECRET-5555555&format=json"},
+               {"idempotency", "header"},
+               {"headers", headers}};
+  auto effector = HttpEffector::Create(Kind(http), *h.http_, h.env_);
+  REQUIRE(effector.ok());
+  RecordingContext context;
+  EffectAttempt created = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
+  REQUIRE(created.status.ok());
+  const Json& stored = created.result.result;
+  CAPTURE(stored.dump());
+  CHECK(stored["status"] == 201);
+  CHECK(created.result.external_ref == "rec_1");
+  CHECK_FALSE(holds_secret(stored));
+  const Json& body = stored["body"]["echo"];
+  CHECK(body["authorization"] == "Bearer [redacted]");
+  CHECK(body["apikey"] == "[redacted]");
+  CHECK(body["headers_seen"].contains("Bearer [redacted]"));
+  CHECK(body["list"][0] == "x Bearer [redacted] y");
+  // A short plain query value is the answer's own data, not an echo to hide.
+  CHECK(body["format"] == "json");
+  CHECK(body["content_type"] == "application/json");
+
+  // A found record (check_then_act adopting an earlier attempt's effect) too.
+  Json lookup = {{"url", base + "/records?apikey=QUERYSECRET-5555555&format=json"},
+                 {"idempotency", "check_then_act"},
+                 {"headers", headers},
+                 {"lookup", {{"url", base + "/find?apikey=QUERYSECRET-5555555&fp={fingerprint}"}}}};
+  auto adopter = HttpEffector::Create(Kind(lookup), *h.http_, h.env_);
+  REQUIRE(adopter.ok());
+  RecordingContext second;
+  EffectAttempt adopted = (*adopter)->Execute(Item({{"ticket_id", "T-1"}}, "fp-9"), second);
+  REQUIRE(adopted.status.ok());
+  CAPTURE(adopted.result.result.dump());
+  CHECK(adopted.result.result["found_existing"] == true);
+  CHECK(adopted.result.external_ref == "rec_0");
+  CHECK_FALSE(holds_secret(adopted.result.result));
+  CHECK(adopted.result.result["body"]["echo"]["authorization"] == "Bearer [redacted]");
+  auto found = (*adopter)->Lookup(Item({{"ticket_id", "T-1"}}, "fp-9"));
+  REQUIRE(found.ok());
+  CHECK_FALSE(holds_secret(found->record));
+  echo.stop();
+  thread.join();
+}
+
+TEST_CASE(
     "a URL's secrets are its userinfo, Basic credential, query values and odd path segments") {
   std::vector<std::string> parts =
       UrlSecrets("https://bot:pa%20ss@h.example/v1/chat/AAAAbbbbCCCCdddd/x%2Fy?k=a+b&flag#frag");
