@@ -506,6 +506,21 @@ struct PlanEngine::Impl {
     return current->decision_id == p.decision_id ? std::string() : current->decision_id;
   }
 
+  // Moves plan `p` (proposed or awaiting approval) to rejected by `actor`
+  // for `reason`, with `detail` in its audit event; FailedPrecondition when
+  // another call moved it first.
+  StatusOr<Plan> MarkRejected(const Plan& p, const std::string& actor, const std::string& reason,
+                              Json detail) {
+    auto rejected =
+        Transition(p.plan_id, p.state, "rejected", actor, reason, std::move(detail), [&](Plan& q) {
+          q.rejected_by = actor;
+          q.reason = reason;
+          return Status::Ok();
+        });
+    if (rejected.ok()) metrics.plans_rejected.Inc();
+    return rejected;
+  }
+
   // Ends plan `p` (proposed or awaiting approval, nothing submitted) whose
   // decision `by` superseded: rejected, by `actor`, without the holds a
   // human's rejection leaves (the new decision's plan may run the same
@@ -515,15 +530,9 @@ struct PlanEngine::Impl {
     const std::string reason = "superseded: decision " + by + " now answers the input of " +
                                p.decision_id + " (a promote, or a new decide of that input); " +
                                "its plan is " + PlanEngine::DecisionPlanId(by);
-    auto retired = Transition(p.plan_id, p.state, "rejected", actor, reason,
-                              {{"reason", reason}, {"superseded_by", by}}, [&](Plan& q) {
-                                q.rejected_by = actor;
-                                q.reason = reason;
-                                return Status::Ok();
-                              });
+    auto retired = MarkRejected(p, actor, reason, {{"reason", reason}, {"superseded_by", by}});
     if (retired.ok()) {
       p = std::move(retired).value();
-      metrics.plans_rejected.Inc();
     } else if (retired.status().code() == Code::kFailedPrecondition) {
       ASSIGN_OR_RETURN(p, store.plans().Get(p.plan_id));  // another call moved it first
     } else {
@@ -1071,17 +1080,9 @@ StatusOr<Plan> PlanEngine::Reject(const std::string& plan_id, const std::string&
     return FailedPrecondition("plan " + plan_id + " is " + plan.state +
                               "; only a plan not yet applied can be rejected");
   }
-  auto rejected = m.Transition(plan_id, plan.state, "rejected", actor, reason, {{"reason", reason}},
-                               [&](Plan& p) {
-                                 p.rejected_by = actor;
-                                 p.reason = reason;
-                                 return Status::Ok();
-                               });
-  if (rejected.ok()) {
-    m.metrics.plans_rejected.Inc();
-    if (!rejected->decision_id.empty()) {
-      m.HoldRejected(*rejected, actor, reason, rejected->updated_at_ms);
-    }
+  auto rejected = m.MarkRejected(plan, actor, reason, {{"reason", reason}});
+  if (rejected.ok() && !rejected->decision_id.empty()) {
+    m.HoldRejected(*rejected, actor, reason, rejected->updated_at_ms);
   }
   return rejected;
 }
