@@ -343,6 +343,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::RunAttempt(const KindRuntime& kind,
     // made a check-then-act effector create a second record).
     delay = std::max(delay, kind.effector->UnknownOutcomeSettleMs());
   }
+  delay = std::max(delay, attempt.settle_ms);
   StatusOr<WorkItem> failed = journal_.Fail(claimed.work_id, claimed.lease_token,
                                             attempt.status.ToString(), retryable, now + delay, now);
   if (!failed.ok()) {

@@ -36,6 +36,11 @@ struct EffectAttempt {
   Status status;
   // The upstream asked to wait this long before retrying (0: it did not say).
   int64_t retry_after_ms = 0;
+  // The least wait before the next attempt, past the kind's backoff cap:
+  // the target is still working on an earlier attempt (a 409 "in progress"
+  // from a target that dedups by Idempotency-Key), and asking again sooner
+  // would only spend attempts until the work is dead while its effect lands.
+  int64_t settle_ms = 0;
   // True when the attempt stopped without a verdict (a failpoint fired, or
   // proof of a landed effect could not be recorded): the engine must record
   // nothing and let the lease expire, so that a later attempt re-checks.
@@ -83,7 +88,8 @@ class Effector {
   // target may still be making the record), how long the next attempt
   // waits at least. An effector that finds its own earlier effect by a
   // lookup (check-then-act) needs that record to exist by then, or it
-  // makes a second one; one whose target dedups by key needs nothing.
+  // makes a second one; one whose target dedups by key would be answered
+  // 409 "in progress" while the first call runs.
   virtual int64_t UnknownOutcomeSettleMs() const { return 0; }
 
   // One attempt of the effect of `item` (its work_id is the idempotency key

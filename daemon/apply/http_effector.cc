@@ -315,8 +315,11 @@ Status HttpEffector::Validate(const Json& args) const {
 }
 
 int64_t HttpEffector::UnknownOutcomeSettleMs() const {
-  // A create that timed out may land up to a whole call's time later.
-  return config_.level == Level::kCheckThenAct ? config_.timeout_ms : 0;
+  // A create that timed out may land up to a whole call's time later: a
+  // lookup sooner would miss it, a keyed retry sooner would be told 409.
+  return config_.level == Level::kCheckThenAct || config_.level == Level::kHeader
+             ? config_.timeout_ms
+             : 0;
 }
 
 int64_t HttpEffector::AttemptBudgetMs() const {
@@ -404,7 +407,15 @@ EffectAttempt HttpEffector::CreateRecord(const WorkItem& item, EffectContext* co
   }
   HttpResponse response;
   attempt = Exchange(request, &response);
-  if (!attempt.status.ok()) return attempt;
+  if (!attempt.status.ok()) {
+    if (config_.level == Level::kHeader && response.status == 409) {
+      // The idempotency-key draft's "a request with this key is in
+      // progress": an earlier attempt that timed out here is still running
+      // there. Wait a call's time for it to finish, then its answer replays.
+      attempt.settle_ms = config_.timeout_ms;
+    }
+    return attempt;
+  }
   Json answer = RedactAllIn(AnswerBody(response), config_.stored_secrets);
   attempt.result.external_ref = TextAt(answer, config_.external_ref).value_or("");
   attempt.result.result = Json{{"status", response.status}, {"body", std::move(answer)}};

@@ -190,6 +190,41 @@ TEST_CASE(
   CHECK(h.fake().Records("records").size() == 1);
 }
 
+TEST_CASE(
+    "header: a call that timed out is not asked again before it can finish, and the target's 409 "
+    "in progress waits a call's time, so the work ends done with one effect instead of dead") {
+  ApplyHarness h;
+  ActionConfig& k = h.AddKind("send_reply", {"/ticket_id"}, HeaderEffector(h));
+  k.retry.attempts = 3;
+  k.retry.base_ms = 1;  // a jittered backoff of about nothing, capped far below the call
+  k.retry.cap_ms = 1;
+  k.retry.timeout_ms = 300;
+  Json args = {{"ticket_id", "T-slow"}};
+  h.fake().TimeoutNext(1, 900);  // the target makes it, 900 ms later
+  ActionOutcome first = h.Submit("send_reply", args);
+  REQUIRE(first.kind == ActionOutcomeKind::kRetrying);
+  const std::string work_id = h.WorkId("send_reply", args);
+  WorkItem failed = h.Get(work_id);
+  CHECK(failed.next_attempt_at_ms - failed.updated_at_ms >= 300);
+  // The second attempt, while the first still runs there: 409, and the next
+  // one waits a call's time too instead of the 1 ms backoff.
+  h.env_.Advance(300);
+  CHECK(h.RunDue() == 1);
+  failed = h.Get(work_id);
+  CHECK(failed.state == WorkState::kFailed);
+  CHECK(failed.last_error.find("409") != std::string::npos);
+  CHECK(failed.next_attempt_at_ms - failed.updated_at_ms >= 300);
+  h.env_.Advance(1);
+  CHECK(h.RunDue() == 0);
+  // By then the first call has finished: the third attempt replays its answer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  h.env_.Advance(300);
+  CHECK(h.RunDue() == 1);
+  WorkItem done = h.Get(work_id);
+  CHECK(done.state == WorkState::kDone);
+  CHECK(h.fake().stats().effects == 1);
+}
+
 TEST_CASE("check_then_act: external_ref recorded before a crash finishes the work without a call") {
   ApplyHarness h;
   FailpointsGuard guard;
