@@ -16,9 +16,16 @@
 // source without a signature is served only while the daemon listens on
 // loopback (checked at start-up, daemon.cc).
 //
-// The route takes the sender's content type and no bearer token or browser
-// Origin rules: the signature is its authentication.
+// The route takes the sender's content type and no bearer token: the
+// signature is its authentication. A browser's foreign Origin is refused
+// (RequestGuard::CheckOrigin): webhook senders send none, and a web page
+// must not deliver events (to an unsigned source) through the browser.
+//
+// Errors name the event's own fields: the body's pointer "" when it is not
+// JSON, the pointer where it nests too deep (400), and a payload's field
+// where the sender put it (/data/id, not the action's /args/id).
 #include <cstdlib>
+#include <string_view>
 
 #include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
@@ -62,6 +69,18 @@ Status CheckSignature(const InboxSource& src, const RequestContext& ctx) {
   return Status::Ok();
 }
 
+// An error about the payload, named where the sender put it: what a decide
+// names under /input, or an action under /args, is at `at` in the event.
+Status AtPayload(const Status& s, std::string_view prefix, const std::string& at) {
+  const std::string& field = s.field();
+  if (field.compare(0, prefix.size(), prefix) != 0 ||
+      (field.size() > prefix.size() && field[prefix.size()] != '/')) {
+    return s;
+  }
+  std::string rebased = at + field.substr(prefix.size());
+  return s.WithField(rebased.empty() ? std::string(kWholeBody) : rebased);
+}
+
 // What a new event does; the answer's body.
 StatusOr<Json> Process(const ApiDeps& deps, const InboxSource& src, const Json& payload,
                        const std::string& event_id, const std::string& request_id) {
@@ -76,7 +95,9 @@ StatusOr<Json> Process(const ApiDeps& deps, const InboxSource& src, const Json& 
     req.step = src.decide_step;
     req.input = payload;
     req.request_id = request_id;
-    ASSIGN_OR_RETURN(DecideResult r, deps.decide.Decide(req));
+    StatusOr<DecideResult> decided = deps.decide.Decide(req);
+    if (!decided.ok()) return AtPayload(decided.status(), "/input", src.payload_pointer);
+    DecideResult& r = *decided;
     if (r.escalated) {
       out["outcome"] = "escalated";
       out["escalation_id"] = r.escalation.escalation_id;
@@ -94,13 +115,17 @@ StatusOr<Json> Process(const ApiDeps& deps, const InboxSource& src, const Json& 
   }
   const ActionConfig& kind = deps.config.actions.at(src.action_kind);
   RETURN_IF_ERROR(deps.plans.CheckArgs(kind, payload, src.payload_pointer));
-  ASSIGN_OR_RETURN(Gate gate, deps.plans.GateAction(kind, payload, "action", actor));
+  StatusOr<Gate> gated = deps.plans.GateAction(kind, payload, "action", actor);
+  if (!gated.ok()) return AtPayload(gated.status(), "/args", src.payload_pointer);
+  Gate& gate = *gated;
   if (!gate.allowed) {
     out["outcome"] = "awaiting_approval";
     out["plan_id"] = gate.plan.plan_id;
     return out;
   }
-  ASSIGN_OR_RETURN(ActionOutcome o, deps.apply.Submit(kind.name, gate.args, "", request_id));
+  StatusOr<ActionOutcome> submitted = deps.apply.Submit(kind.name, gate.args, "", request_id);
+  if (!submitted.ok()) return AtPayload(submitted.status(), "/args", src.payload_pointer);
+  ActionOutcome& o = *submitted;
   out["outcome"] = o.kind == ActionOutcomeKind::kExecuted    ? "executed"
                    : o.kind == ActionOutcomeKind::kDuplicate ? "already_done"
                    : o.kind == ActionOutcomeKind::kRetrying  ? "retrying"
@@ -127,11 +152,13 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .responses = {{200, "inbox.response"},
                     {400, "problem"},
                     {401, "problem"},
+                    {403, "problem"},
                     {404, "problem"},
                     {409, "problem"},
                     {503, "problem"},
                     {504, "problem"}},
       .is_public = true,
+      .browser_origin_checked = true,
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         auto sit = deps.config.inbox.find(ctx.params[0]);
         if (sit == deps.config.inbox.end()) {
@@ -146,7 +173,9 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         Json body;
         if (!ctx.raw_body.empty()) {
           auto parsed = ParseJson(ctx.raw_body, limits);
-          if (!parsed.ok()) return parsed.status().WithField("");
+          if (!parsed.ok()) {
+            return BodyParseError(parsed.status(), ctx.raw_body.size(), limits.max_bytes);
+          }
           body = std::move(parsed).value();
         }
         std::string event_id;

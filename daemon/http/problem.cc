@@ -67,6 +67,14 @@ std::string CallerDetail(int http_status, const Status& status, const std::strin
          request_id + ")";
 }
 
+Status BodyParseError(const Status& parsed, size_t body_bytes, size_t max_bytes) {
+  Status why = parsed.field().empty() ? parsed.WithField(kWholeBody) : parsed;
+  if (why.code() == Code::kResourceExhausted && body_bytes <= max_bytes) {
+    return InvalidArgument(why.message(), why.field());
+  }
+  return why;
+}
+
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id) {
   std::string detail = CallerDetail(http_status, status, request_id);
   nlohmann::json body = {

@@ -28,6 +28,14 @@ Status StatusForRefusal(int http_status, std::string message);
 // empty field (no pointer at all) cannot say.
 inline constexpr const char* kWholeBody = "#body";
 
+// A request body that ParseJson refused (`parsed`, for a body of
+// `body_bytes` under a size limit of `max_bytes`), as the request's error:
+// nesting past the limit is a malformed request, InvalidArgument (400)
+// with the pointer where it went too deep (the size was checked as the
+// body arrived: 413); any other refusal as it is, at the whole body (pointer
+// "") when it names no field.
+Status BodyParseError(const Status& parsed, size_t body_bytes, size_t max_bytes);
+
 // {type, title, status, detail, pointer?, request_id, retryable?}
 nlohmann::json ProblemBody(int http_status, const Status& status, const std::string& request_id);
 // The text of `status` a caller gets (ProblemBody's detail, an MCP tool's

@@ -72,6 +72,11 @@ void RequestGuard::Configure(const ServerConfig& server, const std::string& list
 }
 
 std::optional<Refusal> RequestGuard::CheckSource(const http1::Request& req) const {
+  if (auto refused = CheckHost(req)) return refused;
+  return CheckOrigin(req);
+}
+
+std::optional<Refusal> RequestGuard::CheckHost(const http1::Request& req) const {
   if (req.HeaderCount("Host") != 1) {
     return Refusal{400, InvalidArgument("a request needs exactly one Host header", "header:Host")};
   }
@@ -89,14 +94,19 @@ std::optional<Refusal> RequestGuard::CheckSource(const http1::Request& req) cons
                          "if clients use it",
                      "header:Host");
   }
+  return std::nullopt;
+}
 
+std::optional<Refusal> RequestGuard::CheckOrigin(const http1::Request& req) const {
   size_t origins = req.HeaderCount("Origin");
   if (origins == 0) return std::nullopt;  // not a browser
   std::string origin = Lower(http1::TrimOws(req.HeaderValue("Origin")));
   // The daemon's own page (/ui/): a browser sends Origin on its same-origin
-  // POSTs too, and that origin is the Host just checked.
+  // POSTs too, and that origin is the Host, when the Host names this daemon
+  // (a rebinding page's Origin is its Host too, but that Host is not ours).
   std::string self = Lower(http1::TrimOws(req.HeaderValue("Host")));
-  if (origins == 1 && (origin == "http://" + self || origin == "https://" + self)) {
+  if (origins == 1 && (origin == "http://" + self || origin == "https://" + self) &&
+      !CheckHost(req)) {
     return std::nullopt;
   }
   if (origins > 1 || origin == "null" || !Contains(allowed_origins_, origin)) {

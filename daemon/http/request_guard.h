@@ -4,7 +4,9 @@
 // either cross-site (a page on evil.example POSTs to 127.0.0.1:7411) or by
 // DNS rebinding (evil.example resolves to 127.0.0.1 and the browser treats
 // the daemon as same-origin). HttpServer::Admit runs these checks on every
-// route that is not public (health probes and /openapi.json are public).
+// route that is not public (health probes and /openapi.json are public),
+// and the Origin check on a public route marked `browser_origin_checked`
+// (the inbox).
 //
 // Host (DNS rebinding): the Host header must name this daemon:
 //   - the listen host, localhost, 127.0.0.1 or [::1] (case-insensitive),
@@ -67,6 +69,12 @@ class RequestGuard {
 
   // Host, then Origin.
   std::optional<Refusal> CheckSource(const http1::Request& req) const;
+  std::optional<Refusal> CheckHost(const http1::Request& req) const;
+  // Origin alone, for a public route that still runs something (the inbox:
+  // webhook senders send no Origin and may name the daemon by any Host,
+  // but a web page must not deliver events through the user's browser).
+  // The daemon's own origin passes only with a Host that CheckHost accepts.
+  std::optional<Refusal> CheckOrigin(const http1::Request& req) const;
   static std::optional<Refusal> CheckContentType(const http1::Request& req,
                                                  const std::vector<std::string>& accepted = {
                                                      "application/json"});

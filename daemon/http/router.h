@@ -122,6 +122,9 @@ struct Route {
   std::vector<QueryDoc> query;     // the query parameters it reads
   bool raw_text = false;           // response body is text (metrics)
   bool is_public = false;          // no auth (health probes, the API description)
+  // A public route that runs something (the inbox): a browser's foreign
+  // Origin is refused on it all the same (RequestGuard::CheckOrigin).
+  bool browser_origin_checked = false;
   RouteHandler handler;
   std::optional<JournalLane> journal_lane;
   // Request headers the handler reads (lower-case names), copied into

@@ -523,11 +523,15 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
                 FormatTraceparent(ctx.trace.trace_id, ctx.trace.span_id, ctx.trace.flags));
 
   // Browsers: cross-site requests and DNS rebinding (request_guard.h).
+  std::optional<Refusal> refused;
   if (!route.is_public) {
-    if (auto refused = guard_.CheckSource(req)) {
-      Fail(res, refused->status, ctx.request_id, refused->http_status);
-      return false;
-    }
+    refused = guard_.CheckSource(req);
+  } else if (route.browser_origin_checked) {
+    refused = guard_.CheckOrigin(req);
+  }
+  if (refused) {
+    Fail(res, refused->status, ctx.request_id, refused->http_status);
+    return false;
   }
 
   // Auth: a Bearer token whose sha256 is configured; the token's name is the caller.
@@ -671,10 +675,10 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     // A refused body, as problem+json or in the route's own terms.
     // One that names no field is about the body as a whole: pointer ""
     // (RFC 6901: the whole document).
-    auto refuse_body = [&](const Status& refused, bool not_json, int status_override = 0) {
+    auto refuse_body = [&](const Status& refused, bool not_json) {
       const Status why = refused.field().empty() ? refused.WithField(kWholeBody) : refused;
-      if (!route.body_refusal) return Fail(res, why, ctx.request_id, status_override);
-      Fail(res, why, ctx.request_id, status_override);  // counts it, sets X-Request-Id
+      if (!route.body_refusal) return Fail(res, why, ctx.request_id);
+      Fail(res, why, ctx.request_id);  // counts it, sets X-Request-Id
       res.SetContent(route.body_refusal(why, not_json), "application/json");
     };
     if (req.body.empty()) {
@@ -683,12 +687,10 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     }
     auto body = ParseJson(req.body, limits);
     if (!body.ok()) {
-      // The size was checked as the body arrived (413); what the parser
-      // refuses as a limit here is its nesting: a malformed request, 400
-      // with the pointer where it went too deep (README, Limits).
-      const bool too_deep =
-          body.status().code() == Code::kResourceExhausted && req.body.size() <= limits.max_bytes;
-      refuse_body(body.status(), /*not_json=*/!too_deep, too_deep ? 400 : 0);
+      // Nesting too deep is JSON all the same (MCP's -32600, not -32700).
+      const Status why = BodyParseError(body.status(), req.body.size(), limits.max_bytes);
+      const bool too_deep = why.code() != body.status().code();
+      refuse_body(why, /*not_json=*/!too_deep);
       return false;
     }
     ctx.body = std::move(body).value();

@@ -197,4 +197,71 @@ TEST_CASE("an inbox event without its id, or for an unknown source, is refused")
   CHECK(recorded["event_id"] == "7");
 }
 
+TEST_CASE(
+    "inbox errors point into the event as sent: the whole body when it is not JSON, where it "
+    "nests too deep (400), a payload field where the sender put it") {
+  Fixture f;
+  for (const char* body : {"notjson", "{\"id\":\"x\","}) {
+    CAPTURE(body);
+    auto bad = f.client->Post("/v1/inbox/audit_log", body, "application/json");
+    REQUIRE(bad);
+    CHECK(bad->status == 400);
+    CHECK(J(bad)["pointer"] == "");
+  }
+  std::string deep = "{\"id\":\"d\",\"x\":";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  deep += "}";
+  auto too_deep = f.client->Post("/v1/inbox/audit_log", deep, "application/json");
+  REQUIRE(too_deep);
+  CHECK(too_deep->status == 400);
+  CHECK(J(too_deep)["pointer"].get<std::string>().rfind("/x/0/0/0", 0) == 0);
+
+  // The action's identity field /chat_id is missing from /message.
+  Json update = {{"update_id", 901}, {"message", {{"text", "no chat"}}}};
+  auto no_chat =
+      f.client->Post("/v1/inbox/telegram", {{"X-Telegram-Bot-Api-Secret-Token", kTelegramSecret}},
+                     update.dump(), "application/json");
+  REQUIRE(no_chat);
+  CHECK(no_chat->status == 400);
+  CHECK(J(no_chat)["pointer"] == "/message/chat_id");
+  // The step's input field past 2^53, decided from /data.
+  auto huge = f.client->Post(
+      "/v1/inbox/tickets",
+      R"({"id":"t-huge","data":{"ticket_id":9007199254740993,"text":"refund please"}})",
+      "application/json");
+  REQUIRE(huge);
+  CHECK(huge->status == 400);
+  CHECK(J(huge)["pointer"] == "/data/ticket_id");
+}
+
+TEST_CASE(
+    "a web page cannot deliver inbox events through the user's browser: a foreign Origin is "
+    "refused before anything is recorded, the daemon's own is not") {
+  Fixture f;
+  const std::string body = R"({"id":"csrf-1","what":"x"})";
+  for (const char* origin : {"http://evil.example", "null"}) {
+    CAPTURE(origin);
+    auto refused = f.client->Post("/v1/inbox/audit_log", {{"Origin", origin}}, body, "text/plain");
+    REQUIRE(refused);
+    CHECK(refused->status == 403);
+    CHECK(J(refused)["pointer"] == "header:Origin");
+  }
+  // DNS rebinding: the page's own name as Host and Origin.
+  auto rebound = f.client->Post("/v1/inbox/audit_log",
+                                {{"Host", "evil.example"}, {"Origin", "http://evil.example"}}, body,
+                                "text/plain");
+  REQUIRE(rebound);
+  CHECK(rebound->status == 403);
+  // Nothing was recorded: the sender's own delivery is the first.
+  Json first = J(f.client->Post("/v1/inbox/audit_log", body, "application/json"));
+  CHECK(first["outcome"] == "recorded");
+  CHECK(first["duplicate"] == false);
+  const std::string self = "http://127.0.0.1:" + std::to_string(f.daemon->port());
+  auto own = f.client->Post("/v1/inbox/audit_log", {{"Origin", self}}, R"({"id":"own-1"})",
+                            "application/json");
+  REQUIRE(own);
+  CHECK(own->status == 200);
+}
+
 }  // namespace idem::testing
