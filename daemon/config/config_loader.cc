@@ -274,6 +274,18 @@ class Resolver {
               "unknown role '" + token.roles[r] + "' (roles are agent, operator and admin)");
         }
       }
+      // The actors the daemon writes itself: a token by such a name would
+      // pass for a caller without a token, or for the daemon, in the audit
+      // trail and in the approver-separation checks.
+      std::string lower = token.name;
+      std::transform(lower.begin(), lower.end(), lower.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      if (lower == "anonymous" || lower == "idem") {
+        return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
+                          "'" + token.name +
+                              "' is reserved: anonymous is a caller without a token and idem the "
+                              "daemon itself in the audit trail; choose another name");
+      }
       if (!names.insert(token.name).second) {
         return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
                           "duplicate token name '" + token.name + "'");

@@ -482,8 +482,12 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
       .responses = {{200, "decide.response"}, {400, "problem"}, {404, "problem"}, {409, "problem"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        // Without tokens nobody has an identity, and the body may name the
+        // human; with tokens the resolver is the token, whatever it says.
         std::string actor = ctx.caller;
-        if (actor == "anonymous") actor = ctx.body.value("actor", "anonymous");
+        if (deps.config.auth.tokens.empty() && actor == "anonymous") {
+          actor = ctx.body.value("actor", "anonymous");
+        }
         ASSIGN_OR_RETURN(Decision d,
                          deps.decide.ResolveEscalation(ctx.params[0], ctx.body["output"], actor,
                                                        ctx.body.value("note", "")));

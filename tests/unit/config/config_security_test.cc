@@ -59,6 +59,24 @@ TEST_CASE("two tokens with one sha256 are a config error: one secret names one c
   CHECK(config.status().message().find("the same sha256 as token 'cron'") != std::string::npos);
 }
 
+TEST_CASE(
+    "a token named anonymous or idem is a config error: it would pass for a caller without a "
+    "token, or for the daemon, in the audit trail and the approver checks") {
+  for (const char* name : {"anonymous", "idem", "Anonymous", "IDEM"}) {
+    CAPTURE(name);
+    ConfigFile f;
+    auto config = f.Load(std::string("auth:\n  tokens:\n    - name: ") + name +
+                         "\n      sha256: " + kZeros + "\n      roles: [operator]\n");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().field() == "/auth/tokens/0/name");
+    CHECK(config.status().message().find("is reserved") != std::string::npos);
+  }
+  ConfigFile f;
+  auto near = f.Load(std::string("auth:\n  tokens:\n    - name: idem-ops\n      sha256: ") +
+                     kZeros + "\n      roles: [operator]\n");
+  CHECK_MESSAGE(near.ok(), near.status().ToString());
+}
+
 TEST_CASE("every known role is accepted") {
   ConfigFile f;
   auto config = f.Load(std::string("auth:\n  tokens:\n    - name: all\n      sha256: ") + kZeros +
