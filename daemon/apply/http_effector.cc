@@ -44,23 +44,6 @@ std::optional<std::string> TextAt(const Json& doc, const std::string& pointer) {
   return std::nullopt;
 }
 
-std::string PercentEncode(std::string_view text) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : text) {
-    bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                      c == '-' || c == '.' || c == '_' || c == '~';
-    if (unreserved) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
 // The placeholder names in `url_template` ("{key}" -> "key"); InvalidArgument
 // for an unclosed brace.
 StatusOr<std::vector<std::string>> Placeholders(const std::string& url_template) {

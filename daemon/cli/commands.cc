@@ -7,6 +7,7 @@
 
 #include "daemon/cli/cli.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/http_client.h"
 #include "daemon/core/json.h"
 
 namespace idem::cli {
@@ -53,21 +54,6 @@ Color StateColor(const std::string& state) {
     return Color::kRed;
   }
   return Color::kNone;
-}
-
-std::string UrlEncode(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
 }
 
 std::string ActionKinds(const Json& actions) {
@@ -414,8 +400,8 @@ int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t
   while (items.size() < limit) {
     size_t page = std::min<size_t>(limit - items.size(), 100);
     std::string path = "/v1/plans?limit=" + std::to_string(page);
-    if (!state.empty()) path += "&state=" + UrlEncode(state);
-    if (!cursor.empty()) path += "&cursor=" + UrlEncode(cursor);
+    if (!state.empty()) path += "&state=" + PercentEncode(state);
+    if (!cursor.empty()) path += "&cursor=" + PercentEncode(cursor);
     StatusOr<ApiAnswer> a = api.Call("GET", path);
     if (!a.ok()) return ReportUnreachable(o, a.status());
     if (a->status != 200) return ReportError(o, "plans ls", *a);
@@ -445,7 +431,7 @@ int PlansLs(DaemonClient& api, const Output& o, const std::string& state, size_t
 }
 
 int PlansShow(DaemonClient& api, const Output& o, const std::string& plan_id) {
-  StatusOr<ApiAnswer> a = api.Call("GET", "/v1/plans/" + UrlEncode(plan_id));
+  StatusOr<ApiAnswer> a = api.Call("GET", "/v1/plans/" + PercentEncode(plan_id));
   if (!a.ok()) return ReportUnreachable(o, a.status());
   if (a->status != 200) return ReportError(o, "plans show " + plan_id, *a);
   if (o.json) {
@@ -465,7 +451,7 @@ int PostVerdict(DaemonClient& api, const Output& o, const std::string& verb,
                 const std::string& plan_id, const Json& body) {
   const std::string key = "\"cli-" + verb + "-" + RandomHex(8) + "\"";
   StatusOr<ApiAnswer> a =
-      api.Call("POST", "/v1/plans/" + UrlEncode(plan_id) + "/" + verb, body, key);
+      api.Call("POST", "/v1/plans/" + PercentEncode(plan_id) + "/" + verb, body, key);
   if (!a.ok()) return ReportUnreachable(o, a.status());
   if (a->status < 200 || a->status >= 300) return ReportError(o, verb + " " + plan_id, *a);
   if (o.json) {

@@ -7,26 +7,12 @@
 #include <vector>
 
 #include "daemon/cli/cli.h"
+#include "daemon/core/http_client.h"
 
 namespace idem::cli {
 namespace {
 
 void Write(std::FILE* f, const std::string& text) { std::fwrite(text.data(), 1, text.size(), f); }
-
-std::string Encode(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
-}
 
 int Unreachable(const Output& o, const Status& s) {
   Write(o.err, "idem: " + s.message() + "\n");
@@ -164,9 +150,9 @@ int DecisionsExport(DaemonClient& api, const Output& o, std::FILE* sink, const s
   do {
     // 200 a page: well under the client's 16 MiB answer limit even with full traces.
     std::string path = "/v1/decisions/export?limit=200";
-    if (!step.empty()) path += "&step=" + Encode(step);
+    if (!step.empty()) path += "&step=" + PercentEncode(step);
     if (since_ms > 0) path += "&since=" + std::to_string(since_ms);
-    if (!cursor.empty()) path += "&cursor=" + Encode(cursor);
+    if (!cursor.empty()) path += "&cursor=" + PercentEncode(cursor);
     StatusOr<ApiAnswer> a = api.Call("GET", path);
     if (!a.ok()) return Unreachable(o, a.status());
     if (a->status != 200) return Refused(o, "decisions export", *a);
@@ -229,7 +215,7 @@ int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
 
 int Cost(DaemonClient& api, const Output& o, const std::string& by, const std::string& since,
          const std::string& until) {
-  std::string path = "/v1/stats/cost?by=" + Encode(by);
+  std::string path = "/v1/stats/cost?by=" + PercentEncode(by);
   for (const auto& [name, arg] : {std::pair<std::string, std::string>{"since", since},
                                   std::pair<std::string, std::string>{"until", until}}) {
     if (arg.empty()) continue;

@@ -581,8 +581,8 @@ int main(int argc, char** argv) {
       // second replay of an item that died again must replay it again, not
       // get the first one's answer back.
       const std::string replay_key = "cli-replay-" + RandomHex(8);
-      auto answer = api.Call("POST", "/v1/dead-letters/" + dlq_id + "/replay", Json::object(),
-                             "\"" + replay_key + "\"");
+      auto answer = api.Call("POST", "/v1/dead-letters/" + PercentEncode(dlq_id) + "/replay",
+                             Json::object(), "\"" + replay_key + "\"");
       if (!answer.ok()) {
         std::fprintf(stderr, "idem: %s\n", answer.status().message().c_str());
         return cli::kExitUnreachable;
@@ -596,8 +596,10 @@ int main(int argc, char** argv) {
                    state.c_str());
       return cli::ExitCodeForHttp(answer->status);
     }
-    if (work->parsed()) return cli::PrintCall(api, out, "GET", "/v1/work/" + work_id);
-    if (decision->parsed()) return cli::PrintCall(api, out, "GET", "/v1/decisions/" + decision_id);
+    if (work->parsed())
+      return cli::PrintCall(api, out, "GET", "/v1/work/" + PercentEncode(work_id));
+    if (decision->parsed())
+      return cli::PrintCall(api, out, "GET", "/v1/decisions/" + PercentEncode(decision_id));
     if (escalations->parsed()) return cli::EscalationsLs(api, out, escalations_limit);
   }
 

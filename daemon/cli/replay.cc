@@ -9,6 +9,7 @@
 
 #include "daemon/cli/cli.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/http_client.h"
 
 namespace idem::cli {
 namespace {
@@ -64,21 +65,6 @@ std::string Percent(int64_t part, int64_t whole) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * static_cast<double>(part) / whole);
   return buf;
-}
-
-std::string PathSegment(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
 }
 
 int ReportError(const Output& o, const std::string& what, const ApiAnswer& a) {
@@ -154,7 +140,7 @@ std::string RenderReplayDiff(const Json& answer, const Style& style) {
 int ReplayDecision(DaemonClient& api, const Output& o, const std::string& decision_id,
                    const Json& body) {
   StatusOr<ApiAnswer> a =
-      api.Call("POST", "/v1/decisions/" + PathSegment(decision_id) + "/replay", body);
+      api.Call("POST", "/v1/decisions/" + PercentEncode(decision_id) + "/replay", body);
   if (!a.ok()) return ReportUnreachable(o, a.status());
   if (a->status != 200) return ReportError(o, "replay " + decision_id, *a);
   if (o.json) {
@@ -270,7 +256,7 @@ int BulkReplay(DaemonClient& api, const Output& o, const Json& body, bool tty_pr
   int64_t last_done = -1;
   Json job;
   for (;;) {
-    StatusOr<ApiAnswer> a = api.Call("GET", "/v1/replays/" + PathSegment(id));
+    StatusOr<ApiAnswer> a = api.Call("GET", "/v1/replays/" + PercentEncode(id));
     if (!a.ok()) return ReportUnreachable(o, a.status());
     if (a->status != 200) return ReportError(o, "replay " + id, *a);
     job = std::move(a->body);

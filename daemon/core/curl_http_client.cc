@@ -369,6 +369,23 @@ std::vector<std::string_view> LiteralPieces(std::string_view text) {
 
 }  // namespace
 
+std::string PercentEncode(std::string_view text) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                      c == '-' || c == '.' || c == '_' || c == '~';
+    if (unreserved) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
 std::string PercentDecode(std::string_view s, bool plus_is_space) {
   auto hex = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';

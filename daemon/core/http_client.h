@@ -93,6 +93,10 @@ bool PlainSegment(std::string_view segment);
 // Percent-decoding of a URL component; '+' means space when
 // `plus_is_space`. Malformed escapes are kept as they are.
 std::string PercentDecode(std::string_view s, bool plus_is_space);
+// `text` as one URL path segment or query value: every byte but RFC 3986's
+// unreserved (letters, digits, - . _ ~) as %XX, so "/", "?", "#" and ".."
+// stay inside it.
+std::string PercentEncode(std::string_view text);
 
 class HttpClient {
  public:

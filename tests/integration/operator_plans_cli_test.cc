@@ -219,4 +219,23 @@ TEST_CASE("idem audit verify passes after approvals and exits 6 once an event is
   CHECK(broken.out.find("BROKEN at seq 1") != std::string::npos);
 }
 
+TEST_CASE(
+    "an id given to the CLI is one path segment: dlq replay of an id with ../ cannot approve a "
+    "plan, work and decision cannot read another route") {
+  Fixture f;
+  const std::string plan_id = f.Propose("INV-PATH", 120);
+  CliResult replay = f.Cli({"dlq", "replay", "0000/../../plans/" + plan_id + "/approve?"});
+  CHECK(replay.exit_code != 0);
+  CliResult shown = f.Cli({"plans", "show", plan_id, "--json"});
+  REQUIRE_MESSAGE(shown.exit_code == 0, shown.err);
+  CHECK(Json::parse(shown.out)["state"] == "awaiting_approval");
+  CHECK(f.Invoices().empty());
+  for (const char* command : {"work", "decision"}) {
+    CAPTURE(command);
+    CliResult read = f.Cli({"--json", command, "x/../../audit"});
+    CHECK(read.exit_code != 0);
+    CHECK(read.out.find("plan.awaiting_approval") == std::string::npos);
+  }
+}
+
 }  // namespace idem::testing
