@@ -499,6 +499,10 @@ std::string_view ReasonPhrase(int status) {
       return "Accepted";
     case 204:
       return "No Content";
+    case 304:
+      return "Not Modified";
+    case 308:
+      return "Permanent Redirect";
     case 400:
       return "Bad Request";
     case 401:
@@ -548,7 +552,10 @@ std::string_view ReasonPhrase(int status) {
     case 505:
       return "HTTP Version Not Supported";
     default:
-      return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+      return status < 300   ? "OK"
+             : status < 400 ? "Redirection"
+             : status < 500 ? "Client Error"
+                            : "Server Error";
   }
 }
 
