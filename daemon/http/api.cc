@@ -167,13 +167,18 @@ std::string QueryParam(const RequestContext& ctx, const std::string& name) {
 
 StatusOr<std::string> OneOfParam(const RequestContext& ctx, const std::string& name,
                                  std::span<const char* const> allowed) {
-  std::string v = QueryParam(ctx, name);
+  auto it = ctx.query.find(name);
+  if (it == ctx.query.end()) return std::string();  // absent: no filter
+  // Present but empty (?state=) is a value too: a filter it cannot be
+  // told from a typo's, and "all" would answer a question not asked.
   std::string list;
   for (const char* a : allowed) {
-    if (v.empty() || v == a) return v;
+    if (it->second == a) return it->second;
     list += (list.empty() ? "" : ", ") + std::string(a);
   }
-  return InvalidArgument(name + " must be one of " + list, "query:" + name);
+  return InvalidArgument(name + " must be one of " + list +
+                             (it->second.empty() ? " (it is empty; leave it out for all)" : ""),
+                         "query:" + name);
 }
 
 std::vector<Route> BuildApiRoutes(ApiDeps deps) {

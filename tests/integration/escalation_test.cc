@@ -93,14 +93,17 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(Json::parse(c->Get("/v1/escalations?state=resolved")->body)["items"].size() == 1);
 
   // A mistyped filter is refused, not answered "nothing" (it matched no record).
-  for (const char* path : {"/v1/escalations?state=opne", "/v1/decisions?status=escalated"}) {
+  // An empty one (?state=) too: it is not "all" (README, API walkthrough).
+  for (const char* path :
+       {"/v1/escalations?state=opne", "/v1/decisions?status=escalated", "/v1/escalations?state=",
+        "/v1/decisions?status=", "/v1/plans?state=", "/v1/stats/cost?by="}) {
     INFO(path);
     auto typo = c->Get(path);
     REQUIRE(typo);
     CHECK(typo->status == 400);
     Json problem = Json::parse(typo->body);
-    CHECK(problem["pointer"] ==
-          (std::string(path).find("state") != std::string::npos ? "query:state" : "query:status"));
+    const std::string query = std::string(path).substr(std::string(path).find('?') + 1);
+    CHECK(problem["pointer"] == "query:" + query.substr(0, query.find('=')));
   }
   CHECK(Json::parse(c->Get("/v1/escalations?state=opne")->body)["detail"] ==
         "state must be one of open, resolved");
