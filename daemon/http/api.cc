@@ -1,5 +1,6 @@
 #include "daemon/http/api.h"
 
+#include <charconv>
 #include <memory>
 #include <string>
 
@@ -157,7 +158,22 @@ QueryDoc CursorDoc() {
 }
 
 QueryDoc MillisDoc(const std::string& name, const std::string& description) {
-  return {name, {{"type", "integer"}, {"minimum", 0}}, description + ", epoch milliseconds"};
+  return {name,
+          {{"type", "integer"}, {"minimum", 0}, {"maximum", kMaxEpochMillis}},
+          description + ", epoch milliseconds (up to 9999-12-31)"};
+}
+
+StatusOr<int64_t> MillisParam(const RequestContext& ctx, const std::string& name, int64_t def) {
+  const std::string v = QueryParam(ctx, name);
+  if (v.empty()) return def;
+  int64_t out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || end != v.data() + v.size() || out < 0 || out > kMaxEpochMillis) {
+    return InvalidArgument(name + " must be milliseconds since the epoch (an integer from 0 to " +
+                               std::to_string(kMaxEpochMillis) + ", 9999-12-31)",
+                           "query:" + name);
+  }
+  return out;
 }
 
 std::string QueryParam(const RequestContext& ctx, const std::string& name) {

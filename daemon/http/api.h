@@ -101,6 +101,12 @@ QueryDoc OneOfDoc(const std::string& name, std::span<const char* const> allowed,
 QueryDoc TextDoc(const std::string& name, const std::string& description, bool required = false);
 QueryDoc CursorDoc();
 QueryDoc MillisDoc(const std::string& name, const std::string& description);
+// The latest time a query may name: 9999-12-31T23:59:59.999Z (a UTC day
+// past it has no four-digit year).
+inline constexpr int64_t kMaxEpochMillis = 253'402'300'799'999;
+// ?name= as epoch milliseconds from 0 to kMaxEpochMillis, `def` when absent;
+// InvalidArgument at query:name otherwise.
+StatusOr<int64_t> MillisParam(const RequestContext& ctx, const std::string& name, int64_t def);
 std::string QueryParam(const RequestContext& ctx, const std::string& name);
 // The query parameter `name` ("" when absent), or InvalidArgument (pointer
 // query:NAME, listing them) when it is none of `allowed`: a filter with a

@@ -37,18 +37,6 @@ constexpr PageSize kExportPage{500, 1000};
 constexpr const char* kCostBy[] = {"step", "model", "day"};
 constexpr int64_t kDefaultCostRangeMs = int64_t{30} * 86'400'000;
 
-StatusOr<int64_t> MillisParam(const RequestContext& ctx, const std::string& name, int64_t def) {
-  const std::string v = QueryParam(ctx, name);
-  if (v.empty()) return def;
-  int64_t out = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (ec != std::errc() || end != v.data() + v.size() || out < 0) {
-    return InvalidArgument(name + " must be milliseconds since the epoch (a non-negative integer)",
-                           "query:" + name);
-  }
-  return out;
-}
-
 bool IsDecisionId(const std::string& id) {
   if (id.size() != 36 || id.rfind("dec_", 0) != 0) return false;
   for (size_t i = 4; i < id.size(); ++i) {

@@ -370,6 +370,12 @@ TEST_CASE("cost stats add up tokens and USD per call and USD saved per cache hit
   CHECK(old["total"]["calls"] == 0);
   CHECK(c->Get("/v1/stats/cost?by=weather")->status == 400);
   CHECK(c->Get("/v1/stats/cost?since=0&until=999999999999999")->status == 400);  // too long
+  // A time past year 9999 has no UTC day to name (it printed "-31106-07-04").
+  auto far = c->Get("/v1/stats/cost?until=99999999999999999");
+  REQUIRE(far);
+  CHECK(far->status == 400);
+  CHECK(J(far)["pointer"] == "query:until");
+  CHECK(c->Get("/v1/stats/cost?until=253402300799999")->status == 200);  // 9999-12-31
 
   // The CLI prints the same numbers.
   CliResult cli = RunCli({"--url", Url(*daemon), "--json", "cost", "--by", "model"});
