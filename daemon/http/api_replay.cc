@@ -2,6 +2,7 @@
 // daemon/replay/replay_jobs.h, GET /v1/replays/{id} reports its progress
 // and summary.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -15,15 +16,29 @@ namespace {
 // `since` of a bulk replay: epoch milliseconds, a duration before now, or a
 // UTC time.
 StatusOr<int64_t> ParseSince(const Json& since, int64_t now_ms) {
+  // Epoch milliseconds: a JSON integer, or its digits as text (as the CLI's
+  // --since sends them).
+  std::optional<int64_t> ms;
+  const std::string text = since.is_string() ? since.get<std::string>() : std::string();
   if (since.is_number_integer()) {
-    int64_t ms = since.get<int64_t>();
-    if (ms < 0) return InvalidArgument("since must not be negative", "/since");
-    return ms;
-  }
-  if (!since.is_string()) {
+    ms = since.is_number_unsigned() && since.get<uint64_t>() > uint64_t{INT64_MAX}
+             ? INT64_MAX
+             : since.get<int64_t>();
+  } else if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+    int64_t parsed = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+    ms = ec == std::errc() && end == text.data() + text.size() ? parsed : INT64_MAX;
+  } else if (!since.is_string()) {
     return InvalidArgument("since is a duration (24h), a UTC time or epoch milliseconds", "/since");
   }
-  const std::string text = since.get<std::string>();
+  if (ms) {
+    if (*ms < 0 || *ms > kMaxEpochMillis) {
+      return InvalidArgument("since in epoch milliseconds is from 0 to " +
+                                 std::to_string(kMaxEpochMillis) + " (9999-12-31)",
+                             "/since");
+    }
+    return *ms;
+  }
   // A duration: that long before now.
   if (StatusOr<int64_t> ago = ParseDuration(text); ago.ok() && *ago > 0) {
     return std::max<int64_t>(0, now_ms - *ago);

@@ -224,6 +224,26 @@ TEST_CASE("a bulk replay of 1,000 decisions with a second prompt version summari
                                "application/json"))["replay_id"]);
   CHECK(future["state"] == "done");
   CHECK(future["total"] == 0);
+  // Epoch milliseconds as digits in a string (the CLI's --since) mean the
+  // same as the integer; past 9999-12-31 they are refused.
+  for (const char* since : {R"("32503680000000")", "32503680000000"}) {  // 3000-01-01
+    CAPTURE(since);
+    Json later = WaitForJob(
+        *c,
+        J(c->Post("/v1/replays", std::string(R"({"step":"triage_ticket","since":)") + since + "}",
+                  "application/json"))["replay_id"]);
+    CHECK(later["total"] == 0);
+    CHECK(later["since_ms"] == 32503680000000);
+  }
+  for (const char* since :
+       {R"("253402300800000")", "253402300800000", R"("99999999999999999999")"}) {
+    CAPTURE(since);
+    auto refused =
+        c->Post("/v1/replays", std::string(R"({"step":"triage_ticket","since":)") + since + "}",
+                "application/json");
+    CHECK(refused->status == 400);
+    CHECK(J(refused)["pointer"] == "/since");
+  }
   CHECK(daemon->Stop() == 0);
 }
 
