@@ -54,8 +54,34 @@ int64_t ShorterWindow(int64_t a_ms, int64_t b_ms) {
   return std::min(a_ms, b_ms);
 }
 
+// A tool's object schema. Closed (additionalProperties: false), as the REST
+// bodies are: a mistyped argument ("Cache": "only") is an error naming it,
+// not a call without it (a paid provider call instead of a cache lookup).
 Json Obj(Json properties, std::vector<std::string> required) {
-  return {{"type", "object"}, {"properties", std::move(properties)}, {"required", required}};
+  return {{"type", "object"},
+          {"properties", std::move(properties)},
+          {"required", required},
+          {"additionalProperties", false}};
+}
+
+// The request schema `name` of schemas/api as a tool's inputSchema, with
+// each of `path_params` (the route's {parameters}) a required string: what
+// a call may carry is what the route takes, in one place.
+Json RouteInput(const std::string& name, const std::vector<std::string>& path_params = {}) {
+  auto text = ApiSchemaTexts().find(name);
+  if (text == ApiSchemaTexts().end()) return Json();
+  StatusOr<Json> schema = ParseJson(text->second, JsonLimits{});
+  if (!schema.ok()) return Json();
+  schema->erase("$schema");
+  schema->erase("title");
+  Json required = Json::array();
+  for (const std::string& param : path_params) {
+    (*schema)["properties"][param] = {{"type", "string"}, {"minLength", 1}};
+    required.push_back(param);
+  }
+  for (const Json& r : schema->value("required", Json::array())) required.push_back(r);
+  (*schema)["required"] = std::move(required);
+  return std::move(schema).value();
 }
 
 // `schema`, to be nested at the JSON pointer `at` (a fragment, "#/…") of
@@ -465,28 +491,13 @@ class ApiToolbox final : public McpToolbox {
             "already done work returns its original result; an error says another caller holds "
             "it (try again after its lease). To get your own lease back after losing an answer, "
             "send the same _meta.idempotencyKey again.",
-            "POST", "/v1/work/claim",
-            Obj({{"kind", {{"type", "string"}}},
-                 {"identity", any_object},
-                 {"args", any_object},
-                 {"lease", {{"type", "string"}, {"description", "e.g. 30s"}}}},
-                {"kind", "identity"}),
-            pass, false, Tool::Dedup::kClientKey);
+            "POST", "/v1/work/claim", RouteInput("work.claim.request"), pass, false,
+            Tool::Dedup::kClientKey);
     builtin("complete_work", "Record that claimed work is done, with its result.", "POST",
-            "/v1/work/{work_id}/complete",
-            Obj({{"work_id", {{"type", "string"}}},
-                 {"lease_token", {{"type", "string"}}},
-                 {"result", Json::object()},
-                 {"external_ref", {{"type", "string"}}}},
-                {"work_id", "lease_token"}),
+            "/v1/work/{work_id}/complete", RouteInput("work.complete.request", {"work_id"}),
             without("work_id"), false, Tool::Dedup::kDerived);
     builtin("fail_work", "Record that claimed work failed (retryable or not).", "POST",
-            "/v1/work/{work_id}/fail",
-            Obj({{"work_id", {{"type", "string"}}},
-                 {"lease_token", {{"type", "string"}}},
-                 {"error", {{"type", "string"}}},
-                 {"retryable", {{"type", "boolean"}}}},
-                {"work_id", "lease_token"}),
+            "/v1/work/{work_id}/fail", RouteInput("work.fail.request", {"work_id"}),
             without("work_id"), false, Tool::Dedup::kDerived);
     builtin("get_plan",
             "Read a plan: its approval state (awaiting_approval, approved, rejected, expired, "

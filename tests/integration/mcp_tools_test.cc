@@ -212,6 +212,38 @@ TEST_CASE("_meta.idempotencyKey is counted in characters and must be a string") 
   CHECK(f.target->stats().effects == 1);  // T-K1 once; nothing for the refused calls
 }
 
+TEST_CASE(
+    "a tool call with an argument its route does not take is an error naming it, not a call "
+    "without it: a mistyped cache: only must not pay for a provider call") {
+  Fixture f;
+  const long calls = MetricValue(*f.client, "idem_provider_calls_total");
+  Json typo = f.Call("decide_triage_ticket",
+                     {{"input", {{"ticket_id", 8100}, {"text", "hello"}}}, {"Cache", "only"}});
+  CHECK(typo["isError"] == true);
+  CHECK_MESSAGE(typo["content"][0]["text"].get<std::string>().find("Cache") != std::string::npos,
+                typo.dump());
+  CHECK(MetricValue(*f.client, "idem_provider_calls_total") == calls);
+  Json only = f.Call("decide_triage_ticket",
+                     {{"input", {{"ticket_id", 8100}, {"text", "hello"}}}, {"cache", "only"}});
+  CHECK(only["isError"] == true);  // a miss: cache only never asks the model
+  CHECK(MetricValue(*f.client, "idem_provider_calls_total") == calls);
+  Json stray = f.Call("get_decision", {{"decision_id", "dec_x"}, {"bogus", 1}});
+  CHECK(stray["isError"] == true);
+  CHECK(stray["content"][0]["text"].get<std::string>().find("bogus") != std::string::npos);
+  // The work tools take what their routes take (run_id, retry_after), no more.
+  Json tools = Json::parse(f.Rpc("tools/list", Json::object())->body)["result"]["tools"];
+  std::map<std::string, Json> inputs;
+  for (const Json& t : tools) inputs[t["name"]] = t["inputSchema"];
+  CHECK(inputs["claim_work"]["properties"].contains("run_id"));
+  CHECK(inputs["fail_work"]["properties"].contains("retry_after"));
+  for (const char* name : {"claim_work", "complete_work", "fail_work", "decide_triage_ticket",
+                           "get_plan", "get_decision"}) {
+    CAPTURE(name);
+    CHECK(inputs[name]["additionalProperties"] == false);
+  }
+  CHECK(inputs["complete_work"]["required"] == Json::array({"work_id", "lease_token"}));
+}
+
 TEST_CASE("HEAD /mcp is answered as GET: 405 with Allow and no body") {
   Fixture f;
   auto get = f.client->Get("/mcp");
