@@ -291,15 +291,19 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .roles = {"operator"},
       .query = {OneOfDoc("by", kCostBy, "one row per step (default), model or UTC day"),
                 MillisDoc("since", "from this time (default: 30 days before until)"),
-                MillisDoc("until", "up to this time (default: now)")},
+                MillisDoc("until", "up to this time (default: now, or since when later)")},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         if (deps.costs == nullptr) return Unavailable("cost statistics are not kept here");
         ASSIGN_OR_RETURN(std::string by, OneOfParam(ctx, "by", kCostBy));
         if (by.empty()) by = "step";
-        ASSIGN_OR_RETURN(int64_t until, MillisParam(ctx, "until", deps.clock.NowMillis()));
-        ASSIGN_OR_RETURN(
-            int64_t since,
-            MillisParam(ctx, "since", std::max<int64_t>(0, until - kDefaultCostRangeMs)));
+        // until defaults to now, or to since when that is later (a range
+        // that starts tomorrow holds nothing yet; it does not end before it
+        // starts); since defaults to 30 days before until.
+        ASSIGN_OR_RETURN(const int64_t since_given, MillisParam(ctx, "since", -1));
+        ASSIGN_OR_RETURN(int64_t until,
+                         MillisParam(ctx, "until", std::max(deps.clock.NowMillis(), since_given)));
+        const int64_t since =
+            since_given >= 0 ? since_given : std::max<int64_t>(0, until - kDefaultCostRangeMs);
         ASSIGN_OR_RETURN(std::vector<CostRow> rows, deps.costs->Rows(since, until));
         std::map<std::string, CostCounts> grouped;
         CostCounts total;

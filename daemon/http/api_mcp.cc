@@ -54,14 +54,18 @@ int64_t ShorterWindow(int64_t a_ms, int64_t b_ms) {
   return std::min(a_ms, b_ms);
 }
 
-// A tool's object schema. Closed (additionalProperties: false), as the REST
-// bodies are: a mistyped argument ("Cache": "only") is an error naming it,
-// not a call without it (a paid provider call instead of a cache lookup).
 Json Obj(Json properties, std::vector<std::string> required) {
-  return {{"type", "object"},
-          {"properties", std::move(properties)},
-          {"required", required},
-          {"additionalProperties", false}};
+  return {{"type", "object"}, {"properties", std::move(properties)}, {"required", required}};
+}
+
+// A tool's inputSchema: closed (additionalProperties: false), as the REST
+// bodies are, so a mistyped argument ("Cache": "only") is an error naming
+// it, not a call without it (a paid provider call instead of a cache
+// lookup). Output schemas stay open: a client must accept new members.
+Json Input(Json properties, std::vector<std::string> required) {
+  Json schema = Obj(std::move(properties), std::move(required));
+  schema["additionalProperties"] = false;
+  return schema;
 }
 
 // The request schema `name` of schemas/api as a tool's inputSchema, with
@@ -388,13 +392,13 @@ class ApiToolbox final : public McpToolbox {
                ") for an input: the cached decision for the same input, or a new validated one. "
                "Deterministic per input; safe to call again."},
           {"inputSchema",
-           Obj({{"input", {{"type", "object"}, {"description", "the step's input"}}},
-                {"cache",
-                 {{"type", "string"},
-                  {"enum", {"default", "refresh", "only"}},
-                  {"description",
-                   "default: cached if any; refresh: ask again; only: cache only"}}}},
-               {"input"})},
+           Input({{"input", {{"type", "object"}, {"description", "the step's input"}}},
+                  {"cache",
+                   {{"type", "string"},
+                    {"enum", {"default", "refresh", "only"}},
+                    {"description",
+                     "default: cached if any; refresh: ask again; only: cache only"}}}},
+                 {"input"})},
           {"outputSchema", Obj({{"status", {{"type", "string"}}},
                                 {"decision_id", {{"type", "string"}}},
                                 {"output", output},
@@ -502,11 +506,11 @@ class ApiToolbox final : public McpToolbox {
     builtin("get_plan",
             "Read a plan: its approval state (awaiting_approval, approved, rejected, expired, "
             "applied...), its actions and each action's journal state.",
-            "GET", "/v1/plans/{plan_id}", Obj({{"plan_id", {{"type", "string"}}}}, {"plan_id"}),
+            "GET", "/v1/plans/{plan_id}", Input({{"plan_id", {{"type", "string"}}}}, {"plan_id"}),
             nullptr, true, Tool::Dedup::kNone);
     builtin("get_decision", "Read a stored decision with its trace.", "GET",
             "/v1/decisions/{decision_id}",
-            Obj({{"decision_id", {{"type", "string"}}}}, {"decision_id"}), nullptr, true,
+            Input({{"decision_id", {{"type", "string"}}}}, {"decision_id"}), nullptr, true,
             Tool::Dedup::kNone);
   }
 
