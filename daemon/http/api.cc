@@ -425,13 +425,33 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           // Whoever chose this answer for the key may not approve its plan
           // (as an importer may not).
           if (promoted.trace.is_object()) promoted.trace["promoted_by"] = ctx.caller;
+          // The decision the key answers with until now: the original, or
+          // one that took its place since (a refresh, an earlier promote).
+          std::string displaced;
+          if (auto current =
+                  deps.store.decisions().GetByKey(original.decision_key, deps.clock.NowMillis());
+              current.ok() && current->decision_id != original.decision_id) {
+            displaced = current->decision_id;
+          }
           RETURN_IF_ERROR(deps.store.decisions().Replace(promoted));
           body["promoted"] = true;
-          // The original's plan, if it still waits, would run its own
-          // actions beside the new decision's: it is retired now (and would
-          // be refused at its approval anyway, should this fail).
-          auto retired = deps.plans.RetireSupersededPlan(original.decision_id, ctx.caller);
-          if (retired.ok() && !retired->empty()) body["retired_plan_id"] = *retired;
+          // What the answer describes is what is stored now: under the
+          // original's key, not the replay's setup's.
+          body["replayed"]["decision_key"] = original.decision_key;
+          // The plans of the original and of the displaced decision, if
+          // they still wait, would run their own actions beside the new
+          // decision's: they are retired now (and would be refused at
+          // their approval anyway, should this fail).
+          Json retired_ids = Json::array();
+          for (const std::string& id : {original.decision_id, displaced}) {
+            if (id.empty()) continue;
+            auto retired = deps.plans.RetireSupersededPlan(id, ctx.caller);
+            if (retired.ok() && !retired->empty()) retired_ids.push_back(*retired);
+          }
+          if (!retired_ids.empty()) {
+            body["retired_plan_id"] = retired_ids[0];
+            body["retired_plan_ids"] = std::move(retired_ids);
+          }
         }
         return RouteResponse{200, std::move(body), {}};
       }});

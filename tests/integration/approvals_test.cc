@@ -634,4 +634,36 @@ TEST_CASE(
   CHECK(f.Effects() == 1);
 }
 
+TEST_CASE(
+    "a promote of an older decision's replay also retires the plan of the decision the key "
+    "answered with until then, and names the key it stored under") {
+  Fixture f;
+  const Json decide = {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-12"}}}};
+  auto d1 = f.Post("/v1/decide", decide, kAgent);
+  REQUIRE(d1->status == 200);
+  const std::string d1_id = J(d1)["decision_id"];
+  const std::string key = J(d1)["decision_key"];
+  auto first = f.Post("/v1/decisions/" + d1_id + "/replay", {{"promote", true}}, kOperator);
+  REQUIRE(first->status == 200);
+  auto d2 = f.Post("/v1/decide", decide, kAgent);  // the promoted decision, with its plan
+  REQUIRE(d2->status == 200);
+  const std::string p2 = J(d2)["plan"]["plan_id"];
+  REQUIRE(J(f.Get("/v1/plans/" + p2))["state"] == "awaiting_approval");
+
+  // The first decision's replay promoted again: d2's plan waits no longer.
+  auto second = f.Post("/v1/decisions/" + d1_id + "/replay", {{"promote", true}}, kOperator);
+  REQUIRE(second);
+  REQUIRE_MESSAGE(second->status == 200, second->body);
+  CHECK(J(second)["retired_plan_ids"] == Json::array({p2}));
+  CHECK(J(second)["retired_plan_id"] == p2);
+  CHECK(J(f.Get("/v1/plans/" + p2))["state"] == "rejected");
+  const std::string d3_id = J(second)["replayed"]["decision_id"];
+  CHECK(J(second)["replayed"]["decision_key"] == key);
+  CHECK(J(f.Get("/v1/decisions/" + d3_id))["decision_key"] == key);
+  auto approve_p2 = f.Post("/v1/plans/" + p2 + "/approve", Json::object(), kOperator2);
+  REQUIRE(approve_p2);
+  CHECK(approve_p2->status == 409);
+  CHECK(f.Effects() == 0);
+}
+
 }  // namespace idem::testing
