@@ -409,6 +409,23 @@ class DecideEngineImpl final : public DecideEngine {
     }
     return e.decision;
   }
+  // The open escalation of `d`'s key, which a refresh has just answered:
+  // resolved by the daemon with `d`, so the operator's queue holds no
+  // question the cache no longer asks, and a late human answer is refused
+  // (409, already resolved) instead of silently replacing the model's.
+  void CloseAnsweredEscalation(const Decision& d) {
+    auto open = escalations_.OpenByKey(d.decision_key);
+    if (!open.ok()) return;
+    auto closed =
+        escalations_.Resolve(open->escalation_id, d.decision_id, "idem", clock_.NowMillis());
+    if (closed.ok()) {
+      LogEvent(LogLevel::kInfo, "decide.escalation_answered",
+               {{"escalation_id", open->escalation_id},
+                {"decision_id", d.decision_id},
+                {"step", d.step}});
+    }
+  }
+
   void Remember(const Decision& d) {
     if (!shared_store_) return;
     const int64_t now = clock_.NowMillis();
@@ -743,6 +760,7 @@ class DecideEngineImpl final : public DecideEngine {
           RETURN_IF_ERROR(store_.Replace(d));
           out.decision = std::move(d);
           Remember(out.decision);
+          CloseAnsweredEscalation(out.decision);
         } else {
           ASSIGN_OR_RETURN(out.decision, store_.PutIfAbsent(d, d.created_at_ms));
           Remember(out.decision);

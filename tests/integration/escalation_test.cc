@@ -9,6 +9,24 @@
 
 namespace idem::testing {
 
+namespace {
+
+// The test config with triage_ticket trying twice and then escalating;
+// `more` is added to the step (two more lines of its YAML, indented).
+std::string EscalatingConfig(TempDir& dir, const char* rules, const std::string& more = "") {
+  std::string config = WriteTestConfig(dir, rules);
+  std::ifstream in(config);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  text.replace(text.find("    attempts: 3"), 15,
+               "    attempts: 2\n    fallback: [escalate]" + more);
+  dir.File("idem.yaml", text);
+  return config;
+}
+
+}  // namespace
+
 TEST_CASE("an exhausted step escalates, and the human's answer becomes the cached decision") {
   TempDir dir;
   // The model always answers a refund with low priority, which the triage
@@ -16,17 +34,8 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   const char* rules = R"(default:
   output: '{"category":"refund","priority":"low","summary":"wants money back","actions":[]}'
 )";
-  std::string config = WriteTestConfig(dir, rules);
-  {
-    std::ifstream in(config);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
-    text.replace(text.find("    attempts: 3"), 15,
-                 "    attempts: 2\n    fallback: [escalate]\n    checks: " +
-                     std::string(IDEM_SOURCE_DIR) + "/policies/triage_ticket.yaml");
-    dir.File("idem.yaml", text);
-  }
+  std::string config = EscalatingConfig(
+      dir, rules, "\n    checks: " + std::string(IDEM_SOURCE_DIR) + "/policies/triage_ticket.yaml");
   std::string err;
   auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(d != nullptr, err);
@@ -108,6 +117,53 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(Json::parse(c->Get("/v1/escalations?state=opne")->body)["detail"] ==
         "state must be one of open, resolved");
   CHECK(c->Get("/v1/decisions?status=decided")->status == 200);
+}
+
+TEST_CASE(
+    "a refresh that decides an escalated input closes its escalation, so a late human answer is "
+    "refused instead of silently replacing the model's decision") {
+  TempDir dir;
+  // The provider is down for the first two calls (the escalation), then answers.
+  const char* rules = R"(rules:
+  - match: {input: {text: {contains: flaky}}}
+    fail: {code: unavailable, message: provider down}
+    times: 2
+default:
+  output: '{"category":"question","priority":"low","summary":"a question","actions":[]}'
+)";
+  std::string config = EscalatingConfig(dir, rules);
+  std::string err;
+  auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  auto c = d->Client();
+  const std::string input = R"("input":{"ticket_id":"77","text":"flaky"})";
+  Json escalated = Json::parse(
+      c->Post("/v1/decide", R"({"step":"triage_ticket",)" + input + "}", "application/json")->body);
+  REQUIRE(escalated["status"] == "escalated");
+  const std::string esc = escalated["escalation_id"];
+
+  auto refreshed =
+      c->Post("/v1/decide", R"({"step":"triage_ticket","cache":"refresh",)" + input + "}",
+              "application/json");
+  REQUIRE(refreshed->status == 200);
+  Json decided = Json::parse(refreshed->body);
+  REQUIRE(decided["status"] == "decided");
+  Json closed = Json::parse(c->Get(("/v1/escalations/" + esc).c_str())->body);
+  CHECK(closed["state"] == "resolved");
+  CHECK(closed["decision_id"] == decided["decision_id"]);
+  CHECK(closed["resolved_by"] == "idem");
+  CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].empty());
+
+  auto late =
+      c->Post(("/v1/escalations/" + esc + "/resolve").c_str(),
+              R"({"output":{"category":"refund","priority":"high","summary":"late","actions":[]}})",
+              "application/json");
+  REQUIRE(late);
+  CHECK(late->status == 409);
+  Json after = Json::parse(
+      c->Post("/v1/decide", R"({"step":"triage_ticket",)" + input + "}", "application/json")->body);
+  CHECK(after["cache"] == "hit");
+  CHECK(after["decision_id"] == decided["decision_id"]);
 }
 
 }  // namespace idem::testing
