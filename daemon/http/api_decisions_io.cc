@@ -196,9 +196,11 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .responses = {{200, "decision.import"}, {400, "problem"}, {413, "problem"}, {415, "problem"}},
       .roles = {"operator"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-        JsonLimits limits;
-        limits.max_bytes = deps.config.server.max_body_bytes;
-        limits.max_depth = deps.config.server.max_json_depth;
+        // A line is an exported record: as deep as the deepest value a
+        // request may carry plus the record's own levels around it (the
+        // material wraps the input), as a stored answer is read back.
+        const JsonLimits limits =
+            StoredAnswerLimits(deps.config, deps.config.server.max_body_bytes);
         std::string_view rest = ctx.raw_body;
         Json results = Json::array();
         std::vector<std::string> imported_ids;  // for the audit event

@@ -128,6 +128,37 @@ TEST_CASE("exported decisions imported into an empty store are cache-only hits, 
   CHECK(imports == 2);
 }
 
+TEST_CASE(
+    "a decision whose input was as deep as a request may be is imported from its own export "
+    "(the record wraps the input in more levels)") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/record", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  // The body nests 64 levels, the default server.max_json_depth.
+  std::string deep = "\"bottom\"";
+  for (int i = 0; i < 62; ++i) deep = "[" + deep + "]";
+  const std::string body =
+      R"({"step":"triage_ticket","input":{"ticket_id":"D-1","text":"deep","deep":)" + deep + "}}";
+  auto decided = daemon->Client()->Post("/v1/decide", body, "application/json");
+  REQUIRE(decided);
+  REQUIRE_MESSAGE(decided->status == 200, decided->body);
+  CliResult exported = RunCli({"--url", Url(*daemon), "decisions", "export"});
+  REQUIRE_MESSAGE(exported.exit_code == 0, exported.err);
+  auto [fresh, answer] = ImportIntoFreshStore(dir, config, exported.out);
+  CHECK_MESSAGE(answer["imported"] == 1, answer.dump());
+  CHECK(answer["refused"] == 0);
+  // A line deeper than any record could be is still refused.
+  std::string deeper = "1";
+  for (int i = 0; i < 200; ++i) deeper = "[" + deeper + "]";
+  auto refused = fresh->Client()->Post("/v1/decisions/import",
+                                       R"({"decision_id":"dec_x","trace":)" + deeper + "}\n",
+                                       "application/x-ndjson");
+  REQUIRE(refused);
+  CHECK(Json::parse(refused->body)["refused"] == 1);
+}
+
 TEST_CASE("an export pages with Idem-Next-Cursor and filters by step and since") {
   TempDir dir;
   const std::string config = WriteTestConfig(dir, kRules);
