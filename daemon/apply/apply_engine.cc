@@ -109,6 +109,9 @@ class ApplyEngineImpl final : public ApplyEngine {
   ClaimRequest ClaimFor(const KindRuntime& kind, const WorkItem& item) const;
   // Claims and, when granted, runs one attempt.
   StatusOr<ActionOutcome> ClaimAndRun(const KindRuntime& kind, const ClaimRequest& request);
+  // Takes existing work into run `run_id` (Journal::AddToRun); a failure
+  // is logged and counted, not the caller's: its work's outcome stands.
+  void JoinRun(const std::string& work_id, const std::string& run_id);
   // Completes `claimed` with the effect's result, retrying a retryable store
   // error until shortly before its lease ends (kRecordMarginMs).
   Status RecordCompletion(const WorkItem& claimed, const EffectResult& effect, int64_t now);
@@ -223,15 +226,31 @@ StatusOr<ActionOutcome> ApplyEngineImpl::Submit(const std::string& kind_name, co
   // R20: a caller's retry of work that failed and is waiting out its backoff
   // does not get an attempt of its own; it learns when the next one is due.
   StatusOr<WorkItem> existing = journal_.Get(req.work_id);
-  if (existing.ok()) {
-    if (existing->state == WorkState::kFailed && existing->next_attempt_at_ms > req.now_ms) {
-      return ActionOutcome{ActionOutcomeKind::kRetrying, std::move(existing).value()};
-    }
-  } else if (existing.status().code() != Code::kNotFound) {
+  if (!existing.ok() && existing.status().code() != Code::kNotFound) {
     metrics_.store_errors.Inc();
     return existing.status();
   }
-  return ClaimAndRun(*kind, req);
+  StatusOr<ActionOutcome> out =
+      existing.ok() && existing->state == WorkState::kFailed &&
+              existing->next_attempt_at_ms > req.now_ms
+          ? StatusOr<ActionOutcome>(
+                ActionOutcome{ActionOutcomeKind::kRetrying, std::move(existing).value()})
+          : ClaimAndRun(*kind, req);
+  // Work another run made (or none) is this run's too: GET /v1/runs/{id}
+  // counts every item the run submitted.
+  if (out.ok() && !run_id.empty() && out->item.run_id != run_id) {
+    JoinRun(out->item.work_id, run_id);
+  }
+  return out;
+}
+
+void ApplyEngineImpl::JoinRun(const std::string& work_id, const std::string& run_id) {
+  Status joined = journal_.AddToRun(work_id, run_id);
+  if (!joined.ok()) {
+    metrics_.store_errors.Inc();
+    LogEvent(LogLevel::kWarn, "apply.run_join_failed",
+             {{"work_id", work_id}, {"run_id", run_id}, {"error", joined.ToString()}});
+  }
 }
 
 StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,

@@ -166,27 +166,49 @@ bool TraceHasDetail(const Json& trace) {
 // ---------------------------------------------------------------- WorkItem
 
 Json WorkItem::ToJson() const {
-  return Json{{"work_id", work_id},
-              {"kind", kind},
-              {"state", WorkStateName(state)},
-              {"attempt", attempt},
-              {"max_attempts", max_attempts},
-              {"lease_token", lease_token},
-              {"locked_until_ms", locked_until_ms},
-              {"args", args},
-              {"identity", identity},
-              {"result", result},
-              {"external_ref", external_ref},
-              {"last_error", last_error},
-              {"next_attempt_at_ms", next_attempt_at_ms},
-              {"created_at_ms", created_at_ms},
-              {"updated_at_ms", updated_at_ms},
-              {"expires_at_ms", expires_at_ms},
-              {"run_id", run_id},
-              {"request_id", request_id},
-              {"trace_id", trace_id},
-              {"window_ms", window_ms}};
+  Json j{{"work_id", work_id},
+         {"kind", kind},
+         {"state", WorkStateName(state)},
+         {"attempt", attempt},
+         {"max_attempts", max_attempts},
+         {"lease_token", lease_token},
+         {"locked_until_ms", locked_until_ms},
+         {"args", args},
+         {"identity", identity},
+         {"result", result},
+         {"external_ref", external_ref},
+         {"last_error", last_error},
+         {"next_attempt_at_ms", next_attempt_at_ms},
+         {"created_at_ms", created_at_ms},
+         {"updated_at_ms", updated_at_ms},
+         {"expires_at_ms", expires_at_ms},
+         {"run_id", run_id},
+         {"request_id", request_id},
+         {"trace_id", trace_id},
+         {"window_ms", window_ms}};
+  if (!other_runs.empty()) j["other_runs"] = other_runs;
+  return j;
 }
+
+namespace {
+
+// `other_runs` as stored: an array of at most kMaxOtherRuns non-empty strings.
+Status ReadOtherRuns(const Json& v, std::vector<std::string>& out) {
+  if (!v.is_array() || v.size() > kMaxOtherRuns) {
+    return Internal("journal record: other_runs is not an array of at most " +
+                    std::to_string(kMaxOtherRuns) + " run ids");
+  }
+  out.clear();
+  for (const Json& run : v) {
+    if (!run.is_string() || run.get_ref<const std::string&>().empty()) {
+      return Internal("journal record: other_runs holds something other than a run id");
+    }
+    out.push_back(run.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 StatusOr<WorkItem> WorkItem::FromJson(const Json& j) {
   WorkItem w;
@@ -213,6 +235,7 @@ StatusOr<WorkItem> WorkItem::FromJson(const Json& j) {
   r.Str("trace_id", w.trace_id);
   r.Int("window_ms", w.window_ms);
   if (!r.status().ok()) return r.status();
+  if (j.contains("other_runs")) RETURN_IF_ERROR(ReadOtherRuns(j["other_runs"], w.other_runs));
   StatusOr<WorkState> parsed = store_internal::ParseWorkState(state);
   if (!parsed.ok()) return parsed.status();
   w.state = *parsed;
@@ -391,6 +414,7 @@ class WorkItemSax {
     if (!seen_top_) return Internal("stored journal record is malformed: not an object");
     if (!have_work_id_) Fail("work_id", "is missing");
     if (!have_state_) Fail("state", "is missing");
+    if (status_.ok() && !other_runs_.is_null()) status_ = ReadOtherRuns(other_runs_, w_.other_runs);
     return status_;
   }
 
@@ -438,6 +462,7 @@ class WorkItemSax {
     if (field_ == "args") return &w_.args;
     if (field_ == "identity") return &w_.identity;
     if (field_ == "result") return &w_.result;
+    if (field_ == "other_runs") return &other_runs_;
     if (IsKnownScalar()) return nullptr;
     return &ignored_;  // an unknown field from a newer version
   }
@@ -530,6 +555,7 @@ class WorkItemSax {
   std::string nested_key_;    // the current member name inside a nested object
   std::vector<Json*> stack_;  // open nested containers, innermost last
   Json ignored_;
+  Json other_runs_;  // read whole, checked by Finish
 };
 
 }  // namespace
@@ -581,6 +607,10 @@ StatusOr<std::string> EncodeWorkItem(const WorkItem& w) {
   out.Int("created_at_ms", w.created_at_ms).Int("updated_at_ms", w.updated_at_ms);
   num("expires_at_ms", w.expires_at_ms);
   str("run_id", w.run_id);
+  if (!w.other_runs.empty()) {
+    ASSIGN_OR_RETURN(std::string runs, EncodeJson(Json(w.other_runs)));
+    out.Raw("other_runs", runs);
+  }
   str("request_id", w.request_id);
   str("trace_id", w.trace_id);
   num("window_ms", w.window_ms);

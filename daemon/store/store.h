@@ -211,6 +211,8 @@ class IdemKeyStore {
 enum class WorkState { kPending, kRunning, kDone, kFailed, kDead };
 std::string_view WorkStateName(WorkState s);
 
+inline constexpr size_t kMaxOtherRuns = 64;
+
 struct WorkItem {
   std::string work_id;  // sha256 hex of kind:version:JCS(identity)
   std::string kind;
@@ -229,6 +231,11 @@ struct WorkItem {
   int64_t updated_at_ms = 0;
   int64_t expires_at_ms = 0;  // done: forgotten after this (0: never); dead: kept
   std::string run_id;
+  // The runs that took the item in after it was made (Journal::AddToRun: a
+  // run that includes work another run did), oldest first, at most
+  // kMaxOtherRuns (the oldest leaves first). A new incarnation of the work
+  // (after its window) starts without them.
+  std::vector<std::string> other_runs;
   std::string request_id;  // correlation id of the request that created it
   int64_t window_ms = 0;   // from the creating request: done -> expires_at = now + window
   std::string trace_id;    // W3C trace id of the request that created it ("" before traces)
@@ -401,8 +408,15 @@ class Journal {
   // dead -> pending with a fresh attempt budget, due now. FailedPrecondition
   // unless dead.
   virtual StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) = 0;
-  // Items created under run_id, oldest first.
+  // Items created under run_id or taken into it (AddToRun), oldest created
+  // first.
   virtual StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) = 0;
+  // Takes work `work_id`, as it is now, into run `run_id` besides the run
+  // it was made under, so ByRun(run_id) lists it (a run that includes work
+  // done before). Nothing when it is in the run already; NotFound when no
+  // such work. Not durable on its own (a status view): the next write of
+  // the store carries it.
+  virtual Status AddToRun(const std::string& work_id, const std::string& run_id) = 0;
   // Done items of `kind` with an external_ref (for reconciliation), most
   // recently completed first.
   virtual StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) = 0;

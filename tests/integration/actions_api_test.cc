@@ -152,6 +152,54 @@ TEST_CASE("a resubmitted run does no work that is already done") {
   CHECK(J(none)["detail"].get<std::string>().find("nightly-2") != std::string::npos);
 }
 
+TEST_CASE(
+    "a run counts the items another run, a single call or a client's claim did before it: "
+    "GET /v1/runs/{id} lists every item the run submitted") {
+  Fixture f(
+      "  export_row:\n"
+      "    identity: {fields: [/row], version: v1}\n"
+      "    window: 24h\n"
+      "    on_duplicate: return_original\n");
+  REQUIRE(
+      f.Post("/v1/actions/send_invoice", {{"args", {{"invoice_id", "P-0"}}}}, "\"one\"")->status ==
+      201);
+  auto run = [&f](const std::string& id, std::vector<std::string> invoices) {
+    Json items = Json::array();
+    for (const std::string& i : invoices) items.push_back({{"invoice_id", i}});
+    Json body = {{"run_id", id}, {"kind", "send_invoice"}, {"items", items}};
+    auto r = f.Post("/v1/runs", body, "\"" + id + "\"");
+    REQUIRE(r);
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+  };
+  run("alpha", {"P-0", "P-1"});
+  run("beta", {"P-0", "P-1"});  // nothing of it is new
+  CHECK(f.target->stats().effects == 2);
+  for (const char* id : {"alpha", "beta"}) {
+    CAPTURE(id);
+    auto listed = f.client->Get((std::string("/v1/runs/") + id).c_str());
+    REQUIRE(listed);
+    REQUIRE_MESSAGE(listed->status == 200, listed->body);
+    CHECK(J(listed)["total"] == 2);
+    CHECK(J(listed)["counts"]["done"] == 2);
+  }
+
+  // A client's claim under a run, of work claimed and done before.
+  Json claim = {{"kind", "export_row"}, {"identity", {{"row", 7}}}, {"run_id", "gamma"}};
+  auto first = f.client->Post("/v1/work/claim", claim.dump(), "application/json");
+  REQUIRE(first->status == 201);
+  Json done = {{"lease_token", J(first)["lease_token"]}, {"result", {{"ok", true}}}};
+  REQUIRE(f.client
+              ->Post(("/v1/work/" + J(first)["work_id"].get<std::string>() + "/complete").c_str(),
+                     done.dump(), "application/json")
+              ->status == 200);
+  claim["run_id"] = "delta";
+  REQUIRE(f.client->Post("/v1/work/claim", claim.dump(), "application/json")->status == 200);
+  Json delta = J(f.client->Get("/v1/runs/delta"));
+  CHECK(delta["total"] == 1);
+  CHECK(delta["items"][0]["work_id"] == J(first)["work_id"]);
+  CHECK(J(f.client->Get("/v1/runs/gamma"))["total"] == 1);
+}
+
 TEST_CASE("a retry of a run that outlasts its key's lease is answered in progress, not run again") {
   Fixture f("idempotency:\n  lease: 300ms\n");
   f.target->SetLatencyMs(1500);  // the one effect takes five leases

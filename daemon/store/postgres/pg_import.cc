@@ -29,9 +29,13 @@ using pg::Pool;
 
 // Every table that holds records; a copy goes only into a schema where all
 // are empty. (The one-row heads, audit_head and outbox_head, are not records.)
-constexpr std::string_view kRecordTables[] = {
-    "decisions", "decision_keys", "idem_keys",      "journal", "plans",  "audit", "escalations",
-    "outbox",    "outbox_dead",   "outbox_cursors", "meta",    "traces", "leases"};
+constexpr std::string_view kRecordTables[] = {"decisions",   "decision_keys",
+                                              "idem_keys",   "journal",
+                                              "plans",       "audit",
+                                              "escalations", "outbox",
+                                              "outbox_dead", "outbox_cursors",
+                                              "meta",        "traces",
+                                              "leases",      "journal_run_members"};
 
 class PgImporterImpl final : public PgImporter {
  public:
@@ -153,6 +157,12 @@ class PgImporterImpl final : public PgImporter {
               P(w.trace_id),
               P(w.window_ms)},
              "work " + w.work_id));
+    for (const std::string& run : w.other_runs) {
+      RETURN_IF_ERROR(
+          Exec("INSERT INTO journal_run_members (run_id, work_id, created_at_ms)"
+               " VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+               {P(run), P(w.work_id), P(w.created_at_ms)}, "work " + w.work_id));
+    }
     ++counts_.work_items;
     return Status::Ok();
   }

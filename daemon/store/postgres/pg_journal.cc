@@ -54,6 +54,20 @@ namespace idem::pg {
 
 using namespace ::idem::journal_rules;  // NOLINT: the rules both engines share
 
+// Migration 3 (session 26): the runs that took work in after it was made
+// (Journal::AddToRun). A member names the incarnation it joined by its
+// created_at_ms: a record remade after its window (same work_id) is not in
+// the run; the sweep deletes the members of the records it deletes.
+extern const std::string_view kSchemaRunMembers = R"sql(
+CREATE TABLE journal_run_members (
+  run_id        text NOT NULL,
+  work_id       text NOT NULL,
+  created_at_ms bigint NOT NULL,  -- the journal record's, when it joined
+  PRIMARY KEY (run_id, work_id)
+);
+CREATE INDEX journal_run_members_work ON journal_run_members (work_id);
+)sql";
+
 extern const std::string_view kSchemaJournal = R"sql(
 CREATE TABLE journal (
   work_id            text PRIMARY KEY,
@@ -505,8 +519,28 @@ class PgJournal final : public Journal {
   StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) override {
     if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
     if (limit == 0) return std::vector<WorkItem>();
-    return List("WHERE run_id = $1 ORDER BY created_at_ms, work_id LIMIT $2",
-                {P(run_id), Limit(limit)});
+    // Made under the run, or taken in later (the incarnation that joined).
+    return List(
+        "WHERE run_id = $1 OR work_id IN (SELECT m.work_id FROM journal_run_members m"
+        " JOIN journal j ON j.work_id = m.work_id AND j.created_at_ms = m.created_at_ms"
+        " WHERE m.run_id = $1) ORDER BY created_at_ms, work_id LIMIT $2",
+        {P(run_id), Limit(limit)});
+  }
+
+  Status AddToRun(const std::string& work_id, const std::string& run_id) override {
+    if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
+    RETURN_IF_ERROR(CheckText("run_id", run_id));
+    ASSIGN_OR_RETURN(
+        Result r,
+        ctx_.pool.Exec("WITH w AS (SELECT work_id, created_at_ms, run_id FROM journal"
+                       " WHERE work_id = $1), joined AS (INSERT INTO journal_run_members"
+                       " (run_id, work_id, created_at_ms) SELECT $2, work_id, created_at_ms"
+                       " FROM w WHERE run_id <> $2 ON CONFLICT (run_id, work_id) DO UPDATE"
+                       " SET created_at_ms = EXCLUDED.created_at_ms)"
+                       " SELECT count(*) FROM w",
+                       {P(work_id), P(run_id)}));
+    if (r.rows() != 1 || r.i64(0, 0) == 0) return NotFound("no such work: " + work_id);
+    return Status::Ok();
   }
 
   StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) override {
@@ -525,10 +559,13 @@ class PgJournal final : public Journal {
         // MATERIALIZED: evaluated once, so LIMIT bounds the deletions.
         ctx_.pool.Exec("WITH doomed AS MATERIALIZED (SELECT work_id FROM journal"
                        " WHERE state = 'done' AND expires_at_ms <> 0 AND expires_at_ms <= $1"
-                       " ORDER BY expires_at_ms, work_id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                       " DELETE FROM journal j USING doomed d WHERE j.work_id = d.work_id",
+                       " ORDER BY expires_at_ms, work_id LIMIT $2 FOR UPDATE SKIP LOCKED),"
+                       " gone AS (DELETE FROM journal j USING doomed d WHERE j.work_id = d.work_id"
+                       " RETURNING j.work_id), left_runs AS (DELETE FROM journal_run_members m"
+                       " USING gone g WHERE m.work_id = g.work_id)"
+                       " SELECT count(*) FROM gone",
                        {P(now_ms), Limit(limit)}));
-    return static_cast<size_t>(r.affected());
+    return static_cast<size_t>(r.rows() == 1 ? r.i64(0, 0) : 0);
   }
 
  private:

@@ -66,6 +66,7 @@ extern const std::string_view kSchemaOutbox;
 extern const std::string_view kSchemaTraces;
 // --- later migrations
 extern const std::string_view kSchemaDecisionTraces;  // 2
+extern const std::string_view kSchemaRunMembers;      // 3
 
 struct Migration {
   int version;

@@ -41,6 +41,13 @@ std::vector<std::pair<Family, std::string>> IndexEntries(const WorkItem& w) {
     out.emplace_back(Family::kJournalRun,
                      LengthPrefixed(w.run_id) + BigEndian8(w.created_at_ms) + w.work_id);
   }
+  // The runs that took it in later: in the same index, in its place by
+  // creation time; dropped with the record (Stage), or with the run when
+  // the record leaves it.
+  for (const std::string& run : w.other_runs) {
+    out.emplace_back(Family::kJournalRun,
+                     LengthPrefixed(run) + BigEndian8(w.created_at_ms) + w.work_id);
+  }
   return out;
 }
 
@@ -491,6 +498,26 @@ StatusOr<std::vector<WorkItem>> RocksJournal::DeadLetters(size_t limit) {
 StatusOr<std::vector<WorkItem>> RocksJournal::ByRun(const std::string& run_id, size_t limit) {
   if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
   return ScanIndex(Family::kJournalRun, LengthPrefixed(run_id), limit);
+}
+
+Status RocksJournal::AddToRun(const std::string& work_id, const std::string& run_id) {
+  if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
+  MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+  ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
+  if (!current) return NotFound("no such work: " + work_id);
+  if (current->run_id == run_id || std::find(current->other_runs.begin(), current->other_runs.end(),
+                                             run_id) != current->other_runs.end()) {
+    return Status::Ok();
+  }
+  WorkItem next = *current;
+  if (next.other_runs.size() >= kMaxOtherRuns) next.other_runs.erase(next.other_runs.begin());
+  next.other_runs.push_back(run_id);
+  RecordBatch batch(db_);
+  Stage(batch, current, &next);
+  Status written = db_.Commit(batch, /*durable=*/false);
+  NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id,
+            written.ok() ? std::optional<WorkItem>(next) : std::nullopt);
+  return written;
 }
 
 StatusOr<std::vector<WorkItem>> RocksJournal::DoneWithRef(const std::string& kind, size_t limit) {

@@ -71,6 +71,7 @@ class RocksJournal final : public Journal {
   StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) override;
   StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) override;
   StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) override;
+  Status AddToRun(const std::string& work_id, const std::string& run_id) override;
   StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) override;
   StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
 

@@ -520,6 +520,55 @@ TEST_CASE("ByRun lists the items of one run in creation order") {
   CHECK(j.ByRun("run", 10)->empty());  // a prefix of a run id is another run
 }
 
+TEST_CASE(
+    "AddToRun takes existing work into another run: listed once in creation order, through "
+    "claims and completion, and no longer once the work is swept or made anew") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  for (int i = 0; i < 3; ++i) {
+    ClaimRequest r = Req("w" + std::to_string(i), kT0 + i);
+    r.run_id = i == 0 ? "run-a" : i == 1 ? "run-b" : "";
+    r.window_ms = 1'000;
+    REQUIRE(j.Enqueue(r).ok());
+  }
+  for (const char* id : {"w2", "w1", "w1", "w0"}) {  // w0 is run-a's own; w1 twice
+    CAPTURE(id);
+    Status added = j.AddToRun(id, "run-a");
+    CHECK_MESSAGE(added.ok(), added.ToString());
+  }
+  auto listed = [&j](const std::string& run) {
+    std::vector<std::string> ids;
+    StatusOr<std::vector<WorkItem>> items = j.ByRun(run, 10);
+    REQUIRE_MESSAGE(items.ok(), items.status().ToString());
+    for (const WorkItem& w : *items) ids.push_back(w.work_id);
+    return ids;
+  };
+  CHECK(listed("run-a") == std::vector<std::string>{"w0", "w1", "w2"});
+  CHECK(listed("run-b") == std::vector<std::string>{"w1"});
+  CHECK(j.ByRun("run-a", 2)->size() == 2);
+  CHECK(j.AddToRun("nope", "run-a").code() == Code::kNotFound);
+  CHECK(j.AddToRun("w1", "").code() == Code::kInvalidArgument);
+
+  // Claimed and done: still in both runs.
+  ClaimResult c1 = MustClaim(j, Req("w1", kT0 + 10));
+  REQUIRE(j.Complete("w1", c1.item.lease_token, 1, "", kT0 + 10).ok());
+  ClaimResult c2 = MustClaim(j, Req("w2", kT0 + 10));
+  REQUIRE(j.Complete("w2", c2.item.lease_token, 1, "", kT0 + 10).ok());
+  CHECK(listed("run-a") == std::vector<std::string>{"w0", "w1", "w2"});
+
+  // w1 swept after its window; w2 made anew after its window, under run-c.
+  ClaimRequest anew = Req("w2", kT0 + 5'000);
+  anew.run_id = "run-c";
+  anew.window_ms = 0;
+  ClaimResult fresh = MustClaim(j, anew);
+  CHECK(fresh.item.attempt == 1);
+  CHECK(j.SweepExpired(kT0 + 5'000, 10).value() == 1);  // w1
+  CHECK(listed("run-a") == std::vector<std::string>{"w0"});
+  CHECK(listed("run-b").empty());
+  CHECK(listed("run-c") == std::vector<std::string>{"w2"});
+}
+
 TEST_CASE("DoneWithRef lists done items of a kind that carry an external ref, newest first") {
   TempDir dir;
   auto store = OpenStore(dir.path());
