@@ -214,7 +214,8 @@ class DecideEngineImpl final : public DecideEngine {
     ASSIGN_OR_RETURN(StepKey key, StepKeyOf(*step.config, *step.keyer, req.input));
 
     if (req.cache != CacheMode::kRefresh) {
-      ASSIGN_OR_RETURN(std::optional<DecideResult> cached, Cached(key.key.key, step));
+      ASSIGN_OR_RETURN(std::optional<DecideResult> cached,
+                       Cached(key.key.key, step, req.cache != CacheMode::kOnly));
       if (cached) return std::move(*cached);
       if (req.cache == CacheMode::kOnly) {
         return NotFound("no cached decision for this step and input (cache: only)");
@@ -409,7 +410,14 @@ class DecideEngineImpl final : public DecideEngine {
     }
     return e.decision;
   }
-  // The open escalation of `d`'s key, which a refresh has just answered:
+  // An escalation opened because no model answered (providers down or
+  // slow): not the key's answer; the next decide asks again.
+  static bool IsOutage(const Escalation& e) {
+    return e.context.is_object() && e.context.value("provider_outage", false) == true;
+  }
+
+  // The open escalation of `d`'s key, which a refresh (or a decide after an
+  // outage) has just answered:
   // resolved by the daemon with `d`, so the operator's queue holds no
   // question the cache no longer asks, and a late human answer is refused
   // (409, already resolved) instead of silently replacing the model's.
@@ -446,8 +454,10 @@ class DecideEngineImpl final : public DecideEngine {
     hot_.erase(key);
   }
 
-  // The cached answer for a key: a live decision, or an open escalation.
-  StatusOr<std::optional<DecideResult>> Cached(const std::string& key, const CompiledStep& step) {
+  // The cached answer for a key: a live decision, or an open escalation
+  // (one opened by an outage only for `cache: only`, which never asks).
+  StatusOr<std::optional<DecideResult>> Cached(const std::string& key, const CompiledStep& step,
+                                               bool ask_after_outage = true) {
     StatusOr<Decision> hit = NotFound("");
     std::optional<Decision> recalled;
     if (shared_store_) recalled = Recall(key, clock_.NowMillis());
@@ -478,14 +488,14 @@ class DecideEngineImpl final : public DecideEngine {
     }
     if (hit.status().code() != Code::kNotFound) return hit.status();
     auto open = escalations_.OpenByKey(key);
-    if (open.ok()) {
+    if (open.ok() && !(ask_after_outage && IsOutage(*open))) {
       DecideResult r;
       r.escalated = true;
       r.escalation = std::move(open).value();
       r.cache_hit = true;
       return std::optional<DecideResult>(std::move(r));
     }
-    if (open.status().code() != Code::kNotFound) return open.status();
+    if (!open.ok() && open.status().code() != Code::kNotFound) return open.status();
     return std::optional<DecideResult>();
   }
 
@@ -624,7 +634,8 @@ class DecideEngineImpl final : public DecideEngine {
     const int attempts = std::max(1, cfg.attempts);
     Json trace = Json::array();
     Status last_error = Unavailable("no attempt was made");
-    Json best_guess;  // the last output that parsed, even if it failed checks
+    Json best_guess;              // the last output that parsed, even if it failed checks
+    bool model_answered = false;  // some attempt got an answer (valid or not)
     int64_t total_in = 0, total_out = 0;
     double total_cost = 0;
     bool deadline_hit = false;
@@ -692,6 +703,7 @@ class DecideEngineImpl final : public DecideEngine {
             BackOff(cfg, attempt, RetryAfterMillis(resp.status()), deadline_ms);
           continue;
         }
+        model_answered = true;
         double cost = CallCostUsd(config_, cand.model, resp->input_tokens, resp->output_tokens,
                                   resp->cached_input_tokens);
         total_in += resp->input_tokens;
@@ -764,6 +776,7 @@ class DecideEngineImpl final : public DecideEngine {
         } else {
           ASSIGN_OR_RETURN(out.decision, store_.PutIfAbsent(d, d.created_at_ms));
           Remember(out.decision);
+          CloseAnsweredEscalation(out.decision);  // an outage's, asked again
         }
         return out;
       }
@@ -781,14 +794,22 @@ class DecideEngineImpl final : public DecideEngine {
                         std::to_string(trace.size()) + " attempts: " + last_error.message(),
                     "", last_error.retryable());
     }
+    // No model answered, and a retry may: the providers are down or slow.
+    // Its escalation tells a human, but the next decide asks again (Cached).
+    const bool outage = !model_answered && last_error.retryable();
     // One open escalation a key: a refresh that fails again joins the one
     // a human may be answering already (a second would hide the first from
     // the open list, and two answers would overwrite each other).
     if (auto open = escalations_.OpenByKey(key.key.key); open.ok()) {
-      ChainOutcome out;
-      out.escalated = true;
-      out.escalation = std::move(open).value();
-      return out;
+      if (!(IsOutage(*open) && !outage)) {
+        ChainOutcome out;
+        out.escalated = true;
+        out.escalation = std::move(open).value();
+        return out;
+      }
+      // The model answers again, but not validly: the outage's escalation
+      // closes, and this one, which the cache answers, takes its place.
+      (void)escalations_.Resolve(open->escalation_id, "", "idem", clock_.NowMillis());
     } else if (open.status().code() != Code::kNotFound) {
       return open.status();
     }
@@ -810,7 +831,11 @@ class DecideEngineImpl final : public DecideEngine {
     esc.context = {{"summary", "could not decide step " + cfg.name + " for input " +
                                    CutUtf8(key.normalized_input.dump(), 300, "...") + " after " +
                                    std::to_string(trace.size()) +
-                                   " attempts; last error: " + last_error.message()},
+                                   " attempts; last error: " + last_error.message() +
+                                   (outage ? std::string("; no model answered (the next decide of "
+                                                         "this input asks again)")
+                                           : std::string())},
+                   {"provider_outage", outage},
                    {"attempts", trace},
                    {"errors", errors},
                    {"best_guess", best_guess},

@@ -166,4 +166,71 @@ default:
   CHECK(after["decision_id"] == decided["decision_id"]);
 }
 
+TEST_CASE(
+    "an escalation because no model answered (the provider was down) is not the input's "
+    "answer: the next decide asks again, and its decision closes the escalation") {
+  TempDir dir;
+  // "blip": down twice, then answers. "bad": down twice, then prose, always.
+  const char* rules = R"(rules:
+  - match: {input: {text: {contains: blip}}}
+    fail: {code: unavailable, message: provider down}
+    times: 2
+  - match: {input: {text: {contains: bad}}}
+    fail: {code: unavailable, message: provider down}
+    times: 2
+  - match: {input: {text: {contains: bad}}}
+    output: 'I would rather chat about it.'
+default:
+  output: '{"category":"question","priority":"low","summary":"a question","actions":[]}'
+)";
+  std::string config = EscalatingConfig(dir, rules);
+  std::string err;
+  auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  auto c = d->Client();
+  auto decide = [&c](const std::string& text, const std::string& cache = "default") {
+    Json body = {{"step", "triage_ticket"},
+                 {"input", {{"ticket_id", "88"}, {"text", text}}},
+                 {"cache", cache}};
+    auto r = c->Post("/v1/decide", body.dump(), "application/json");
+    REQUIRE(r);
+    return std::make_pair(r->status, Json::parse(r->body));
+  };
+  auto [status, escalated] = decide("blip");
+  REQUIRE(status == 200);
+  REQUIRE(escalated["status"] == "escalated");
+  CHECK(escalated["context"]["provider_outage"] == true);
+  const std::string esc = escalated["escalation_id"];
+  // cache: only never asks: it answers the open escalation.
+  auto [only_status, only] = decide("blip", "only");
+  CHECK(only_status == 200);
+  CHECK(only["escalation_id"] == esc);
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == 2);
+  // A plain decide asks again; the provider is back.
+  auto [again_status, decided] = decide("blip");
+  REQUIRE(again_status == 200);
+  CHECK(decided["status"] == "decided");
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == 3);
+  Json closed = Json::parse(c->Get(("/v1/escalations/" + esc).c_str())->body);
+  CHECK(closed["state"] == "resolved");
+  CHECK(closed["decision_id"] == decided["decision_id"]);
+
+  // Down, then answering badly: the outage's escalation gives way to one
+  // about the answers, which the cache answers without asking again.
+  auto [s1, down] = decide("bad");
+  REQUIRE(down["status"] == "escalated");
+  CHECK(down["context"]["provider_outage"] == true);
+  auto [s2, invalid] = decide("bad");
+  REQUIRE(invalid["status"] == "escalated");
+  CHECK(invalid["escalation_id"] != down["escalation_id"]);
+  CHECK(invalid["context"]["provider_outage"] == false);
+  CHECK(Json::parse(c->Get(("/v1/escalations/" + down["escalation_id"].get<std::string>()).c_str())
+                        ->body)["state"] == "resolved");
+  const long calls = MetricValue(*c, "idem_provider_calls_total");
+  auto [s3, cached] = decide("bad");
+  CHECK(cached["escalation_id"] == invalid["escalation_id"]);
+  CHECK(MetricValue(*c, "idem_provider_calls_total") == calls);
+  CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].size() == 1);
+}
+
 }  // namespace idem::testing
