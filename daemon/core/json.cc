@@ -94,13 +94,30 @@ std::string ClientMessage(std::string_view what) {
 // member names that nlohmann would silently overwrite.
 class BoundedJsonBuilder {
  public:
-  explicit BoundedJsonBuilder(int max_depth) : max_depth_(max_depth) {}
+  BoundedJsonBuilder(int max_depth, bool exact_integer_literals)
+      : max_depth_(max_depth), exact_integer_literals_(exact_integer_literals) {}
 
   bool null() { return AddScalar(Json(nullptr)); }
   bool boolean(bool v) { return AddScalar(Json(v)); }
   bool number_integer(Json::number_integer_t v) { return AddScalar(Json(v)); }
   bool number_unsigned(Json::number_unsigned_t v) { return AddScalar(Json(v)); }
-  bool number_float(Json::number_float_t v, const Json::string_t&) { return AddScalar(Json(v)); }
+  bool number_float(Json::number_float_t v, const Json::string_t& text) {
+    // nlohmann reads an integer literal past 64 bits as a double.
+    if (exact_integer_literals_ && text.find_first_of(".eE") == Json::string_t::npos) {
+      std::string pointer = PointerOf(path_);
+      if (!open_.empty()) {
+        const Json& parent = *open_.back();
+        pointer += "/" + (parent.is_array() ? std::to_string(parent.size())
+                                            : JsonPointerToken(pending_key_));
+      }
+      error_ = InvalidArgument("the integer " + text.substr(0, 40) + (text.size() > 40 ? "…" : "") +
+                                   " does not fit 64 bits and would be kept rounded (two such "
+                                   "integers could be one); send it as a string",
+                               std::move(pointer));
+      return false;
+    }
+    return AddScalar(Json(v));
+  }
   bool string(Json::string_t& v) { return AddScalar(Json(std::move(v))); }
   bool binary(Json::binary_t&) {
     // Never produced by JSON text; only by the binary formats.
@@ -183,6 +200,7 @@ class BoundedJsonBuilder {
   }
 
   const int max_depth_;
+  const bool exact_integer_literals_;
   Json root_;
   std::vector<Json*> open_;
   std::vector<std::string> path_;  // pointer tokens of the innermost open container
@@ -327,7 +345,7 @@ StatusOr<Json> ParseJson(std::string_view text, const JsonLimits& limits) {
   if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos) {
     return InvalidArgument("invalid UTF-8 at byte offset " + std::to_string(bad));
   }
-  BoundedJsonBuilder builder(limits.max_depth);
+  BoundedJsonBuilder builder(limits.max_depth, limits.exact_integer_literals);
   try {
     const bool ok = Json::sax_parse(text.data(), text.data() + text.size(), &builder,
                                     nlohmann::detail::input_format_t::json, /*strict=*/true,

@@ -32,6 +32,11 @@ using Json = nlohmann::json;
 struct JsonLimits {
   size_t max_bytes = 1 << 20;
   int max_depth = 64;
+  // Refuse (InvalidArgument at its pointer) an integer literal that does
+  // not fit 64 bits: it could only be kept as a rounded double, and two
+  // such integers would be one (1000000000000000000000001 and ...002 are
+  // both 1e24). For what callers send; an upstream's answer is read as is.
+  bool exact_integer_literals = false;
 };
 
 StatusOr<Json> ParseJson(std::string_view text, const JsonLimits& limits = {});

@@ -919,6 +919,12 @@ class Evaluator {
   StatusOr<std::optional<bool>> LessThan(const Value& x, const Value& y) {
     ASSIGN_OR_RETURN(Value px, ToPrimitive(x));
     ASSIGN_OR_RETURN(Value py, ToPrimitive(y));
+    // An array or an object compares as its text ([50] as "50", [[99]] as
+    // "99"): JavaScript judges it, but no amount was judged.
+    const bool container = x.is_object_like() || y.is_object_like();
+    if (container && unresolved_ != nullptr && unresolved_->size() < 16) {
+      unresolved_->push_back("a comparison has a value that is not a number");
+    }
     if (px.is(Kind::kString) && py.is(Kind::kString)) {
       RETURN_IF_ERROR(ChargeText(px.string().size() + py.string().size()));
       return std::optional<bool>(ToUtf16(px.string()) < ToUtf16(py.string()));
@@ -927,7 +933,7 @@ class Evaluator {
     ASSIGN_OR_RETURN(double ny, ToNumber(py));
     // JavaScript compares "5,000" (NaN) as false either way, and true, null
     // or "" as 0 or 1: none is a judgement of an amount.
-    if (unresolved_ != nullptr && unresolved_->size() < 16 &&
+    if (!container && unresolved_ != nullptr && unresolved_->size() < 16 &&
         (std::isnan(nx) || std::isnan(ny) || NotANumber(px) || NotANumber(py))) {
       unresolved_->push_back("a comparison has a value that is not a number");
     }

@@ -170,6 +170,7 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         JsonLimits limits;
         limits.max_bytes = deps.config.server.max_body_bytes;
         limits.max_depth = deps.config.server.max_json_depth;
+        limits.exact_integer_literals = true;  // the event's fields may be an identity
         Json body;
         if (!ctx.raw_body.empty()) {
           auto parsed = ParseJson(ctx.raw_body, limits);

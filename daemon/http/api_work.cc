@@ -7,6 +7,7 @@
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
 #include "daemon/http/problem.h"
+#include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
 #include "daemon/plans/plan_engine.h"
 #include "daemon/store/journal_rules.h"
@@ -256,6 +257,8 @@ struct ClaimRoute {
   StableClock& clock;
   Metrics& metrics;
   PlanEngine& plans;
+  Journal& journal;
+  Notifier& notifier;
   // Each configured kind's blocked-duplicate series, resolved once (metrics.h).
   std::shared_ptr<const std::map<std::string, Counter*>> duplicates;
 
@@ -308,15 +311,23 @@ struct ClaimRoute {
     const Json& identity = body["identity"];
     for (const std::string& field : kind.identity_fields) {
       Json::json_pointer ptr(field);
-      if (!identity.is_object() || !identity.contains(ptr)) continue;  // prepare says so
-      if (!args.contains(ptr)) {
-        args[ptr] = identity.at(ptr);
-      } else if (args.at(ptr) != identity.at(ptr)) {
-        return InvalidArgument(
-            "args" + field + " is not the identity's " + field +
-                ": the args must describe the work the identity names (the work_id is the "
-                "identity's)",
-            "/args" + field);
+      // nlohmann throws where a value on the pointer's way is no object
+      // ({"b": 5} for /b/c): that is the caller's args, not a bug.
+      try {
+        if (!identity.is_object() || !identity.contains(ptr)) continue;  // prepare says so
+        if (!args.contains(ptr)) {
+          args[ptr] = identity.at(ptr);
+        } else if (args.at(ptr) != identity.at(ptr)) {
+          return InvalidArgument(
+              "args" + field + " is not the identity's " + field +
+                  ": the args must describe the work the identity names (the work_id is the "
+                  "identity's)",
+              "/args" + field);
+        }
+      } catch (const Json::exception&) {
+        return InvalidArgument("args" + field + " cannot hold the identity's " + field +
+                                   ": a value on its way is not an object",
+                               "/args" + field);
       }
     }
     RETURN_IF_ERROR(plans.CheckArgs(kind, args, "/args"));
@@ -355,12 +366,23 @@ struct ClaimRoute {
     req.window_ms = kind->window_ms;
     req.max_attempts = kind->retry.attempts;
     req.now_ms = clock.NowMillis();
+    ctx.op_now_ms = req.now_ms;
     return JournalOp::Claim(std::move(req));
   }
 
   StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> claimed) const {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(claimed));
     ASSIGN_OR_RETURN(const ActionConfig* kind, FindKind(config, r.item.kind, "/kind"));
+    // Work another run made (or none) is this run's too: GET /v1/runs/{id}
+    // counts it. A failure here leaves the claim's answer as it is.
+    if (const std::string run = ctx.body.value("run_id", "");
+        !run.empty() && run != r.item.run_id) {
+      if (Status joined = journal.AddToRun(r.item.work_id, run); !joined.ok()) {
+        metrics.store_errors.Inc();
+        LogEvent(LogLevel::kWarn, "work.run_join_failed",
+                 {{"work_id", r.item.work_id}, {"run_id", run}, {"error", joined.ToString()}});
+      }
+    }
     switch (r.outcome) {
       case ClaimOutcome::kClaimed: {
         metrics.work_claimed.Inc();
@@ -400,6 +422,12 @@ struct ClaimRoute {
         return wait;
       }
       case ClaimOutcome::kDead:
+        if (r.item.updated_at_ms == ctx.op_now_ms) {
+          // This claim buried it (a crashed holder had used the last
+          // attempt): a new dead letter, counted and told as any other.
+          metrics.work_dead.Inc();
+          notifier.Notify(DeadLetterNotification(r.item, config));
+        }
         return Conflict(FailedPrecondition("this work is a dead letter: " + r.item.last_error),
                         r.item, ctx.request_id);
     }
@@ -493,9 +521,10 @@ struct FailRoute {
   StatusOr<RouteResponse> respond(RequestContext& ctx, StatusOr<JournalOpResult> failed) const {
     ASSIGN_OR_RETURN(JournalOpResult r, std::move(failed));
     if (std::optional<RouteResponse> refused = Refused(r, ctx.request_id)) return *refused;
-    // A repeated fail by the holder that failed it changes nothing.
+    // A repeated fail by the holder that failed it changes nothing. One
+    // that made the work dead counts there instead (README, Metrics).
     if (!r.repeated) {
-      metrics.work_failed.Inc();
+      if (r.item.state != WorkState::kDead) metrics.work_failed.Inc();
       RecordClientAttempt(r.item, ctx, false, r.item.last_error);
     }
     if (r.item.state == WorkState::kDead && !r.repeated) {
@@ -529,7 +558,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   for (const auto& entry : deps.config.actions) {
     (*duplicates)[entry.first] = &deps.metrics.Duplicates(entry.first);
   }
-  const ClaimRoute claim_route{deps.config, deps.clock, deps.metrics, deps.plans,
+  const ClaimRoute claim_route{deps.config,          deps.clock,           deps.metrics,
+                               deps.plans,           deps.store.journal(), deps.notifier,
                                std::move(duplicates)};
   JournalLane claim = LaneOf(claim_route);
   claim.gate = [claim_route](RequestContext& ctx) { return claim_route.gate(ctx); };
@@ -878,8 +908,12 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(
             PlanApplyResult r,
-            deps.plans.Approve(ctx.params[0], ctx.caller, ctx.body.value("comment", ""),
-                               ctx.body.value("edits", Json()), ctx.request_id));
+            deps.plans.Approve(
+                ctx.params[0], ctx.caller, ctx.body.value("comment", ""),
+                ctx.body.value("edits", Json()), ctx.request_id,
+                ctx.body.contains("expect_updated_at_ms")
+                    ? std::optional<int64_t>(ctx.body["expect_updated_at_ms"].get<int64_t>())
+                    : std::nullopt));
         ASSIGN_OR_RETURN(Json detail, deps.plans.Detail(r.plan));
         RouteResponse out{200, AppliedBody(deps.config.actions, r, ctx.request_id, detail), {}};
         return out;
@@ -1001,7 +1035,11 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
               ProblemBody(409, Aborted("lease '" + r.lease.name + "' is held by " + r.lease.holder),
                           ctx.request_id);
           for (auto it = body.begin(); it != body.end(); ++it) p[it.key()] = it.value();
-          return RouteResponse{409, std::move(p), {}};
+          // Another holder's live lease is a moment, not an outcome: a
+          // retry with the key asks again (README, Idempotency-Key contract).
+          RouteResponse held{409, std::move(p), {}};
+          held.transient = true;
+          return held;
         }
         return RouteResponse{r.outcome == LeaseOutcome::kAcquired ? 201 : 200, std::move(body), {}};
       }});

@@ -189,13 +189,13 @@ StatusOr<RouteResponse> RunHandler(const Route& route, RequestContext& ctx) {
 
 StatusOr<RouteResponse> JournalLane::RunAlone(RequestContext& ctx, Journal& journal) const {
   if (gate) {
-    std::optional<StatusOr<RouteResponse>> answer = gate(ctx);
+    std::optional<StatusOr<RouteResponse>> answer = RunGuardedStep([&] { return gate(ctx); });
     if (answer) return std::move(*answer);
   }
-  ASSIGN_OR_RETURN(JournalOp op, prepare(ctx));
+  ASSIGN_OR_RETURN(JournalOp op, RunGuardedStep([&] { return prepare(ctx); }));
   std::vector<StatusOr<JournalOpResult>> out =
       journal.FinishOps(journal.BeginOps(std::span<const JournalOp>(&op, 1), nullptr));
-  return respond(ctx, std::move(out[0]));
+  return RunGuardedStep([&] { return respond(ctx, std::move(out[0])); });
 }
 
 }  // namespace idem

@@ -38,6 +38,7 @@ struct RequestContext {
   std::string idempotency_key;                 // "" when absent
   std::map<std::string, std::string> headers;  // the route's request_headers (lower-case names)
   std::string raw_body;                        // Route::raw_body routes only: the bytes as sent
+  int64_t op_now_ms = 0;  // a journal lane's op: the time it was prepared for (its now_ms)
   TraceContext trace;  // the caller's traceparent/tracestate, or a new trace (daemon/obs/trace.h)
   // Takes one more of the caller's server.rate_limit tokens, for a request
   // that is several calls (an MCP batch); false when none is left. Empty
@@ -152,6 +153,17 @@ struct Route {
 // becomes Internal here, so the request still gets a problem+json with its
 // request_id, its access line says 500 and the error is logged.
 StatusOr<RouteResponse> RunHandler(const Route& route, RequestContext& ctx);
+
+// The same for one step of a journal lane (gate, prepare, respond), whose
+// answer type `fn` returns is built from the Internal status.
+template <typename Fn>
+auto RunGuardedStep(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return decltype(fn())(Internal(std::string("the request's handler failed: ") + e.what()));
+  }
+}
 
 // Fills route.segments and route.param_names from route.pattern.
 void CompileRoute(Route& route);

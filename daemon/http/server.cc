@@ -672,6 +672,7 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     JsonLimits limits;
     limits.max_bytes = deps_.config.server.max_body_bytes;
     limits.max_depth = deps_.config.server.max_json_depth;
+    limits.exact_integer_literals = true;
     // A refused body, as problem+json or in the route's own terms.
     // One that names no field is about the body as a whole: pointer ""
     // (RFC 6901: the whole document).
@@ -824,13 +825,14 @@ void HttpServer::Prepare(Exchange& ex) {
   }
   if (route->journal_lane->gate) {
     // Only kinds that need approval do any work here (a plan read).
-    std::optional<StatusOr<RouteResponse>> answer = route->journal_lane->gate(st->ctx);
+    std::optional<StatusOr<RouteResponse>> answer =
+        RunGuardedStep([&] { return route->journal_lane->gate(st->ctx); });
     if (answer) {
       Respond(*route, Finish(*route, st->ctx, std::move(*answer)), ex.response);
       return;
     }
   }
-  StatusOr<JournalOp> op = route->journal_lane->prepare(st->ctx);
+  StatusOr<JournalOp> op = RunGuardedStep([&] { return route->journal_lane->prepare(st->ctx); });
   if (!op.ok()) {
     Respond(*route, Finish(*route, st->ctx, op.status()), ex.response);
     return;
@@ -881,8 +883,9 @@ void HttpServer::Finish(std::unique_ptr<BatchLane::Ticket> ticket, std::span<Exc
     const Route& route = *st->route;
     {
       TraceScope scope(st->ctx.trace);
-      Respond(route,
-              Finish(route, st->ctx, route.journal_lane->respond(st->ctx, std::move(results[k]))),
+      Respond(route, Finish(route, st->ctx, RunGuardedStep([&] {
+                              return route.journal_lane->respond(st->ctx, std::move(results[k]));
+                            })),
               ex.response);
     }
     MetricsFor(&route).Observe(ex.response.status, MicrosSince(st->started));

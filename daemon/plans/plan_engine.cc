@@ -1000,9 +1000,22 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
 
 StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const std::string& actor,
                                               const std::string& comment, const Json& edits,
-                                              const std::string& request_id) {
+                                              const std::string& request_id,
+                                              std::optional<int64_t> expect_updated_at_ms) {
   Impl& m = *impl_;
   ASSIGN_OR_RETURN(Plan plan, m.store.plans().Get(plan_id));
+  auto changed_since = [&](const Plan& now) {
+    return Status(
+        Code::kFailedPrecondition,
+        "plan " + plan_id + " changed since it was read (updated_at_ms " +
+            std::to_string(now.updated_at_ms) +
+            (expect_updated_at_ms ? ", not " + std::to_string(*expect_updated_at_ms) : "") +
+            "): read it again and approve what it holds now",
+        "/expect_updated_at_ms");
+  };
+  if (expect_updated_at_ms && plan.updated_at_ms != *expect_updated_at_ms) {
+    return changed_since(plan);
+  }
   if (plan.state != "awaiting_approval") {
     return FailedPrecondition("plan " + plan_id + " is " + plan.state + ", not awaiting_approval");
   }
@@ -1036,6 +1049,7 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
   }
   const int64_t now = m.clock.NowMillis();
   bool late = false;
+  std::optional<Plan> moved;  // changed between the read above and this write
   auto approved =
       m.Transition(plan_id, "awaiting_approval", "approved", actor, comment, detail, [&](Plan& p) {
         // Inside the write: past its deadline a plan that expires is not
@@ -1043,6 +1057,13 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
         if (PastDeadline(p, now)) {
           late = true;
           return FailedPrecondition("past its deadline");
+        }
+        // What was read (and edited) is what is approved: a plan that
+        // waits again with another call's args needs its own verdict.
+        if (p.actions != plan.actions ||
+            (expect_updated_at_ms && p.updated_at_ms != *expect_updated_at_ms)) {
+          moved = p;
+          return FailedPrecondition("changed since read");
         }
         if (changed) {
           if (p.original_actions.is_null()) {
@@ -1063,6 +1084,7 @@ StatusOr<PlanApplyResult> PlanEngine::Approve(const std::string& plan_id, const 
                               std::to_string(plan.approval.value("expires_at_ms", int64_t{0})) +
                               ", has passed); it will never be applied");
   }
+  if (moved) return changed_since(*moved);
   RETURN_IF_ERROR(approved.status());
   m.metrics.plans_approved.Inc();
   return Apply(plan_id, actor, request_id);

@@ -47,6 +47,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,10 +138,16 @@ class PlanEngine {
 
   // awaiting_approval -> approved (edits: [{path, value}], a JSON pointer
   // into the actions under /<i>/args), then applied at once (actions of
-  // client-executed kinds are left for their clients' claims).
+  // client-executed kinds are left for their clients' claims). With
+  // `expect_updated_at_ms` (the plan as the approver read it), a plan
+  // changed since (applied and waiting again with another call's args, or
+  // edited) is refused: FailedPrecondition at /expect_updated_at_ms. The
+  // edits always apply to the actions they were read with, or the
+  // approval is refused the same way.
   StatusOr<PlanApplyResult> Approve(const std::string& plan_id, const std::string& actor,
                                     const std::string& comment, const Json& edits,
-                                    const std::string& request_id);
+                                    const std::string& request_id,
+                                    std::optional<int64_t> expect_updated_at_ms = std::nullopt);
   // proposed | awaiting_approval -> rejected; `reason` must not be empty.
   StatusOr<Plan> Reject(const std::string& plan_id, const std::string& actor,
                         const std::string& reason);

@@ -248,6 +248,12 @@ async function main() {
   await page.waitForSelector('.problem');
   check((await page.textContent('.problem')).includes('401'), 'a wrong token shows the 401 problem');
   check(!(await page.isVisible('#open-banner')), 'a daemon with tokens shows no open-daemon banner');
+  // An agent's token reads the queue but may decide nothing: refused here.
+  await page.fill('#token', AGENT);
+  await page.press('#token', 'Enter');
+  await until('the agent token refused', async () =>
+    (await page.textContent('.problem')).includes('403') ? true : null);
+  check(await page.$('#token') !== null, 'an agent\'s token is refused at sign-in (403), still asking for a token');
   pageErrors.length = 0;  // the browser logs the refused request itself
   await page.fill('#token', OPERATOR);
   await page.press('#token', 'Enter');
@@ -299,6 +305,43 @@ async function main() {
   // A second approve of plan 1 (another tab's stale page) is a readable 409.
   const again = await call('POST', `/v1/plans/${plans[0]}/approve`, OPERATOR, {});
   check(again.status === 409, 'approving plan 1 again is 409');
+
+  // A stale page: plan S-5 is opened, then rejected elsewhere. Its Approve
+  // sends the updated_at_ms it showed, is refused (409), and the page shows
+  // the plan as it is now, with the refusal above it.
+  const stale = await call('POST', '/v1/actions/refund', AGENT, {args: {order_id: 'S-5', amount: 77, currency: 'EUR'}},
+                           {'Idempotency-Key': '"ui-e2e-S-5"'});
+  const staleId = stale.body.plan_id;
+  const staleRead = await call('GET', '/v1/plans/' + staleId, OPERATOR);
+  await page.goto(base + '/ui/#/plans/' + staleId);
+  await page.waitForSelector('#approve');
+  const approveBodies = [];
+  page.on('request', (r) => { if (r.url().endsWith('/' + staleId + '/approve')) approveBodies.push(r.postData()); });
+  const elsewhere = await call('POST', `/v1/plans/${staleId}/reject`, OPERATOR, {reason: 'handled by phone'});
+  check(elsewhere.status === 200, 'plan S-5 is rejected through the API while its page is open');
+  await page.click('#approve');
+  await page.waitForSelector('#plan-notice');
+  check((await page.textContent('#plan-notice')).includes('409'), 'the stale page\'s Approve shows the 409');
+  check(await page.$('h1 + .badge.state-rejected') !== null && await page.$('#approve') === null,
+        'and then the plan as it is now: rejected, with no buttons');
+  check((await page.textContent('main')).includes('handled by phone'), 'with the rejection\'s reason');
+  check(approveBodies.length === 1 && JSON.parse(approveBodies[0]).expect_updated_at_ms === staleRead.body.updated_at_ms,
+        `Approve sent the updated_at_ms the page showed (${approveBodies[0]})`);
+  pageErrors.length = 0;  // the browser logs the refused approve itself
+
+  // Text that reorders itself (a right-to-left override) is shown escaped:
+  // "O-9<RLO>0001<PDF>" would read "O-91000".
+  const bidi = await call('POST', '/v1/actions/refund', AGENT,
+                          {args: {order_id: 'O-9\u202e0001\u202c', amount: 50, currency: 'EUR'}},
+                          {'Idempotency-Key': '"ui-e2e-bidi"'});
+  await page.goto(base + '/ui/#/plans/' + bidi.body.plan_id);
+  await page.waitForSelector('#approve');
+  const bidiText = await page.textContent('main');
+  check(bidiText.includes('O-9\\u202e0001\\u202c') && !bidiText.includes('\u202e'),
+        'a bidi control in the args is shown as \\u202e, not applied');
+  check(JSON.parse(await page.inputValue('#edit-args-0')).order_id === 'O-9\u202e0001\u202c',
+        'the args editor holds the escape, which parses back to the same value');
+  await call('POST', `/v1/plans/${bidi.body.plan_id}/reject`, OPERATOR, {reason: 'not a real order'});
 
   // Plan 4: an account number beyond 2^53, sent as raw JSON (JavaScript
   // cannot write it). The page says it shows it rounded, refuses to send it

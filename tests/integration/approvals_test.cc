@@ -666,4 +666,24 @@ TEST_CASE(
   CHECK(f.Effects() == 0);
 }
 
+TEST_CASE(
+    "an approval names the plan as it was read: a plan changed since is refused, 409 at "
+    "/expect_updated_at_ms, and nothing runs") {
+  Fixture f;
+  const std::string id = f.GatedRefund("X-1", 300);
+  const Json read = J(f.Get("/v1/plans/" + id));
+  const int64_t seen = read["updated_at_ms"];
+  auto stale =
+      f.Post("/v1/plans/" + id + "/approve", {{"expect_updated_at_ms", seen - 1}}, kOperator);
+  REQUIRE(stale);
+  CHECK(stale->status == 409);
+  CHECK(J(stale)["pointer"] == "/expect_updated_at_ms");
+  CHECK(J(f.Get("/v1/plans/" + id))["state"] == "awaiting_approval");
+  CHECK(f.Effects() == 0);
+  auto fresh = f.Post("/v1/plans/" + id + "/approve", {{"expect_updated_at_ms", seen}}, kOperator);
+  REQUIRE(fresh);
+  CHECK_MESSAGE(fresh->status == 200, fresh->body);
+  CHECK(f.Effects() == 1);
+}
+
 }  // namespace idem::testing

@@ -31,6 +31,10 @@ const char* kActions = R"(actions:
     window: 24h
     on_duplicate: return_original
     retry: {attempts: 1, timeout: 5s}
+  ship_order:
+    identity: {fields: [/order/id], version: v1}
+    window: 24h
+    on_duplicate: return_original
 )";
 
 struct Fixture {
@@ -71,6 +75,12 @@ TEST_CASE(
   REQUIRE(duplicate->status == 409);
   CHECK(J(duplicate)["state"] == "dead");
   CHECK_FALSE(J(duplicate).contains("lease_token"));
+  // A new dead letter, counted once (the next claim finds it dead, and
+  // buries nothing), and not as a failed attempt.
+  CHECK(MetricValue(*f.client, "idem_work_dead_total") == 1);
+  CHECK(f.Post("/v1/work/claim", claim)->status == 409);
+  CHECK(MetricValue(*f.client, "idem_work_dead_total") == 1);
+  CHECK(MetricValue(*f.client, "idem_work_failed_total") == 0);
   auto late =
       f.Post("/v1/work/" + id + "/complete",
              {{"lease_token", token}, {"result", {{"charge", "ch_1"}}}, {"external_ref", "ch_1"}});
@@ -358,6 +368,10 @@ TEST_CASE("failures are retried until attempts run out, then a dead letter that 
   auto refused = f.Post("/v1/work/claim", claim);
   CHECK(refused->status == 409);
   CHECK(J(refused)["state"] == "dead");
+  // One failed attempt to be tried again, one dead letter (the last
+  // failure counts there, not in both).
+  CHECK(MetricValue(*f.client, "idem_work_failed_total") == 1);
+  CHECK(MetricValue(*f.client, "idem_work_dead_total") == 1);
 
   Json letters = J(f.client->Get("/v1/dead-letters"));
   REQUIRE(letters["items"].size() == 1);
@@ -446,6 +460,28 @@ TEST_CASE("a named lease keeps an overlapping cron run out until released or exp
   CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-3"}})->status == 201);
   // Once another holds it, an old token's release is refused.
   CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 409);
+}
+
+TEST_CASE(
+    "a named lease's 409 held is not kept under the Idempotency-Key: the cron's retry with the "
+    "same key acquires it once it is free") {
+  Fixture f;
+  auto a = f.Post("/v1/leases/weekly", {{"holder", "A"}, {"ttl", "10m"}});
+  REQUIRE(a->status == 201);
+  auto held = f.Post("/v1/leases/weekly", {{"holder", "B"}, {"ttl", "10m"}}, "\"b-try-1\"");
+  REQUIRE(held);
+  CHECK(held->status == 409);
+  REQUIRE(f.client->Delete("/v1/leases/weekly?holder=A&token=" + J(a)["token"].get<std::string>())
+              ->status == 200);
+  auto retried = f.Post("/v1/leases/weekly", {{"holder", "B"}, {"ttl", "10m"}}, "\"b-try-1\"");
+  REQUIRE(retried);
+  CHECK(retried->status == 201);
+  CHECK(retried->get_header_value("Idempotent-Replayed").empty());
+  // Acquired, the answer is final: the same key replays it.
+  auto replayed = f.Post("/v1/leases/weekly", {{"holder", "B"}, {"ttl", "10m"}}, "\"b-try-1\"");
+  REQUIRE(replayed);
+  CHECK(replayed->status == 201);
+  CHECK(replayed->get_header_value("Idempotent-Replayed") == "true");
 }
 
 TEST_CASE(
@@ -632,6 +668,46 @@ TEST_CASE("a claim whose identity holds an integer beyond 2^53 is a 400 naming t
   REQUIRE(other);
   CHECK(other->status == 201);
   CHECK(J(one)["work_id"] != J(other)["work_id"]);
+  // Past 64 bits a literal is refused too, however large: nlohmann reads
+  // 1000000000000000000000001 and ...002 as one double, 1e24.
+  for (const std::string key : {"", "\"big-2\""}) {
+    CAPTURE(key);
+    httplib::Headers headers;
+    if (!key.empty()) headers.emplace("Idempotency-Key", key);
+    auto huge = f.client->Post(
+        "/v1/work/claim", headers,
+        R"({"kind":"send_invoice","identity":{"invoice_id":1000000000000000000000001}})",
+        "application/json");
+    REQUIRE(huge);
+    CHECK(huge->status == 400);
+    CHECK(J(huge)["pointer"] == "/identity/invoice_id");
+  }
+}
+
+TEST_CASE(
+    "a claim whose args hold a non-object where an identity field goes is a 400 naming it, on "
+    "either lane, never a 500") {
+  Fixture f;
+  int n = 0;
+  for (const Json& order : {Json(5), Json("str"), Json::array({1}), Json(true)}) {
+    ++n;
+    for (const std::string& key : {std::string(), "\"nested-" + std::to_string(n) + "\""}) {
+      CAPTURE(key);
+      Json claim = {{"kind", "ship_order"},
+                    {"identity", {{"order", {{"id", "O-1"}}}}},
+                    {"args", {{"order", order}}}};
+      auto res = f.Post("/v1/work/claim", claim, key);
+      REQUIRE(res);
+      CHECK(res->status == 400);
+      CHECK(J(res)["pointer"] == "/args/order/id");
+    }
+  }
+  Json fine = {{"kind", "ship_order"},
+               {"identity", {{"order", {{"id", "O-1"}}}}},
+               {"args", {{"order", {{"note", "x"}}}}}};
+  auto claimed = f.Post("/v1/work/claim", fine);
+  REQUIRE(claimed);
+  CHECK(claimed->status == 201);
 }
 
 TEST_CASE("work answers are written as text with members in name order, and replay as objects") {

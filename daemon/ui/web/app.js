@@ -12,30 +12,42 @@ const TOKEN_KEY = 'idem.token';
 const QUEUE_REFRESH_MS = 3000;
 const QUEUE_PAGE = 50;  // plans a page of the queue
 const DETAIL_REFRESH_MS = 2000;
+const LIST_SHOWN = 100;  // dead letters and escalations a page shows
 const STATES = ['awaiting_approval', 'proposed', 'approved', 'applying', 'applied',
                 'partially_failed', 'rejected', 'expired'];
 
 let timer = null;          // the current view's auto-refresh
 let openDaemon = null;     // null: not asked yet; true: the daemon has no auth.tokens
 let viewSeq = 0;           // bumps on every navigation; stale answers are dropped
+let planNotice = null;     // a refusal to show above the plan once it is shown again
 const replayKeys = new Map();  // work_id -> Idempotency-Key until the replay answered
 const stepCache = new Map();   // step name -> {name, provider, model, output_schema}
 
 // ---------------------------------------------------------------- DOM helpers
+
+// Characters that reorder or hide text (bidi controls and isolates, zero
+// width characters, the byte order mark) and other controls, as \uXXXX:
+// "O-9<RLO>0001" would otherwise read "O-91000". In JSON text (only inside
+// strings) the escape is JSON's own, so what the editors hold parses back
+// to the same value. Line breaks and tabs stay.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+function visible(s) {
+  return String(s).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
+}
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
     if (k === 'class') el.className = v;
-    else if (k === 'text') el.textContent = v;
+    else if (k === 'text') el.textContent = visible(v);
     else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
-    else if (k === 'value') el.value = v;
-    else el.setAttribute(k, v === true ? '' : String(v));
+    else if (k === 'value') el.value = visible(v);
+    else el.setAttribute(k, v === true ? '' : visible(v));
   }
   for (const c of children.flat(Infinity)) {
     if (c === undefined || c === null || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    el.append(c instanceof Node ? c : document.createTextNode(visible(c)));
   }
   return el;
 }
@@ -65,7 +77,7 @@ function setView(...nodes) {
 }
 function toast(msg) {
   const t = document.getElementById('toast');
-  t.textContent = msg;
+  t.textContent = visible(msg);
   t.classList.add('show');
   clearTimeout(toast.t);
   toast.t = setTimeout(() => t.classList.remove('show'), 4000);
@@ -190,7 +202,9 @@ function showLogin(error) {
     if (!t) return;
     sessionStorage.setItem(TOKEN_KEY, t);
     try {
-      await api('GET', '/v1/plans?state=awaiting_approval&limit=1');
+      // An operator's route: an agent's token reads the queue, and would
+      // find every button refused.
+      await api('GET', '/v1/dead-letters?limit=1');
       route();
     } catch (err) {
       sessionStorage.removeItem(TOKEN_KEY);
@@ -249,10 +263,24 @@ async function showQueue(state, seq) {
       stamp.textContent = 'Refreshed ' + new Date().toLocaleTimeString() +
                           ' · refreshes every ' + QUEUE_REFRESH_MS / 1000 + ' s';
       const key = JSON.stringify(items) + cursor;
-      if (key === last) return;  // unchanged: keep focus where it is
+      if (key === last) {
+        // Unchanged: keep focus where it is, but the ages move on.
+        for (const td of body.querySelectorAll('td[data-created]')) {
+          td.textContent = ago(Number(td.dataset.created));
+        }
+        return;
+      }
       last = key;
       const more = cursor
-        ? h('p', {}, h('button', {type: 'button', id: 'more', onclick: () => { pages++; load(); }},
+        ? h('p', {}, h('button', {type: 'button', id: 'more', onclick: async () => {
+            // The list is drawn anew: focus goes to the first plan it added.
+            const shown = body.querySelectorAll('tr[data-plan]').length;
+            pages++;
+            await load();
+            const links = body.querySelectorAll('tr[data-plan] a');
+            const next = links[shown] || document.getElementById('more') || links[links.length - 1];
+            if (next) next.focus();
+          }},
                       'Show older plans (' + items.length + ' shown, newest first)'))
         : null;
       body.replaceChildren(...[queueTable(items, state), more].filter(Boolean));
@@ -293,7 +321,8 @@ function queueTable(items, state) {
       h('td', {'data-label': 'Why'}, ((p.approval && p.approval.reasons) || [])
           .map(r => r.reason).filter(Boolean).join('; ')),
       h('td', {'data-label': 'Created by'}, p.created_by || ''),
-      h('td', {'data-label': 'Created', title: when(p.created_at_ms)}, ago(p.created_at_ms))))));
+      h('td', {'data-label': 'Created', title: when(p.created_at_ms), 'data-created': p.created_at_ms},
+        ago(p.created_at_ms))))));
 }
 
 // ---------------------------------------------------------------- plan detail
@@ -327,6 +356,15 @@ function inexactNumbers(v, path, out) {
   if (typeof v === 'number' && Number.isInteger(v) && !Number.isSafeInteger(v)) out.push(path || '/');
   else if (v !== null && typeof v === 'object') {
     for (const k of Object.keys(v)) inexactNumbers(v[k], path + '/' + k.replace(/~/g, '~0').replace(/\//g, '~1'), out);
+  }
+  return out;
+}
+
+// Paths in `v` of numbers JSON cannot carry (Infinity, from 1e400).
+function nonFinite(v, path, out) {
+  if (typeof v === 'number' && !Number.isFinite(v)) out.push(path || '/');
+  else if (v !== null && typeof v === 'object') {
+    for (const k of Object.keys(v)) nonFinite(v[k], path + '/' + k.replace(/~/g, '~0').replace(/\//g, '~1'), out);
   }
   return out;
 }
@@ -403,6 +441,11 @@ function renderPlan(p, seq) {
   const sections = [];
 
   sections.push(h('p', {}, h('a', {href: '#/plans'}, '← Queue')));
+  if (planNotice) {
+    sections.push(h('div', {id: 'plan-notice'}, problemBox(planNotice),
+      h('p', {class: 'muted'}, 'The plan as it is now:')));
+    planNotice = null;
+  }
   sections.push(h('div', {class: 'title-row'}, h('h1', {}, 'Plan ', h('code', {}, p.plan_id)), badge(p.state)));
   sections.push(kv([
     ['Origin', p.origin], ['Step', p.step], ['Decision', p.decision_id],
@@ -482,6 +525,18 @@ function decisionForms(p, seq) {
     if (live(seq)) { route(); }
     return r;
   };
+  // A 409 means the plan is not what this page shows (another operator
+  // decided, it expired, was superseded, or waits again with other args):
+  // the plan is shown as it is now, with the refusal above it.
+  const refused = (err) => {
+    if (err.status === 409 && live(seq)) {
+      planNotice = err;
+      route();
+      return;
+    }
+    out.replaceChildren(problemBox(err));
+    busy(false);
+  };
 
   // Approve (with an optional comment).
   const comment = h('textarea', {id: 'approve-comment', rows: 2, placeholder: 'optional'});
@@ -503,10 +558,17 @@ function decisionForms(p, seq) {
         editErrors[i].textContent = '';
         let v;
         try { v = JSON.parse(t.value); } catch (e) {
-          editErrors[i].textContent = 'Not JSON: ' + e.message; bad = true; return;
+          editErrors[i].textContent = visible('Not JSON: ' + e.message); bad = true; return;
         }
         if (v === null || typeof v !== 'object' || Array.isArray(v)) {
           editErrors[i].textContent = 'The arguments must be a JSON object.'; bad = true; return;
+        }
+        const huge = nonFinite(v, '/' + i + '/args', []);
+        if (huge.length) {
+          // JSON.parse reads 1e400 as Infinity, which would be sent as null.
+          editErrors[i].textContent = 'Not a number a JSON document can hold: ' + huge.join(', ');
+          bad = true;
+          return;
         }
         const changed = editsBetween(actions[i].args, v, '/' + i + '/args', []);
         const inexact = changed.flatMap(e => inexactNumbers(e.value, e.path));
@@ -524,12 +586,12 @@ function decisionForms(p, seq) {
         out.replaceChildren(h('p', {class: 'error'}, 'Nothing was edited: use Approve, or change an argument.'));
         return;
       }
-      const body = {edits};
+      const body = {edits, expect_updated_at_ms: p.updated_at_ms};
       if (comment.value.trim()) body.comment = comment.value.trim();
       busy(true);
       try {
         done(await api('POST', '/v1/plans/' + encodeURIComponent(p.plan_id) + '/approve', body), 'approved with edits');
-      } catch (err) { out.replaceChildren(problemBox(err)); busy(false); }
+      } catch (err) { refused(err); }
     }}, 'Approve with edits'));
 
   const reason = h('textarea', {id: 'reject-reason', rows: 2, required: true, 'aria-required': 'true'});
@@ -538,12 +600,14 @@ function decisionForms(p, seq) {
     h('div', {class: 'field'}, h('label', {for: 'approve-comment'}, 'Comment'), comment),
     h('div', {class: 'buttons'},
       h('button', {type: 'button', id: 'approve', class: 'primary', onclick: async () => {
-        const body = {};
+        // What this page shows is what is approved: a plan changed since
+        // (waiting again with another call's args) is refused, 409.
+        const body = {expect_updated_at_ms: p.updated_at_ms};
         if (comment.value.trim()) body.comment = comment.value.trim();
         busy(true);
         try {
           done(await api('POST', '/v1/plans/' + encodeURIComponent(p.plan_id) + '/approve', body), 'approved');
-        } catch (err) { out.replaceChildren(problemBox(err)); busy(false); }
+        } catch (err) { refused(err); }
       }}, 'Approve'),
       h('button', {type: 'button', id: 'edit', 'aria-expanded': 'false', onclick: (e) => {
         editBox.hidden = !editBox.hidden;
@@ -563,13 +627,21 @@ function decisionForms(p, seq) {
         try {
           done(await api('POST', '/v1/plans/' + encodeURIComponent(p.plan_id) + '/reject',
                          {reason: reason.value.trim()}), 'rejected');
-        } catch (err) { out.replaceChildren(problemBox(err)); busy(false); }
+        } catch (err) { refused(err); }
       }}, 'Reject')),
     out);
   return box;
 }
 
 // ---------------------------------------------------------------- dead letters
+
+// Says that a list shows only its first LIST_SHOWN items, and where the rest are.
+function moreNote(more, what, order, command) {
+  if (!more) return null;
+  return h('p', {class: 'card warning', role: 'note'},
+    'More than ' + LIST_SHOWN + ' ' + what + ': this page shows ' + LIST_SHOWN + ', ' + order +
+    '. The CLI lists up to 1000: ', h('code', {}, command));
+}
 
 async function showDeadLetters(seq) {
   const body = h('div', {}, h('p', {class: 'muted'}, 'Loading…'));
@@ -578,11 +650,14 @@ async function showDeadLetters(seq) {
           body);
   const load = async () => {
     try {
-      const r = await api('GET', '/v1/dead-letters?limit=100');
+      const r = await api('GET', '/v1/dead-letters?limit=' + (LIST_SHOWN + 1));
       if (!live(seq)) return;
       const items = (r.body && r.body.items) || [];
       if (!items.length) { body.replaceChildren(h('p', {class: 'empty'}, 'No dead letters.')); return; }
-      body.replaceChildren(h('table', {class: 'list'},
+      const more = items.length > LIST_SHOWN;
+      if (more) items.length = LIST_SHOWN;
+      body.replaceChildren(moreNote(more, 'dead letters', 'the oldest first', 'idem dlq ls --limit 1000') || '',
+        h('table', {class: 'list'},
         h('thead', {}, h('tr', {}, ['Work', 'Kind', 'Attempts', 'Last error', 'Args', ''].map(t => h('th', {scope: 'col'}, t)))),
         h('tbody', {}, items.map(w => {
           const out = h('div', {'aria-live': 'polite'});
@@ -596,7 +671,12 @@ async function showDeadLetters(seq) {
               toast('Replayed ' + w.work_id + ': ' + ((res.body && res.body.state) || res.status));
               load();
             } catch (err) {
-              if (err.status && err.status !== 409) replayKeys.delete(w.work_id);
+              // Any answer ends this replay (a 409 dead is its outcome): the
+              // next click is a new replay with its own key. Only a replay
+              // whose answer never came, or that is still running under the
+              // key (409 without the work's state), is sent again as it was.
+              const running = err.status === 409 && !(err.problem && err.problem.state);
+              if (err.status && !running) replayKeys.delete(w.work_id);
               out.replaceChildren(problemBox(err));
               btn.disabled = false;
             }
@@ -632,11 +712,14 @@ async function showEscalations(seq) {
           h('p', {class: 'muted'}, 'Decisions the model could not make. Your answer is checked against the step\'s output schema, then becomes the cached decision.'),
           body);
   try {
-    const r = await api('GET', '/v1/escalations?state=open&limit=100');
+    const r = await api('GET', '/v1/escalations?state=open&limit=' + (LIST_SHOWN + 1));
     if (!live(seq)) return;
     const items = (r.body && r.body.items) || [];
     if (!items.length) { body.replaceChildren(h('p', {class: 'empty'}, 'No open escalations.')); return; }
-    body.replaceChildren(...items.map(e => escalationCard(e, seq)));
+    const more = items.length > LIST_SHOWN;
+    if (more) items.length = LIST_SHOWN;
+    body.replaceChildren(moreNote(more, 'open escalations', 'the newest first', 'idem escalations --limit 1000') || '',
+                         ...items.map(e => escalationCard(e, seq)));
   } catch (err) {
     if (live(seq)) body.replaceChildren(problemBox(err));
   }
@@ -676,6 +759,8 @@ function escalationCard(e, seq) {
   let debounce = null;
   text.addEventListener('input', () => { clearTimeout(debounce); debounce = setTimeout(check, 300); });
   const btn = h('button', {type: 'button', class: 'primary resolve', onclick: async () => {
+    // A check still pending from typing would clear the daemon's answer.
+    clearTimeout(debounce);
     const v = await check();
     if (v === null) { text.focus(); return; }
     const bodyJson = {output: v};

@@ -42,6 +42,35 @@ TEST_CASE("a duplicate member name is rejected with the pointer of the duplicate
   CHECK(nested.status().field() == "/x/1/a~1b~0");
 }
 
+TEST_CASE(
+    "an integer literal past 64 bits is refused at its pointer when a caller's body asks for "
+    "exact integers: two of them would be one double") {
+  JsonLimits exact;
+  exact.exact_integer_literals = true;
+  for (const char* text : {R"({"identity":{"id":1000000000000000000000001}})",
+                           R"({"identity":{"id":-1000000000000000000000002}})"}) {
+    CAPTURE(text);
+    auto refused = ParseJson(text, exact);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == Code::kInvalidArgument);
+    CHECK(refused.status().field() == "/identity/id");
+  }
+  auto in_array = ParseJson(R"({"a":[1,2,99999999999999999999999]})", exact);
+  REQUIRE_FALSE(in_array.ok());
+  CHECK(in_array.status().field() == "/a/2");
+  CHECK(ParseJson("123456789012345678901234", exact).status().field() == "");
+  // What fits 64 bits, and a float by its form, are values as ever.
+  for (const char* text : {"18446744073709551615", "-9223372036854775808", "1e24", "1.5e300",
+                           "1000000000000000000000001.0"}) {
+    CAPTURE(text);
+    CHECK(ParseJson(text, exact).ok());
+  }
+  // Without the flag (an upstream's answer), read as a double as before.
+  auto lax = ParseJson(R"({"id":1000000000000000000000001})");
+  REQUIRE(lax.ok());
+  CHECK((*lax)["id"].is_number_float());
+}
+
 TEST_CASE("the same name in sibling objects is not a duplicate") {
   CHECK(ParseJson(R"([{"a":1},{"a":2}])").ok());
   CHECK(ParseJson(R"({"a":{"a":{"a":1}}})").ok());

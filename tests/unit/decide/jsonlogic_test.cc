@@ -214,6 +214,15 @@ TEST_CASE("an evaluation lists what it could not judge: absent or null vars, com
   // A value that is there but no number cannot be compared either.
   CHECK(unresolved(R"({">": [{"var": "a"}, 100]})", R"({"a": "5,000"})") == V{nan});
   CHECK(unresolved(R"({">": [{"var": "a"}, 100]})", R"({"a": {"value": 5000}})") == V{nan});
+  // An array compares as its text ([50] as 50): no amount was judged.
+  for (const char* a : {R"([50])", R"(["50"])", R"([[99]])", R"([])"}) {
+    CAPTURE(a);
+    CHECK(unresolved(R"({">": [{"var": "a"}, 100]})",
+                     (std::string(R"({"a": )") + a + "}").c_str()) == V{nan});
+    CHECK(unresolved(R"({"<=": [0, {"var": "a"}, 100]})",
+                     (std::string(R"({"a": )") + a + "}").c_str())
+              .size() >= 1);
+  }
   CHECK(unresolved(R"({">": [{"var": "a"}, 100]})", R"({"a": "5000"})").empty());  // a number
   CHECK(unresolved(R"({">": [{"var": "a"}, 1]})", R"({"a": 2})").empty());
   // A default says what absence means.

@@ -698,7 +698,7 @@ TEST_CASE("reason phrases name the statuses the daemon answers with") {
   CHECK(ReasonPhrase(100) == "Continue");
   CHECK(ReasonPhrase(200) == "OK");
   CHECK(ReasonPhrase(308) == "Permanent Redirect");  // GET /ui
-  CHECK(ReasonPhrase(399) == "Redirection");          // no 3xx is a client error
+  CHECK(ReasonPhrase(399) == "Redirection");         // no 3xx is a client error
   CHECK(ReasonPhrase(404) == "Not Found");
   CHECK(ReasonPhrase(406) == "Not Acceptable");  // the /mcp refusal of an Accept it cannot meet
   CHECK(ReasonPhrase(413) == "Content Too Large");
