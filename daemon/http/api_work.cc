@@ -865,8 +865,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         // polls, at once).
         auto poll = std::make_shared<LongPoll>();
         poll->answer = answer;
-        poll->arm = [deps, id = p.plan_id, seen, wait_ms](std::function<void()> resume) {
-          if (!deps.plans.Watch(id, seen, wait_ms, resume)) resume();
+        poll->arm = [deps, id = p.plan_id, seen, at = p.updated_at_ms,
+                     wait_ms](std::function<void()> resume) {
+          if (!deps.plans.Watch(id, seen, at, wait_ms, resume)) resume();
         };
         RouteResponse out;
         out.long_poll = std::move(poll);

@@ -22,6 +22,8 @@ namespace idem {
 namespace {
 
 constexpr int64_t kMaxPreferWaitMs = 60'000;
+// How often a Prefer: wait request looks at its key again on a shared store.
+constexpr int64_t kSharedKeyPollMs = 200;
 
 bool SaneRequestId(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
@@ -141,11 +143,13 @@ struct HttpServer::CompiledSchemas {
 };
 
 // Requests waiting (Prefer: wait) for an Idempotency-Key that another
-// request of this process holds. The holder calls Ended once it has stored,
-// released or forgotten the key, which wakes the key's waiters to look at
-// the record again; a waiter thread sleeps meanwhile instead of re-reading
-// the store. (Only this process can hold a key of its store: one process
-// owns the folder, and a dead one's keys are released at start-up.)
+// request holds. The holder calls Ended once it has stored, released or
+// forgotten the key, which wakes the key's waiters of this process to look
+// at the record again; a waiter thread sleeps meanwhile instead of
+// re-reading the store. On a shared store (PostgreSQL) the holder may be
+// another daemon, whose end wakes nobody here: waiters look again every
+// kSharedKeyPollMs. Shutdown (the drain) wakes every waiter at once: a
+// request that only waits has nothing to finish.
 class HttpServer::KeyWaiters {
   struct Entry {
     uint64_t ends = 0;
@@ -171,10 +175,13 @@ class HttpServer::KeyWaiters {
     Watch(const Watch&) = delete;
     Watch& operator=(const Watch&) = delete;
 
-    // Sleeps until the key's holder ends (true) or `timeout` passes (false).
+    // Sleeps until the key's holder ends (true), `timeout` passes or the
+    // server drains (false).
     bool WaitForEnd(std::chrono::milliseconds timeout) {
       std::unique_lock<std::mutex> lock(owner_.mu_);
-      bool ended = entry_->cv.wait_for(lock, timeout, [&] { return entry_->ends != seen_; });
+      bool ended = entry_->cv.wait_for(lock, timeout,
+                                       [&] { return entry_->ends != seen_ || owner_.stopping_; });
+      ended = entry_->ends != seen_;
       seen_ = entry_->ends;
       return ended;
     }
@@ -185,6 +192,16 @@ class HttpServer::KeyWaiters {
     Entry* entry_ = nullptr;
     uint64_t seen_ = 0;
   };
+
+  void Shutdown() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [id, entry] : entries_) entry.cv.notify_all();
+  }
+  bool Stopping() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  }
 
   void Ended(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -201,6 +218,7 @@ class HttpServer::KeyWaiters {
  private:
   std::mutex mu_;
   std::map<std::string, Entry> entries_;  // node-based: an Entry never moves
+  bool stopping_ = false;
 };
 
 // Keeps the Idempotency-Keys of running handlers theirs: a handler that
@@ -452,6 +470,7 @@ StatusOr<int> HttpServer::Start(const std::string& host, int port) {
 }
 
 bool HttpServer::Drain(int64_t timeout_ms) {
+  waiters_->Shutdown();  // a Prefer: wait request answers now (409, in progress)
   return server_ == nullptr || server_->Drain(timeout_ms);
 }
 
@@ -963,15 +982,18 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
   }
   if (begun->outcome == BeginOutcome::kInFlight && watch) {
     const int64_t until = begun_ms + *asked_wait_ms;
+    const bool shared = deps_.config.store.engine == "postgres";
     for (;;) {
       const int64_t now = deps_.clock.NowMillis();
-      if (now >= until) break;
+      if (now >= until || waiters_->Stopping()) break;
       // The holder's lease running out lets this request take the key over
       // (a holder stuck past it): look again then, even without an end.
       int64_t wake = until;
       if (begun->record.lease_until_ms > now) wake = std::min(wake, begun->record.lease_until_ms);
-      bool ended = watch->WaitForEnd(std::chrono::milliseconds(std::max<int64_t>(1, wake - now)));
-      if (!ended && wake == until) break;  // the deadline: still in flight
+      if (shared) wake = std::min(wake, now + kSharedKeyPollMs);  // another daemon's end
+      watch->WaitForEnd(std::chrono::milliseconds(std::max<int64_t>(1, wake - now)));
+      if (waiters_->Stopping()) break;  // draining: answer in flight now
+      // Looked at again at the deadline too: an end that came just then.
       auto again = deps_.idem_keys.Begin(scope, ctx.idempotency_key, fingerprint, ctx.request_id,
                                          deps_.clock.NowMillis(), ttl, cfg.lease_ms);
       if (!again.ok()) break;

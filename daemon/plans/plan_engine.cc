@@ -49,12 +49,19 @@ struct Verdict {
 };
 
 // Long polls on plans (PlanEngine::Watch), fired by a change of their plan,
-// by their deadline (a timer thread of their own), or at destruction.
+// by their deadline (a timer thread of their own), or at destruction. On a
+// shared store another daemon's change calls no Changed here: with
+// `updated_at` (a plan's updated_at_ms as stored), the timer thread reads
+// each watched plan every kSharedPollMs and fires the polls of those that
+// moved since they were read.
 class PlanWatches {
  public:
   using Clock = std::chrono::steady_clock;
+  using UpdatedAt = std::function<StatusOr<int64_t>(const std::string& plan_id)>;
+  static constexpr std::chrono::milliseconds kSharedPollMs{500};
 
-  PlanWatches() : timer_([this] { RunTimer(); }) {}
+  explicit PlanWatches(UpdatedAt updated_at = nullptr)
+      : updated_at_(std::move(updated_at)), timer_([this] { RunTimer(); }) {}
   ~PlanWatches() {
     std::vector<std::function<void()>> left;
     {
@@ -75,14 +82,14 @@ class PlanWatches {
     return generation_;
   }
 
-  bool Add(const std::string& plan_id, uint64_t seen, Clock::time_point deadline, size_t max,
-           std::function<void()> fire) {
+  bool Add(const std::string& plan_id, uint64_t seen, int64_t seen_updated_at_ms,
+           Clock::time_point deadline, size_t max, std::function<void()> fire) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (all_.size() >= max) return false;
       if (generation_ == seen && !stopping_) {
         const uint64_t id = next_id_++;
-        all_.emplace(id, Entry{plan_id, std::move(fire)});
+        all_.emplace(id, Entry{plan_id, seen_updated_at_ms, std::move(fire)});
         by_plan_.emplace(plan_id, id);
         const bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
         deadlines_.emplace(deadline, id);
@@ -114,21 +121,72 @@ class PlanWatches {
  private:
   struct Entry {
     std::string plan_id;
+    int64_t seen_updated_at_ms = 0;  // the plan as the poller read it
     std::function<void()> fire;
   };
 
+  // Fires the polls whose plan another daemon changed (shared stores).
+  // Called with `lock` held; releases it while it reads the store.
+  void PollShared(std::unique_lock<std::mutex>& lock) {
+    std::map<std::string, int64_t> plans;  // plan_id -> the oldest version a poll saw
+    for (const auto& [id, e] : all_) {
+      auto [it, fresh] = plans.emplace(e.plan_id, e.seen_updated_at_ms);
+      if (!fresh) it->second = std::min(it->second, e.seen_updated_at_ms);
+    }
+    lock.unlock();
+    std::map<std::string, int64_t> now;
+    for (const auto& [plan_id, seen] : plans) {
+      StatusOr<int64_t> at = updated_at_(plan_id);
+      if (at.ok() && *at != seen) now[plan_id] = *at;  // errors: the next round looks again
+    }
+    lock.lock();
+    std::vector<std::function<void()>> due;
+    for (auto it = all_.begin(); it != all_.end();) {
+      auto moved = now.find(it->second.plan_id);
+      if (moved == now.end() || moved->second == it->second.seen_updated_at_ms) {
+        ++it;
+        continue;
+      }
+      due.push_back(std::move(it->second.fire));
+      auto [lo, hi] = by_plan_.equal_range(it->second.plan_id);
+      for (auto b = lo; b != hi; ++b) {
+        if (b->second == it->first) {
+          by_plan_.erase(b);
+          break;
+        }
+      }
+      it = all_.erase(it);  // its deadline entry is skipped when it comes up
+    }
+    if (due.empty()) return;
+    lock.unlock();
+    for (auto& f : due) f();
+    lock.lock();
+  }
+
   void RunTimer() {
     std::unique_lock<std::mutex> lock(mu_);
+    Clock::time_point next_poll = Clock::now() + kSharedPollMs;
     while (!stopping_) {
+      if (updated_at_ && !all_.empty() && Clock::now() >= next_poll) {
+        PollShared(lock);
+        next_poll = Clock::now() + kSharedPollMs;
+        continue;
+      }
       if (deadlines_.empty()) {
-        cv_.wait(lock);
+        if (updated_at_ && !all_.empty()) {
+          cv_.wait_until(lock, next_poll);
+        } else {
+          cv_.wait(lock);
+          next_poll = Clock::now() + kSharedPollMs;
+        }
         continue;
       }
       auto first = deadlines_.begin();
       if (Clock::now() < first->first) {
         // A copy: the node may be gone (cleared by the destructor) when the
         // wait reads its deadline again.
-        const Clock::time_point when = first->first;
+        Clock::time_point when = first->first;
+        if (updated_at_ && !all_.empty()) when = std::min(when, next_poll);
         cv_.wait_until(lock, when);
         continue;
       }
@@ -151,6 +209,7 @@ class PlanWatches {
     }
   }
 
+  const UpdatedAt updated_at_;  // null: one process owns the store
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
@@ -179,7 +238,13 @@ struct PlanEngine::Impl {
         clock(clock),
         metrics(metrics),
         notifier(notifier),
-        options(options) {}
+        options(options),
+        watches(store.shared()
+                    ? PlanWatches::UpdatedAt([&store](const std::string& id) -> StatusOr<int64_t> {
+                        ASSIGN_OR_RETURN(Plan p, store.plans().Get(id));
+                        return p.updated_at_ms;
+                      })
+                    : PlanWatches::UpdatedAt()) {}
 
   const Config& config;
   Store& store;
@@ -1123,11 +1188,11 @@ StatusOr<std::string> PlanEngine::RetireSupersededPlan(const std::string& decisi
   return plan->state == "rejected" ? plan->plan_id : std::string();
 }
 
-bool PlanEngine::Watch(const std::string& plan_id, uint64_t seen, int64_t wait_ms,
-                       std::function<void()> fire) {
+bool PlanEngine::Watch(const std::string& plan_id, uint64_t seen, int64_t seen_updated_at_ms,
+                       int64_t wait_ms, std::function<void()> fire) {
   Impl& m = *impl_;
   wait_ms = std::clamp<int64_t>(wait_ms, 0, m.options.max_wait_ms);
-  return m.watches.Add(plan_id, seen,
+  return m.watches.Add(plan_id, seen, seen_updated_at_ms,
                        std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
                        static_cast<size_t>(std::max(0, m.options.max_waiters)), std::move(fire));
 }

@@ -167,9 +167,12 @@ class PlanEngine {
   // `wait_ms` (capped by options.max_wait_ms) has passed (on the engine's
   // timer thread), or when the engine is destroyed. `seen` is Generation()
   // read before the caller read the plan: a change since then fires at once,
-  // inline. False, with nothing registered and `fire` not called, when
-  // options.max_waiters polls are registered already.
-  bool Watch(const std::string& plan_id, uint64_t seen, int64_t wait_ms,
+  // inline. `seen_updated_at_ms` is the plan's updated_at_ms as read: on a
+  // shared store (PostgreSQL), where another daemon's change reaches no
+  // watch here, the engine reads watched plans every 500 ms and fires when
+  // one moved past it. False, with nothing registered and `fire` not
+  // called, when options.max_waiters polls are registered already.
+  bool Watch(const std::string& plan_id, uint64_t seen, int64_t seen_updated_at_ms, int64_t wait_ms,
              std::function<void()> fire);
   // Counts plan changes made through this engine.
   uint64_t Generation() const;

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -358,6 +359,75 @@ TEST_SUITE("postgres") {
       Json plan = J(Cluster::Get(*d, "/v1/plans/" + id));
       CHECK(plan["state"] != "awaiting_approval");
     }
+  }
+
+  TEST_CASE("a_plan_poll_and_a_prefer_wait_on_one_daemon_are_answered_by_what_another_daemon_did") {
+    auto target = FakeEffectorServer::Start();
+    REQUIRE(target != nullptr);
+    Cluster cluster(kQuestionRules,
+                    "actions:\n"
+                    "  wire:\n"
+                    "    identity: {fields: [/wire_id], version: v1}\n"
+                    "    window: forever\n"
+                    "    on_duplicate: return_original\n"
+                    "    effector: {http: {method: POST, url: \"" +
+                        target->base_url() +
+                        "/records\", idempotency: header}}\n"
+                        "    approval: {when: {\">\": [{\"var\": \"args.amount\"}, 100]}, "
+                        "reason: big wires}\n");
+    cluster.StartN(2);
+    // A long poll on daemon 1; the approval on daemon 0.
+    auto gated =
+        Cluster::Post(*cluster.daemons[0], "/v1/actions/wire",
+                      {{"args", {{"wire_id", "W-9"}, {"amount", 500}}}}, kAgent, "\"w-9\"");
+    REQUIRE(gated);
+    REQUIRE_MESSAGE(gated->status == 202, gated->body);
+    const std::string id = J(gated)["plan_id"];
+    std::optional<httplib::Result> polled;
+    const auto asked = SteadyClock::now();
+    std::thread poller([&] {
+      auto c = cluster.daemons[1]->Client();
+      c->set_read_timeout(30, 0);
+      polled.emplace(c->Get(("/v1/plans/" + id + "?wait=20s").c_str(),
+                            {{"Authorization", std::string("Bearer ") + kOperator}}));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto approved = Cluster::Post(*cluster.daemons[0], "/v1/plans/" + id + "/approve",
+                                  Json::object(), kOperator);
+    poller.join();
+    REQUIRE(approved);
+    CHECK(approved->status == 200);
+    REQUIRE(polled.has_value());
+    CHECK(J(*polled)["state"] != "awaiting_approval");
+    CHECK(SteadyClock::now() - asked < std::chrono::seconds(5));
+
+    // A slow effect under one key on daemon 0; the same key with Prefer:
+    // wait on daemon 1 gets its answer when it lands, not a 409 at the end.
+    target->TimeoutNext(1, 1'500);
+    const Json small = {{"args", {{"wire_id", "W-10"}, {"amount", 5}}}};
+    std::optional<httplib::Result> first;
+    std::thread slow([&] {
+      first.emplace(
+          Cluster::Post(*cluster.daemons[0], "/v1/actions/wire", small, kAgent, "\"w-10\""));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto c = cluster.daemons[1]->Client();
+    c->set_read_timeout(30, 0);
+    const auto waited = SteadyClock::now();
+    auto second = c->Post("/v1/actions/wire",
+                          {{"Authorization", std::string("Bearer ") + kAgent},
+                           {"Idempotency-Key", "\"w-10\""},
+                           {"Prefer", "wait=8"}},
+                          small.dump(), "application/json");
+    slow.join();
+    REQUIRE(first.has_value());
+    REQUIRE(*first);
+    REQUIRE(second);
+    CHECK((*first)->status == 201);
+    CHECK_MESSAGE(second->status == 201, second->body);
+    CHECK(second->get_header_value("Idempotent-Replayed") == "true");
+    CHECK(SteadyClock::now() - waited < std::chrono::seconds(5));
+    CHECK(target->stats().effects == 2);
   }
 
   TEST_CASE("a_daemon_killed_while_holding_leases_loses_nothing_the_others_finish_its_work") {

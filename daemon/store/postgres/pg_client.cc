@@ -9,6 +9,8 @@
 
 #include "daemon/core/dynlib.h"
 #include "daemon/core/http_client.h"
+#include "daemon/core/json.h"
+#include "daemon/obs/log.h"
 
 namespace idem::pg {
 namespace {
@@ -30,6 +32,7 @@ struct PqApi {
   decltype(&::PQgetlength) getlength;
   decltype(&::PQcmdTuples) cmd_tuples;
   decltype(&::PQclear) clear;
+  decltype(&::PQsetNoticeProcessor) set_notice_processor;
 };
 
 void BindPq(DynSymbols& s, PqApi& a) {
@@ -48,6 +51,7 @@ void BindPq(DynSymbols& s, PqApi& a) {
   s.Bind(a.getlength, "PQgetlength");
   s.Bind(a.cmd_tuples, "PQcmdTuples");
   s.Bind(a.clear, "PQclear");
+  s.Bind(a.set_notice_processor, "PQsetNoticeProcessor");
 }
 
 StatusOr<const PqApi*> LoadPq() {
@@ -68,6 +72,13 @@ std::string Trimmed(const char* msg) {
   std::string s = msg ? msg : "";
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
+}
+
+// libpq's notices (the server's WARNING that it is shutting down, a FATAL
+// that ends a connection) go to the daemon's log as one JSON line each,
+// not raw to stderr, where they broke the log's one-object-per-line form.
+void LogNotice(void* /*arg*/, const char* message) {
+  LogEvent(LogLevel::kWarn, "postgres.notice", {{"message", ValidUtf8Text(Trimmed(message))}});
 }
 
 Status FromResult(PGconn* c, PGresult* r, std::string_view sql) {
@@ -287,6 +298,7 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const std::string& conninfo, const st
     pq.finish(c);
     return Unavailable("postgres: cannot connect: " + msg);
   }
+  pq.set_notice_processor(c, &LogNotice, nullptr);
   std::unique_ptr<Conn> conn(new Conn(c));
   std::string setup = "SET search_path TO " + QuoteIdent(schema) +
                       "; SET statement_timeout = " + std::to_string(statement_timeout_ms) +

@@ -645,8 +645,8 @@ TEST_CASE("polls are bounded: past max_waiters a watch is refused and never fire
   Plan p = WaitingWire(h);
   FireCounter first, second;
   const uint64_t seen = h.Plans().Generation();
-  CHECK(h.Plans().Watch(p.plan_id, seen, 30'000, first.Fire()));
-  CHECK_FALSE(h.Plans().Watch(p.plan_id, seen, 30'000, second.Fire()));
+  CHECK(h.Plans().Watch(p.plan_id, seen, p.updated_at_ms, 30'000, first.Fire()));
+  CHECK_FALSE(h.Plans().Watch(p.plan_id, seen, p.updated_at_ms, 30'000, second.Fire()));
   CHECK(h.Plans().Reject(p.plan_id, "op-1", "no").ok());
   CHECK(first.Count() == 1);
   CHECK(second.Count() == 0);
@@ -657,7 +657,7 @@ TEST_CASE("a poll fires once when its plan changes, not when another plan does")
   Plan p = WaitingWire(h);
   Plan other = h.Gated("wire", {{"id", "w-2"}});
   FireCounter c;
-  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), 30'000, c.Fire()));
+  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), p.updated_at_ms, 30'000, c.Fire()));
   REQUIRE(h.Plans().Reject(other.plan_id, "op-1", "not that one").ok());
   CHECK(c.Count() == 0);
   REQUIRE(h.Plans().Reject(p.plan_id, "op-1", "this one").ok());
@@ -671,7 +671,7 @@ TEST_CASE("a poll whose plan changed before it was registered fires at once") {
   const uint64_t seen = h.Plans().Generation();  // the caller reads the plan now...
   REQUIRE(h.Plans().Reject(p.plan_id, "op-1", "meanwhile").ok());  // ...it changes...
   FireCounter c;
-  REQUIRE(h.Plans().Watch(p.plan_id, seen, 30'000, c.Fire()));  // ...then it polls
+  REQUIRE(h.Plans().Watch(p.plan_id, seen, p.updated_at_ms, 30'000, c.Fire()));  // ...then it polls
   CHECK(c.Count() == 1);
 }
 
@@ -679,7 +679,7 @@ TEST_CASE("a poll with no change fires at its deadline from the timer") {
   PlanHarness h;
   Plan p = WaitingWire(h);
   FireCounter c;
-  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), 150, c.Fire()));
+  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), p.updated_at_ms, 150, c.Fire()));
   CHECK(c.Count() == 0);
   CHECK(c.WaitFired(std::chrono::seconds(5)));
   CHECK(c.Count() == 1);
@@ -689,7 +689,7 @@ TEST_CASE("polls still registered fire when the engine goes away") {
   PlanHarness h;
   Plan p = WaitingWire(h);
   FireCounter c;
-  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), 60'000, c.Fire()));
+  REQUIRE(h.Plans().Watch(p.plan_id, h.Plans().Generation(), p.updated_at_ms, 60'000, c.Fire()));
   h.plans.reset();
   CHECK(c.Count() == 1);
 }

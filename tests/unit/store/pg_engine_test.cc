@@ -1,7 +1,11 @@
 // The PostgreSQL engine's own machinery: migrations and the pool. Suite
 // "postgres": run only by ctest unit_store_postgres (on a real server).
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
 #include <set>
 #include <thread>
 #include <vector>
@@ -173,6 +177,37 @@ TEST_SUITE("postgres") {
     auto none = store->meta().Get("absent");
     REQUIRE(none.ok());
     CHECK_FALSE(none->has_value());
+  }
+
+  TEST_CASE("a server's notice is one JSON line in the daemon's log, not raw text on stderr") {
+    TempDir dir;
+    auto pool = PoolFor(PgSchemaFor(dir.path()), 1);
+    const std::string path = dir.path() + "/stderr.txt";
+    std::fflush(stderr);
+    const int saved = ::dup(2);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(saved >= 0);
+    REQUIRE(fd >= 0);
+    ::dup2(fd, 2);
+    auto raised = pool->Exec("DO $$ BEGIN RAISE WARNING 'idem-notice-test'; END $$");
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    ::close(fd);
+    REQUIRE_MESSAGE(raised.ok(), raised.status().ToString());
+    std::ifstream in(path);
+    int notices = 0;
+    for (std::string line; std::getline(in, line);) {
+      CAPTURE(line);
+      Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      REQUIRE(j.is_object());  // every line is a JSON object
+      if (j.value("event", "") == "postgres.notice") {
+        ++notices;
+        CHECK(j["message"].get<std::string>().find("idem-notice-test") != std::string::npos);
+        CHECK(j["level"] == "warn");
+      }
+    }
+    CHECK(notices == 1);
   }
 }
 
