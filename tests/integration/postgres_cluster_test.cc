@@ -235,6 +235,21 @@ const char* kClaimActions = R"(actions:
     on_duplicate: return_original
 )";
 
+// The actions: section of a kind "wire" that posts to `target` with the
+// Idempotency-Key header and the given `approval` policy.
+std::string WireKind(const FakeEffectorServer& target, const std::string& approval) {
+  return "actions:\n"
+         "  wire:\n"
+         "    identity: {fields: [/wire_id], version: v1}\n"
+         "    window: forever\n"
+         "    on_duplicate: return_original\n"
+         "    effector: {http: {method: POST, url: \"" +
+         target.base_url() +
+         "/records\", idempotency: header}}\n"
+         "    approval: " +
+         approval + "\n";
+}
+
 }  // namespace
 
 TEST_SUITE("postgres") {
@@ -319,16 +334,7 @@ TEST_SUITE("postgres") {
   TEST_CASE("a_plan_approved_on_two_daemons_at_once_is_approved_and_applied_once") {
     auto target = FakeEffectorServer::Start();
     REQUIRE(target != nullptr);
-    Cluster cluster(kQuestionRules,
-                    "actions:\n"
-                    "  wire:\n"
-                    "    identity: {fields: [/wire_id], version: v1}\n"
-                    "    window: forever\n"
-                    "    on_duplicate: return_original\n"
-                    "    effector: {http: {method: POST, url: \"" +
-                        target->base_url() +
-                        "/records\", idempotency: header}}\n"
-                        "    approval: {require: always, reason: every wire}\n");
+    Cluster cluster(kQuestionRules, WireKind(*target, "{require: always, reason: every wire}"));
     cluster.StartN(2);
     auto gated = Cluster::Post(*cluster.daemons[0], "/v1/actions/wire",
                                {{"args", {{"wire_id", "W-1"}}}}, kAgent, "\"w-1\"");
@@ -364,17 +370,9 @@ TEST_SUITE("postgres") {
   TEST_CASE("a_plan_poll_and_a_prefer_wait_on_one_daemon_are_answered_by_what_another_daemon_did") {
     auto target = FakeEffectorServer::Start();
     REQUIRE(target != nullptr);
-    Cluster cluster(kQuestionRules,
-                    "actions:\n"
-                    "  wire:\n"
-                    "    identity: {fields: [/wire_id], version: v1}\n"
-                    "    window: forever\n"
-                    "    on_duplicate: return_original\n"
-                    "    effector: {http: {method: POST, url: \"" +
-                        target->base_url() +
-                        "/records\", idempotency: header}}\n"
-                        "    approval: {when: {\">\": [{\"var\": \"args.amount\"}, 100]}, "
-                        "reason: big wires}\n");
+    Cluster cluster(
+        kQuestionRules,
+        WireKind(*target, R"({when: {">": [{"var": "args.amount"}, 100]}, reason: big wires})"));
     cluster.StartN(2);
     // A long poll on daemon 1; the approval on daemon 0.
     auto gated =
