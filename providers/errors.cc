@@ -332,15 +332,21 @@ Status MalformedAnswerError(std::string_view upstream, std::string_view what) {
 
 StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required) {
   const std::string who = "provider '" + config.name + "' (" + config.type + ")";
+  // The pointer into the config: the daemon tells these with file and line.
+  const std::string at = "/providers/" + JsonPointerToken(config.name);
   if (config.api_key_env.empty()) {
     if (!required) return std::string();
-    return FailedPrecondition(who + ": api_key_env is not configured; name the environment " +
-                              "variable that holds the API key");
+    return Status(Code::kFailedPrecondition,
+                  who +
+                      ": api_key_env is not configured; name the environment variable that "
+                      "holds the API key",
+                  at);
   }
   const char* value = std::getenv(config.api_key_env.c_str());
   if (value == nullptr || *value == '\0') {
-    return FailedPrecondition(who + ": environment variable " + config.api_key_env +
-                              " is not set or empty");
+    return Status(Code::kFailedPrecondition,
+                  who + ": environment variable " + config.api_key_env + " is not set or empty",
+                  at + "/api_key_env");
   }
   return std::string(value);
 }

@@ -289,7 +289,8 @@ int main(int argc, char** argv) {
   serve->add_flag("--allow-prompt-change", serve_opts.allow_prompt_change,
                   "Accept a prompt text that changed under the same version");
   serve->add_option("--port-file", port_file, "Write the bound port to this file");
-  serve->add_option("--log-level", log_level, "debug, info, warn or error");
+  serve->add_option("--log-level", log_level, "debug, info, warn or error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
 
   app.add_subcommand("canon", "Print the RFC 8785 canonical form of the JSON on stdin");
 

@@ -273,8 +273,9 @@ struct OutboxConfig {
 };
 
 struct Config {
-  std::string source_path;  // the file it came from
-  std::string base_dir;     // its directory
+  std::string source_path;                  // the file it came from
+  std::string base_dir;                     // its directory
+  std::map<std::string, int> source_lines;  // JSON pointer -> 1-based line of its key
   ServerConfig server;
   StoreConfig store;
   AuthConfig auth;
@@ -292,6 +293,14 @@ struct Config {
 
 // Reads, validates and resolves the config at `path`.
 StatusOr<Config> LoadConfig(const std::string& path);
+
+// An error found after loading, by a component built from `config`, whose
+// field() is a pointer into the config file (an effector's header naming an
+// unset variable): rewritten in LoadConfig's form, "FILE:LINE: POINTER:
+// message", with its code and field kept. Any other status (OK, no field,
+// a field that is no key of the file, a message that names the file
+// already) is returned as it is.
+Status LocateConfigError(const Config& config, Status status);
 
 // "host:port" (an IPv6 host in brackets) -> host and port. InvalidArgument
 // (field /server/listen) when malformed or the port is above 65535.

@@ -374,6 +374,18 @@ class Resolver {
       if (node.contains("file")) {
         return doc_.Error(at + "/file", "only replay providers take a file");
       }
+      // A key another type reads would be ignored here, silently (an `api:
+      // ollama` under type openai would call OpenAI).
+      static constexpr std::pair<const char*, const char*> kOwnKeys[] = {
+          {"api", "openai_compatible"},
+          {"organization", "openai"},
+          {"structured_output", "anthropic"}};
+      for (const auto& [key, type] : kOwnKeys) {
+        if (node.contains(key) && p.type != type) {
+          return doc_.Error(at + Token(key), std::string("only ") + type + " providers take " +
+                                                 key + " (this one is " + p.type + ")");
+        }
+      }
       const Json unsupported = node.value("unsupported_params", Json::object());
       for (const auto& [pattern, params] : unsupported.items()) {
         const size_t star = pattern.find('*');
@@ -651,7 +663,8 @@ class Resolver {
       s.record_only = true;
     }
     if (node.contains("window")) {
-      ASSIGN_OR_RETURN(s.window_ms, Duration(at + "/window", node["window"], true));
+      // Finite: event ids kept forever would grow the store without bound.
+      ASSIGN_OR_RETURN(s.window_ms, Duration(at + "/window", node["window"], false));
     }
     config_.inbox[name] = std::move(s);
     return Status::Ok();
@@ -863,6 +876,7 @@ StatusOr<Config> LoadConfig(const std::string& path) {
 
   Config config;
   config.source_path = path;
+  config.source_lines = doc.lines;
   std::error_code ec;
   fs::path absolute = fs::absolute(fs::path(path), ec);
   if (ec) return InvalidArgument(path + ": cannot resolve its directory: " + ec.message());
@@ -875,6 +889,20 @@ StatusOr<Config> LoadConfig(const std::string& path) {
     return Internal(path + ": config passed its schema but could not be read: " + e.what());
   }
   return config;
+}
+
+Status LocateConfigError(const Config& config, Status status) {
+  const std::string& field = status.field();
+  if (status.ok() || !field.starts_with('/') ||
+      status.message().starts_with(config.source_path + ":")) {
+    return status;
+  }
+  YamlDocument doc{config.source_path, Json(), config.source_lines};
+  const int line = doc.LineOf(field);
+  if (line == 0 || config.source_lines.count(field.substr(0, field.find('/', 1))) == 0) {
+    return status;
+  }
+  return Status(status.code(), doc.Error(field, status.message()).message(), field);
 }
 
 }  // namespace idem

@@ -20,6 +20,13 @@ namespace idem {
 namespace {
 
 constexpr int kMaxDepth = 64;
+// Values in a document once its aliases are expanded: an alias repeats all
+// it names, so nine lines of nine aliases each name 9^9 values (a "billion
+// laughs") and would take all memory. A real config has a few thousand.
+constexpr size_t kMaxValues = 100'000;
+// The largest config file read (a file of that size parses in about a
+// second; a real config is a few KB).
+constexpr size_t kMaxBytes = 4 << 20;
 constexpr size_t kMaxErrorsListed = 20;
 
 const std::string kTagStr = "tag:yaml.org,2002:str";
@@ -116,6 +123,11 @@ class Converter {
     if (depth > kMaxDepth) {
       return doc_.Error(pointer, "nested deeper than " + std::to_string(kMaxDepth) + " levels");
     }
+    if (++values_ > kMaxValues) {
+      return doc_.Error(pointer, "the document holds more than " + std::to_string(kMaxValues) +
+                                     " values once its aliases are expanded (an alias repeats "
+                                     "everything its anchor names)");
+    }
     switch (node.Type()) {
       case YAML::NodeType::Undefined:
       case YAML::NodeType::Null:
@@ -152,6 +164,11 @@ class Converter {
           }
           const std::string child = pointer + "/" + JsonPointerToken(name);
           doc_.lines[child] = key_line;
+          if (name == "<<" && key.Tag() == "?") {
+            return doc_.Error(child,
+                              "YAML merge keys (<<) are not supported: write the keys out, or "
+                              "alias a whole value (retry: *defaults)");
+          }
           if (out.contains(name)) return doc_.Error(child, "duplicate key '" + name + "'");
           Json value;
           RETURN_IF_ERROR(Convert(YAML::Node(it->second), child, key_line, depth + 1, value));
@@ -217,6 +234,7 @@ class Converter {
   }
 
   YamlDocument& doc_;
+  size_t values_ = 0;
 };
 
 }  // namespace
@@ -290,9 +308,37 @@ static int SecondDocumentLine(std::string_view text) {
   return 0;
 }
 
+namespace {
+
+// Whether line `line` (0-based) or the one before it has a tab in its
+// indentation: the most common YAML mistake, which yaml-cpp reports as
+// "illegal map value" or the like.
+bool TabIndentedNear(std::string_view text, int line) {
+  int n = 0;
+  for (size_t pos = 0; pos <= text.size(); ++n) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    if (n == line - 1 || n == line) {
+      std::string_view l = text.substr(pos, eol - pos);
+      const size_t indent = l.find_first_not_of(" \t");
+      if (l.substr(0, indent).find('\t') != std::string_view::npos) return true;
+    }
+    if (n >= line) break;
+    pos = eol + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
 StatusOr<YamlDocument> ParseYaml(std::string_view text, std::string source) {
   YamlDocument doc;
   doc.source = std::move(source);
+  if (text.size() > kMaxBytes) {
+    return InvalidArgument(doc.source + ": " + std::to_string(text.size()) +
+                           " bytes; a config file may hold at most " + std::to_string(kMaxBytes) +
+                           " (4 MiB)");
+  }
   try {
     // A file is one document: settings after a `---` (files joined with
     // cat, a template's output) would otherwise be dropped without a word,
@@ -310,7 +356,11 @@ StatusOr<YamlDocument> ParseYaml(std::string_view text, std::string source) {
   } catch (const YAML::Exception& e) {
     std::string message = doc.source;
     if (e.mark.line >= 0) message += ":" + std::to_string(e.mark.line + 1);
-    return InvalidArgument(message + ": yaml syntax error: " + e.msg);
+    message += ": yaml syntax error: " + e.msg;
+    if (e.mark.line >= 0 && TabIndentedNear(text, e.mark.line)) {
+      message += " (a tab indents a line here: YAML indents with spaces only)";
+    }
+    return InvalidArgument(std::move(message));
   } catch (const std::exception& e) {
     return InvalidArgument(doc.source + ": cannot parse: " + e.what());
   }
@@ -338,6 +388,12 @@ StatusOr<YamlDocument> ReadYamlFile(const std::string& path, std::string display
     return InvalidArgument(display_name +
                            ": is a folder, not a file (give the config file in it, " + "e.g. " +
                            (std::filesystem::path(path) / "idem.yaml").string() + ")");
+  }
+  if (const auto size = std::filesystem::file_size(path, folder_ec);
+      !folder_ec && size > kMaxBytes) {
+    return InvalidArgument(display_name + ": " + std::to_string(size) +
+                           " bytes; a config file may hold at most " + std::to_string(kMaxBytes) +
+                           " (4 MiB)");
   }
   std::ostringstream text;
   text << in.rdbuf();

@@ -71,6 +71,7 @@ bool IsPropagation(std::string_view description) {
       "Failed to validate against additional items schema",
       "Failed to validate against child schema #",
       "Failed to validate against dependent schema",
+      "Failed to validate against a conditional schema",
   };
   for (std::string_view p : kPrefixes) {
     if (StartsWith(description, p)) return true;
@@ -395,6 +396,13 @@ SchemaError Translate(const Json& root, const Json& doc,
     } else {
       out.message = "does not match the required pattern";
     }
+    return out;
+  }
+
+  if (StartsWith(d, "Failed to validate against exactly one child schema")) {
+    out.message =
+        "matches more than one of its allowed forms: give exactly one (e.g. one key of "
+        "a choice, not two)";
     return out;
   }
 

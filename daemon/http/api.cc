@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "daemon/core/json_diff.h"
@@ -89,31 +90,33 @@ class StoreGauges {
     refreshed_ = true;
     refreshed_at_ms_ = now;
     Metrics& m = deps_.metrics;
-    if (auto dead = deps_.store.journal().DeadLetters(kCap); dead.ok()) {
-      m.dead_letter_count.Set(static_cast<int64_t>(dead->size()));
-    } else {
-      m.store_errors.Inc();
-    }
+    SetCount(m.dead_letter_count, deps_.store.journal().DeadLetters(kCap));
     for (const char* state : kPlanStates) {
-      if (auto plans = deps_.store.plans().ByState(state, kCap); plans.ok()) {
-        m.plans_by_state.Declare({state}).Set(static_cast<int64_t>(plans->size()));
-      } else {
-        m.store_errors.Inc();
-      }
+      SetCount(m.plans_by_state.Declare({state}), deps_.store.plans().ByState(state, kCap));
     }
     for (const Store::MemoryPart& part : deps_.store.MemoryUsage()) {
       m.store_memory.Declare({part.name}).Set(static_cast<int64_t>(part.bytes));
     }
-    if (auto open = deps_.store.escalations().List("open", kCap); open.ok()) {
-      m.escalations_open_count.Set(static_cast<int64_t>(open->size()));
-    } else {
-      m.store_errors.Inc();
-    }
+    SetCount(m.escalations_open_count, deps_.store.escalations().List("open", kCap));
   }
 
  private:
+  // A count that cannot be read keeps the last one read; before any was
+  // read it is unknown (NaN), not a 0 that says "none".
+  template <class List>
+  void SetCount(Gauge& g, const StatusOr<List>& list) REQUIRES(mu_) {
+    if (list.ok()) {
+      g.Set(static_cast<int64_t>(list->size()));
+      read_.insert(&g);
+      return;
+    }
+    deps_.metrics.store_errors.Inc();
+    if (!read_.contains(&g)) g.SetUnknown();
+  }
+
   ApiDeps deps_;
   Mutex mu_;
+  std::set<const Gauge*> read_ GUARDED_BY(mu_);
   bool refreshed_ GUARDED_BY(mu_) = false;
   int64_t refreshed_at_ms_ GUARDED_BY(mu_) = 0;
 };

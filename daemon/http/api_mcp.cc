@@ -2,15 +2,16 @@
 // call runs the REST route it stands for (its request schema, its handler,
 // so the same engines, policies and journal): a call retried by an agent
 // after a timeout is the same work. A tool whose answer is the same for
-// every caller of the same arguments (do_<kind>, decide_<step>,
-// complete_work, fail_work) is also deduplicated under an Idempotency-Key
-// derived from the tool name and JCS(arguments) (or _meta.idempotencyKey
-// when the client sends one), scoped per caller: a retry replays the stored
-// result, like the REST API's Idempotency-Key. claim_work is deduplicated
-// only under the client's own key: its answer (a lease token) belongs to the
-// one claimer, so two agents with the same arguments must not share it, and
-// a claim after the lease ran out must claim again. A decide that asks for
-// cache "refresh" means "ask again" and gets no derived key either. Reads
+// every caller of the same arguments (do_<kind>, complete_work, fail_work)
+// is also deduplicated under an Idempotency-Key derived from the tool name
+// and JCS(arguments) (or _meta.idempotencyKey when the client sends one),
+// scoped per caller: a retry replays the stored result, like the REST API's
+// Idempotency-Key, kept as long as its route keeps keys (idempotency.routes
+// or .window). claim_work and decide_<step> are deduplicated only under the
+// client's own key: a claim's answer (a lease token) belongs to the one
+// claimer, so two agents with the same arguments must not share it, and a
+// claim after the lease ran out must claim again; a decide is answered by
+// the decision cache as it stands now. Reads
 // (get_plan, get_decision) are never deduplicated: a poll sees the state
 // as it is now.
 #include <algorithm>
@@ -176,7 +177,7 @@ class ApiToolbox final : public McpToolbox {
     // one of a do_<kind> stands for the unit of work, so it lives no longer
     // than the kind remembers that work: past the kind's window the same
     // call is new work, as it is over REST.
-    int64_t window_ms = deps_.config.idempotency.window_ms;
+    int64_t window_ms = KeyWindow(tool);
     if (!client_key && !tool.kind.empty()) {
       window_ms = ShorterWindow(window_ms, tool.kind_window_ms);
     }
@@ -252,16 +253,21 @@ class ApiToolbox final : public McpToolbox {
     return ToolResult(std::move(body));
   }
 
-  // The route of `path` that is the tool's own: one that also matches the
-  // tool's path with "~" in each hole, which no literal route holds. So an
-  // argument can never steer a call onto another route (a decision_id of
-  // "export" onto GET /v1/decisions/export).
-  const Route* Find(const Tool& tool, const std::string& path,
-                    std::vector<std::string>* params) const {
+  // The tool's path with "~" in each {placeholder}, which no literal route holds.
+  static std::string Probe(const Tool& tool) {
     std::string probe = tool.path;
     for (size_t open = probe.find('{'); open != std::string::npos; open = probe.find('{')) {
       probe.replace(open, probe.find('}', open) - open + 1, "~");
     }
+    return probe;
+  }
+
+  // The route of `path` that is the tool's own: one that also matches the
+  // tool's Probe. So an argument can never steer a call onto another route
+  // (a decision_id of "export" onto GET /v1/decisions/export).
+  const Route* Find(const Tool& tool, const std::string& path,
+                    std::vector<std::string>* params) const {
+    const std::string probe = Probe(tool);
     std::vector<std::string> probe_params;
     for (const Route& r : *routes_) {
       params->clear();
@@ -271,6 +277,19 @@ class ApiToolbox final : public McpToolbox {
       }
     }
     return nullptr;
+  }
+
+  // How long the route the tool runs keeps an Idempotency-Key
+  // (idempotency.routes, else idempotency.window). The route table is
+  // complete only once every route is added, after this toolbox was built.
+  int64_t KeyWindow(const Tool& tool) const {
+    const IdempotencyConfig& idem = deps_.config.idempotency;
+    std::vector<std::string> params;
+    if (const Route* route = Find(tool, Probe(tool), &params); route != nullptr) {
+      auto window = idem.route_windows_ms.find(route->method + " " + route->pattern);
+      if (window != idem.route_windows_ms.end()) return window->second;
+    }
+    return idem.window_ms;
   }
 
   // Runs the tool's REST route as the caller; *final_answer false when the

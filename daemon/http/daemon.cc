@@ -5,6 +5,7 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
+#include "daemon/core/json.h"
 #include "daemon/core/version.h"
 #include "daemon/http/api.h"
 #include "daemon/http/decision_fallback.h"
@@ -148,6 +149,13 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   Env& env = options.env != nullptr ? *options.env : Env::Real();
 
   ASSIGN_OR_RETURN(d->config_, LoadConfig(options.config_path));
+  // What is wrong with the config but found only by the components built
+  // from it is told as LoadConfig tells its own errors: file, line, pointer.
+  if (Status s = Init(d, options, env); !s.ok()) return LocateConfigError(d->config_, std::move(s));
+  return d;
+}
+
+Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, Env& env) {
   if (!d->config_.log.level.empty()) SetLogLevel(d->config_.log.level);
   SetAccessLog(d->config_.log.access);
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
@@ -155,27 +163,33 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
   for (const auto& [name, src] : d->config_.inbox) {
     if (src.signature_header.empty() && !IsLoopbackHost(listen.first)) {
-      return FailedPrecondition("inbox." + name +
-                                " has no signature, and the daemon listens beyond loopback: "
-                                "anyone could post events; configure inbox." +
-                                name + ".signature");
+      return Status(Code::kFailedPrecondition,
+                    "inbox." + name +
+                        " has no signature, and the daemon listens beyond loopback: anyone could "
+                        "post events; configure inbox." +
+                        name + ".signature",
+                    "/inbox/" + JsonPointerToken(name));
     }
     if (!src.signature_env.empty()) {
       const char* secret = std::getenv(src.signature_env.c_str());
       if (secret == nullptr || *secret == '\0') {
-        return FailedPrecondition("inbox." + name + ".signature.secret_env: " + src.signature_env +
-                                  " is not set");
+        return Status(Code::kFailedPrecondition,
+                      "the environment variable " + src.signature_env + " is not set",
+                      "/inbox/" + JsonPointerToken(name) + "/signature/secret_env");
       }
     }
   }
   if (!IsLoopbackHost(listen.first) && d->config_.auth.tokens.empty()) {
     // Without tokens every caller may do everything: only this machine may be a caller.
-    return InvalidArgument("server.listen " + d->config_.server.listen +
+    const std::string what = options.listen_override.empty()
+                                 ? "server.listen " + d->config_.server.listen
+                                 : "--listen " + options.listen_override;
+    return InvalidArgument(what +
                                " is not a loopback address and auth.tokens is empty, so anyone "
                                "who can reach it could call every route; configure auth.tokens "
                                "(and server.allowed_hosts for the names clients use), or listen "
                                "on 127.0.0.1",
-                           "/server/listen");
+                           options.listen_override.empty() ? "/server/listen" : "");
   }
 
   auto on_write = [metrics = &d->metrics_](int64_t us) { metrics->store_write.ObserveMicros(us); };
@@ -246,7 +260,17 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
       if (Status curl = LoadLibcurl(); !curl.ok()) return curl.Annotate("provider " + name);
     }
     auto p = MakeProvider(pc, *d->traced_client_, env);
-    if (!p.ok()) return p.status().Annotate("provider " + name);
+    if (!p.ok()) {
+      // Told as a config error (file, line, pointer) when it points into
+      // the provider's keys; a pointer relative to them is made whole.
+      const Status& s = p.status();
+      const std::string at = "/providers/" + JsonPointerToken(name);
+      if (s.field().starts_with(at + "/")) return s;
+      if (s.field().starts_with("/")) {
+        return Status(s.code(), "provider " + name + ": " + s.message(), at + s.field());
+      }
+      return s.Annotate("provider " + name);
+    }
     providers.emplace(name, std::move(p).value());
   }
   // Notifications are journal work of idem's own kinds, delivered by the
@@ -312,7 +336,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
             {"listen", d->host_ + ":" + std::to_string(d->port_)},
             {"store", store_name},
             {"config", d->config_.source_path}});
-  return d;
+  return Status::Ok();
 }
 
 void Daemon::SweepLoop() {

@@ -59,6 +59,9 @@ class Daemon {
   void Stop();
 
  private:
+  // Start after the config is loaded: everything built from it.
+  static Status Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, Env& env);
+
   Daemon() = default;
   void SweepLoop();
 

@@ -454,8 +454,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     }
     if (!found) {
       return InvalidArgument(
-          deps.config.source_path + ": /idempotency/routes/" + JsonPointerToken(name) + ": \"" +
-              name + "\" is no route that takes an Idempotency-Key (those are: " + keyed + ")",
+          "\"" + name + "\" is no route that takes an Idempotency-Key (those are: " + keyed + ")",
           "/idempotency/routes/" + JsonPointerToken(name));
     }
   }

@@ -136,8 +136,9 @@ void AppendSeries(std::string& out, const std::string& name, const std::string& 
   out += name;
   out += labels;
   out += ' ';
-  out += divisor == 1.0 ? std::to_string(g.Get())
-                        : FormatNumber(static_cast<double>(g.Get()) / divisor);
+  out += g.Get() == Gauge::kUnknown ? "NaN"
+         : divisor == 1.0           ? std::to_string(g.Get())
+                                    : FormatNumber(static_cast<double>(g.Get()) / divisor);
   out += '\n';
 }
 

@@ -50,8 +50,13 @@ struct Counter {
 };
 
 struct Gauge {
+  // A value nobody could read yet (a store count while the store is down):
+  // rendered as NaN, which no comparison in an alert rule matches, rather
+  // than as a 0 that says "none".
+  static constexpr int64_t kUnknown = INT64_MIN;
   std::atomic<int64_t> value{0};
   void Set(int64_t v) { value.store(v, std::memory_order_relaxed); }
+  void SetUnknown() { Set(kUnknown); }
   int64_t Get() const { return value.load(std::memory_order_relaxed); }
 };
 

@@ -821,8 +821,9 @@ StatusOr<std::unique_ptr<PlanEngine>> PlanEngine::Create(const Config& config, S
     Status s = CheckJsonLogicRule(p->when);
     if (!s.ok()) {
       const std::string where = s.field().empty() ? "" : " (at " + s.field() + ")";
-      return InvalidArgument(
-          at + ": the rule in " + p->source + " is not usable: " + s.message() + where, at);
+      // The daemon tells it as a config error: file, line, this pointer.
+      return InvalidArgument("the rule in " + p->source + " is not usable: " + s.message() + where,
+                             at);
     }
     return Status::Ok();
   };

@@ -344,37 +344,74 @@ async function main() {
   await call('POST', `/v1/plans/${bidi.body.plan_id}/reject`, OPERATOR, {reason: 'not a real order'});
 
   // Plan 4: an account number beyond 2^53, sent as raw JSON (JavaScript
-  // cannot write it). The page says it shows it rounded, refuses to send it
-  // back, and an edit of the amount sends only the amount: the exact
-  // account reaches the effector.
-  const bigRes = await fetch(base + '/v1/actions/refund', {
-    method: 'POST',
-    headers: {Authorization: 'Bearer ' + AGENT, 'Content-Type': 'application/json', 'Idempotency-Key': '"ui-e2e-D-4"'},
-    body: '{"args":{"order_id":"D-4","amount":300,"account":9007199254740993,"currency":"EUR"}}',
-  });
-  const bigPlan = (await bigRes.json()).plan_id;
-  check(bigRes.status === 202, `a refund with a 2^53+1 account waits for approval (${bigRes.status})`);
-  await page.goto(base + '/ui/#/plans/' + bigPlan);
-  await page.waitForSelector('#inexact-numbers');
-  check((await page.textContent('#inexact-numbers')).includes('/0/args/account'),
-        'the page names the number it can only show rounded');
+  // cannot write it). Chromium has JSON.rawJSON: the page shows the account
+  // exactly, an edit of it is sent exactly, and the diff tells the two
+  // numbers apart (JSON.parse would make both ...992).
+  const bigPlanFor = async (orderId) => {
+    const res = await fetch(base + '/v1/actions/refund', {
+      method: 'POST',
+      headers: {Authorization: 'Bearer ' + AGENT, 'Content-Type': 'application/json', 'Idempotency-Key': `"ui-e2e-${orderId}"`},
+      body: `{"args":{"order_id":"${orderId}","amount":300,"account":9007199254740993,"currency":"EUR"}}`,
+    });
+    check(res.status === 202, `a refund with a 2^53+1 account waits for approval (${res.status})`);
+    return (await res.json()).plan_id;
+  };
+  const exactPlan = await bigPlanFor('D-3');
+  await page.goto(base + '/ui/#/plans/' + exactPlan);
+  await page.waitForSelector('#edit');
+  check((await page.textContent('article.action pre.json')).includes('"account": 9007199254740993'),
+        'the page shows the account exactly');
+  check(!(await page.$('#inexact-numbers')), 'no "shown rounded" notice where the browser keeps the digits');
   await page.click('#edit');
-  const shown = await page.inputValue('#edit-args-0');
-  await page.fill('#edit-args-0', shown.replace(/"account": \d+/, '"account": 9007199254740995'));
-  await page.click('#approve-edited');
-  await page.waitForSelector('.field .error:not(:empty)');
-  check((await page.textContent('.field .error')).includes('/0/args/account'),
-        'an edit of that number is refused in the page, naming it');
-  await page.fill('#edit-args-0', shown.replace('"amount": 300', '"amount": 30'));
+  const exactShown = await page.inputValue('#edit-args-0');
+  check(exactShown.includes('"account": 9007199254740993'), 'the editor holds the exact account');
+  await page.fill('#edit-args-0', exactShown.replace('"account": 9007199254740993', '"account": 9007199254740995'));
   await page.click('#approve-edited');
   await page.waitForSelector('table.diff');
-  const bigDiff = await page.textContent('table.diff');
+  const exactDiff = await page.textContent('table.diff');
+  check(exactDiff.includes('/0/args/account') && exactDiff.includes('9007199254740993') &&
+        exactDiff.includes('9007199254740995') && !exactDiff.includes('/0/args/amount'),
+        `the diff shows the account's two exact values (${exactDiff})`);
+  const forD3 = await until('refund D-3 at the effector', () =>
+    calls.find((c) => c.path === '/refunds' && c.body && c.body.order_id === 'D-3'));
+  check(forD3.raw.includes('"account":9007199254740995') && forD3.body.amount === 300,
+        `the effector got the edited account exactly (${forD3.raw})`);
+
+  // The same plan in a browser without JSON.rawJSON: the page says it shows
+  // the account rounded, refuses to send it back, and an edit of the amount
+  // sends only the amount: the exact account reaches the effector.
+  const oldPage = await newPage();
+  await oldPage.addInitScript(() => { delete JSON.rawJSON; delete JSON.isRawJSON; });
+  const errorsBefore = pageErrors.length;
+  await oldPage.goto(base + '/ui/');
+  await oldPage.fill('#token', OPERATOR);
+  await oldPage.press('#token', 'Enter');
+  await oldPage.waitForSelector('#queue');
+  // The browser logs the page's first, token-less look at the daemon (401).
+  pageErrors.push(...pageErrors.splice(errorsBefore).filter((e) => !e.includes('status of 401')));
+  const bigPlan = await bigPlanFor('D-4');
+  await oldPage.goto(base + '/ui/#/plans/' + bigPlan);
+  await oldPage.waitForSelector('#inexact-numbers');
+  check((await oldPage.textContent('#inexact-numbers')).includes('/0/args/account'),
+        'without JSON.rawJSON the page names the number it can only show rounded');
+  await oldPage.click('#edit');
+  const shown = await oldPage.inputValue('#edit-args-0');
+  await oldPage.fill('#edit-args-0', shown.replace(/"account": \d+/, '"account": 9007199254740995'));
+  await oldPage.click('#approve-edited');
+  await oldPage.waitForSelector('.field .error:not(:empty)');
+  check((await oldPage.textContent('.field .error')).includes('/0/args/account'),
+        'an edit of that number is refused in the page, naming it');
+  await oldPage.fill('#edit-args-0', shown.replace('"amount": 300', '"amount": 30'));
+  await oldPage.click('#approve-edited');
+  await oldPage.waitForSelector('table.diff');
+  const bigDiff = await oldPage.textContent('table.diff');
   check(bigDiff.includes('/0/args/amount') && !bigDiff.includes('/0/args/account'),
         'the diff shows the amount alone');
   const forD = await until('refund D-4 at the effector', () =>
     calls.find((c) => c.path === '/refunds' && c.body && c.body.order_id === 'D-4'));
   check(forD.raw.includes('"account":9007199254740993') && forD.body.amount === 30,
         `the effector got the exact account and the edited amount (${forD.raw})`);
+  await oldPage.context().close();
 
   // The escalation: a schema-invalid answer is caught in the browser, a valid one resolves it.
   await page.goto(base + '/ui/#/escalations');
@@ -453,7 +490,7 @@ async function main() {
   check(b.length === 1 && b[0].body.amount === 90, `plan 2's edited args reached the effector once (${b.length}, amount ${b[0]?.body.amount})`);
   check(c.length === 0, `plan 3 never reached the effector (${c.length})`);
   const refunds = calls.filter((c) => c.path === '/refunds').length;
-  check(refunds === 3, `three refunds in all (${refunds})`);
+  check(refunds === 4, `four refunds in all: A-1, B-2, D-3, D-4 (${refunds})`);
   const p2 = await call('GET', '/v1/plans/' + plans[1], OPERATOR);
   check(p2.body.original_actions?.[0]?.args?.amount === 250 && p2.body.actions?.[0]?.args?.amount === 90,
         'plan 2 keeps both versions');

@@ -140,6 +140,23 @@ TEST_CASE("a do_ call again after its kind's window is new work, as over REST") 
   CHECK(f.target->stats().raw_calls == 2);  // (the same work id: the fake answers it again)
 }
 
+TEST_CASE("a tool call's key lives as long as idempotency.routes keeps its route's keys") {
+  // Answers of decide_ calls are kept 1 s, as POST /v1/decide's keys.
+  Fixture f("idempotency:\n  routes:\n    POST /v1/decide: 1s\n");
+  const Json args = {{"input", {{"ticket_id", 7}, {"text", "where is my order"}}}};
+  const Json key = {{"idempotencyKey", "decide-7"}};
+  const Json first = f.Call("decide_triage_ticket", args, key);
+  REQUIRE_MESSAGE(first["isError"] == false, first.dump().substr(0, 300));
+  CHECK(first["structuredContent"]["cache"] == "miss");
+  // Within the window the stored answer is replayed as it was.
+  CHECK(f.Call("decide_triage_ticket", args, key)["structuredContent"]["cache"] == "miss");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Past it the call runs again, and finds the decision in the cache.
+  const Json after = f.Call("decide_triage_ticket", args, key);
+  CHECK(after["structuredContent"]["cache"] == "hit");
+  CHECK(after["structuredContent"]["decision_id"] == first["structuredContent"]["decision_id"]);
+}
+
 TEST_CASE("a do_ tool's description says what a call again gets under each on_duplicate") {
   std::string kinds;
   for (const char* mode : {"conflict", "ignore"}) {

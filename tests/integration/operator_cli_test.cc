@@ -217,6 +217,11 @@ TEST_CASE("client commands exit 2 when the daemon is unreachable and 1 on a usag
   CHECK(RunCli({"reject", "plan_x"}).exit_code == 1);                         // no --reason
   CHECK(RunCli({"approve", "plan_x", "--edit", "amount=1"}).exit_code == 1);  // not a pointer
   CHECK(RunCli({"plans", "ls", "--help"}).exit_code == 0);
+  // A log level the daemon does not know is a usage error, not "info".
+  CliResult level = RunCli({"serve", "--log-level", "verbose", "--config", "/nonexistent.yaml"});
+  CHECK(level.exit_code != 0);
+  CHECK_MESSAGE(level.err.find("--log-level") != std::string::npos, level.err);
+  CHECK(level.err.find("/nonexistent.yaml") == std::string::npos);  // refused before the config
 }
 
 }  // namespace idem::testing

@@ -576,6 +576,15 @@ TEST_SUITE("postgres") {
     CHECK_MESSAGE(ready->body.find("127.0.0.1") == std::string::npos, ready->body);
     CHECK(ready->body.find(relay_port) == std::string::npos);
     CHECK(ready->body.find("http.store_error") != std::string::npos);
+    // The first scrape since the start, with the database down: the store
+    // counts are unknown (NaN), not a 0 that says "no dead letters".
+    auto metrics = Cluster::Get(d, "/metrics", kAgent);
+    REQUIRE(metrics);
+    CHECK(metrics->status == 200);
+    CHECK_MESSAGE(metrics->body.find("\nidem_dead_letters NaN\n") != std::string::npos,
+                  metrics->body);
+    CHECK(metrics->body.find("\nidem_escalations_open NaN\n") != std::string::npos);
+    CHECK(metrics->body.find("idem_plans{state=\"awaiting_approval\"} NaN\n") != std::string::npos);
     Json claim = {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-DOWN"}}}};
     auto write = Cluster::Post(d, "/v1/work/claim", claim, kAgent);
     REQUIRE(write);

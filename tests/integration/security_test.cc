@@ -156,6 +156,71 @@ TEST_CASE("listening beyond loopback without tokens is a start-up error; with to
   CHECK(f.client->Get("/v1/decisions")->status == 401);
 }
 
+// The 1-based line of the first line of `path` that holds `text`, or 0.
+int LineHolding(const std::string& path, const std::string& text) {
+  std::ifstream in(path);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find(text) != std::string::npos) return n;
+  }
+  return 0;
+}
+
+// Starts a daemon on `config`, which must fail, with an error that reads
+// "CONFIG:LINE: then" for the line of the config holding `on_line`.
+void RefusedAt(const TempDir& dir, const std::string& config, const std::string& on_line,
+               const std::string& then) {
+  std::string err;
+  CHECK(DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err) == nullptr);
+  const int line = LineHolding(config, on_line);
+  REQUIRE(line > 0);
+  CHECK_MESSAGE(err.find(config + ":" + std::to_string(line) + ": " + then) != std::string::npos,
+                err);
+}
+
+TEST_CASE("a config error found by the components built from it names the file, line and key") {
+  {
+    // A window for a route that takes no Idempotency-Key (the server's check).
+    TempDir dir;
+    RefusedAt(dir,
+              WriteTestConfig(dir, kRules, "idempotency:\n  routes:\n    GET /v1/decisions: 1h\n"),
+              "GET /v1/decisions: 1h",
+              "/idempotency/routes/GET ~1v1~1decisions: \"GET /v1/decisions\" is no route that "
+              "takes an Idempotency-Key");
+  }
+  {
+    // An effector header naming a variable that is not set (the effector's check).
+    TempDir dir;
+    RefusedAt(dir,
+              WriteTestConfig(dir, kRules,
+                              "actions:\n"
+                              "  send_invoice:\n"
+                              "    identity: {fields: [/invoice_id], version: v1}\n"
+                              "    window: forever\n"
+                              "    on_duplicate: return_original\n"
+                              "    effector:\n"
+                              "      http:\n"
+                              "        method: POST\n"
+                              "        url: http://127.0.0.1:9/invoices\n"
+                              "        idempotency: header\n"
+                              "        headers:\n"
+                              "          Authorization: \"Bearer ${IDEM_IT_NEVER_SET}\"\n"),
+              "Authorization:",
+              "/actions/send_invoice/effector/http/headers/Authorization: the environment "
+              "variable IDEM_IT_NEVER_SET (named in a header) is not set");
+  }
+  {
+    // A provider whose key variable is not set (the provider's check).
+    TempDir dir;
+    std::string text = ReadFile(WriteTestConfig(dir, kRules));
+    text.replace(text.find("providers:\n"), 11,
+                 "providers:\n  llm:\n    type: openai\n    api_key_env: IDEM_IT_NEVER_SET_KEY\n");
+    RefusedAt(dir, dir.File("idem.yaml", text), "api_key_env: IDEM_IT_NEVER_SET_KEY",
+              "/providers/llm/api_key_env: provider 'llm' (openai): environment variable "
+              "IDEM_IT_NEVER_SET_KEY is not set or empty");
+  }
+}
+
 TEST_CASE("serve and migrate refuse a PostgreSQL URL libpq cannot parse without printing it") {
   TempDir dir;
   const std::string config =

@@ -53,6 +53,23 @@ function h(tag, attrs, ...children) {
 }
 
 function pretty(v) { return JSON.stringify(v, null, 2); }
+
+// JSON.parse rounds an integer beyond 2^53 (9007199254740993 becomes ...992).
+// Where the browser has JSON.rawJSON (source text access, Chromium since
+// 114), such an integer is kept as its digits instead:
+// shown, compared, edited and sent back exactly (JSON.stringify writes a raw
+// JSON value as it is). Elsewhere the page says it shows such numbers rounded
+// and refuses to send them (inexactNumbers).
+const exactJson = typeof JSON.rawJSON === 'function' && typeof JSON.isRawJSON === 'function';
+function parseJson(text) {
+  if (!exactJson) return JSON.parse(text);
+  return JSON.parse(text, (k, v, ctx) =>
+    typeof v === 'number' && Number.isInteger(v) && !Number.isSafeInteger(v) &&
+    ctx && typeof ctx.source === 'string' ? JSON.rawJSON(ctx.source) : v);
+}
+function isRaw(v) { return exactJson && v !== null && typeof v === 'object' && JSON.isRawJSON(v); }
+// A JSON object or array (not a raw number).
+function isJsonObj(v) { return v !== null && typeof v === 'object' && !isRaw(v); }
 function jsonBlock(v, label) {
   return h('pre', {class: 'json', tabindex: 0, 'aria-label': label || 'JSON'}, pretty(v));
 }
@@ -122,7 +139,7 @@ async function api(method, path, body, headers) {
   }
   const text = await res.text();
   let data = null;
-  try { data = text ? JSON.parse(text) : null; } catch (e) { data = {detail: text}; }
+  try { data = text ? parseJson(text) : null; } catch (e) { data = {detail: text}; }
   if (res.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
     if (openDaemon) openDaemon = null;  // tokens were configured since: ask again
@@ -332,8 +349,7 @@ function queueTable(items, state) {
 function diffJson(a, b, path, out) {
   out = out || [];
   path = path || '';
-  const isObj = v => v !== null && typeof v === 'object';
-  if (isObj(a) && isObj(b) && Array.isArray(a) === Array.isArray(b)) {
+  if (isJsonObj(a) && isJsonObj(b) && Array.isArray(a) === Array.isArray(b)) {
     const keys = Array.isArray(a)
         ? [...Array(Math.max(a.length, b.length)).keys()].map(String)
         : [...new Set([...Object.keys(a), ...Object.keys(b)])];
@@ -354,7 +370,7 @@ function inexactNumbers(v, path, out) {
   out = out || [];
   path = path || '';
   if (typeof v === 'number' && Number.isInteger(v) && !Number.isSafeInteger(v)) out.push(path || '/');
-  else if (v !== null && typeof v === 'object') {
+  else if (isJsonObj(v)) {
     for (const k of Object.keys(v)) inexactNumbers(v[k], path + '/' + k.replace(/~/g, '~0').replace(/\//g, '~1'), out);
   }
   return out;
@@ -363,7 +379,7 @@ function inexactNumbers(v, path, out) {
 // Paths in `v` of numbers JSON cannot carry (Infinity, from 1e400).
 function nonFinite(v, path, out) {
   if (typeof v === 'number' && !Number.isFinite(v)) out.push(path || '/');
-  else if (v !== null && typeof v === 'object') {
+  else if (isJsonObj(v)) {
     for (const k of Object.keys(v)) nonFinite(v[k], path + '/' + k.replace(/~/g, '~0').replace(/\//g, '~1'), out);
   }
   return out;
@@ -374,9 +390,8 @@ function nonFinite(v, path, out) {
 // the page parsed it. An object that lost a field, or an array whose length
 // changed, is sent whole.
 function editsBetween(before, after, path, out) {
-  const isObj = v => v !== null && typeof v === 'object';
   const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
-  if (isObj(before) && isObj(after) && Array.isArray(before) === Array.isArray(after)) {
+  if (isJsonObj(before) && isJsonObj(after) && Array.isArray(before) === Array.isArray(after)) {
     const whole = Array.isArray(after) ? after.length !== before.length
                                        : Object.keys(before).some(k => !own(after, k));
     if (whole) {
@@ -557,10 +572,10 @@ function decisionForms(p, seq) {
       editors.forEach((t, i) => {
         editErrors[i].textContent = '';
         let v;
-        try { v = JSON.parse(t.value); } catch (e) {
+        try { v = parseJson(t.value); } catch (e) {
           editErrors[i].textContent = visible('Not JSON: ' + e.message); bad = true; return;
         }
-        if (v === null || typeof v !== 'object' || Array.isArray(v)) {
+        if (!isJsonObj(v) || Array.isArray(v)) {
           editErrors[i].textContent = 'The arguments must be a JSON object.'; bad = true; return;
         }
         const huge = nonFinite(v, '/' + i + '/args', []);
@@ -738,7 +753,7 @@ function escalationCard(e, seq) {
     // The daemon's answer to an earlier submission is about the old text.
     out.replaceChildren();
     let v;
-    try { v = JSON.parse(text.value); } catch (err) {
+    try { v = parseJson(text.value); } catch (err) {
       errors.replaceChildren(h('p', {class: 'error'}, 'Not JSON: ' + err.message));
       return null;
     }
@@ -803,11 +818,14 @@ function validate(schema, value, path, root, out) {
     if (target !== undefined) validate(target, value, path, root, out);
     return out;
   }
-  const typeOf = v => v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
+  const typeOf = v => v === null ? 'null' : Array.isArray(v) ? 'array' : isRaw(v) ? 'number' : typeof v;
   const t = typeOf(value);
+  // An exact big integer is compared as the number it rounds to; enum and
+  // const compare its digits.
+  const num = isRaw(value) ? Number(value.rawJSON) : value;
   if (schema.type !== undefined) {
     const types = [].concat(schema.type);
-    const ok = types.some(ty => ty === t || (ty === 'integer' && t === 'number' && Number.isInteger(value)));
+    const ok = types.some(ty => ty === t || (ty === 'integer' && t === 'number' && Number.isInteger(num)));
     if (!ok) { out.push({path, message: 'must be ' + types.join(' or ') + ', not ' + t}); return out; }
   }
   if (schema.enum && !schema.enum.some(x => JSON.stringify(x) === JSON.stringify(value))) {
@@ -825,11 +843,11 @@ function validate(schema, value, path, root, out) {
     }
   }
   if (t === 'number') {
-    if (schema.minimum !== undefined && value < schema.minimum) out.push({path, message: 'must be >= ' + schema.minimum});
-    if (schema.maximum !== undefined && value > schema.maximum) out.push({path, message: 'must be <= ' + schema.maximum});
-    if (schema.exclusiveMinimum !== undefined && value <= schema.exclusiveMinimum) out.push({path, message: 'must be > ' + schema.exclusiveMinimum});
-    if (schema.exclusiveMaximum !== undefined && value >= schema.exclusiveMaximum) out.push({path, message: 'must be < ' + schema.exclusiveMaximum});
-    if (schema.multipleOf && Math.abs(value / schema.multipleOf - Math.round(value / schema.multipleOf)) > 1e-9) out.push({path, message: 'must be a multiple of ' + schema.multipleOf});
+    if (schema.minimum !== undefined && num < schema.minimum) out.push({path, message: 'must be >= ' + schema.minimum});
+    if (schema.maximum !== undefined && num > schema.maximum) out.push({path, message: 'must be <= ' + schema.maximum});
+    if (schema.exclusiveMinimum !== undefined && num <= schema.exclusiveMinimum) out.push({path, message: 'must be > ' + schema.exclusiveMinimum});
+    if (schema.exclusiveMaximum !== undefined && num >= schema.exclusiveMaximum) out.push({path, message: 'must be < ' + schema.exclusiveMaximum});
+    if (schema.multipleOf && Math.abs(num / schema.multipleOf - Math.round(num / schema.multipleOf)) > 1e-9) out.push({path, message: 'must be a multiple of ' + schema.multipleOf});
   }
   if (t === 'object') {
     const props = schema.properties || {};

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace idem {
 namespace {
@@ -226,6 +227,40 @@ TEST_CASE("a step naming an undeclared provider is an error listing the declared
   CHECK(config.status().message().find(
             ":7: /steps/triage/provider: no provider named 'openai' (declared: demo)") !=
         std::string::npos);
+}
+
+TEST_CASE("a provider key that only another provider type reads is an error, not ignored") {
+  ConfigDir dir;
+  struct Case {
+    std::string type, line, pointer;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"openai", "api: ollama", "/providers/llm/api"},
+                         {"anthropic", "organization: org-1", "/providers/llm/organization"},
+                         {"openai_compatible", "structured_output: native",
+                          "/providers/llm/structured_output"}}) {
+    const std::string& type = c.type;
+    const std::string& line = c.line;
+    const std::string& pointer = c.pointer;
+    CAPTURE(type);
+    std::string yaml = kMinimal;
+    yaml.replace(0, std::string("providers:\n").size(),
+                 "providers:\n  llm:\n    type: " + type + "\n    " + line + "\n");
+    auto config = dir.Load(yaml);
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().field() == pointer);
+    CHECK_MESSAGE(config.status().message().find(":4: " + pointer + ": only ") != std::string::npos,
+                  config.status().message());
+  }
+}
+
+TEST_CASE("an inbox window is finite: event ids kept forever would grow the store") {
+  ConfigDir dir;
+  auto config = dir.Load(kMinimal +
+                         "inbox:\n  gh:\n    event_id: {header: X-Id}\n"
+                         "    on_event: {record: true}\n    window: forever\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/inbox/gh/window");
 }
 
 TEST_CASE("a provider, step or action name must be a plain identifier") {
@@ -505,7 +540,6 @@ TEST_CASE("other provider types keep their adapter keys in raw") {
     max_tokens: 512
     organization: org-1
     headers: {X-Trace: "on"}
-    structured_output: json_schema
 )");
   auto config = dir.Load(yaml);
   REQUIRE_MESSAGE(config.ok(), config.status().ToString());
@@ -514,7 +548,7 @@ TEST_CASE("other provider types keep their adapter keys in raw") {
   CHECK(p.base_url == "https://api.openai.com/v1");
   CHECK(p.raw["max_tokens"] == 512);
   CHECK(p.raw["headers"]["X-Trace"] == "on");
-  CHECK(p.raw["structured_output"] == "json_schema");
+  CHECK(p.raw["organization"] == "org-1");
 }
 
 TEST_CASE("quoted scalars stay strings and plain ones get their YAML types") {

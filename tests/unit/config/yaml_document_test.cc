@@ -102,6 +102,16 @@ TEST_CASE("a syntax error names the file and line") {
   CHECK(doc.status().message().find("yaml syntax error") != std::string::npos);
 }
 
+TEST_CASE("a syntax error on a tab-indented line says YAML indents with spaces") {
+  auto doc = ParseYaml("server:\n\tlisten: 127.0.0.1:1\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK_MESSAGE(doc.status().message().find("YAML indents with spaces only") != std::string::npos,
+                doc.status().message());
+  auto other = ParseYaml("a: [1, 2\n", "t.yaml");
+  REQUIRE_FALSE(other.ok());
+  CHECK(other.status().message().find("tab") == std::string::npos);
+}
+
 TEST_CASE("infinities and NaN are refused because JSON cannot hold them") {
   auto doc = ParseYaml("a: .inf\n", "t.yaml");
   REQUIRE_FALSE(doc.ok());
@@ -132,6 +142,41 @@ TEST_CASE("nesting deeper than the limit is an error, not a stack overflow") {
   auto doc = ParseYaml("a: " + deep + "\n", "t.yaml");
   REQUIRE_FALSE(doc.ok());
   CHECK(doc.status().message().find("nested deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("aliases that expand past the value limit are refused, not expanded into all memory") {
+  // Nine levels of nine aliases each: 9^9 values from 10 short lines.
+  std::string text = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 9; ++i) {
+    const std::string prev = "*a" + std::to_string(i - 1);
+    text += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int j = 0; j < 9; ++j) text += (j ? ", " : "") + prev;
+    text += "]\n";
+  }
+  auto doc = ParseYaml(text, "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK_MESSAGE(doc.status().message().find("more than 100000 values once its aliases are "
+                                            "expanded") != std::string::npos,
+                doc.status().message());
+  // A few aliases are fine.
+  YamlDocument small = MustParse("base: &b {attempts: 3}\nother: *b\n");
+  CHECK(small.value["other"]["attempts"] == 3);
+}
+
+TEST_CASE("a merge key is refused with a way out; a quoted << is an ordinary key") {
+  auto doc = ParseYaml("r: &r {attempts: 3}\nretry:\n  <<: *r\n  base: 1s\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK_MESSAGE(doc.status().message().find("t.yaml:3: /retry/<<: YAML merge keys (<<) are not "
+                                            "supported") != std::string::npos,
+                doc.status().message());
+  CHECK(MustParse("m:\n  \"<<\": 1\n").value["m"]["<<"] == 1);
+}
+
+TEST_CASE("a document larger than the size limit is refused before it is parsed") {
+  auto doc = ParseYaml("k: " + std::string(5 << 20, 'x') + "\n", "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK_MESSAGE(doc.status().message().find("a config file may hold at most") != std::string::npos,
+                doc.status().message());
 }
 
 TEST_CASE("schema errors are reported with their lines") {

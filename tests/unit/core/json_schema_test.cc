@@ -133,6 +133,28 @@ TEST_CASE("an anyOf failure reports the branch that fits the value, or the allow
   CHECK(errors[2].message == "must be escalate, or an object with keys model");
 }
 
+TEST_CASE(
+    "a value matching two oneOf forms is told to give one; an if-then-else summary is left out") {
+  auto schema = MustCreate(Json::parse(R"({
+    "type": "object",
+    "properties": {
+      "event_id": {"oneOf": [{"type": "object", "required": ["pointer"]},
+                             {"type": "object", "required": ["header"]}]},
+      "mode": {"type": "string"}
+    },
+    "if": {"required": ["mode"], "properties": {"mode": {"const": "upsert"}}},
+    "then": {"required": ["upsert_key"]}
+  })"));
+  auto both = schema->Errors(Json::parse(R"({"event_id": {"pointer": "/id", "header": "X-Id"}})"));
+  REQUIRE(both.size() == 1);
+  CHECK(both[0].pointer == "/event_id");
+  CHECK(both[0].message.find("matches more than one of its allowed forms: give exactly one") == 0);
+  auto upsert = schema->Errors(Json::parse(R"({"mode": "upsert"})"));
+  REQUIRE(upsert.size() == 1);
+  CHECK(upsert[0].pointer == "/upsert_key");
+  CHECK(upsert[0].message.find("conditional") == std::string::npos);
+}
+
 TEST_CASE("integers and numbers are told apart strictly") {
   auto schema = MustCreate({{"type", "integer"}});
   CHECK(schema->Validate(3).ok());

@@ -99,6 +99,17 @@ TEST_CASE("duplicate_counter_is_labelled_by_kind_and_counts_each_increment_once"
   CHECK(Contains(out, "idem_work_duplicates_total{kind=\"refund\"} 0\n"));
 }
 
+TEST_CASE("a_gauge_nobody_could_read_renders_as_nan_not_as_zero") {
+  Metrics m;
+  m.dead_letter_count.SetUnknown();
+  m.plans_by_state.Declare({"approved"}).SetUnknown();
+  std::string out = m.RenderPrometheus();
+  CHECK(Contains(out, "\nidem_dead_letters NaN\n"));
+  CHECK(Contains(out, "idem_plans{state=\"approved\"} NaN\n"));
+  m.dead_letter_count.Set(3);
+  CHECK(Contains(m.RenderPrometheus(), "\nidem_dead_letters 3\n"));
+}
+
 TEST_CASE("provider_cost_is_rendered_in_dollars") {
   Metrics m;
   ProviderMetrics p = m.ForProvider("openai", "gpt-x");

@@ -15,6 +15,7 @@
 namespace idem {
 namespace {
 
+using testing::OnPostgres;
 using testing::OpenStore;
 using testing::TempDir;
 
@@ -567,6 +568,42 @@ TEST_CASE(
   CHECK(listed("run-a") == std::vector<std::string>{"w0"});
   CHECK(listed("run-b").empty());
   CHECK(listed("run-c") == std::vector<std::string>{"w2"});
+}
+
+TEST_CASE(
+    "work taken into more runs than kMaxOtherRuns stays listed in the newest of them and its "
+    "record stays bounded") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w", kT0);
+  r.run_id = "own";
+  REQUIRE(j.Enqueue(r).ok());
+  const size_t runs = kMaxOtherRuns + 6;
+  for (size_t i = 0; i < runs; ++i) {
+    Status added = j.AddToRun("w", "run-" + std::to_string(i));
+    REQUIRE_MESSAGE(added.ok(), added.ToString());
+  }
+  StatusOr<WorkItem> w = j.Get("w");
+  REQUIRE(w.ok());
+  CHECK(w->other_runs.size() <= kMaxOtherRuns);
+  CHECK(j.ByRun("own", 10)->size() == 1);  // the run it was made under is never dropped
+  for (size_t i = runs - kMaxOtherRuns; i < runs; ++i) {
+    CAPTURE(i);
+    CHECK(j.ByRun("run-" + std::to_string(i), 10)->size() == 1);
+  }
+  if (!OnPostgres()) {
+    // RocksDB keeps the runs in the record: the oldest left it, and their
+    // index entries with them (a run lists only what names it).
+    CHECK(w->other_runs.front() == "run-" + std::to_string(runs - kMaxOtherRuns));
+    for (size_t i = 0; i < runs - kMaxOtherRuns; ++i) {
+      CAPTURE(i);
+      CHECK(j.ByRun("run-" + std::to_string(i), 10)->empty());
+    }
+  }
+  // Taking it into a run it is in already changes nothing.
+  REQUIRE(j.AddToRun("w", "run-" + std::to_string(runs - 1)).ok());
+  CHECK(j.Get("w")->other_runs == w->other_runs);
 }
 
 TEST_CASE("DoneWithRef lists done items of a kind that carry an external ref, newest first") {
