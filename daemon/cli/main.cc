@@ -184,16 +184,17 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
   }
   const int64_t budget_ms = config.server.drain_timeout_ms + grace_ms;
   if (stop_done.wait_for(std::chrono::milliseconds(budget_ms)) != std::future_status::ready) {
-    LogEvent(
-        LogLevel::kWarn, "stop_abandoned",
-        {{"signal", sig},
-         {"took_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::steady_clock::now() - stop_began)
-                         .count()},
-         {"detail", "handlers still running past server.drain_timeout and a grace of " +
-                        std::to_string(grace_ms) +
-                        " ms; leaving without them, as after a crash: their callers were answered "
-                        "503, and the next start releases their keys and takes their work over"}});
+    LogEvent(LogLevel::kWarn, "stop_abandoned",
+             {{"signal", sig},
+              {"took_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - stop_began)
+                              .count()},
+              {"detail",
+               "handlers or background work (effector calls, sweeps) still running past "
+               "server.drain_timeout and a grace of " +
+                   std::to_string(grace_ms) +
+                   " ms; leaving without them, as after a crash: their callers were answered "
+                   "503, and the next start releases their keys and takes their work over"}});
     std::fflush(nullptr);
     std::_Exit(1);  // not a clean stop, and a supervisor should know
   }

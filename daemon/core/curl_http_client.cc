@@ -71,6 +71,7 @@ StatusOr<const CurlApi*> LoadCurl() {
 struct WriteState {
   std::string* body;
   size_t limit;
+  bool truncate = false;
   bool too_large = false;
 };
 
@@ -78,11 +79,21 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
   auto* state = static_cast<WriteState*>(user);
   size_t n = size * count;
   if (state->body->size() + n > state->limit) {
+    if (state->truncate) {  // kept up to the limit; the rest is read and dropped
+      state->body->append(data, state->limit - state->body->size());
+      return n;
+    }
     state->too_large = true;
     return 0;  // makes curl abort with CURLE_WRITE_ERROR
   }
   state->body->append(data, n);
   return n;
+}
+
+// CURLOPT_XFERINFOFUNCTION: nonzero ends the transfer
+// (CURLE_ABORTED_BY_CALLBACK) once the request's cancel flag is set.
+int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const std::atomic<bool>*>(user)->load(std::memory_order_relaxed) ? 1 : 0;
 }
 
 std::string Trim(std::string_view s) {
@@ -206,7 +217,7 @@ class CurlHttpClient final : public HttpClient {
     if (h == nullptr) return Internal(what + ": curl_easy_init failed");
 
     HttpResponse response;
-    WriteState write{&response.body, request.max_response_bytes};
+    WriteState write{&response.body, request.max_response_bytes, request.truncate_response};
     char errbuf[CURL_ERROR_SIZE];
     errbuf[0] = '\0';
 
@@ -229,6 +240,11 @@ class CurlHttpClient final : public HttpClient {
     curl.easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
     curl.easy_setopt(h, CURLOPT_HEADERDATA, &response.headers);
     curl.easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+    if (request.cancel != nullptr) {
+      curl.easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+      curl.easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &OnProgress);
+      curl.easy_setopt(h, CURLOPT_XFERINFODATA, const_cast<std::atomic<bool>*>(request.cancel));
+    }
 
     if (request.method == "GET") {
       curl.easy_setopt(h, CURLOPT_HTTPGET, 1L);
@@ -250,7 +266,9 @@ class CurlHttpClient final : public HttpClient {
     if (rc == CURLE_OK) curl.easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     Status error;
     if (rc != CURLE_OK) {
-      if (rc == CURLE_WRITE_ERROR && write.too_large) {
+      if (rc == CURLE_ABORTED_BY_CALLBACK && request.cancel != nullptr) {
+        error = Unavailable(what + ": cancelled", true);
+      } else if (rc == CURLE_WRITE_ERROR && write.too_large) {
         error = ResourceExhausted(what + ": response body larger than " +
                                   std::to_string(request.max_response_bytes) + " bytes");
       } else {

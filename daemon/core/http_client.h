@@ -11,7 +11,9 @@
 //                                 connection cut mid-body, empty reply;
 //   Unavailable, not retryable    TLS certificate verification failed;
 //   ResourceExhausted             the response body exceeded
-//                                 max_response_bytes;
+//                                 max_response_bytes (unless
+//                                 truncate_response);
+//   Unavailable, retryable        the request's `cancel` was set;
 //   InvalidArgument               malformed URL, unsupported scheme or
 //                                 method, a header containing CR or LF.
 //   FailedPrecondition            (the libcurl client) libcurl.so.4 cannot
@@ -26,6 +28,7 @@
 // Thread-safety: implementations are safe for concurrent Send calls.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,6 +51,13 @@ struct HttpRequest {
   int64_t connect_timeout_ms = 10'000;
   int64_t timeout_ms = 30'000;  // the whole exchange, connect included
   size_t max_response_bytes = 16u << 20;
+  // Past max_response_bytes: false, the exchange fails (ResourceExhausted);
+  // true, the body is cut there and the response returned (for a caller
+  // that reads only the status).
+  bool truncate_response = false;
+  // When set (by another thread) while the exchange runs, it ends at once
+  // with Unavailable (retryable) "cancelled"; may be null.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct HttpResponse {

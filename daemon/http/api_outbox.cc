@@ -53,9 +53,11 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
   routes.push_back(Route{
       .method = "GET",
       .pattern = "/v1/events",
-      .summary = "Outbox events in commit order (?after=CURSOR&limit=100): decision.created, "
-                 "plan.<state>, effect.done, work.dead_letter. Keep next_cursor and ask again "
-                 "with it; an event is never skipped. Dedupe on event_id.",
+      .summary =
+          "Outbox events in commit order (?after=CURSOR&limit=100): decision.created, "
+          "plan.<state>, effect.done, work.dead_letter. Keep next_cursor and ask again "
+          "with it; an event is never skipped (a cursor retention has passed is refused, 409). "
+          "Dedupe on event_id.",
       .responses = {{200, "outbox.event.list"}, {400, "problem"}, {409, "problem"}},
       .roles = {"operator"},
       .query = {TextDoc("after",
@@ -67,6 +69,17 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         const std::string id = store_id.value_or("");
         ASSIGN_OR_RETURN(uint64_t after, CursorText(QueryParam(ctx, "after"), id));
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
+        // Retention waits for the configured subscribers, not for pullers:
+        // a cursor below what it deleted would skip those events unseen.
+        ASSIGN_OR_RETURN(uint64_t swept, deps.store.outbox().SweptThrough());
+        if (after > 0 && after < swept) {
+          return Status(Code::kFailedPrecondition,
+                        "events after this cursor, up to seq " + std::to_string(swept) +
+                            ", were deleted by retention (outbox.retention) before this reader "
+                            "took them: reconcile what they covered, then continue with after=" +
+                            (id.empty() ? "" : id + ":") + std::to_string(swept),
+                        "query:after");
+        }
         ASSIGN_OR_RETURN(std::vector<OutboxEvent> events, deps.store.outbox().After(after, limit));
         Json items = Json::array();
         for (const OutboxEvent& e : events) items.push_back(e.ToJson());
@@ -81,22 +94,26 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .method = "GET",
       .pattern = "/v1/outbox/dead-letters",
       .summary = "Outbox events a subscriber did not take within its attempts "
-                 "(?subscriber=NAME&limit=100), oldest event first.",
+                 "(?subscriber=NAME&limit=100&cursor=), oldest event first; a full page "
+                 "has a next_cursor.",
       .responses = {{200, "outbox.dead_letter.list"}, {400, "problem"}, {404, "problem"}},
       .roles = {"operator"},
       .query = {TextDoc("subscriber", "only this subscriber's (404 for one not configured)"),
-                LimitDoc(kOutboxPage)},
+                LimitDoc(kOutboxPage), CursorDoc()},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
         const std::string subscriber = QueryParam(ctx, "subscriber");
         if (!subscriber.empty() && !deps.config.outbox.subscribers.contains(subscriber)) {
           return Status(Code::kNotFound, "no outbox subscriber " + subscriber, "query:subscriber");
         }
+        ASSIGN_OR_RETURN(uint64_t after, SeqText(QueryParam(ctx, "cursor"), "query:cursor", true));
         ASSIGN_OR_RETURN(std::vector<OutboxDeadLetter> dead,
-                         deps.store.outbox().DeadLetters(subscriber, limit));
+                         deps.store.outbox().DeadLetters(subscriber, after, limit));
         Json items = Json::array();
         for (const OutboxDeadLetter& d : dead) items.push_back(d.ToJson());
-        return RouteResponse{200, {{"items", std::move(items)}}, {}};
+        Json body = {{"items", std::move(items)}};
+        if (dead.size() == limit) body["next_cursor"] = std::to_string(dead.back().event.seq);
+        return RouteResponse{200, std::move(body), {}};
       }});
 
   routes.push_back(Route{

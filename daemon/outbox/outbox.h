@@ -33,6 +33,7 @@
 // Thread-safety: Start/Stop from one thread; Sweep from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -72,8 +73,9 @@ class OutboxDispatcher {
   ~OutboxDispatcher();  // Stop()
 
   void Start();
-  // Wakes and joins every subscriber thread; a delivery in flight finishes
-  // (bounded by its timeout) without moving on.
+  // Wakes and joins every subscriber thread. A POST in flight is abandoned
+  // at once, its cursor not moved: the event is delivered again after the
+  // restart (at least once), so a slow subscriber never holds up a stop.
   void Stop();
 
   // Retention: deletes up to `limit` events older than the retention window
@@ -86,6 +88,7 @@ class OutboxDispatcher {
     HttpHeaders headers;  // expanded; held in memory only
     std::thread thread;
     int64_t next_replay_scan_ms = 0;  // its thread only
+    uint64_t replay_scan_after = 0;   // where the next scan goes on (its thread only)
     // The subscriber's lease, as this dispatcher holds it (its thread only):
     // empty token: not held.
     std::string lease_token;
@@ -135,7 +138,8 @@ class OutboxDispatcher {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
+  bool stopping_ = false;            // guarded by mu_
+  std::atomic<bool> cancel_{false};  // set by Stop: ends a POST in flight
 };
 
 }  // namespace idem

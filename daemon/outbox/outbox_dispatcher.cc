@@ -18,6 +18,10 @@ namespace {
 
 constexpr size_t kBatch = 64;
 constexpr int64_t kReplayScanMs = 1'000;
+// Dead letters read by one scan for replays: kReplayScanPages pages of
+// kReplayScanPage (4,000 a second at most, only while dead letters exist).
+constexpr size_t kReplayScanPage = 1'000;
+constexpr int kReplayScanPages = 4;
 
 int64_t RetryAfterMs(const HttpResponse& r) {
   const std::string* v = r.FindHeader("retry-after");
@@ -76,6 +80,13 @@ OutboxDispatcher::~OutboxDispatcher() { Stop(); }
 
 void OutboxDispatcher::Start() {
   for (auto& s : subscribers_) {
+    // The gauge shows the durable cursor from the start, not 0 until the
+    // next delivery (a false lag after every restart).
+    if (s->cursor != nullptr) {
+      if (StatusOr<uint64_t> c = store_.Cursor(s->config.name); c.ok()) {
+        s->cursor->Set(static_cast<int64_t>(*c));
+      }
+    }
     Subscriber* raw = s.get();
     s->thread = std::thread([this, raw] {
       NameThread("outbox");
@@ -89,6 +100,7 @@ void OutboxDispatcher::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  cancel_.store(true, std::memory_order_relaxed);
   cv_.notify_all();
   for (auto& s : subscribers_) {
     if (s->thread.joinable()) s->thread.join();
@@ -161,7 +173,10 @@ Status OutboxDispatcher::Post(const Subscriber& s, const OutboxEvent& e, bool* f
   req.body = e.ToJson().dump();
   req.timeout_ms = s.config.retry.timeout_ms;
   req.connect_timeout_ms = std::min<int64_t>(req.timeout_ms, 10'000);
+  // Only the status counts: a 2xx with a long body (an echo) is delivered.
   req.max_response_bytes = 64 << 10;
+  req.truncate_response = true;
+  req.cancel = &cancel_;
   StatusOr<HttpResponse> r = http_.Send(req);
   if (!r.ok()) return r.status();
   if (r->status >= 200 && r->status < 300) return Status::Ok();
@@ -203,6 +218,8 @@ OutboxDispatcher::Delivered OutboxDispatcher::Deliver(Subscriber& s, const Outbo
         if (!Wait(1'000)) return Delivered::kStopping;
       }
     }
+    // Stopped mid-POST: not an attempt; the restart delivers it again.
+    if (cancel_.load(std::memory_order_relaxed)) return Delivered::kStopping;
     error = sent.message();
     Count(s.failed);
     if (final || attempt >= max_attempts) break;
@@ -241,14 +258,27 @@ void OutboxDispatcher::ReplayRequested(Subscriber& s) {
   const int64_t now = clock_.NowMillis();
   if (now < s.next_replay_scan_ms) return;
   s.next_replay_scan_ms = now + kReplayScanMs;
-  StatusOr<std::vector<OutboxDeadLetter>> dead = store_.DeadLetters(s.config.name, 1'000);
-  if (!dead.ok()) return;
-  for (const OutboxDeadLetter& d : *dead) {
-    if (d.state != "replaying") continue;
+  // Every dead letter is looked at, a few pages a scan, continued at the
+  // next scan and begun again after the last: a replay asked for any of
+  // them is posted within a scan per kReplayScanPages pages before it.
+  std::vector<OutboxDeadLetter> dead;
+  for (int page = 0; page < kReplayScanPages; ++page) {
+    StatusOr<std::vector<OutboxDeadLetter>> more =
+        store_.DeadLetters(s.config.name, s.replay_scan_after, kReplayScanPage);
+    if (!more.ok()) break;
+    const bool last = more->size() < kReplayScanPage;
+    s.replay_scan_after = last ? 0 : more->back().event.seq;
+    for (OutboxDeadLetter& d : *more) {
+      if (d.state == "replaying") dead.push_back(std::move(d));
+    }
+    if (last) break;
+  }
+  for (const OutboxDeadLetter& d : dead) {
     if (!Hold(s)) return;
     bool final = false;
     int64_t retry_after = 0;
     Status sent = Post(s, d.event, &final, &retry_after);
+    if (cancel_.load(std::memory_order_relaxed)) return;  // still replaying after the restart
     Status noted = store_.FinishReplay(s.config.name, d.event.seq, sent.ok(),
                                        sent.ok() ? "" : sent.message(), clock_.NowMillis());
     Count(sent.ok() ? s.replay_delivered : s.replay_failed);

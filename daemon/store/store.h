@@ -788,9 +788,10 @@ class OutboxStore {
   // Stores the dead letter and moves the subscriber's cursor to its seq in
   // one atomic write.
   virtual Status AddDeadLetter(const OutboxDeadLetter& dl) = 0;
-  // Dead letters of `subscriber` ("" : all), oldest event first.
+  // Dead letters of `subscriber` ("" : all) whose event's seq is above
+  // `after_seq`, oldest event first: a page, continued after the last seq.
   virtual StatusOr<std::vector<OutboxDeadLetter>> DeadLetters(const std::string& subscriber,
-                                                              size_t limit) = 0;
+                                                              uint64_t after_seq, size_t limit) = 0;
   // dead -> replaying: the dispatcher tries it once more. NotFound if none.
   virtual StatusOr<OutboxDeadLetter> RequestReplay(const std::string& subscriber, uint64_t seq) = 0;
   // The replay's outcome: delivered removes the dead letter; otherwise it is
@@ -800,6 +801,9 @@ class OutboxStore {
   // Deletes up to `limit` events with seq <= through_seq and at_ms <=
   // cutoff_ms, oldest first; returns how many.
   virtual StatusOr<size_t> Sweep(uint64_t through_seq, int64_t cutoff_ms, size_t limit) = 0;
+  // The highest seq Sweep has deleted (0: none yet): a reader whose cursor
+  // is below it has missed the events in between.
+  virtual StatusOr<uint64_t> SweptThrough() = 0;
 };
 
 // --------------------------------------------------------------------- meta

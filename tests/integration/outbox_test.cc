@@ -241,3 +241,38 @@ TEST_CASE("outbox: an event committed before a kill -9 is delivered after the re
 }
 
 }  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("outbox: a puller's cursor that retention passed is refused, not answered with a gap") {
+  auto hook = fakes::FakeEffectorServer::Start();
+  REQUIRE(hook != nullptr);
+  TempDir dir;
+  std::string config =
+      WriteTestConfig(dir, kQuestionRules, OutboxYaml(*hook, 3) + "  retention: 1s\n");
+  std::string err;
+  auto daemon = DaemonProcess::Start(Args(config, dir, "daemon.sweep_every_second=error"), &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto c = daemon->Client();
+  Complete(*c, "INV-R1");
+  const std::string cursor = Get(*c, "/v1/events?after=0")["next_cursor"];  // the puller's
+  Complete(*c, "INV-R2");
+  Complete(*c, "INV-R3");
+  // The subscriber takes all three; then retention deletes them.
+  REQUIRE(WaitFor([&] { return Received(*hook).size() >= 3; }, 10'000));
+  REQUIRE(WaitFor([&] { return Get(*c, "/v1/events?after=0")["items"].empty(); }, 10'000));
+  auto passed = c->Get(("/v1/events?after=" + cursor).c_str());
+  REQUIRE(passed);
+  CHECK(passed->status == 409);
+  const Json problem = Json::parse(passed->body);
+  CHECK(problem["pointer"] == "query:after");
+  const std::string detail = problem["detail"];
+  CHECK_MESSAGE(detail.find("deleted by retention") != std::string::npos, detail);
+  // The cursor it names goes on from there.
+  const std::string resume = detail.substr(detail.rfind("after=") + 6);
+  CHECK(Get(*c, "/v1/events?after=" + resume)["items"].empty());
+  Complete(*c, "INV-R4");
+  CHECK(Get(*c, "/v1/events?after=" + resume)["items"].size() == 1);
+}
+
+}  // namespace idem::testing

@@ -122,6 +122,8 @@ namespace {
 // Rows numbered per sequencer run: bounds its transaction.
 constexpr int kSequenceBatch = 1'000;
 constexpr size_t kMaxLimit = 100'000;
+// The meta key of the highest seq retention deleted (SweptThrough).
+constexpr std::string_view kSweptKey = "outbox.swept_through";
 
 constexpr const char* kDeadColumns =
     "subscriber, seq, event::text, attempts, last_error, state, dead_at_ms";
@@ -212,19 +214,21 @@ class PgOutboxStore final : public OutboxStore {
   }
 
   StatusOr<std::vector<OutboxDeadLetter>> DeadLetters(const std::string& subscriber,
-                                                      size_t limit) override {
+                                                      uint64_t after_seq, size_t limit) override {
     std::vector<OutboxDeadLetter> out;
     if (limit == 0) return out;
     limit = std::min(limit, kMaxLimit);
     const std::string cols = kDeadColumns;
     StatusOr<Result> r =
         subscriber.empty()
-            ? ctx_.pool.Exec(
-                  "SELECT " + cols + " FROM outbox_dead ORDER BY seq, subscriber LIMIT $1",
-                  {P(static_cast<int64_t>(limit))})
+            ? ctx_.pool.Exec("SELECT " + cols +
+                                 " FROM outbox_dead WHERE seq > $1 ORDER BY seq, subscriber"
+                                 " LIMIT $2",
+                             {P(after_seq), P(static_cast<int64_t>(limit))})
             : ctx_.pool.Exec("SELECT " + cols +
-                                 " FROM outbox_dead WHERE subscriber = $1 ORDER BY seq LIMIT $2",
-                             {P(subscriber), P(static_cast<int64_t>(limit))});
+                                 " FROM outbox_dead WHERE subscriber = $1 AND seq > $2"
+                                 " ORDER BY seq LIMIT $3",
+                             {P(subscriber), P(after_seq), P(static_cast<int64_t>(limit))});
     RETURN_IF_ERROR(r.status());
     for (int i = 0; i < r->rows(); ++i) {
       ASSIGN_OR_RETURN(OutboxDeadLetter d, DeadFromRow(*r, i));
@@ -261,12 +265,26 @@ class PgOutboxStore final : public OutboxStore {
     if (limit == 0 || through_seq == 0) return size_t{0};
     limit = std::min(limit, kMaxLimit);
     // Oldest first; outbox_head keeps the last seq, so none is given again.
-    ASSIGN_OR_RETURN(
-        Result r, ctx_.pool.Exec("DELETE FROM outbox WHERE seq IN ("
-                                 " SELECT seq FROM outbox WHERE seq IS NOT NULL AND seq <= $1"
-                                 " AND at_ms <= $2 ORDER BY seq LIMIT $3)",
-                                 {P(through_seq), P(cutoff_ms), P(static_cast<int64_t>(limit))}));
-    return static_cast<size_t>(r.affected());
+    // The highest seq deleted is kept in meta (SweptThrough), in the same
+    // statement.
+    ASSIGN_OR_RETURN(Result r,
+                     ctx_.pool.Exec("WITH gone AS (DELETE FROM outbox WHERE seq IN ("
+                                    " SELECT seq FROM outbox WHERE seq IS NOT NULL AND seq <= $1"
+                                    " AND at_ms <= $2 ORDER BY seq LIMIT $3) RETURNING seq),"
+                                    " noted AS (INSERT INTO meta (key, value)"
+                                    " SELECT $4, max(seq)::text FROM gone HAVING count(*) > 0"
+                                    " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+                                    " WHERE meta.value::bigint < EXCLUDED.value::bigint)"
+                                    " SELECT count(*) FROM gone",
+                                    {P(through_seq), P(cutoff_ms), P(static_cast<int64_t>(limit)),
+                                     P(std::string(kSweptKey))}));
+    return static_cast<size_t>(r.i64(0, 0));
+  }
+
+  StatusOr<uint64_t> SweptThrough() override {
+    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec("SELECT value::bigint FROM meta WHERE key = $1",
+                                              {P(std::string(kSweptKey))}));
+    return r.rows() == 0 ? uint64_t{0} : static_cast<uint64_t>(r.i64(0, 0));
   }
 
  private:

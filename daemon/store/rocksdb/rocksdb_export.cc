@@ -39,7 +39,27 @@ constexpr std::string_view kEngineOnlyKeys[] = {"store.instance_id", "store.writ
 
 std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
 
-// Calls fn(key, value) for every entry of family f in the snapshot.
+// A record's key as an operator can read it (and find it with ldb): its
+// printable bytes, others as \xNN, at most 120 characters.
+std::string PrintableKey(std::string_view key) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : key) {
+    if (out.size() >= 120) return out + "…";
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// Calls fn(key, value) for every entry of family f in the snapshot. An
+// error names the family and the record's key: one bad record stops the
+// copy, and the operator must be able to find it.
 template <typename Fn>
 Status ForEach(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f, std::string_view what,
                Fn&& fn) {
@@ -49,7 +69,10 @@ Status ForEach(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f, std::
   std::unique_ptr<rocksdb::Iterator> it = db.NewIterator(f, ro);
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     Status s = fn(View(it->key()), View(it->value()));
-    if (!s.ok()) return s.Annotate(std::string(what));
+    if (!s.ok()) {
+      return s.Annotate(std::string(what) + " (family " + std::string(rocks::ColumnFamilyName(f)) +
+                        ", key \"" + PrintableKey(View(it->key())) + "\")");
+    }
   }
   return RocksDatabase::IteratorStatus(*it, what);
 }

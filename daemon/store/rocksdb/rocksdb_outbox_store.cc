@@ -76,26 +76,37 @@ StatusOr<std::optional<OutboxDeadLetter>> RocksOutboxStore::LoadDead(const std::
 }
 
 StatusOr<std::vector<OutboxDeadLetter>> RocksOutboxStore::DeadLetters(const std::string& subscriber,
+                                                                      uint64_t after_seq,
                                                                       size_t limit) {
   std::vector<OutboxDeadLetter> out;
   if (limit == 0) return out;
+  // One subscriber's letters are in seq order under its prefix; all of
+  // them (an operator's list, a copy) are read whole and sorted.
   const std::string prefix = subscriber.empty() ? "" : LengthPrefixed(subscriber);
+  const std::string from = subscriber.empty() ? "" : DeadKey(subscriber, after_seq + 1);
   std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kOutboxDead, {});
-  for (it->Seek(prefix); it->Valid() && out.size() < limit; it->Next()) {
+  for (it->Seek(from); it->Valid() && (subscriber.empty() || out.size() < limit); it->Next()) {
     std::string_view key(it->key().data(), it->key().size());
     if (!key.starts_with(prefix)) break;
     ASSIGN_OR_RETURN(
         Json j, store_internal::DecodeJson(std::string_view(it->value().data(), it->value().size()),
                                            "outbox dead letter"));
     ASSIGN_OR_RETURN(OutboxDeadLetter d, OutboxDeadLetter::FromJson(j));
-    out.push_back(std::move(d));
+    if (d.event.seq > after_seq) out.push_back(std::move(d));
   }
   RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing outbox dead letters"));
   if (subscriber.empty()) {
     std::stable_sort(out.begin(), out.end(),
                      [](const auto& a, const auto& b) { return a.event.seq < b.event.seq; });
+    if (out.size() > limit) out.resize(limit);
   }
   return out;
+}
+
+StatusOr<uint64_t> RocksOutboxStore::SweptThrough() {
+  ASSIGN_OR_RETURN(std::optional<std::string> swept,
+                   db_.Get(Family::kMeta, RocksDatabase::kOutboxSweptKey));
+  return swept ? ReadBigEndian8(*swept) : uint64_t{0};
 }
 
 StatusOr<OutboxDeadLetter> RocksOutboxStore::RequestReplay(const std::string& subscriber,

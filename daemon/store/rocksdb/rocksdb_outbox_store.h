@@ -30,11 +30,12 @@ class RocksOutboxStore final : public OutboxStore {
   Status Advance(const std::string& subscriber, uint64_t seq) override;
   Status AddDeadLetter(const OutboxDeadLetter& dl) override;
   StatusOr<std::vector<OutboxDeadLetter>> DeadLetters(const std::string& subscriber,
-                                                      size_t limit) override;
+                                                      uint64_t after_seq, size_t limit) override;
   StatusOr<OutboxDeadLetter> RequestReplay(const std::string& subscriber, uint64_t seq) override;
   Status FinishReplay(const std::string& subscriber, uint64_t seq, bool delivered,
                       const std::string& error, int64_t now_ms) override;
   StatusOr<size_t> Sweep(uint64_t through_seq, int64_t cutoff_ms, size_t limit) override;
+  StatusOr<uint64_t> SweptThrough() override;
 
  private:
   StatusOr<std::optional<OutboxDeadLetter>> LoadDead(const std::string& subscriber, uint64_t seq);

@@ -1,7 +1,8 @@
-// Outbox dispatchers of two daemons on one store (issue 13): a subscriber's
-// events go out through one daemon at a time, under the named lease
-// "outbox:<subscriber>". The subscriber is the fake effector (real HTTP);
-// each dispatcher tags its requests, so the test sees who delivered what.
+// Outbox dispatchers: of two daemons on one store (issue 13), a
+// subscriber's events go out through one daemon at a time, under the named
+// lease "outbox:<subscriber>"; replays, stops and answers of one dispatcher.
+// The subscriber is the fake effector (real HTTP); each dispatcher tags its
+// requests, so the test sees who delivered what.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -68,11 +69,13 @@ struct SharedStore {
     return c;
   }
   std::unique_ptr<OutboxDispatcher> Dispatcher(const OutboxConfig& c, HttpClient& http,
-                                               const std::string& holder, bool lease = true) {
+                                               const std::string& holder, bool lease = true,
+                                               Metrics* metrics = nullptr) {
     OutboxCoordination co;
     co.leases = lease ? &store->leases() : nullptr;
     co.holder = holder;
-    return std::move(OutboxDispatcher::Create(c, store->outbox(), http, clock, co)).value();
+    return std::move(OutboxDispatcher::Create(c, store->outbox(), http, clock, co, metrics))
+        .value();
   }
   // Event id -> the dispatchers' tags that posted it, in order.
   std::map<std::string, std::vector<std::string>> Posted() const {
@@ -156,6 +159,97 @@ TEST_CASE("a subscriber whose daemon died is delivered once its outbox lease exp
   CHECK(t.sink->stats().raw_calls == 0);  // the dead daemon's lease is still live
   REQUIRE(t.WaitForEffects(5, 10'000));
   CHECK(t.sink->stats().raw_calls == 5);
+  a->Stop();
+}
+
+TEST_CASE("a replay asked for behind thousands of older dead letters is posted") {
+  SharedStore t;
+  OutboxStore& o = t.store->outbox();
+  // A subscriber that refused everything for a while (a rotated token).
+  constexpr uint64_t kDead = 4'500;
+  for (uint64_t seq = 1; seq <= kDead; ++seq) {
+    OutboxDeadLetter dl;
+    dl.subscriber = "sink";
+    dl.event.seq = seq;
+    dl.event.event_id = OutboxEvent::IdFor("", seq);
+    dl.event.type = "effect.done";
+    dl.event.key = "w" + std::to_string(seq);
+    dl.attempts = 1;
+    dl.last_error = "HTTP 401";
+    dl.dead_at_ms = 1;
+    REQUIRE(o.AddDeadLetter(dl).ok());
+  }
+  REQUIRE(o.RequestReplay("sink", kDead).ok());
+  auto a = t.Dispatcher(t.Config("a"), *t.http_a, "daemon-a", false);
+  a->Start();
+  REQUIRE(t.WaitForEffects(1, 10'000));
+  CHECK(t.Posted().count(OutboxEvent::IdFor("", kDead)) == 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!o.DeadLetters("sink", kDead - 1, 1)->empty() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(o.DeadLetters("sink", kDead - 1, 1)->empty());  // delivered: no longer dead
+  CHECK(o.DeadLetters("sink", 0, 10'000)->size() == kDead - 1);
+  a->Stop();
+}
+
+TEST_CASE("a stop abandons a POST in flight at once and leaves its event for the restart") {
+  SharedStore t;
+  t.sink->SetLatencyMs(3'000);
+  OutboxConfig c = t.Config("a");
+  c.subscribers["sink"].retry.timeout_ms = 10'000;
+  Metrics metrics;
+  auto a = t.Dispatcher(c, *t.http_a, "daemon-a", false, &metrics);
+  t.Stage(1);
+  a->Start();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (t.sink->stats().raw_calls == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(t.sink->stats().raw_calls == 1);
+  const auto began = std::chrono::steady_clock::now();
+  a->Stop();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - began)
+                        .count();
+  CHECK_MESSAGE(took < 1'000, "Stop took ", took, " ms");  // not the subscriber's 3 s
+  CHECK(*t.store->outbox().Cursor("sink") == 0);           // delivered again after the restart
+  // Not counted as a failed attempt: nothing failed.
+  CHECK(metrics.outbox_deliveries.Declare({"sink", "failed"}).Get() == 0);
+}
+
+TEST_CASE("a 2xx with a body larger than the answer limit is a delivery") {
+  SharedStore t;
+  // The sink echoes what it is sent: an event of 70 KB comes back as more.
+  Decision d;
+  d.decision_id = "dec_" + RandomHex(16);
+  d.decision_key = Sha256Hex("large");
+  d.step = std::string(70'000, 's');
+  d.output = {{"n", 1}};
+  d.material = {{"n", 1}};
+  d.created_at_ms = t.clock.NowMillis();
+  REQUIRE(t.store->decisions().PutIfAbsent(d, d.created_at_ms).ok());
+  auto a = t.Dispatcher(t.Config("a"), *t.http_a, "daemon-a", false);
+  a->Start();
+  REQUIRE(t.WaitForEffects(1, 10'000));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (*t.store->outbox().Cursor("sink") == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  a->Stop();
+  CHECK(*t.store->outbox().Cursor("sink") > 0);
+  CHECK(t.sink->stats().raw_calls == 1);  // once: not retried as a failure
+  CHECK(t.store->outbox().DeadLetters("sink", 0, 10)->empty());
+}
+
+TEST_CASE("the cursor gauge shows the durable cursor from the start") {
+  SharedStore t;
+  REQUIRE(t.store->outbox().Advance("sink", 42).ok());
+  Metrics metrics;
+  auto a = t.Dispatcher(t.Config("a"), *t.http_a, "daemon-a", false, &metrics);
+  a->Start();
+  CHECK(metrics.outbox_cursor.Declare({"sink"}).Get() == 42);
   a->Stop();
 }
 

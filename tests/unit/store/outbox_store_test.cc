@@ -251,26 +251,26 @@ TEST_CASE("a subscriber's cursor moves forward only, and a dead letter moves it 
   dl.dead_at_ms = kT0;
   REQUIRE(o.AddDeadLetter(dl).ok());
   CHECK(*o.Cursor("billing") == 9);
-  StatusOr<std::vector<OutboxDeadLetter>> dead = o.DeadLetters("billing", 10);
+  StatusOr<std::vector<OutboxDeadLetter>> dead = o.DeadLetters("billing", 0, 10);
   REQUIRE(dead.ok());
   REQUIRE(dead->size() == 1);
   CHECK((*dead)[0].event.key == "w9");
   CHECK((*dead)[0].state == "dead");
-  CHECK(o.DeadLetters("crm", 10)->empty());
+  CHECK(o.DeadLetters("crm", 0, 10)->empty());
 
   CHECK(o.RequestReplay("billing", 8).status().code() == Code::kNotFound);
   StatusOr<OutboxDeadLetter> replaying = o.RequestReplay("billing", 9);
   REQUIRE(replaying.ok());
   CHECK(replaying->state == "replaying");
   REQUIRE(o.FinishReplay("billing", 9, false, "HTTP 500", kT0 + 1).ok());
-  dead = o.DeadLetters("", 10);
+  dead = o.DeadLetters("", 0, 10);
   REQUIRE(dead->size() == 1);
   CHECK((*dead)[0].state == "dead");
   CHECK((*dead)[0].attempts == 4);
   CHECK((*dead)[0].last_error == "HTTP 500");
   REQUIRE(o.RequestReplay("billing", 9).ok());
   REQUIRE(o.FinishReplay("billing", 9, true, "", kT0 + 2).ok());
-  CHECK(o.DeadLetters("", 10)->empty());
+  CHECK(o.DeadLetters("", 0, 10)->empty());
 }
 
 TEST_CASE("retention deletes old events up to a seq, and seqs are never reused after reopen") {
@@ -283,17 +283,52 @@ TEST_CASE("retention deletes old events up to a seq, and seqs are never reused a
     std::vector<OutboxEvent> events = All(*store);
     REQUIRE(events.size() == 2);
     last = events[1].seq;
+    CHECK(*store->outbox().SweptThrough() == 0);
     // Not past the seq, not inside the window: kept.
     CHECK(*store->outbox().Sweep(events[0].seq, kT0, 100) == 1);
     CHECK(*store->outbox().Sweep(last, kT0 - 1, 100) == 0);
+    CHECK(*store->outbox().SweptThrough() == events[0].seq);
     CHECK(*store->outbox().Sweep(last, kT0, 100) == 1);
+    CHECK(*store->outbox().SweptThrough() == last);
     CHECK(All(*store).empty());
   }
   auto store = OpenStore(dir.path());
+  CHECK(*store->outbox().SweptThrough() == last);  // durable
   REQUIRE(store->plans().Put(MakePlan("plan_3")).ok());
   std::vector<OutboxEvent> events = All(*store);
   REQUIRE(events.size() == 1);
   CHECK(events[0].seq > last);
+}
+
+TEST_CASE("dead letters page in seq order after a seq, per subscriber and for all") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  OutboxStore& o = store->outbox();
+  for (uint64_t seq = 1; seq <= 7; ++seq) {
+    OutboxDeadLetter dl;
+    dl.subscriber = seq % 2 == 0 ? "crm" : "billing";  // billing: 1 3 5 7, crm: 2 4 6
+    dl.event.seq = seq;
+    dl.event.event_id = OutboxEvent::IdFor("", seq);
+    dl.event.type = "effect.done";
+    dl.event.key = "w" + std::to_string(seq);
+    dl.attempts = 1;
+    dl.dead_at_ms = kT0;
+    REQUIRE(o.AddDeadLetter(dl).ok());
+  }
+  auto seqs = [](const StatusOr<std::vector<OutboxDeadLetter>>& page) {
+    std::vector<uint64_t> out;
+    REQUIRE_MESSAGE(page.ok(), page.status().ToString());
+    for (const OutboxDeadLetter& d : *page) out.push_back(d.event.seq);
+    return out;
+  };
+  CHECK(seqs(o.DeadLetters("billing", 0, 2)) == std::vector<uint64_t>{1, 3});
+  CHECK(seqs(o.DeadLetters("billing", 3, 2)) == std::vector<uint64_t>{5, 7});
+  CHECK(seqs(o.DeadLetters("billing", 4, 10)) == std::vector<uint64_t>{5, 7});
+  CHECK(seqs(o.DeadLetters("billing", 7, 10)).empty());
+  CHECK(seqs(o.DeadLetters("crm", 2, 10)) == std::vector<uint64_t>{4, 6});
+  CHECK(seqs(o.DeadLetters("", 0, 3)) == std::vector<uint64_t>{1, 2, 3});
+  CHECK(seqs(o.DeadLetters("", 3, 3)) == std::vector<uint64_t>{4, 5, 6});
+  CHECK(seqs(o.DeadLetters("", 6, 3)) == std::vector<uint64_t>{7});
 }
 
 TEST_CASE("event ids of two stores differ and a store keeps its own across a restart") {

@@ -313,8 +313,8 @@ std::vector<std::string> Differences(Store& from, Store& to) {
          b.ok() ? StatusOr<Json>(Json(*b)) : StatusOr<Json>(b.status()));
   }
   auto dead_json = [](const OutboxDeadLetter& d) { return d.ToJson(); };
-  same("outbox dead letters", ListJson(from.outbox().DeadLetters("", 100), dead_json),
-       ListJson(to.outbox().DeadLetters("", 100), dead_json));
+  same("outbox dead letters", ListJson(from.outbox().DeadLetters("", 0, 100), dead_json),
+       ListJson(to.outbox().DeadLetters("", 0, 100), dead_json));
 
   // Meta.
   for (const std::string key : {"prompt.triage.v1", "cost.2026-12-01"}) {
