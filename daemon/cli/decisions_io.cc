@@ -206,6 +206,24 @@ int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
     }
     Write(o.out, t.Render(o.style));
   }
+  // A decision whose key holds another one here was not stored: say which
+  // (an older decision of a key refreshed since, in an export of both).
+  Table kept({"LINE", "DECISION NOT STORED", "THE KEY KEEPS"});
+  size_t not_stored = 0;
+  for (const Json& r : merged["results"]) {
+    const std::string cached = r.value("cached_decision_id", "");
+    if (r.value("verdict", "") != "exists" || cached.empty()) continue;
+    if (++not_stored <= 20) {
+      kept.AddRow(
+          {std::to_string(r.value("line", int64_t{0})), r.value("decision_id", ""), cached});
+    }
+  }
+  if (not_stored > 0) {
+    Write(o.out, kept.Render(o.style));
+    if (not_stored > 20) {
+      Write(o.out, "(and " + std::to_string(not_stored - 20) + " more; --json lists them all)\n");
+    }
+  }
   Write(o.out, "imported " + std::to_string(merged["imported"].get<int64_t>()) + ", exists " +
                    std::to_string(merged["exists"].get<int64_t>()) + ", expired " +
                    std::to_string(merged["expired"].get<int64_t>()) + ", refused " +

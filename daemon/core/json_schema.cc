@@ -490,6 +490,38 @@ StatusOr<std::unique_ptr<JsonSchema>> JsonSchema::Create(const Json& schema) {
   return std::unique_ptr<JsonSchema>(new JsonSchema(schema, std::move(compiled)));
 }
 
+namespace {
+
+// valijson stops at an object's first unknown key: appends an "unknown
+// key" error for every key of the object at `object_tokens` that its
+// schema does not know (the first among them again; Errors drops repeats).
+void UnknownSiblings(const Json& root, const std::vector<std::string>& object_tokens,
+                     const Json& doc, std::vector<SchemaError>& errors) {
+  const Json* schema = SubschemaAt(root, doc, object_tokens);
+  const std::string at = PointerOf(object_tokens);
+  const Json* value = ValueAt(doc, at);
+  if (schema == nullptr || !schema->is_object() || value == nullptr || !value->is_object()) return;
+  auto additional = schema->find("additionalProperties");
+  if (additional == schema->end() || *additional != false) return;
+  const auto props = schema->find("properties");
+  const auto patterns = schema->find("patternProperties");
+  for (auto it = value->begin(); it != value->end(); ++it) {
+    bool known = props != schema->end() && props->is_object() && props->contains(it.key());
+    if (!known && patterns != schema->end() && patterns->is_object()) {
+      for (auto p = patterns->begin(); p != patterns->end() && !known; ++p) {
+        try {
+          known = std::regex_search(it.key(), std::regex(p.key(), std::regex::ECMAScript));
+        } catch (const std::regex_error&) {
+          known = true;  // cannot tell: not reported
+        }
+      }
+    }
+    if (!known) errors.push_back({at + "/" + JsonPointerToken(it.key()), "unknown key"});
+  }
+}
+
+}  // namespace
+
 std::vector<SchemaError> JsonSchema::Errors(const Json& doc) const {
   valijson::ValidationResults results;
   try {
@@ -511,6 +543,10 @@ std::vector<SchemaError> JsonSchema::Errors(const Json& doc) const {
     if (has_specific && IsPropagation(error.description)) continue;
     if (!IsCombinatorSummary(error.description)) {
       errors.push_back(Translate(schema_, doc, error));
+      if (errors.back().message == "unknown key") {
+        // The others are listed too, so that one run shows every typo.
+        UnknownSiblings(schema_, ContextTokens(error.context), doc, errors);
+      }
       continue;
     }
     // valijson lists every branch's errors, then this summary. Replace them

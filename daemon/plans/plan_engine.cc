@@ -816,12 +816,16 @@ StatusOr<std::unique_ptr<PlanEngine>> PlanEngine::Create(const Config& config, S
                                                          ApplyEngine& apply, StableClock& clock,
                                                          Metrics& metrics, Notifier& notifier,
                                                          PlanEngineOptions options) {
-  auto check = [](const std::optional<ApprovalPolicy>& p, const std::string& at) -> Status {
+  auto check = [&config](const std::optional<ApprovalPolicy>& p, const std::string& at) -> Status {
     if (!p || p->require != "when") return Status::Ok();
     Status s = CheckJsonLogicRule(p->when);
     if (!s.ok()) {
       const std::string where = s.field().empty() ? "" : " (at " + s.field() + ")";
-      // The daemon tells it as a config error: file, line, this pointer.
+      // The daemon tells it as a config error: file, line, this pointer
+      // (the rule itself when it is inline, else the key naming its file).
+      if (p->source == config.source_path) {
+        return InvalidArgument("the rule is not usable: " + s.message() + where, at + "/when");
+      }
       return InvalidArgument("the rule in " + p->source + " is not usable: " + s.message() + where,
                              at);
     }

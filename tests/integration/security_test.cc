@@ -219,6 +219,20 @@ TEST_CASE("a config error found by the components built from it names the file, 
               "/providers/llm/api_key_env: provider 'llm' (openai): environment variable "
               "IDEM_IT_NEVER_SET_KEY is not set or empty");
   }
+  {
+    // An inline approval rule the JSONLogic engine cannot run (the plan engine's check).
+    TempDir dir;
+    RefusedAt(dir,
+              WriteTestConfig(dir, kRules,
+                              "actions:\n"
+                              "  pay:\n"
+                              "    identity: {fields: [/id], version: v1}\n"
+                              "    window: 1h\n"
+                              "    on_duplicate: conflict\n"
+                              "    approval:\n"
+                              "      when: {\">>\": [{\"var\": \"args.amount\"}, 100]}\n"),
+              "when:", "/actions/pay/approval/when: the rule is not usable: ");
+  }
 }
 
 TEST_CASE("serve and migrate refuse a PostgreSQL URL libpq cannot parse without printing it") {

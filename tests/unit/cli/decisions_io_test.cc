@@ -128,6 +128,32 @@ TEST_CASE("decisions import sends JSON Lines and reports the file's line numbers
   CHECK(out.find("\n2 ") != std::string::npos);  // line 1 of batch 2 is the file's line 2
 }
 
+TEST_CASE("decisions import lists the lines it did not store because their key keeps another") {
+  FakeHttp http;
+  http.answer = [&](const HttpRequest&) -> StatusOr<HttpResponse> {
+    HttpResponse res;
+    res.status = 200;
+    Json body = {{"imported", 1}, {"exists", 2}, {"expired", 0}, {"refused", 0}};
+    body["results"] =
+        Json::array({{{"line", 1}, {"verdict", "imported"}, {"decision_id", "dec_new"}},
+                     {{"line", 2}, {"verdict", "exists"}, {"decision_id", "dec_same"}},
+                     {{"line", 3},
+                      {"verdict", "exists"},
+                      {"decision_id", "dec_old"},
+                      {"cached_decision_id", "dec_new"}}});
+    res.body = body.dump();
+    return res;
+  };
+  DaemonClient api("http://d", "", http);
+  Captured cap;
+  CHECK(DecisionsImport(api, cap.Make(), "{}\n{}\n{}\n", 9) == kExitOk);
+  const std::string out = Captured::Read(cap.out);
+  CHECK_MESSAGE(out.find("DECISION NOT STORED") != std::string::npos, out);
+  CHECK(out.find("dec_old") != std::string::npos);
+  CHECK(out.find("dec_same") == std::string::npos);  // stored already: nothing to say
+  CHECK(out.find("imported 1, exists 2") != std::string::npos);
+}
+
 TEST_CASE("decisions export follows Idem-Next-Cursor and writes the lines as sent") {
   FakeHttp http;
   http.answer = [&](const HttpRequest& r) -> StatusOr<HttpResponse> {

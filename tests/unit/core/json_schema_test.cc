@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -153,6 +154,19 @@ TEST_CASE(
   REQUIRE(upsert.size() == 1);
   CHECK(upsert[0].pointer == "/upsert_key");
   CHECK(upsert[0].message.find("conditional") == std::string::npos);
+}
+
+TEST_CASE("every unknown key of an object is reported, not only the first valijson meets") {
+  auto schema = MustCreate(kTriageSchema);
+  auto errors = schema->Errors(Json::parse(
+      R"({"category": "bug", "priority": 1, "steps": [], "zeta": 1, "alpha": 2, "mid": 3})"));
+  std::vector<std::string> pointers;
+  for (const SchemaError& e : errors) {
+    CHECK(e.message == "unknown key");
+    pointers.push_back(e.pointer);
+  }
+  std::sort(pointers.begin(), pointers.end());
+  CHECK(pointers == std::vector<std::string>{"/alpha", "/mid", "/zeta"});
 }
 
 TEST_CASE("integers and numbers are told apart strictly") {
