@@ -143,7 +143,19 @@ class ApplyEngineImpl final : public ApplyEngine {
     std::lock_guard<std::mutex> lock(workers_mu_);
     return stopping_;
   }
-  void WorkerLoop();
+  // Which due work a worker runs: everything (RunDueOnce), the caller's
+  // action kinds, or idem's own kinds ("idem.", the notifications). Own
+  // kinds have a worker of their own, so a notification channel that hangs
+  // (each attempt may take its timeout) never holds up a refund's retry,
+  // and a flood of actions never delays the message a human waits for.
+  enum class Lane { kAll, kActions, kOwn };
+  StatusOr<size_t> RunDue(size_t max_items, Lane lane);
+  // Client-executed work whose last attempt's holder stopped (crashed)
+  // before finishing it: no one may claim it again, so no claim would bury
+  // it; it is made a dead letter here, as such a claim would (about once a
+  // second, a bounded page, by whichever worker comes first).
+  void BuryLapsedClientWork();
+  void WorkerLoop(Lane lane);
 
   const Config& config_;
   Journal& journal_;
@@ -172,6 +184,7 @@ class ApplyEngineImpl final : public ApplyEngine {
   // Attempts that ended in an error (not an effect's failure: a claim or
   // record the store refused), counted so a worker's pass can tell.
   std::atomic<uint64_t> failed_passes_{0};
+  std::atomic<int64_t> next_client_sweep_ms_{0};  // BuryLapsedClientWork's pace
 };
 
 // How long a worker waits after a pass whose attempts failed on the store:
@@ -527,6 +540,12 @@ Notification DeadLetterNotification(const WorkItem& dead, const Config& config) 
 namespace {
 
 StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
+  return RunDue(max_items, Lane::kAll);
+}
+
+bool IsOwnKind(const std::string& kind) { return kind.starts_with("idem."); }
+
+StatusOr<size_t> ApplyEngineImpl::RunDue(size_t max_items, Lane lane) {
   if (max_items == 0) return size_t{0};
   // Client-executed kinds are not this process's to run: the store passes
   // over them, however many wait (they filled every pass). In-flight work
@@ -536,6 +555,11 @@ StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
     MutexLock lock(mu_);
     skipped.insert(skipped.end(), foreign_kinds_.begin(), foreign_kinds_.end());
   }
+  if (lane != Lane::kAll) {
+    for (const auto& [name, unused] : kinds_) {
+      if (IsOwnKind(name) == (lane == Lane::kActions)) skipped.push_back(name);
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<WorkItem> due,
                    journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size(), skipped));
   size_t handled = 0;
@@ -543,7 +567,8 @@ StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
     if (handled >= max_items) break;
     if (stopping()) break;  // Stop() should not wait for a whole batch
     const KindRuntime* kind = FindKind(listed.kind);
-    if (kind != nullptr && !kind->effector) continue;  // clients claim their own work
+    if (kind != nullptr && !kind->effector) continue;     // clients claim their own work
+    if (lane == Lane::kOwn && kind == nullptr) continue;  // the actions' lane buries those
     if (kind == nullptr && options_.shared_journal) {
       PassOverForeignKind(listed.kind);
       continue;
@@ -575,11 +600,50 @@ StatusOr<size_t> ApplyEngineImpl::RunDueOnce(size_t max_items) {
   return handled;
 }
 
-void ApplyEngineImpl::WorkerLoop() {
+void ApplyEngineImpl::BuryLapsedClientWork() {
+  if (client_kinds_.empty()) return;
+  const int64_t now = clock_.NowMillis();
+  int64_t next = next_client_sweep_ms_.load(std::memory_order_relaxed);
+  if (now < next || !next_client_sweep_ms_.compare_exchange_strong(next, now + 1'000)) return;
+  // Due lists only the client kinds here: every other kind is skipped.
+  std::vector<std::string> skipped;
+  for (const auto& [name, kind] : kinds_) {
+    if (kind.effector) skipped.push_back(name);
+  }
+  {
+    MutexLock lock(mu_);
+    skipped.insert(skipped.end(), foreign_kinds_.begin(), foreign_kinds_.end());
+  }
+  StatusOr<std::vector<WorkItem>> due = journal_.Due(now, 100, skipped);
+  if (!due.ok()) return;
+  for (const WorkItem& item : *due) {
+    if (item.state != WorkState::kRunning || item.attempt < item.max_attempts ||
+        item.locked_until_ms > now) {
+      continue;
+    }
+    const KindRuntime* kind = FindKind(item.kind);
+    if (kind == nullptr || kind->effector) continue;
+    const ClaimRequest request = ClaimFor(*kind, item);
+    StatusOr<ClaimResult> claim = journal_.Claim(request);
+    if (claim.ok() && claim->outcome == ClaimOutcome::kDead &&
+        claim->item.updated_at_ms == request.now_ms) {
+      metrics_.work_dead.Inc();
+      NotifyDead(claim->item);
+      LogEvent(LogLevel::kWarn, "apply.client_work_buried",
+               {{"work_id", item.work_id},
+                {"kind", item.kind},
+                {"attempts", item.attempt},
+                {"detail", "the last attempt's lease ran out without a complete or a fail"}});
+    }
+  }
+}
+
+void ApplyEngineImpl::WorkerLoop(Lane lane) {
   while (true) {
     if (stopping()) return;
+    if (lane != Lane::kOwn) BuryLapsedClientWork();
     const uint64_t failed_before = failed_passes_.load(std::memory_order_relaxed);
-    StatusOr<size_t> handled = RunDueOnce(options_.batch);
+    StatusOr<size_t> handled = RunDue(options_.batch, lane);
     if (!handled.ok()) {
       LogEvent(LogLevel::kWarn, "apply.worker_pass_error",
                {{"error", handled.status().ToString()}});
@@ -602,11 +666,19 @@ void ApplyEngineImpl::StartWorkers(int n) {
   std::lock_guard<std::mutex> lock(workers_mu_);
   if (started_ || stopping_) return;
   started_ = true;
+  bool own = false;
+  for (const auto& [name, unused] : kinds_) own = own || IsOwnKind(name);
   for (int i = 0; i < n; ++i)
-    workers_.emplace_back([this] {
+    workers_.emplace_back([this, own] {
       NameThread("apply");
-      WorkerLoop();
+      WorkerLoop(own ? Lane::kActions : Lane::kAll);
     });
+  if (own) {
+    workers_.emplace_back([this] {
+      NameThread("apply-own");
+      WorkerLoop(Lane::kOwn);
+    });
+  }
 }
 
 void ApplyEngineImpl::Stop() {

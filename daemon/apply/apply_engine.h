@@ -163,7 +163,9 @@ class ApplyEngine {
   // claimed it between this replay's requeue and its own claim.
   virtual StatusOr<ActionOutcome> Replay(const std::string& work_id) = 0;
 
-  // Starts `n` worker threads that retry due work; idempotent.
+  // Starts `n` worker threads that retry due work, plus one of its own for
+  // idem's own kinds (notifications, "idem.") when any is registered, so
+  // that neither can hold the other up; idempotent.
   virtual void StartWorkers(int n) = 0;
   // Runs one pass over due work on the calling thread; returns the number of
   // items it attempted (claimed, or buried because their kind is unknown).

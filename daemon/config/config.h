@@ -263,6 +263,9 @@ struct OutboxSubscriberConfig {
   std::string url;  // http(s); POSTed one event (JSON) per call
   // {name, value} as written; `${VAR}` is expanded at start-up.
   std::vector<std::pair<std::string, std::string>> headers;
+  // signature.secret_env: the environment variable holding the key of the
+  // Idem-Signature header (HMAC-SHA256); "" : deliveries are not signed.
+  std::string signature_env;
   RetryConfig retry{.attempts = 5, .base_ms = 1'000, .cap_ms = 60'000, .timeout_ms = 10'000};
 };
 

@@ -659,6 +659,14 @@ class Resolver {
       if (!config_.actions.count(s.action_kind)) {
         return doc_.Error(at + "/on_event/action", "no action kind named " + s.action_kind);
       }
+      if (config_.actions.at(s.action_kind).effector.empty()) {
+        // Every event would be refused (409), and a sender drops a 4xx.
+        return doc_.Error(at + "/on_event/action",
+                          "action kind " + s.action_kind +
+                              " has no effector: its work is done by clients (POST "
+                              "/v1/work/claim), so the inbox could only refuse its events; give "
+                              "the kind an effector");
+      }
     } else {
       s.record_only = true;
     }
@@ -763,6 +771,7 @@ class Resolver {
         RETURN_IF_ERROR(CheckEnvReferences(hat, text));
         c.headers.emplace_back(hname, text);
       }
+      if (sub.contains("signature")) c.signature_env = sub["signature"]["secret_env"];
       c.retry.attempts = sub.value("max_attempts", c.retry.attempts);
       if (sub.contains("backoff")) {
         const Json& b = sub["backoff"];

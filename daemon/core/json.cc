@@ -377,6 +377,12 @@ StatusOr<std::string> CanonicalJson(const Json& value) {
 
 bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_view::npos; }
 
+size_t CodePoints(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 std::string ValidUtf8Text(std::string_view s, std::string_view replacement) {
   size_t bad = FindInvalidUtf8(s);
   if (bad == std::string_view::npos) return std::string(s);

@@ -50,6 +50,10 @@ void AppendJsonStringContent(std::string_view s, std::string& out);
 // True if `s` is well-formed UTF-8 (no overlong forms, no surrogates).
 bool IsValidUtf8(std::string_view s);
 
+// The characters (code points) of well-formed UTF-8 `s`: its bytes that do
+// not continue a character. What a limit "in characters" counts.
+size_t CodePoints(std::string_view s);
+
 // `s` with each byte that does not begin a well-formed UTF-8 character
 // replaced by `replacement` (U+FFFD by default): text from outside (an
 // upstream's answer) made storable as JSON, losing only what was not text.

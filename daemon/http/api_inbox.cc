@@ -35,8 +35,6 @@
 namespace idem {
 namespace {
 
-constexpr int64_t kInboxLeaseMs = 120'000;
-
 std::string Lower(std::string v) {
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return v;
@@ -98,6 +96,13 @@ StatusOr<Json> Process(const ApiDeps& deps, const InboxSource& src, const Json& 
     StatusOr<DecideResult> decided = deps.decide.Decide(req);
     if (!decided.ok()) return AtPayload(decided.status(), "/input", src.payload_pointer);
     DecideResult& r = *decided;
+    if (r.escalated && r.escalation.context.is_object() &&
+        r.escalation.context.value("provider_outage", false) == true) {
+      // No model answered: not the event's answer. Forgotten, so that the
+      // sender's retry decides it (the next decide asks the model again).
+      return Unavailable("no model answered (" + src.decide_step +
+                         "'s providers are failing); send the event again after Retry-After");
+    }
     if (r.escalated) {
       out["outcome"] = "escalated";
       out["escalation_id"] = r.escalation.escalation_id;
@@ -195,7 +200,7 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
           const Json& id = body.at(ptr);
           event_id = id.is_string() ? id.get<std::string>() : id.dump();
         }
-        if (event_id.empty() || event_id.size() > 255) {
+        if (event_id.empty() || CodePoints(event_id) > 255) {
           return InvalidArgument("an event id is 1 to 255 characters", id_at);
         }
         Json payload = body;
@@ -209,9 +214,9 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         IdemKeyStore& keys = deps.store.idem_keys();
         const std::string scope = "inbox " + src.name;
         const std::string fingerprint = "event";  // the id alone names the event
-        ASSIGN_OR_RETURN(BeginResult begun,
-                         keys.Begin(scope, event_id, fingerprint, ctx.request_id,
-                                    deps.clock.NowMillis(), src.window_ms, kInboxLeaseMs));
+        ASSIGN_OR_RETURN(BeginResult begun, keys.Begin(scope, event_id, fingerprint, ctx.request_id,
+                                                       deps.clock.NowMillis(), src.window_ms,
+                                                       deps.config.idempotency.lease_ms));
         if (begun.outcome != BeginOutcome::kNew && begun.outcome != BeginOutcome::kReplay) {
           // The first delivery is still being processed, and may yet fail
           // (then the event is forgotten for a retry to process): a 2xx now
@@ -237,7 +242,14 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
           deps.metrics.inbox_duplicates.Inc();
           return RouteResponse{200, std::move(dup), {}};
         }
+        // A long decide or effect keeps the event its own: the key's lease is
+        // renewed while it runs, so a sender's retry waits (503) instead of
+        // processing the event a second time.
+        const uint64_t held =
+            ctx.hold_key ? ctx.hold_key(scope, event_id, fingerprint, begun.record.lease_until_ms)
+                         : 0;
         StatusOr<Json> out = Process(deps, src, payload, event_id, ctx.request_id);
+        if (ctx.drop_key) ctx.drop_key(held);
         if (!out.ok()) {
           // Not processed: the sender's retry must find the event new.
           (void)keys.Abandon(scope, event_id, fingerprint);

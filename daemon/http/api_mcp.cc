@@ -48,13 +48,6 @@ struct Tool {
   enum class Dedup { kNone, kClientKey, kDerived } dedup = Dedup::kDerived;
 };
 
-// The shorter of two windows (0: forever).
-int64_t ShorterWindow(int64_t a_ms, int64_t b_ms) {
-  if (a_ms == 0) return b_ms;
-  if (b_ms == 0) return a_ms;
-  return std::min(a_ms, b_ms);
-}
-
 Json Obj(Json properties, std::vector<std::string> required) {
   return {{"type", "object"}, {"properties", std::move(properties)}, {"required", required}};
 }
@@ -157,16 +150,14 @@ class ApiToolbox final : public McpToolbox {
                          std::string(given.type_name()) + "), as an Idempotency-Key header");
       }
       // Characters (code points; the text is valid UTF-8), not bytes.
-      size_t length = 0;
-      for (unsigned char c : given.get_ref<const std::string&>()) length += (c & 0xC0) != 0x80;
+      const size_t length = CodePoints(given.get_ref<const std::string&>());
       if (length == 0 || length > kMaxClientKey) {
         return ToolError("_meta.idempotencyKey must be 1 to " + std::to_string(kMaxClientKey) +
                          " characters, as an Idempotency-Key header");
       }
     }
-    const bool refresh = arguments.is_object() && arguments.value("cache", Json()) == "refresh";
     if (tool.dedup == Tool::Dedup::kNone ||
-        (!client_key && (tool.dedup == Tool::Dedup::kClientKey || refresh))) {
+        (!client_key && tool.dedup == Tool::Dedup::kClientKey)) {
       return Run(tool, arguments, caller, request_id, &final_answer);
     }
     auto canonical = CanonicalJson(arguments);
@@ -177,7 +168,7 @@ class ApiToolbox final : public McpToolbox {
     // one of a do_<kind> stands for the unit of work, so it lives no longer
     // than the kind remembers that work: past the kind's window the same
     // call is new work, as it is over REST.
-    int64_t window_ms = KeyWindow(tool);
+    int64_t window_ms = KeyWindow(tool, arguments);
     if (!client_key && !tool.kind.empty()) {
       window_ms = ShorterWindow(window_ms, tool.kind_window_ms);
     }
@@ -188,6 +179,7 @@ class ApiToolbox final : public McpToolbox {
     // agent would read an error as a failed tool.
     int64_t pause_ms = 20;
     const int64_t give_up_ms = deps_.clock.NowMillis() + kInFlightWaitMs;
+    bool ran_before = false;  // a retry of a call whose answer was not stored
     for (;;) {
       const int64_t now = deps_.clock.NowMillis();
       auto begun = deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
@@ -196,7 +188,13 @@ class ApiToolbox final : public McpToolbox {
         return ToolError("idem's store: " + CallerDetail(HttpStatusFor(begun.status().code()),
                                                          begun.status(), request_id));
       }
-      if (begun->outcome == BeginOutcome::kNew) break;
+      if (begun->outcome == BeginOutcome::kNew) {
+        ran_before = begun->record.ran;
+        break;
+      }
+      if (begun->outcome == BeginOutcome::kReplay && !GrantHolds(tool, begun->record)) {
+        return Run(tool, arguments, caller, request_id, &final_answer);  // not stored
+      }
       if (begun->outcome == BeginOutcome::kReplay) {
         // The stored answer is ours, bounded when it was made: it is read
         // back whole, not under a request's limits (a 600 KB result is
@@ -216,7 +214,7 @@ class ApiToolbox final : public McpToolbox {
       deps_.clock.env().SleepMillis(pause_ms);
       pause_ms = std::min<int64_t>(pause_ms * 2, 500);
     }
-    Json result = Run(tool, arguments, caller, request_id, &final_answer);
+    Json result = Run(tool, arguments, caller, request_id, &final_answer, ran_before);
     // An error changed nothing worth replaying: the call runs again when
     // retried (a resolved conflict, a fixed record), as REST drops a 4xx.
     if (result.value("isError", false)) final_answer = false;
@@ -282,20 +280,42 @@ class ApiToolbox final : public McpToolbox {
   // How long the route the tool runs keeps an Idempotency-Key
   // (idempotency.routes, else idempotency.window). The route table is
   // complete only once every route is added, after this toolbox was built.
-  int64_t KeyWindow(const Tool& tool) const {
+  // A grant (claim_work's lease) keeps its key no longer than it lasts, as
+  // over REST (Route::grant_ms).
+  int64_t KeyWindow(const Tool& tool, const Json& arguments) const {
     const IdempotencyConfig& idem = deps_.config.idempotency;
     std::vector<std::string> params;
-    if (const Route* route = Find(tool, Probe(tool), &params); route != nullptr) {
-      auto window = idem.route_windows_ms.find(route->method + " " + route->pattern);
-      if (window != idem.route_windows_ms.end()) return window->second;
+    const Route* route = Find(tool, Probe(tool), &params);
+    if (route == nullptr) return idem.window_ms;
+    auto window = idem.route_windows_ms.find(route->method + " " + route->pattern);
+    const int64_t ms = window != idem.route_windows_ms.end() ? window->second : idem.window_ms;
+    if (!route->grant_ms) return ms;
+    RequestContext ctx;
+    ctx.body = tool.body ? tool.body(arguments) : Json();
+    return ShorterWindow(ms, route->grant_ms(ctx));
+  }
+
+  // Whether a stored answer of the tool is a grant that still holds (its
+  // route's Route::grant_holds; true for every other answer). The stored
+  // answer is the tool result: its structuredContent is the route's body.
+  bool GrantHolds(const Tool& tool, const IdemRecord& record) const {
+    std::vector<std::string> params;
+    const Route* route = Find(tool, Probe(tool), &params);
+    if (route == nullptr || !route->grant_holds) return true;
+    StatusOr<Json> stored = ParseJson(
+        record.response_body, StoredAnswerLimits(deps_.config, record.response_body.size()));
+    if (!stored.ok() || !stored->is_object() || !stored->contains("structuredContent")) {
+      return true;  // an error result, or not a grant
     }
-    return idem.window_ms;
+    const Json& body = (*stored)["structuredContent"];
+    // claim_work answers 201 for a grant: the body has a lease_token then.
+    return route->grant_holds(body.contains("lease_token") ? 201 : 200, body.dump());
   }
 
   // Runs the tool's REST route as the caller; *final_answer false when the
   // answer reports work still moving (it is then not stored).
   Json Run(const Tool& tool, const Json& args, const std::string& caller,
-           const std::string& request_id, bool* final_answer) {
+           const std::string& request_id, bool* final_answer, bool retried = false) {
     std::string path = tool.path;
     for (const char* field : {"plan_id", "decision_id", "work_id"}) {
       std::string hole = std::string("{") + field + "}";
@@ -317,6 +337,7 @@ class ApiToolbox final : public McpToolbox {
     }
     ctx.method = tool.method;
     ctx.path = path;
+    ctx.key_ran_before = retried;
     ctx.caller = caller;
     ctx.request_id = request_id;
     ctx.body = tool.body ? tool.body(args) : Json();

@@ -99,13 +99,20 @@ StatusOr<const ActionConfig*> FindKind(const Config& config, const std::string& 
   return &it->second;
 }
 
-// The answer to a duplicate of done work, as the kind's on_duplicate says (R3).
-RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid) {
-  if (kind.on_duplicate == "conflict") {
+// The answer to a duplicate of done work, as the kind's on_duplicate says
+// (R3). `args` (null unless this request's Idempotency-Key ran before and
+// was released: a 202, an approval wait): the call's. With the args the
+// work was done with, it is the same call again, whose own effect this is:
+// it gets the original result whatever on_duplicate says.
+RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid,
+                        const Json* args = nullptr) {
+  const bool same_call = args != nullptr && *args == w.args;
+  if (kind.on_duplicate == "conflict" && !same_call) {
     return Conflict(AlreadyExists("this work was already done"), w, rid);
   }
   return WorkAnswer(
-      200, WorkBodyText(w, {.duplicate = true, .without_result = kind.on_duplicate == "ignore"}));
+      200, WorkBodyText(w, {.duplicate = true,
+                            .without_result = kind.on_duplicate == "ignore" && !same_call}));
 }
 
 // A caller's lease name: 1 to 200 bytes of printable UTF-8, and none of
@@ -159,14 +166,14 @@ StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64
   return ms;
 }
 
-Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string& rid,
-             int* status) {
+Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string& rid, int* status,
+             const Json* args = nullptr) {
   switch (o.kind) {
     case ActionOutcomeKind::kExecuted:
       *status = 201;
       return WorkBody(o.item);
     case ActionOutcomeKind::kDuplicate: {
-      RouteResponse r = Duplicate(kind, o.item, rid);
+      RouteResponse r = Duplicate(kind, o.item, rid, args);
       *status = r.status;
       return BodyJson(r);
     }
@@ -333,6 +340,21 @@ struct ClaimRoute {
     RETURN_IF_ERROR(plans.CheckArgs(kind, args, "/args"));
     body["args"] = std::move(args);
     return Status::Ok();
+  }
+
+  // The lease a claim asks for (Route::grant_ms): its Idempotency-Key
+  // replays "you own it" no longer than that. 0 when the body cannot say
+  // (prepare refuses it then).
+  int64_t grant_ms(const RequestContext& ctx) const {
+    if (!ctx.body.is_object() || !ctx.body.contains("kind") || !ctx.body["kind"].is_string()) {
+      return 0;
+    }
+    StatusOr<const ActionConfig*> kind =
+        FindKind(config, ctx.body["kind"].get<std::string>(), "/kind");
+    if (!kind.ok()) return 0;
+    StatusOr<int64_t> lease =
+        DurationField(ctx.body, "lease", (*kind)->retry.timeout_ms, kMaxLeaseMs);
+    return lease.ok() ? *lease : 0;
   }
 
   StatusOr<JournalOp> prepare(RequestContext& ctx) const {
@@ -563,22 +585,38 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                                std::move(duplicates)};
   JournalLane claim = LaneOf(claim_route);
   claim.gate = [claim_route](RequestContext& ctx) { return claim_route.gate(ctx); };
-  routes.push_back(
-      Route{.method = "POST",
-            .pattern = "/v1/work/claim",
-            .summary = "Claim client-executed work: 201 you own it, 200 already done (the original "
-                       "result), 409 someone else holds it.",
-            .key_policy = KeyPolicy::kOptional,
-            .request_schema = "work.claim.request",
-            .responses = {{201, "work.claimed"},
-                          {200, "work.item"},
-                          {202, "plan.awaiting"},
-                          {400, "problem"},
-                          {404, "problem"},
-                          {409, "work.conflict"}},
-            .roles = {"agent"},
-            .handler = HandlerOf(claim, journal),
-            .journal_lane = claim});
+  routes.push_back(Route{
+      .method = "POST",
+      .pattern = "/v1/work/claim",
+      .summary = "Claim client-executed work: 201 you own it, 200 already done (the original "
+                 "result), 409 someone else holds it.",
+      .key_policy = KeyPolicy::kOptional,
+      .request_schema = "work.claim.request",
+      .responses = {{201, "work.claimed"},
+                    {200, "work.item"},
+                    {202, "plan.awaiting"},
+                    {400, "problem"},
+                    {404, "problem"},
+                    {409, "work.conflict"}},
+      .roles = {"agent"},
+      .handler = HandlerOf(claim, journal),
+      .journal_lane = claim,
+      .grant_ms = [claim_route](const RequestContext& ctx) { return claim_route.grant_ms(ctx); },
+      .grant_holds =
+          [&journal = deps.store.journal(), &clock = deps.clock](int status,
+                                                                 const std::string& body) {
+            if (status != 201) return true;  // not a grant: an outcome, replayed
+            StatusOr<Json> granted = ParseJson(body, JsonLimits{});
+            if (!granted.ok() || !granted->is_object()) return false;
+            // The journal never gives a token back: the lease is the
+            // grant's while the work runs under the same attempt until the
+            // same time.
+            StatusOr<WorkItem> now = journal.Get(granted->value("work_id", ""));
+            return now.ok() && now->state == WorkState::kRunning &&
+                   now->attempt == granted->value("attempt", -1) &&
+                   now->locked_until_ms == granted->value("locked_until_ms", int64_t{-1}) &&
+                   now->locked_until_ms > clock.NowMillis();
+          }});
 
   const JournalLane complete = LaneOf(CompleteRoute{deps.clock, deps.metrics});
   routes.push_back(
@@ -647,7 +685,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             ActionOutcome o,
             deps.apply.Submit(kind->name, gate.args, ctx.body.value("run_id", ""), ctx.request_id));
         int status = 200;
-        Json body = Outcome(*kind, o, ctx.request_id, &status);
+        Json body =
+            Outcome(*kind, o, ctx.request_id, &status, ctx.key_ran_before ? &gate.args : nullptr);
         RouteResponse out{status, std::move(body), {}};
         out.transient = StillMoving(o.kind);
         // Busy: when the holder's lease ends, as a claim's 409 says.
@@ -749,7 +788,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             continue;
           }
           int status = 0;
-          Json body = Outcome(*kind, *o, ctx.request_id, &status);
+          Json body = Outcome(*kind, *o, ctx.request_id, &status,
+                              ctx.key_ran_before ? &gate->args : nullptr);
           const char* label = o->kind == ActionOutcomeKind::kExecuted    ? "executed"
                               : o->kind == ActionOutcomeKind::kDuplicate ? "already_done"
                               : o->kind == ActionOutcomeKind::kRetrying  ? "retrying"
@@ -1043,7 +1083,25 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           return held;
         }
         return RouteResponse{r.outcome == LeaseOutcome::kAcquired ? 201 : 200, std::move(body), {}};
-      }});
+      },
+      // A grant is replayed under its key only while it lasts: after it, a
+      // retry asks again (another holder may have it by then).
+      .grant_ms = [](const RequestContext& ctx) -> int64_t {
+        StatusOr<int64_t> ttl = DurationField(ctx.body, "ttl", 60'000, kMaxLeaseMs);
+        return ttl.ok() ? *ttl : 0;
+      },
+      .grant_holds =
+          [&leases = deps.store.leases(), &clock = deps.clock](int status,
+                                                               const std::string& body) {
+            if (status != 201 && status != 200) return true;
+            StatusOr<Json> granted = ParseJson(body, JsonLimits{});
+            if (!granted.ok() || !granted->is_object()) return false;
+            StatusOr<NamedLease> now = leases.Get(granted->value("name", ""), clock.NowMillis());
+            // The same holder's lease from the same acquisition (renewals
+            // keep it; a lapse and a new acquire do not).
+            return now.ok() && now->holder == granted->value("holder", "") &&
+                   now->acquired_at_ms == granted->value("acquired_at_ms", int64_t{-1});
+          }});
 
   routes.push_back(
       Route{.method = "DELETE",

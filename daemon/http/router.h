@@ -44,6 +44,18 @@ struct RequestContext {
   // that is several calls (an MCP batch); false when none is left. Empty
   // when no limit applies.
   std::function<bool()> take_rate_token;
+  // Keeps a key a handler took in the key store itself (the inbox's event
+  // ids) its own while the handler runs, as the server does for a route's
+  // Idempotency-Key: its lease is renewed until drop_key(ticket). Set on
+  // routes that take the body raw (the inbox); empty elsewhere and outside
+  // the server.
+  std::function<uint64_t(const std::string& scope, const std::string& key,
+                         const std::string& fingerprint, int64_t lease_until_ms)>
+      hold_key;
+  std::function<void(uint64_t ticket)> drop_key;
+  // This request's Idempotency-Key ran before and was released (its answer
+  // was a 202 or a wait): the request is a retry of that same call.
+  bool key_ran_before = false;
 };
 
 struct RouteResponse {
@@ -107,6 +119,13 @@ struct QueryDoc {
   bool required = false;
 };
 
+// The shorter of two windows (0: forever).
+inline int64_t ShorterWindow(int64_t a_ms, int64_t b_ms) {
+  if (a_ms == 0) return b_ms;
+  if (b_ms == 0) return a_ms;
+  return a_ms < b_ms ? a_ms : b_ms;
+}
+
 struct Route {
   std::string method;   // GET, POST, DELETE
   std::string pattern;  // "/v1/decisions/{id}"
@@ -143,6 +162,17 @@ struct Route {
   // the same HTTP status, instead of problem+json (MCP's JSON-RPC errors:
   // -32700 for `not_json`, -32600 otherwise).
   std::function<std::string(const Status& why, bool not_json)> body_refusal;
+  // Set: the route grants something that lasts a while (a claim's lease, a
+  // named lease): how long the request asks for, in ms (0: unknown). Its
+  // Idempotency-Key then lives no longer than that, so a retry after the
+  // grant ended asks again instead of replaying "yours" to a caller whose
+  // lease another has taken over since.
+  std::function<int64_t(const RequestContext&)> grant_ms;
+  // With grant_ms: whether a stored answer (status, body) is a grant that
+  // still holds: its lease live and still its holder's. One its holder
+  // ended (completed, failed, released) or lost is not replayed: the
+  // request runs again, its answer not stored.
+  std::function<bool(int status, const std::string& body)> grant_holds;
 
   std::vector<std::string> segments;  // built by CompileRoute; "{name}" is a parameter
   std::vector<std::string> param_names;

@@ -252,6 +252,10 @@ class HttpServer::LeaseRenewer {
   // The caller holds (scope, key) until `lease_until_ms` (its Begin was
   // kNew). Returns the ticket to Drop once the handler has returned.
   uint64_t Hold(const RequestContext& ctx, const std::string& fingerprint, int64_t lease_until_ms) {
+    return Hold(ctx.caller, ctx.idempotency_key, fingerprint, ctx.request_id, lease_until_ms);
+  }
+  uint64_t Hold(const std::string& scope, const std::string& key, const std::string& fingerprint,
+                const std::string& request_id, int64_t lease_until_ms) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!thread_.joinable() && !stopped_)
       thread_ = std::thread([this] {
@@ -259,8 +263,7 @@ class HttpServer::LeaseRenewer {
         Loop();
       });
     uint64_t ticket = ++next_ticket_;
-    held_[ticket] =
-        Held{ctx.caller, ctx.idempotency_key, fingerprint, ctx.request_id, lease_until_ms};
+    held_[ticket] = Held{scope, key, fingerprint, request_id, lease_until_ms};
     return ticket;
   }
 
@@ -639,6 +642,17 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     };
   }
 
+  // Handlers that take keys of their own (the inbox's event ids: routes
+  // that take the body raw) keep them renewed while they run.
+  if (route.raw_body) {
+    ctx.hold_key = [this, request_id = ctx.request_id](
+                       const std::string& scope, const std::string& key,
+                       const std::string& fingerprint, int64_t lease_until_ms) {
+      return renewer_->Hold(scope, key, fingerprint, request_id, lease_until_ms);
+    };
+    ctx.drop_key = [this](uint64_t ticket) { renewer_->Drop(ticket); };
+  }
+
   // Idempotency-Key syntax first: a malformed or missing key is refused
   // before the body is even looked at.
   if (route.key_policy != KeyPolicy::kNone) {
@@ -960,6 +974,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
   int64_t ttl = cfg.window_ms;
   auto wit = cfg.route_windows_ms.find(route.method + " " + route.pattern);
   if (wit != cfg.route_windows_ms.end()) ttl = wit->second;
+  if (route.grant_ms) ttl = ShorterWindow(ttl, route.grant_ms(ctx));
   const std::string fingerprint = RequestFingerprint(req.method, req.path, canonical_body);
   const std::string& scope = ctx.caller;
   // A malformed Prefer is refused before the key is taken.
@@ -1003,9 +1018,14 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
   }
   switch (begun->outcome) {
     case BeginOutcome::kReplay: {
+      const IdemRecord& rec = begun->record;
+      if (route.grant_holds && !route.grant_holds(rec.response_status, rec.response_body)) {
+        // "Yours" would be false now: the answer of the request as it runs now.
+        line.idempotency = "grant_ended";
+        return Respond(route, run(), res);
+      }
       line.idempotency = "replayed";
       m.idem_key_replayed.Inc();
-      const IdemRecord& rec = begun->record;
       res.status = rec.response_status;
       // A replayed failure is a failure answered, as the first one was.
       if (res.status >= 500) {
@@ -1044,6 +1064,7 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
     return Fail(res, fp, ctx.request_id);
   }
 
+  ctx.key_ran_before = begun->record.ran;
   const uint64_t held = renewer_->Hold(ctx, fingerprint, begun->record.lease_until_ms);
   RouteResponse out = run();
   if (out.long_poll != nullptr) out = Finish(route, ctx, out.long_poll->answer());  // no parking

@@ -247,6 +247,9 @@ struct McpProtocol::Impl {
       Json arguments = params.value("arguments", Json::object());
       if (!arguments.is_object()) return RpcError(id, -32602, "arguments must be an object");
       Json meta = params.value("_meta", Json::object());
+      // The spec's _meta is an object; another value is no key at all, and
+      // taken as "none" a client's pinned key would be silently dropped.
+      if (!meta.is_object()) return RpcError(id, -32602, "_meta must be an object");
       Json result = toolbox.Call(params["name"], arguments, meta, req.caller, req.request_id);
       if (result.is_null()) {
         return RpcError(id, -32602, "unknown tool: " + params["name"].get<std::string>());

@@ -11,6 +11,9 @@
 //     goes to that subscriber's dead letters and the subscriber moves on:
 //     later events of the same key may then arrive before the dead one is
 //     replayed (POST /v1/outbox/dead_letters/{subscriber}/{seq}/replay).
+//   - Signed when configured: Idem-Signature: t=<unix seconds>,v1=<hex
+//     HMAC-SHA256 of "<t>.<body>">, made for each attempt (a consumer
+//     rejects old timestamps to refuse a captured request replayed).
 //   - Retries: full-jitter backoff (core/backoff.h) up to max_attempts,
 //     honouring Retry-After; a 4xx other than 408, 409, 425 and 429 is
 //     final at once (retrying the same body cannot help).
@@ -60,10 +63,9 @@ struct OutboxCoordination {
 
 class OutboxDispatcher {
  public:
-  // FailedPrecondition (field: the header's config path) if a header names
-  // an unset environment variable. `coordination.leases` (may be null)
-  // must outlive the dispatcher.
-  // `metrics` (may be null) counts deliveries and shows cursors
+  // FailedPrecondition (field: the header's config path) if a header, or
+  // a signature's secret_env, names an unset environment variable. `coordination.leases` (may be
+  // null) must outlive the dispatcher. `metrics` (may be null) counts deliveries and shows cursors
   // (idem_outbox_deliveries_total, idem_outbox_cursor) and must outlive it.
   static StatusOr<std::unique_ptr<OutboxDispatcher>> Create(const OutboxConfig& config,
                                                             OutboxStore& store, HttpClient& http,
@@ -85,7 +87,8 @@ class OutboxDispatcher {
  private:
   struct Subscriber {
     OutboxSubscriberConfig config;
-    HttpHeaders headers;  // expanded; held in memory only
+    HttpHeaders headers;      // expanded; held in memory only
+    std::string signing_key;  // the signature's secret ("" : unsigned); memory only
     std::thread thread;
     int64_t next_replay_scan_ms = 0;  // its thread only
     uint64_t replay_scan_after = 0;   // where the next scan goes on (its thread only)

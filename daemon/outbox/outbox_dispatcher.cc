@@ -71,6 +71,16 @@ StatusOr<std::unique_ptr<OutboxDispatcher>> OutboxDispatcher::Create(
                                             "/headers/" + JsonPointerToken(hname)));
       s->headers.emplace_back(hname, std::move(v));
     }
+    if (!sub.signature_env.empty()) {
+      const char* key = std::getenv(sub.signature_env.c_str());
+      if (key == nullptr || *key == '\0') {
+        return Status(Code::kFailedPrecondition,
+                      "the environment variable " + sub.signature_env +
+                          " (the signature's secret) is not set",
+                      "/outbox/subscribers/" + JsonPointerToken(name) + "/signature/secret_env");
+      }
+      s->signing_key = key;
+    }
     d->subscribers_.push_back(std::move(s));
   }
   return d;
@@ -171,6 +181,11 @@ Status OutboxDispatcher::Post(const Subscriber& s, const OutboxEvent& e, bool* f
   req.headers.emplace_back("Idempotency-Key", e.event_id);
   req.headers.emplace_back("Idem-Event-Id", e.event_id);
   req.body = e.ToJson().dump();
+  if (!s.signing_key.empty()) {
+    const std::string t = std::to_string(clock_.NowMillis() / 1000);
+    req.headers.emplace_back("Idem-Signature",
+                             "t=" + t + ",v1=" + HmacSha256Hex(s.signing_key, t + "." + req.body));
+  }
   req.timeout_ms = s.config.retry.timeout_ms;
   req.connect_timeout_ms = std::min<int64_t>(req.timeout_ms, 10'000);
   // Only the status counts: a 2xx with a long body (an echo) is delivered.

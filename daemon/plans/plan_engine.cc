@@ -25,6 +25,8 @@ namespace idem {
 namespace {
 
 constexpr const char* kSystemActor = "idem";
+// Waiting plans an identity-changing edit is checked against (CheckRetarget).
+constexpr size_t kRetargetScan = 10'000;
 
 // A waiting plan whose policy expires it, at or past its deadline.
 bool PastDeadline(const Plan& p, int64_t now_ms) {
@@ -457,10 +459,13 @@ struct PlanEngine::Impl {
     return plan;
   }
 
-  void NotifyAwaiting(const Plan& plan) {
+  // A waiting plan's notification. Each wait is its own event (a gate plan
+  // waits again for the next call after its window): `kind` and the time
+  // the wait began name it, so the notifier's journal sends each once.
+  static Notification PlanNotification(const Plan& plan, const std::string& kind, int64_t wait_ms) {
     Notification n;
-    n.event_id = plan.plan_id + ":awaiting_approval";
-    n.kind = "awaiting_approval";
+    n.event_id = plan.plan_id + ":" + kind + ":" + std::to_string(wait_ms);
+    n.kind = kind;
     n.subject_id = plan.plan_id;
     std::string reasons;
     for (const Json& r : plan.approval.value("reasons", Json::array())) {
@@ -475,7 +480,11 @@ struct PlanEngine::Impl {
                 {"origin", plan.origin},
                 {"created_by", plan.created_by},
                 {"actions", plan.actions}};
-    notifier.Notify(n);
+    return n;
+  }
+
+  void NotifyAwaiting(const Plan& plan) {
+    notifier.Notify(PlanNotification(plan, "awaiting_approval", plan.updated_at_ms));
   }
 
   StatusOr<Plan> Transition(const std::string& plan_id, const std::string& from,
@@ -704,22 +713,40 @@ struct PlanEngine::Impl {
   // human, or refused by one, approving this plan must not run it: that
   // would approve it without its own approval (and past separation of
   // duties), or run what was rejected. That plan is the place to decide it.
+  //
+  // The same holds for a decision's plan that holds that work and waits:
+  // its creator could otherwise run it through another's plan. Those are
+  // found among the waiting plans (up to kRetargetScan of them; an edit
+  // that changes identity is rare, an operator's act).
   Status CheckRetarget(const ActionConfig& kind, const Json& original, const std::string& work_id,
                        size_t index, const std::string& at) const {
-    if (!kind.approval) return Status::Ok();
     auto before = ActionWorkId(kind, original.value("args", Json()));
     if (before.ok() && before->key == work_id) return Status::Ok();
-    auto other = store.plans().Get(GatePlanId(work_id));
-    if (!other.ok()) {
-      return other.status().code() == Code::kNotFound ? Status::Ok() : other.status();
+    auto held_by = [&](const Plan& other) {
+      return Status(Code::kFailedPrecondition,
+                    "the edited args of action " + std::to_string(index) + " name other work (" +
+                        kind.name + " " + work_id.substr(0, 12) + "…), whose own plan " +
+                        other.plan_id + " is " + other.state +
+                        ": decide that plan there, or edit only what keeps this action's identity",
+                    at);
+    };
+    if (kind.approval) {
+      auto other = store.plans().Get(GatePlanId(work_id));
+      if (!other.ok() && other.status().code() != Code::kNotFound) return other.status();
+      if (other.ok() && IsState(*other, {"awaiting_approval", "rejected", "expired"})) {
+        return held_by(*other);
+      }
     }
-    if (!IsState(*other, {"awaiting_approval", "rejected", "expired"})) return Status::Ok();
-    return Status(Code::kFailedPrecondition,
-                  "the edited args of action " + std::to_string(index) + " name other work (" +
-                      kind.name + " " + work_id.substr(0, 12) + "…), whose own plan " +
-                      other->plan_id + " is " + other->state +
-                      ": decide that plan there, or edit only what keeps this action's identity",
-                  at);
+    ASSIGN_OR_RETURN(std::vector<Plan> waiting,
+                     store.plans().ByState("awaiting_approval", kRetargetScan));
+    for (const Plan& other : waiting) {
+      for (const Json& a : other.actions) {
+        if (!a.is_object() || a.value("kind", "") != kind.name) continue;
+        auto theirs = ActionWorkId(kind, a.value("args", Json()));
+        if (theirs.ok() && theirs->key == work_id) return held_by(other);
+      }
+    }
+    return Status::Ok();
   }
 
   // Edits [{path, value}] applied to a copy of `actions`; each edited
@@ -1324,13 +1351,8 @@ StatusOr<size_t> PlanEngine::ExpireDue() {
           },
           "plan.escalated");
       if (!esc.ok()) continue;  // changed meanwhile
-      Notification n;
-      n.event_id = p.plan_id + ":approval_overdue";
-      n.kind = "approval_overdue";
-      n.subject_id = p.plan_id;
-      n.reason = "plan " + p.plan_id + " has waited past its approval timeout";
-      n.command = "idem approve " + p.plan_id;
-      n.link = "/ui/#/plans/" + p.plan_id;
+      Notification n = Impl::PlanNotification(p, "approval_overdue", deadline);
+      n.reason = "plan " + p.plan_id + " has waited past its approval timeout (" + n.reason + ")";
       m.notifier.Notify(n);
       ++changed;
       continue;

@@ -23,9 +23,14 @@ struct Fixture {
   std::string config;
   std::map<std::string, std::string> env;  // of the daemon (IDEM_FAILPOINTS)
 
-  // `extra_yaml`: more top-level config after the actions.
-  explicit Fixture(const std::string& extra_yaml = "") {
+  // `extra_yaml`: more config after the actions (more kinds, two-space
+  // indented, or top-level keys); "{effector}" in it is the target's URL.
+  explicit Fixture(std::string extra_yaml = "") {
     REQUIRE(target != nullptr);
+    for (size_t at = extra_yaml.find("{effector}"); at != std::string::npos;
+         at = extra_yaml.find("{effector}")) {
+      extra_yaml.replace(at, 10, target->base_url());
+    }
     target->SetBusinessKeyField("/invoice_id");
     const std::string rules = R"(default:
   output: '{"category":"refund","priority":"high","summary":"s","actions":[{"kind":"send_reply","args":{"ticket_id":"{{input.ticket_id}}","text":"on it"}},{"kind":"send_reply","args":{"ticket_id":"{{input.ticket_id}}","text":"done"}}]}'
@@ -89,6 +94,39 @@ TEST_CASE("an action runs once: 201 now, then 200 with the original result") {
   auto calls = f.target->calls();
   REQUIRE_FALSE(calls.empty());
   CHECK(calls.back().headers["idempotency-key"] == a["work_id"]);
+}
+
+TEST_CASE(
+    "an on_duplicate: conflict kind answers a retry of the same call after its 202 with the "
+    "original result, and another call with the conflict") {
+  Fixture f(
+      "  ping_once:\n"
+      "    identity: {fields: [/ping_id], version: v1}\n"
+      "    window: 24h\n"
+      "    on_duplicate: conflict\n"
+      "    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: header}}\n"
+      "    retry: {attempts: 3, base: 10ms, cap: 20ms, timeout: 5s}\n");
+  f.target->FailNext(1, 503);
+  const Json call = {{"args", {{"ping_id", "P-1"}, {"text", "hello"}}}};
+  auto first = f.Post("/v1/actions/ping_once", call, "\"ping-1\"");
+  REQUIRE(first);
+  REQUIRE(first->status == 202);  // retrying: the key is released
+  const std::string work_id = J(first)["work_id"];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (f.target->stats().effects < 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(f.target->stats().effects == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // recorded done
+  auto retried = f.Post("/v1/actions/ping_once", call, "\"ping-1\"");
+  REQUIRE(retried);
+  CHECK_MESSAGE(retried->status == 200, retried->body);  // its own effect: the result
+  CHECK(J(retried)["work_id"] == work_id);
+  CHECK(J(retried).contains("result"));
+  auto other = f.Post("/v1/actions/ping_once", call, "\"ping-2\"");
+  REQUIRE(other);
+  CHECK(other->status == 409);  // another call with that identity: the conflict
+  CHECK(f.target->stats().effects == 1);
 }
 
 TEST_CASE("the same work called again while it runs is 409 with Retry-After") {

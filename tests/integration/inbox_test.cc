@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <thread>
 
@@ -25,15 +26,23 @@ struct Fixture {
   std::unique_ptr<DaemonProcess> daemon;
   std::unique_ptr<httplib::Client> client;
 
-  Fixture() {
+  explicit Fixture(bool escalating = false) {
     REQUIRE(target != nullptr);
     // A ticket saying "slowfail" makes the model fail after a second, for
     // good (not retryable): the event is forgotten, for a retry to process.
+    // "outage": no model answers (retryable, every attempt); "slowok":
+    // the model answers after 2.5 s, longer than the key lease below.
     const std::string rules =
         "rules:\n"
         "  - match: {input: {text: {contains: slowfail}}}\n"
         "    delay_ms: 1000\n"
         "    fail: {code: invalid_argument, message: refused}\n"
+        "  - match: {input: {text: {contains: outage}}}\n"
+        "    fail: {code: unavailable, message: the provider is down}\n"
+        "  - match: {input: {text: {contains: slowok}}}\n"
+        "    delay_ms: 2500\n"
+        "    output: "
+        "'{\"category\":\"question\",\"priority\":\"low\",\"summary\":\"s\",\"actions\":[]}'\n"
         "default:\n  output: "
         "'{\"category\":\"question\",\"priority\":\"low\",\"summary\":\"s\",\"actions\":[]}'\n";
     std::string extra =
@@ -61,7 +70,15 @@ struct Fixture {
         "  tickets:\n"
         "    event_id: {pointer: /id}\n"
         "    on_event: {decide: triage_ticket, pointer: /data}\n";
-    std::string config = WriteTestConfig(dir, rules, extra);
+    // Keys are leased 1 s, renewed while their handler runs. With
+    // `escalating`, a decide no model answers escalates (as the default
+    // config's does).
+    std::string text = ReadFile(WriteTestConfig(dir, rules, extra + "idempotency:\n  lease: 1s\n"));
+    if (escalating) {
+      text.replace(text.find("    attempts: 3\n"), 16,
+                   "    attempts: 2\n    fallback: [escalate]\n");
+    }
+    const std::string config = dir.File("idem.yaml", text);
     std::string err;
     daemon =
         DaemonProcess::Start({config,
@@ -262,6 +279,45 @@ TEST_CASE(
                             "application/json");
   REQUIRE(own);
   CHECK(own->status == 200);
+}
+
+TEST_CASE(
+    "an event no model could answer is not stored as escalated: the sender is told to retry, and "
+    "its retry decides it") {
+  Fixture f(/*escalating=*/true);
+  const std::string body = R"({"id":"out-1","data":{"ticket_id":"T-1","text":"outage"}})";
+  auto first = f.client->Post("/v1/inbox/tickets", body, "application/json");
+  REQUIRE(first);
+  CHECK_MESSAGE(first->status == 503, first->body);
+  CHECK(first->get_header_value("Retry-After") == "1");
+  // The same event again is processed again, not answered "duplicate".
+  auto retried = f.client->Post("/v1/inbox/tickets", body, "application/json");
+  REQUIRE(retried);
+  CHECK(retried->status == 503);
+  CHECK(retried->body.find("duplicate") == std::string::npos);
+}
+
+TEST_CASE(
+    "an event whose processing outlasts the key lease stays the first delivery's: a retry "
+    "meanwhile waits (503), and is a duplicate afterwards") {
+  Fixture f;
+  const std::string body = R"({"id":"slow-1","data":{"ticket_id":"T-2","text":"slowok"}})";
+  auto first = std::async(std::launch::async, [&] {
+    auto c = f.daemon->Client();
+    return c->Post("/v1/inbox/tickets", body, "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'700));  // past the 1 s lease
+  auto during = f.client->Post("/v1/inbox/tickets", body, "application/json");
+  REQUIRE(during);
+  CHECK_MESSAGE(during->status == 503, during->body);
+  auto answered = first.get();
+  REQUIRE(answered);
+  CHECK(answered->status == 200);
+  CHECK(J(answered)["duplicate"] == false);
+  auto after = f.client->Post("/v1/inbox/tickets", body, "application/json");
+  REQUIRE(after);
+  CHECK(after->status == 200);
+  CHECK(J(after)["duplicate"] == true);
 }
 
 }  // namespace idem::testing

@@ -291,3 +291,52 @@ TEST_CASE("a plan awaiting approval produces one webhook call with the approve c
 }
 
 }  // namespace idem::testing
+
+namespace idem::testing {
+
+TEST_CASE("a notification channel that hangs does not hold up an action's retry") {
+  TempDir dir;
+  auto hook = fakes::FakeEffectorServer::Start();  // the notifications' webhook: slow
+  auto target = fakes::FakeEffectorServer::Start();
+  REQUIRE(hook != nullptr);
+  REQUIRE(target != nullptr);
+  hook->SetLatencyMs(3'000);
+  const std::string extra =
+      "actions:\n  send_reply:\n"
+      "    identity: {fields: [/ticket_id], version: v1}\n"
+      "    window: 24h\n    on_duplicate: return_original\n"
+      "    effector: {http: {url: \"" +
+      target->base_url() +
+      "/replies\", idempotency: header}}\n"
+      "    retry: {attempts: 3, base: 10ms, cap: 20ms, timeout: 5s}\n"
+      "notifications:\n" +
+      WebhookYaml(*hook);
+  std::string err;
+  auto d = DaemonProcess::Start(Args(EscalatingConfig(dir, extra), dir), &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  auto c = d->Client();
+  // Six escalations: six messages to a webhook that takes 3 s to answer,
+  // more than the daemon has workers.
+  for (int i = 0; i < 6; ++i) {
+    const Json body = {{"step", "triage_ticket"},
+                       {"input", {{"ticket_id", "H-" + std::to_string(i)}, {"text", "refund"}}}};
+    auto decided = c->Post("/v1/decide", body.dump(), "application/json");
+    REQUIRE(decided);
+    REQUIRE(Json::parse(decided->body)["status"] == "escalated");
+  }
+  REQUIRE(WaitFor([&] { return hook->stats().raw_calls >= 1; }, 5'000));
+  // An action whose first attempt fails: its retry is due at once.
+  target->FailNext(1, 503);
+  const auto began = std::chrono::steady_clock::now();
+  auto sent = c->Post("/v1/actions/send_reply", {{"Idempotency-Key", "\"hang-1\""}},
+                      R"({"args":{"ticket_id":"H-9","text":"on it"}})", "application/json");
+  REQUIRE(sent);
+  CHECK(sent->status == 202);
+  REQUIRE(WaitFor([&] { return target->stats().effects >= 1; }, 10'000));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - began)
+                        .count();
+  CHECK_MESSAGE(took < 2'000, "the retry ran after ", took, " ms");
+}
+
+}  // namespace idem::testing

@@ -95,6 +95,28 @@ TEST_CASE(
   CHECK(J(again)["external_ref"] == "ch_1");
 }
 
+TEST_CASE(
+    "client work whose last attempt's holder crashed becomes a dead letter without another "
+    "claim") {
+  Fixture f;
+  Json claim = {{"kind", "charge_once"}, {"identity", {{"job", "pay-crash"}}}, {"lease", "1s"}};
+  auto first = f.Post("/v1/work/claim", claim);
+  REQUIRE(first->status == 201);
+  const std::string id = J(first)["work_id"];
+  // The holder dies: nobody completes, fails or claims it again.
+  std::string state;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+  while (state != "dead" && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    state = J(f.client->Get(("/v1/work/" + id).c_str()))["state"];
+  }
+  CHECK(state == "dead");
+  const Json dead = J(f.client->Get("/v1/dead-letters"));
+  REQUIRE(dead["items"].size() == 1);
+  CHECK(dead["items"][0]["work_id"] == id);
+  CHECK(MetricValue(*f.client, "idem_work_dead_total") == 1);
+}
+
 TEST_CASE("claim, complete, and a second claim returns the original result") {
   Fixture f;
   Json claim = {
@@ -482,6 +504,72 @@ TEST_CASE(
   REQUIRE(replayed);
   CHECK(replayed->status == 201);
   CHECK(replayed->get_header_value("Idempotent-Replayed") == "true");
+}
+
+TEST_CASE(
+    "a claim retried with its Idempotency-Key after its lease ran out and another finished the "
+    "work gets the work as it is, not the old grant again") {
+  Fixture f;
+  const Json claim = {
+      {"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-GRANT"}}}, {"lease", "1s"}};
+  auto a = f.Post("/v1/work/claim", claim, "\"claim-a\"");  // A's answer is lost
+  REQUIRE(a);
+  REQUIRE(a->status == 201);
+  // Within the lease, a retry with the key gets A's own grant back.
+  auto again = f.Post("/v1/work/claim", claim, "\"claim-a\"");
+  REQUIRE(again);
+  CHECK(again->status == 201);
+  CHECK(again->get_header_value("Idempotent-Replayed") == "true");
+  CHECK(J(again)["lease_token"] == J(a)["lease_token"]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'300));
+  auto b = f.Post("/v1/work/claim", claim, "\"claim-b\"");  // B takes it over and does it
+  REQUIRE(b);
+  REQUIRE(b->status == 201);
+  CHECK(J(b)["attempt"] == 2);
+  REQUIRE(f.Post("/v1/work/" + J(b)["work_id"].get<std::string>() + "/complete",
+                 {{"lease_token", J(b)["lease_token"]}, {"result", {{"sent", true}}}})
+              ->status == 200);
+  auto late = f.Post("/v1/work/claim", claim, "\"claim-a\"");
+  REQUIRE(late);
+  CHECK_MESSAGE(late->status == 200, late->body);  // done: the original result, not "yours"
+  CHECK(J(late)["duplicate"] == true);
+  CHECK(J(late).value("lease_token", "") != J(a)["lease_token"].get<std::string>());
+}
+
+TEST_CASE(
+    "a claim retried with its Idempotency-Key after its holder completed the work gets the work "
+    "as it is, not a lease that ended") {
+  Fixture f;
+  const Json claim = {
+      {"kind", "send_invoice"}, {"identity", {{"invoice_id", "INV-ENDED"}}}, {"lease", "30s"}};
+  auto a = f.Post("/v1/work/claim", claim, "\"claim-ended\"");
+  REQUIRE(a);
+  REQUIRE(a->status == 201);
+  REQUIRE(f.Post("/v1/work/" + J(a)["work_id"].get<std::string>() + "/complete",
+                 {{"lease_token", J(a)["lease_token"]}, {"result", {{"sent", true}}}})
+              ->status == 200);
+  auto again = f.Post("/v1/work/claim", claim, "\"claim-ended\"");  // the key reused
+  REQUIRE(again);
+  CHECK_MESSAGE(again->status == 200, again->body);
+  CHECK(J(again)["state"] == "done");
+  CHECK(again->get_header_value("Idempotent-Replayed").empty());
+}
+
+TEST_CASE(
+    "a named lease retried with its Idempotency-Key after it lapsed and another holder took it "
+    "is held, not acquired again") {
+  Fixture f;
+  auto a = f.Post("/v1/leases/nightly-x", {{"holder", "host-a"}, {"ttl", "1s"}}, "\"acq-a\"");
+  REQUIRE(a);
+  REQUIRE(a->status == 201);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'300));
+  auto b = f.Post("/v1/leases/nightly-x", {{"holder", "host-b"}, {"ttl", "10m"}});
+  REQUIRE(b);
+  REQUIRE(b->status == 201);
+  auto late = f.Post("/v1/leases/nightly-x", {{"holder", "host-a"}, {"ttl", "1s"}}, "\"acq-a\"");
+  REQUIRE(late);
+  CHECK_MESSAGE(late->status == 409, late->body);
+  CHECK(J(late)["holder"] == "host-b");
 }
 
 TEST_CASE(

@@ -254,6 +254,17 @@ TEST_CASE("a provider key that only another provider type reads is an error, not
   }
 }
 
+TEST_CASE("an inbox source may not run an action kind clients execute: every event would be 409") {
+  ConfigDir dir;
+  // kMinimal's send_reply has no effector.
+  auto config = dir.Load(kMinimal +
+                         "inbox:\n  gh:\n    event_id: {header: X-Id}\n"
+                         "    on_event: {action: send_reply}\n");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/inbox/gh/on_event/action");
+  CHECK(config.status().message().find("has no effector") != std::string::npos);
+}
+
 TEST_CASE("an inbox window is finite: event ids kept forever would grow the store") {
   ConfigDir dir;
   auto config = dir.Load(kMinimal +

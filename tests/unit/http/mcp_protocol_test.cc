@@ -329,6 +329,11 @@ TEST_CASE("protocol faults are JSON-RPC errors with the codes the specification 
   CHECK(code(Rpc(1, "tools/call", {{"name", "unknown"}})) == -32602);
   CHECK(code(Rpc(1, "tools/call", {{"arguments", {}}})) == -32602);
   CHECK(code(Rpc(1, "tools/call", {{"name", "t1"}, {"arguments", "x"}})) == -32602);
+  // A _meta that is no object would drop the key it was meant to pin.
+  for (const Json& meta : {Json(), Json::array(), Json("k")}) {
+    CHECK(code(Rpc(1, "tools/call",
+                   {{"name", "t1"}, {"arguments", Json::object()}, {"_meta", meta}})) == -32602);
+  }
   // Members of another JSON type than the specification's are errors too,
   // not a failed request: a number for jsonrpc, for protocolVersion.
   CHECK(code({{"jsonrpc", 2}, {"id", 1}, {"method", "ping"}}) == -32600);

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -251,6 +252,42 @@ TEST_CASE("the cursor gauge shows the durable cursor from the start") {
   a->Start();
   CHECK(metrics.outbox_cursor.Declare({"sink"}).Get() == 42);
   a->Stop();
+}
+
+TEST_CASE("a signed subscriber's deliveries carry an HMAC of their timestamp and body") {
+  SharedStore t;
+  ::setenv("IDEM_TEST_OUTBOX_SIGNING_KEY", "whsec-test-0123", 1);
+  OutboxConfig c = t.Config("a");
+  c.subscribers["sink"].signature_env = "IDEM_TEST_OUTBOX_SIGNING_KEY";
+  auto a = t.Dispatcher(c, *t.http_a, "daemon-a", false);
+  t.Stage(2);
+  a->Start();
+  REQUIRE(t.WaitForEffects(2, 10'000));
+  a->Stop();
+  const int64_t now_s = t.clock.NowMillis() / 1000;
+  int signed_calls = 0;
+  for (const auto& call : t.sink->calls()) {
+    auto sig = call.headers.find("idem-signature");
+    REQUIRE(sig != call.headers.end());
+    const std::string& v = sig->second;  // t=<seconds>,v1=<hex>
+    REQUIRE(v.rfind("t=", 0) == 0);
+    const size_t comma = v.find(",v1=");
+    REQUIRE(comma != std::string::npos);
+    const std::string ts = v.substr(2, comma - 2);
+    CHECK(std::abs(std::stoll(ts) - now_s) <= 10);
+    CHECK(v.substr(comma + 4) == HmacSha256Hex("whsec-test-0123", ts + "." + call.body));
+    ++signed_calls;
+  }
+  CHECK(signed_calls == 2);
+  // The secret itself is never sent.
+  for (const auto& call : t.sink->calls()) {
+    for (const auto& header : call.headers) CHECK(header.second.find("whsec") == std::string::npos);
+  }
+  // Unset, the dispatcher is refused at its config key.
+  c.subscribers["sink"].signature_env = "IDEM_TEST_OUTBOX_SIGNING_KEY_UNSET";
+  auto refused = OutboxDispatcher::Create(c, t.store->outbox(), *t.http_a, t.clock);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().field() == "/outbox/subscribers/sink/signature/secret_env");
 }
 
 }  // namespace idem

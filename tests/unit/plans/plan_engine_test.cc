@@ -204,7 +204,11 @@ TEST_CASE("an overdue plan whose policy escalates is notified once and keeps wai
   auto sent = h.notifier.Sent();
   REQUIRE(sent.size() == 2);
   CHECK(sent[1].kind == "approval_overdue");
-  CHECK(sent[1].event_id == p.plan_id + ":approval_overdue");
+  CHECK(sent[1].event_id == p.plan_id + ":approval_overdue:" +
+                                std::to_string(p.approval["expires_at_ms"].get<int64_t>()));
+  // It says what waits, as the first message did.
+  CHECK(sent[1].detail["actions"] == p.actions);
+  CHECK(sent[1].reason.find("every one") != std::string::npos);
   // It can still be approved, and then it is applied once.
   auto approved = h.Plans().Approve(p.plan_id, "op-1", "late but fine", Json(), "r");
   REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
@@ -369,6 +373,58 @@ TEST_CASE("an approval cannot edit its action into work whose own plan waits or 
   REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
   CHECK(h.fake().stats().raw_calls == 1);
   CHECK(h.store_->plans().Get(waiting.plan_id)->state == "awaiting_approval");
+}
+
+TEST_CASE(
+    "an approval cannot edit its action into work a decision's plan holds back for a human, "
+    "whoever created it") {
+  PlanHarness h;
+  h.Kind("payout", Always(60'000, "expire"));
+  h.config_.steps["triage"].name = "triage";
+  h.config_.steps["triage"].plan_pointer = "/actions";
+  auto decided = [&](char c, const std::string& id, int amount, const std::string& by) {
+    Decision d;
+    d.decision_id = "dec_" + std::string(32, c);
+    d.step = "triage";
+    d.output = {{"actions",
+                 Json::array({{{"kind", "payout"}, {"args", {{"id", id}, {"amount", amount}}}}})}};
+    auto plan = h.Plans().ProposeFromDecision(d, by);
+    REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+    REQUIRE(plan->state == "awaiting_approval");
+    return *plan;
+  };
+  // admin-1's own payout waits; agent-1's small one waits too.
+  Plan own = decided('c', "O-92", 9000, "admin-1");
+  Plan other = decided('d', "O-93", 5, "agent-1");
+  auto through = h.Plans().Approve(other.plan_id, "admin-1", "",
+                                   Json::array({{{"path", "/0/args/id"}, {"value", "O-92"}},
+                                                {{"path", "/0/args/amount"}, {"value", 9000}}}),
+                                   "r");
+  CHECK(through.status().code() == Code::kFailedPrecondition);
+  CHECK(through.status().message().find(own.plan_id) != std::string::npos);
+  CHECK(h.fake().stats().raw_calls == 0);
+  CHECK(h.store_->plans().Get(own.plan_id)->state == "awaiting_approval");
+}
+
+TEST_CASE("a gate plan that waits again for a new call is notified again, once") {
+  PlanHarness h;
+  ApprovalPolicy p = Always(60'000, "expire");
+  h.Kind("wire", p);
+  h.config_.actions["wire"].window_ms = 1'000;
+  Plan first = h.Gated("wire", {{"id", "w-1"}});
+  REQUIRE(h.Plans().Approve(first.plan_id, "op-1", "", Json(), "r").ok());
+  REQUIRE(h.store_->plans().Get(first.plan_id)->state == "applied");
+  h.env_.Advance(2'000);  // the work's window ends: the same work is new again
+  Plan again = h.Gated("wire", {{"id", "w-1"}});
+  CHECK(again.plan_id == first.plan_id);
+  std::vector<Notification> sent = h.notifier.Sent();
+  REQUIRE(sent.size() == 2);
+  CHECK(sent[0].kind == "awaiting_approval");
+  CHECK(sent[1].kind == "awaiting_approval");
+  CHECK(sent[0].event_id != sent[1].event_id);    // the journal sends each
+  Plan third = h.Gated("wire", {{"id", "w-1"}});  // still waiting: no new message
+  CHECK(third.plan_id == first.plan_id);
+  CHECK(h.notifier.Sent().size() == 2);
 }
 
 TEST_CASE(
