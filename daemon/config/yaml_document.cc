@@ -27,6 +27,10 @@ constexpr size_t kMaxValues = 100'000;
 // The largest config file read (a file of that size parses in about a
 // second; a real config is a few KB).
 constexpr size_t kMaxBytes = 4 << 20;
+// The text (keys and scalars) a document may hold once its aliases are
+// expanded: an alias of a long string copies it whole, so a few thousand
+// aliases of one 100 KB string would take gigabytes within kMaxValues.
+constexpr size_t kMaxExpandedBytes = 16 << 20;
 constexpr size_t kMaxErrorsListed = 20;
 
 const std::string kTagStr = "tag:yaml.org,2002:str";
@@ -128,6 +132,13 @@ class Converter {
                                      " values once its aliases are expanded (an alias repeats "
                                      "everything its anchor names)");
     }
+    if (node.IsScalar()) bytes_ += node.Scalar().size();
+    if (bytes_ > kMaxExpandedBytes) {
+      return doc_.Error(pointer, "the document holds more than " +
+                                     std::to_string(kMaxExpandedBytes >> 20) +
+                                     " MiB of text once its aliases are expanded (an alias "
+                                     "repeats everything its anchor names)");
+    }
     switch (node.Type()) {
       case YAML::NodeType::Undefined:
       case YAML::NodeType::Null:
@@ -140,6 +151,7 @@ class Converter {
         size_t index = 0;
         for (const YAML::Node& item : node) {
           const std::string child = pointer + "/" + std::to_string(index++);
+          bytes_ += child.size();  // its line entry
           const int item_line = item.Mark().line >= 0 ? item.Mark().line + 1 : line;
           doc_.lines[child] = item_line;
           Json value;
@@ -158,6 +170,7 @@ class Converter {
             return doc_.Error(pointer + "/?", "mapping keys must be plain strings");
           }
           const std::string& name = key.Scalar();
+          bytes_ += name.size() + pointer.size();  // the key, and its line entry's pointer
           if (!IsValidUtf8(name)) {
             doc_.lines[pointer + "/?"] = key_line;
             return doc_.Error(pointer + "/?", "a mapping key is not valid UTF-8");
@@ -235,6 +248,7 @@ class Converter {
 
   YamlDocument& doc_;
   size_t values_ = 0;
+  size_t bytes_ = 0;  // text expanded so far (kMaxExpandedBytes)
 };
 
 }  // namespace

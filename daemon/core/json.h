@@ -51,7 +51,8 @@ void AppendJsonStringContent(std::string_view s, std::string& out);
 bool IsValidUtf8(std::string_view s);
 
 // The characters (code points) of well-formed UTF-8 `s`: its bytes that do
-// not continue a character. What a limit "in characters" counts.
+// not continue a character. What a limit "in characters" counts; check
+// IsValidUtf8 first (continuation bytes alone count as nothing).
 size_t CodePoints(std::string_view s);
 
 // `s` with each byte that does not begin a well-formed UTF-8 character

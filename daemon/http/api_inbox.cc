@@ -200,6 +200,9 @@ void AddInboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
           const Json& id = body.at(ptr);
           event_id = id.is_string() ? id.get<std::string>() : id.dump();
         }
+        if (!IsValidUtf8(event_id)) {
+          return InvalidArgument("the event id is not valid UTF-8 text", id_at);
+        }
         if (event_id.empty() || CodePoints(event_id) > 255) {
           return InvalidArgument("an event id is 1 to 255 characters", id_at);
         }

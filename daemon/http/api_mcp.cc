@@ -179,7 +179,6 @@ class ApiToolbox final : public McpToolbox {
     // agent would read an error as a failed tool.
     int64_t pause_ms = 20;
     const int64_t give_up_ms = deps_.clock.NowMillis() + kInFlightWaitMs;
-    bool ran_before = false;  // a retry of a call whose answer was not stored
     for (;;) {
       const int64_t now = deps_.clock.NowMillis();
       auto begun = deps_.store.idem_keys().Begin(scope, key, fingerprint, request_id, now,
@@ -188,10 +187,7 @@ class ApiToolbox final : public McpToolbox {
         return ToolError("idem's store: " + CallerDetail(HttpStatusFor(begun.status().code()),
                                                          begun.status(), request_id));
       }
-      if (begun->outcome == BeginOutcome::kNew) {
-        ran_before = begun->record.ran;
-        break;
-      }
+      if (begun->outcome == BeginOutcome::kNew) break;
       if (begun->outcome == BeginOutcome::kReplay && !GrantHolds(tool, begun->record)) {
         return Run(tool, arguments, caller, request_id, &final_answer);  // not stored
       }
@@ -214,7 +210,7 @@ class ApiToolbox final : public McpToolbox {
       deps_.clock.env().SleepMillis(pause_ms);
       pause_ms = std::min<int64_t>(pause_ms * 2, 500);
     }
-    Json result = Run(tool, arguments, caller, request_id, &final_answer, ran_before);
+    Json result = Run(tool, arguments, caller, request_id, &final_answer);
     // An error changed nothing worth replaying: the call runs again when
     // retried (a resolved conflict, a fixed record), as REST drops a 4xx.
     if (result.value("isError", false)) final_answer = false;
@@ -315,7 +311,7 @@ class ApiToolbox final : public McpToolbox {
   // Runs the tool's REST route as the caller; *final_answer false when the
   // answer reports work still moving (it is then not stored).
   Json Run(const Tool& tool, const Json& args, const std::string& caller,
-           const std::string& request_id, bool* final_answer, bool retried = false) {
+           const std::string& request_id, bool* final_answer) {
     std::string path = tool.path;
     for (const char* field : {"plan_id", "decision_id", "work_id"}) {
       std::string hole = std::string("{") + field + "}";
@@ -337,7 +333,6 @@ class ApiToolbox final : public McpToolbox {
     }
     ctx.method = tool.method;
     ctx.path = path;
-    ctx.key_ran_before = retried;
     ctx.caller = caller;
     ctx.request_id = request_id;
     ctx.body = tool.body ? tool.body(args) : Json();

@@ -99,20 +99,13 @@ StatusOr<const ActionConfig*> FindKind(const Config& config, const std::string& 
   return &it->second;
 }
 
-// The answer to a duplicate of done work, as the kind's on_duplicate says
-// (R3). `args` (null unless this request's Idempotency-Key ran before and
-// was released: a 202, an approval wait): the call's. With the args the
-// work was done with, it is the same call again, whose own effect this is:
-// it gets the original result whatever on_duplicate says.
-RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid,
-                        const Json* args = nullptr) {
-  const bool same_call = args != nullptr && *args == w.args;
-  if (kind.on_duplicate == "conflict" && !same_call) {
+// The answer to a duplicate of done work, as the kind's on_duplicate says (R3).
+RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid) {
+  if (kind.on_duplicate == "conflict") {
     return Conflict(AlreadyExists("this work was already done"), w, rid);
   }
   return WorkAnswer(
-      200, WorkBodyText(w, {.duplicate = true,
-                            .without_result = kind.on_duplicate == "ignore" && !same_call}));
+      200, WorkBodyText(w, {.duplicate = true, .without_result = kind.on_duplicate == "ignore"}));
 }
 
 // A caller's lease name: 1 to 200 bytes of printable UTF-8, and none of
@@ -166,14 +159,14 @@ StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64
   return ms;
 }
 
-Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string& rid, int* status,
-             const Json* args = nullptr) {
+Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string& rid,
+             int* status) {
   switch (o.kind) {
     case ActionOutcomeKind::kExecuted:
       *status = 201;
       return WorkBody(o.item);
     case ActionOutcomeKind::kDuplicate: {
-      RouteResponse r = Duplicate(kind, o.item, rid, args);
+      RouteResponse r = Duplicate(kind, o.item, rid);
       *status = r.status;
       return BodyJson(r);
     }
@@ -685,8 +678,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             ActionOutcome o,
             deps.apply.Submit(kind->name, gate.args, ctx.body.value("run_id", ""), ctx.request_id));
         int status = 200;
-        Json body =
-            Outcome(*kind, o, ctx.request_id, &status, ctx.key_ran_before ? &gate.args : nullptr);
+        Json body = Outcome(*kind, o, ctx.request_id, &status);
         RouteResponse out{status, std::move(body), {}};
         out.transient = StillMoving(o.kind);
         // Busy: when the holder's lease ends, as a claim's 409 says.
@@ -788,8 +780,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             continue;
           }
           int status = 0;
-          Json body = Outcome(*kind, *o, ctx.request_id, &status,
-                              ctx.key_ran_before ? &gate->args : nullptr);
+          Json body = Outcome(*kind, *o, ctx.request_id, &status);
           const char* label = o->kind == ActionOutcomeKind::kExecuted    ? "executed"
                               : o->kind == ActionOutcomeKind::kDuplicate ? "already_done"
                               : o->kind == ActionOutcomeKind::kRetrying  ? "retrying"

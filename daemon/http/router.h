@@ -53,9 +53,6 @@ struct RequestContext {
                          const std::string& fingerprint, int64_t lease_until_ms)>
       hold_key;
   std::function<void(uint64_t ticket)> drop_key;
-  // This request's Idempotency-Key ran before and was released (its answer
-  // was a 202 or a wait): the request is a retry of that same call.
-  bool key_ran_before = false;
 };
 
 struct RouteResponse {

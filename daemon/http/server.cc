@@ -1064,7 +1064,6 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
     return Fail(res, fp, ctx.request_id);
   }
 
-  ctx.key_ran_before = begun->record.ran;
   const uint64_t held = renewer_->Hold(ctx, fingerprint, begun->record.lease_until_ms);
   RouteResponse out = run();
   if (out.long_poll != nullptr) out = Finish(route, ctx, out.long_poll->answer());  // no parking

@@ -97,35 +97,34 @@ TEST_CASE("an action runs once: 201 now, then 200 with the original result") {
 }
 
 TEST_CASE(
-    "an on_duplicate: conflict kind answers a retry of the same call after its 202 with the "
-    "original result, and another call with the conflict") {
+    "an on_duplicate: ignore kind never shows one call another's result, not even through a key "
+    "released while that work ran") {
   Fixture f(
-      "  ping_once:\n"
-      "    identity: {fields: [/ping_id], version: v1}\n"
+      "  hidden:\n"
+      "    identity: {fields: [/id], version: v1}\n"
       "    window: 24h\n"
-      "    on_duplicate: conflict\n"
-      "    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: header}}\n"
-      "    retry: {attempts: 3, base: 10ms, cap: 20ms, timeout: 5s}\n");
-  f.target->FailNext(1, 503);
-  const Json call = {{"args", {{"ping_id", "P-1"}, {"text", "hello"}}}};
-  auto first = f.Post("/v1/actions/ping_once", call, "\"ping-1\"");
+      "    on_duplicate: ignore\n"
+      "    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: header}}\n");
+  f.target->SetLatencyMs(1'500);
+  const Json call = {{"args", {{"id", "h-1"}, {"note", "alice's"}}}};
+  auto alice = std::async(std::launch::async, [&] {
+    auto c = f.daemon->Client();
+    return c->Post("/v1/actions/hidden", {{"Idempotency-Key", "\"alice-1\""}}, call.dump(),
+                   "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto busy = f.Post("/v1/actions/hidden", call, "\"bob-1\"");  // released: work still moving
+  REQUIRE(busy);
+  CHECK(busy->status == 409);
+  auto first = alice.get();
   REQUIRE(first);
-  REQUIRE(first->status == 202);  // retrying: the key is released
-  const std::string work_id = J(first)["work_id"];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (f.target->stats().effects < 1 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  REQUIRE(f.target->stats().effects == 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // recorded done
-  auto retried = f.Post("/v1/actions/ping_once", call, "\"ping-1\"");
+  REQUIRE(first->status == 201);
+  f.target->SetLatencyMs(0);
+  auto retried = f.Post("/v1/actions/hidden", call, "\"bob-1\"");
   REQUIRE(retried);
-  CHECK_MESSAGE(retried->status == 200, retried->body);  // its own effect: the result
-  CHECK(J(retried)["work_id"] == work_id);
-  CHECK(J(retried).contains("result"));
-  auto other = f.Post("/v1/actions/ping_once", call, "\"ping-2\"");
-  REQUIRE(other);
-  CHECK(other->status == 409);  // another call with that identity: the conflict
+  CHECK(retried->status == 200);
+  CHECK(J(retried)["duplicate"] == true);
+  CHECK_FALSE(J(retried).contains("result"));  // alice's result stays alice's
   CHECK(f.target->stats().effects == 1);
 }
 

@@ -212,6 +212,18 @@ TEST_CASE("an inbox event without its id, or for an unknown source, is refused")
   Json recorded = J(f.client->Post("/v1/inbox/audit_log", R"({"id":7})", "application/json"));
   CHECK(recorded["outcome"] == "recorded");
   CHECK(recorded["event_id"] == "7");
+  // An event id is up to 255 characters, not bytes ("é" is two).
+  std::string e255;
+  for (int i = 0; i < 255; ++i) e255 += "\u00e9";
+  auto fits =
+      f.client->Post("/v1/inbox/audit_log", "{\"id\":\"" + e255 + "\"}", "application/json");
+  REQUIRE(fits);
+  CHECK(fits->status == 200);
+  auto too_long =
+      f.client->Post("/v1/inbox/audit_log", "{\"id\":\"" + e255 + "\\u00e9\"}", "application/json");
+  REQUIRE(too_long);
+  CHECK(too_long->status == 400);
+  CHECK(J(too_long)["pointer"] == "/id");
 }
 
 TEST_CASE(

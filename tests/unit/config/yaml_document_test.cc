@@ -163,6 +163,17 @@ TEST_CASE("aliases that expand past the value limit are refused, not expanded in
   CHECK(small.value["other"]["attempts"] == 3);
 }
 
+TEST_CASE("aliases of a long string are refused past the expanded text limit") {
+  // 380 KB of file, 4 GB once expanded.
+  std::string text = "junk:\n  - &a \"" + std::string(100'000, 'x') + "\"\n";
+  for (int i = 0; i < 40'000; ++i) text += "  - *a\n";
+  auto doc = ParseYaml(text, "t.yaml");
+  REQUIRE_FALSE(doc.ok());
+  CHECK_MESSAGE(
+      doc.status().message().find("MiB of text once its aliases are expanded") != std::string::npos,
+      doc.status().message());
+}
+
 TEST_CASE("a merge key is refused with a way out; a quoted << is an ordinary key") {
   auto doc = ParseYaml("r: &r {attempts: 3}\nretry:\n  <<: *r\n  base: 1s\n", "t.yaml");
   REQUIRE_FALSE(doc.ok());
