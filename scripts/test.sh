@@ -61,7 +61,26 @@ if [ "${IDEM_TEST_QUICK:-0}" != 1 ]; then
   build build-asan all -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
     -DIDEM_SANITIZE=address,undefined
   # UBSAN_OPTIONS (halt_on_error=1) is set on every test by tests/CMakeLists.txt.
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j3 -LE postgres)
+  # LeakSanitizer's own stop-the-world tracer sometimes segfaults at a test
+  # process's exit after every test passed ("Tracer caught signal 11 ...
+  # LeakSanitizer has encountered a fatal error": a runtime flake, not a
+  # leak; google/sanitizers#1353, seen here once in integration_3). Only
+  # then are the failed tests run once more; a leak report ("detected memory
+  # leaks"), a failed check or any other failure stops the run.
+  if ! (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j3 -LE postgres \
+          > ctest.log 2>&1); then
+    cat build-asan/ctest.log
+    if grep -q "LeakSanitizer has encountered a fatal error" build-asan/ctest.log &&
+       ! grep -q "detected memory leaks\|ERROR: AddressSanitizer\|runtime error:\|is NOT correct\|FATAL ERROR" \
+         build-asan/ctest.log; then
+      echo "== LeakSanitizer's tracer crashed at a test's exit: the failed tests once more"
+      (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --rerun-failed)
+    else
+      exit 1
+    fi
+  else
+    cat build-asan/ctest.log
+  fi
 
   echo "== ThreadSanitizer (concurrency tests)"
   # Only what the concurrency tests need.
