@@ -287,7 +287,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::ClaimAndRun(const KindRuntime& kind,
       return ActionOutcome{ActionOutcomeKind::kRetrying, Scrubbed(std::move(claim->item))};
     case ClaimOutcome::kDead:
       // The claim itself buried it when a crashed holder had used the last attempt.
-      if (claim->item.updated_at_ms == request.now_ms) {
+      if (claim->buried) {
         metrics_.work_dead.Inc();
         NotifyDead(claim->item);
       }
@@ -625,8 +625,7 @@ void ApplyEngineImpl::BuryLapsedClientWork() {
     if (kind == nullptr || kind->effector) continue;
     const ClaimRequest request = ClaimFor(*kind, item);
     StatusOr<ClaimResult> claim = journal_.Claim(request);
-    if (claim.ok() && claim->outcome == ClaimOutcome::kDead &&
-        claim->item.updated_at_ms == request.now_ms) {
+    if (claim.ok() && claim->outcome == ClaimOutcome::kDead && claim->buried) {
       metrics_.work_dead.Inc();
       NotifyDead(claim->item);
       LogEvent(LogLevel::kWarn, "apply.client_work_buried",

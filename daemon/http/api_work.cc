@@ -437,7 +437,7 @@ struct ClaimRoute {
         return wait;
       }
       case ClaimOutcome::kDead:
-        if (r.item.updated_at_ms == ctx.op_now_ms) {
+        if (r.buried) {
           // This claim buried it (a crashed holder had used the last
           // attempt): a new dead letter, counted and told as any other.
           metrics.work_dead.Inc();

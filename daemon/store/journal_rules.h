@@ -102,6 +102,33 @@ inline void BuryExpired(WorkItem& w, int64_t now_ms) {
   w.expires_at_ms = 0;
   w.updated_at_ms = now_ms;
 }
+// The record a writing claim stores, and its outcome: a new lease for new,
+// pending, failed or expired work; dead (buried) for a crash on the last
+// attempt. `current` is absent, expired, or not answerable read-only
+// (ReadOnlyOutcome gave nullopt).
+inline ClaimResult ClaimTransition(const std::optional<WorkItem>& current,
+                                   const ClaimRequest& req) {
+  if (!current || Expired(*current, req.now_ms)) {
+    WorkItem next = NewItem(req);  // first delivery, or the window of the done record is over
+    GrantLease(next, req);
+    return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
+  }
+  WorkItem next = *current;
+  if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
+    BuryExpired(next, req.now_ms);  // no attempts left
+    return ClaimResult{.outcome = ClaimOutcome::kDead, .item = std::move(next), .buried = true};
+  }
+  GrantLease(next, req);  // pending, failed, or running under an expired lease
+  return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
+}
+
+// A claim's result as a batch op's.
+inline JournalOpResult OpResultOf(ClaimResult c) {
+  JournalOpResult r{.outcome = c.outcome, .item = std::move(c.item)};
+  r.buried = c.buried;
+  return r;
+}
+
 inline bool DeadByExpiry(const WorkItem& w) {
   return w.state == WorkState::kDead && !w.lease_token.empty() &&
          std::string_view(w.last_error).substr(0, kLeaseExpiredPrefix.size()) ==

@@ -352,7 +352,8 @@ std::vector<StatusOr<ClaimResult>> Journal::ClaimMany(std::span<const ClaimReque
     if (!r.ok()) {
       out.push_back(r.status());
     } else {
-      out.push_back(ClaimResult{r->outcome, std::move(r->item)});
+      out.push_back(
+          ClaimResult{.outcome = r->outcome, .item = std::move(r->item), .buried = r->buried});
     }
   }
   return out;

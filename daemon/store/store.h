@@ -270,6 +270,10 @@ enum class ClaimOutcome {
 struct ClaimResult {
   ClaimOutcome outcome;
   WorkItem item;  // the record after the claim
+  // kDead: this claim buried the work (it found the last attempt's lease run
+  // out and wrote the dead letter); false when the work was already dead.
+  // The one signal to count and tell a new dead letter by.
+  bool buried = false;
 };
 
 // One write of a batch (Journal::BeginOps): a claim, a complete or a fail,
@@ -317,6 +321,8 @@ struct JournalOpResult {
   // With stale_lease, kFail: the token's holder completed the work; a fail
   // after that changes nothing.
   bool after_complete = false;
+  // kClaim, kDead: this claim buried the work (ClaimResult::buried).
+  bool buried = false;
 };
 
 // Every WorkItem returned carries an empty lease_token, except the one in a

@@ -352,21 +352,6 @@ const std::string& EnqueueSql() {
   return *s;
 }
 
-ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimRequest& req) {
-  if (!current || Expired(*current, req.now_ms)) {
-    WorkItem next = NewItem(req);
-    GrantLease(next, req);
-    return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
-  }
-  WorkItem next = *current;
-  if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
-    BuryExpired(next, req.now_ms);
-    return ClaimResult{ClaimOutcome::kDead, std::move(next)};
-  }
-  GrantLease(next, req);
-  return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
-}
-
 // The outbox hears of work done and work dead, in the same transaction.
 Status StageEvent(Conn& c, const std::optional<WorkItem>& before, const WorkItem& after) {
   ASSIGN_OR_RETURN(std::optional<WorkEvent> event, WorkEventFor(before, after));
@@ -709,7 +694,9 @@ class PgJournal final : public Journal {
           if (!dead.ok()) {
             out[i] = dead.status();
           } else if (*dead) {
-            out[i] = ClaimResult{ClaimOutcome::kDead, Scrubbed(std::move(**dead))};
+            out[i] = ClaimResult{.outcome = ClaimOutcome::kDead,
+                                 .item = Scrubbed(std::move(**dead)),
+                                 .buried = true};
           } else {
             again.push_back(i);
           }
@@ -778,8 +765,7 @@ class PgJournal final : public Journal {
         if (!claimed[k].ok()) {
           results[valid[k]] = claimed[k].status();
         } else {
-          results[valid[k]] =
-              JournalOpResult{.outcome = claimed[k]->outcome, .item = std::move(claimed[k]->item)};
+          results[valid[k]] = OpResultOf(std::move(*claimed[k]));
         }
       }
       return results;
@@ -851,8 +837,7 @@ class PgJournal final : public Journal {
             results[i] = JournalOpResult{.outcome = *o, .item = Scrubbed(std::move(*current))};
             continue;
           }
-          ClaimResult cr = Transition(current, op.claim);
-          r = JournalOpResult{.outcome = cr.outcome, .item = std::move(cr.item)};
+          r = OpResultOf(ClaimTransition(current, op.claim));
         } else {
           bool writes = false;
           StatusOr<JournalOpResult> settled = CompleteOrFail(current, op, &writes);

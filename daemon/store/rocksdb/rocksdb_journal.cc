@@ -51,24 +51,6 @@ std::vector<std::pair<Family, std::string>> IndexEntries(const WorkItem& w) {
   return out;
 }
 
-// The record a writing claim stores, and its outcome: a new lease for new,
-// pending, failed or expired work; dead for a crash on the last attempt.
-// `current` is absent, expired, or not answerable read-only.
-ClaimResult Transition(const std::optional<WorkItem>& current, const ClaimRequest& req) {
-  if (!current || Expired(*current, req.now_ms)) {
-    WorkItem next = NewItem(req);  // first delivery, or the window of the done record is over
-    GrantLease(next, req);
-    return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
-  }
-  WorkItem next = *current;
-  if (next.state == WorkState::kRunning && next.attempt >= next.max_attempts) {
-    BuryExpired(next, req.now_ms);  // no attempts left
-    return ClaimResult{ClaimOutcome::kDead, std::move(next)};
-  }
-  GrantLease(next, req);  // pending, failed, or running under an expired lease
-  return ClaimResult{ClaimOutcome::kClaimed, std::move(next)};
-}
-
 std::string WorkLabel(const std::string& work_id) { return "work " + work_id; }
 
 }  // namespace
@@ -152,7 +134,7 @@ StatusOr<ClaimResult> RocksJournal::Claim(const ClaimRequest& req) {
       return ClaimResult{*o, Scrubbed(std::move(*current))};
     }
   }
-  ClaimResult r = Transition(current, req);
+  ClaimResult r = ClaimTransition(current, req);
   RecordBatch batch(db_);
   Stage(batch, current, &r.item);
   Status written = db_.Commit(batch, /*durable=*/true);
@@ -317,8 +299,7 @@ std::unique_ptr<Journal::PendingOps> RocksJournal::BeginOps(
         p->results[i] = JournalOpResult{.outcome = *o, .item = Scrubbed(std::move(*current))};
         continue;
       }
-      ClaimResult c = Transition(current, op.claim);
-      r = JournalOpResult{.outcome = c.outcome, .item = std::move(c.item)};
+      r = OpResultOf(ClaimTransition(current, op.claim));
     } else {
       bool writes = false;
       StatusOr<JournalOpResult> settled = CompleteOrFail(current, op, &writes);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <latch>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -227,6 +228,27 @@ TEST_CASE("fail with no attempts left makes the work dead") {
   CHECK(dlq[0].work_id == "w1");
 }
 
+TEST_CASE(
+    "a claim in the same millisecond as the fail that made work dead says it buried nothing: a "
+    "dead letter is counted once") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ClaimRequest r = Req("w1", kT0);
+  r.max_attempts = 1;
+  ClaimResult c = MustClaim(store->journal(), r);
+  REQUIRE(
+      store->journal().Fail("w1", c.item.lease_token, "boom", /*retryable=*/true, 0, kT0 + 7).ok());
+  r.now_ms = kT0 + 7;  // the fail's own millisecond
+  ClaimResult seen = MustClaim(store->journal(), r);
+  CHECK(seen.outcome == ClaimOutcome::kDead);
+  CHECK(seen.item.updated_at_ms == r.now_ms);
+  CHECK_FALSE(seen.buried);
+  std::vector<StatusOr<ClaimResult>> many = store->journal().ClaimMany(std::span(&r, 1));
+  REQUIRE(many[0].ok());
+  CHECK(many[0]->outcome == ClaimOutcome::kDead);
+  CHECK_FALSE(many[0]->buried);
+}
+
 TEST_CASE("a non-retryable failure makes the work dead at once") {
   TempDir dir;
   auto store = OpenStore(dir.path());
@@ -247,9 +269,14 @@ TEST_CASE("a crash on the last attempt makes the work dead instead of claimed") 
   r.now_ms = kT0 + 1'000;
   ClaimResult c = MustClaim(store->journal(), r);
   CHECK(c.outcome == ClaimOutcome::kDead);
+  CHECK(c.buried);  // this claim wrote the dead letter
   CHECK(c.item.state == WorkState::kDead);
   CHECK(c.item.lease_token.empty());
   CHECK(store->journal().Get("w1")->state == WorkState::kDead);
+  // The next claim finds it dead: it buried nothing, even in the same ms.
+  ClaimResult again = MustClaim(store->journal(), r);
+  CHECK(again.outcome == ClaimOutcome::kDead);
+  CHECK_FALSE(again.buried);
   CHECK(Ids(store->journal().DeadLetters(10).value()) == std::set<std::string>{"w1"});
   CHECK(store->journal().Due(kT0 + 10'000, 10)->empty());
 }

@@ -220,7 +220,7 @@ TEST_SUITE("postgres") {
     r.now_ms = kT0 + 5'000;
     constexpr int kThreads = 8;
     std::latch start(kThreads);
-    std::atomic<int> dead{0}, other{0};
+    std::atomic<int> dead{0}, other{0}, buried{0};
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) {
       threads.emplace_back([&, i] {
@@ -228,11 +228,13 @@ TEST_SUITE("postgres") {
         StatusOr<ClaimResult> c = daemons[i % 2]->journal().Claim(r);
         (c.ok() && c->outcome == ClaimOutcome::kDead && c->item.lease_token.empty()) ? ++dead
                                                                                      : ++other;
+        if (c.ok() && c->buried) ++buried;
       });
     }
     for (std::thread& t : threads) t.join();
     CHECK(dead.load() == kThreads);
     CHECK(other.load() == 0);
+    CHECK(buried.load() == 1);  // one claim says it wrote the dead letter
     auto raw = RawPool(dir.path());
     CHECK(Count(*raw, "SELECT count(*) FROM outbox WHERE type = 'work.dead_letter'") == 1);
   }
