@@ -30,7 +30,8 @@
 //   - the outbox: events with their seqs, each subscriber's cursor, dead
 //     letters; the PostgreSQL sequence continues after the highest seq the
 //     RocksDB store used (events retention deleted included), so no seq is
-//     given twice;
+//     given twice; and how far retention deleted, so a /v1/events cursor
+//     below it is still refused (409) after the move;
 //   - meta (prompt hashes, cost counters, ...) except the RocksDB engine's
 //     own bookkeeping (audit head, outbox cursors, its instance id, ...),
 //     which the records above carry;
@@ -78,6 +79,10 @@ class StoreRecordVisitor {
   virtual Status OnOutboxDeadLetter(const OutboxDeadLetter& dl) = 0;
   // The highest seq the store ever gave (events retention deleted count).
   virtual Status OnOutboxLastSeq(uint64_t seq) = 0;
+  // The highest seq retention deleted (OutboxStore::SweptThrough); not
+  // called when nothing was deleted. The copy keeps refusing a reader whose
+  // cursor is below it (it would skip those events unseen).
+  virtual Status OnOutboxSweptThrough(uint64_t seq) = 0;
   virtual Status OnMeta(const std::string& key, const std::string& value) = 0;
   // In time order within each trace.
   virtual Status OnTrace(const TraceEntry& e) = 0;

@@ -242,6 +242,12 @@ class PgImporterImpl final : public PgImporter {
     return Status::Ok();
   }
 
+  Status OnOutboxSweptThrough(uint64_t seq) override {
+    return Exec("INSERT INTO meta (key, value) VALUES ($1, $2)",
+                {P(std::string(pg::kPgOutboxSweptKey)), P(std::to_string(seq))},
+                "outbox retention mark");
+  }
+
   Status OnMeta(const std::string& key, const std::string& value) override {
     RETURN_IF_ERROR(
         Exec("INSERT INTO meta (key, value) VALUES ($1, $2)"

@@ -122,8 +122,7 @@ namespace {
 // Rows numbered per sequencer run: bounds its transaction.
 constexpr int kSequenceBatch = 1'000;
 constexpr size_t kMaxLimit = 100'000;
-// The meta key of the highest seq retention deleted (SweptThrough).
-constexpr std::string_view kSweptKey = "outbox.swept_through";
+constexpr std::string_view kSweptKey = kPgOutboxSweptKey;
 
 constexpr const char* kDeadColumns =
     "subscriber, seq, event::text, attempts, last_error, state, dead_at_ms";

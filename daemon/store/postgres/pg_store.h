@@ -92,6 +92,9 @@ std::unique_ptr<AuditLog> MakePgAuditLog(PgContext& ctx);
 std::unique_ptr<LeaseStore> MakePgLeaseStore(PgContext& ctx);
 std::unique_ptr<EscalationStore> MakePgEscalationStore(PgContext& ctx);
 std::unique_ptr<OutboxStore> MakePgOutboxStore(PgContext& ctx);
+// The meta key of the highest outbox seq retention deleted, as decimal text
+// (OutboxStore::SweptThrough; store copy writes it too).
+inline constexpr std::string_view kPgOutboxSweptKey = "outbox.swept_through";
 std::unique_ptr<TraceIndex> MakePgTraceIndex(PgContext& ctx);
 
 // The journal's claim statement (INSERT ... ON CONFLICT ... RETURNING over

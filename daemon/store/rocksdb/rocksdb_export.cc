@@ -8,7 +8,7 @@
 // engine's own bookkeeping, which is visited as what it means:
 //   "audit.head"             -> OnAuditHead
 //   "outbox.cursor/<sub>"    -> OnOutboxCursor
-//   "outbox.swept_through"   -> part of OnOutboxLastSeq
+//   "outbox.swept_through"   -> OnOutboxSweptThrough, and part of OnOutboxLastSeq
 // and the keys that only make sense to this folder ("store.instance_id",
 // "store.write_probe", "idem_keys.in_progress_indexed") are left out. The
 // store's id ("store.id") is copied: the copy is the same store, and its
@@ -196,8 +196,9 @@ Status VisitRocksStore(const std::string& path,
         }
         if (key == RocksDatabase::kOutboxSweptKey) {
           if (value.size() != 8) return Internal("stored outbox retention mark is malformed");
-          last_seq = std::max(last_seq, rocks::ReadBigEndian8(value));
-          return Status::Ok();
+          const uint64_t swept = rocks::ReadBigEndian8(value);
+          last_seq = std::max(last_seq, swept);
+          return swept == 0 ? Status::Ok() : v.OnOutboxSweptThrough(swept);
         }
         for (std::string_view engine_only : kEngineOnlyKeys) {
           if (key == engine_only) return Status::Ok();

@@ -169,6 +169,9 @@ void Fill(Store& s) {
   dl.last_error = "HTTP 500";
   dl.dead_at_ms = kT0 + 50;
   REQUIRE(s.outbox().AddDeadLetter(dl).ok());
+  // Retention deleted the first event: a reader below it is refused.
+  REQUIRE(s.outbox().Sweep((*events)[0].seq, kT0 + 1000 * kHour, 1).ok());
+  REQUIRE(*s.outbox().SweptThrough() == (*events)[0].seq);
 
   // Meta: a prompt hash and a cost counter.
   REQUIRE(s.meta().Put("prompt.triage.v1", "sha256:abc").ok());
@@ -312,6 +315,12 @@ std::vector<std::string> Differences(Store& from, Store& to) {
     same("cursor of " + sub, a.ok() ? StatusOr<Json>(Json(*a)) : StatusOr<Json>(a.status()),
          b.ok() ? StatusOr<Json>(Json(*b)) : StatusOr<Json>(b.status()));
   }
+  {
+    auto a = from.outbox().SweptThrough();
+    auto b = to.outbox().SweptThrough();
+    same("outbox swept through", a.ok() ? StatusOr<Json>(Json(*a)) : StatusOr<Json>(a.status()),
+         b.ok() ? StatusOr<Json>(Json(*b)) : StatusOr<Json>(b.status()));
+  }
   auto dead_json = [](const OutboxDeadLetter& d) { return d.ToJson(); };
   same("outbox dead letters", ListJson(from.outbox().DeadLetters("", 0, 100), dead_json),
        ListJson(to.outbox().DeadLetters("", 0, 100), dead_json));
@@ -388,6 +397,9 @@ class Dropping final : public StoreRecordVisitor {
     return drop_ == "dead_letters" ? Status::Ok() : to_.OnOutboxDeadLetter(dl);
   }
   Status OnOutboxLastSeq(uint64_t seq) override { return to_.OnOutboxLastSeq(seq); }
+  Status OnOutboxSweptThrough(uint64_t seq) override {
+    return drop_ == "swept" ? Status::Ok() : to_.OnOutboxSweptThrough(seq);
+  }
   Status OnMeta(const std::string& k, const std::string& v) override {
     return drop_ == "meta" ? Status::Ok() : to_.OnMeta(k, v);
   }
@@ -529,7 +541,7 @@ TEST_SUITE("postgres") {
     { Fill(*OpenRocks(rocks_dir.path())); }
     for (const std::string family :
          {"decisions", "cached", "idem", "journal", "plans", "audit", "audit_head", "escalations",
-          "outbox", "cursors", "dead_letters", "meta", "traces"}) {
+          "outbox", "cursors", "dead_letters", "swept", "meta", "traces"}) {
       CAPTURE(family);
       TempDir pg_dir;
       {
