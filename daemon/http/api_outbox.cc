@@ -53,11 +53,10 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
   routes.push_back(Route{
       .method = "GET",
       .pattern = "/v1/events",
-      .summary =
-          "Outbox events in commit order (?after=CURSOR&limit=100): decision.created, "
-          "plan.<state>, effect.done, work.dead_letter. Keep next_cursor and ask again "
-          "with it; an event is never skipped (a cursor retention has passed is refused, 409). "
-          "Dedupe on event_id.",
+      .summary = "Outbox events in commit order (?after=CURSOR&limit=100): decision.created, "
+                 "plan.<state>, effect.done, work.dead_letter. Keep next_cursor and ask again "
+                 "with it; an event is never skipped (a cursor retention has passed, or one beyond "
+                 "the store's last event, is refused, 409). Dedupe on event_id.",
       .responses = {{200, "outbox.event.list"}, {400, "problem"}, {409, "problem"}},
       .roles = {"operator"},
       .query = {TextDoc("after",
@@ -81,6 +80,23 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
                         "query:after");
         }
         ASSIGN_OR_RETURN(std::vector<OutboxEvent> events, deps.store.outbox().After(after, limit));
+        if (events.empty() && after > 0) {
+          // Nothing after it: caught up, unless this store never got that
+          // far (restored from an older copy): its next events would take
+          // seqs the reader believes it has seen.
+          ASSIGN_OR_RETURN(uint64_t head, deps.store.outbox().Head());
+          if (after > head) {
+            return Status(Code::kFailedPrecondition,
+                          "this cursor is ahead of this store, whose last event is seq " +
+                              std::to_string(head) +
+                              " (restored from an older copy, or a cursor it did not return): "
+                              "its next events would take seqs this reader believes it has seen. "
+                              "Reconcile what the reader saw after seq " +
+                              std::to_string(head) + ", then continue with after=" +
+                              (id.empty() ? "" : id + ":") + std::to_string(head),
+                          "query:after");
+          }
+        }
         Json items = Json::array();
         for (const OutboxEvent& e : events) items.push_back(e.ToJson());
         const uint64_t next = events.empty() ? after : events.back().seq;

@@ -810,6 +810,12 @@ class OutboxStore {
   // The highest seq Sweep has deleted (0: none yet): a reader whose cursor
   // is below it has missed the events in between.
   virtual StatusOr<uint64_t> SweptThrough() = 0;
+  // The highest seq a reader may have been served: every event After() has
+  // returned or will return at or below it (0: none yet). A cursor above it
+  // was never returned by this store's history (a store restored from an
+  // older copy, or a made-up cursor): reading on from it would skip the
+  // events this store numbers up to that cursor.
+  virtual StatusOr<uint64_t> Head() = 0;
 };
 
 // --------------------------------------------------------------------- meta

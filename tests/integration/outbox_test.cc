@@ -124,6 +124,20 @@ TEST_CASE("outbox: each committed state change reaches the subscriber and the pu
   CHECK(foreign->status == 409);
   CHECK(Json::parse(foreign->body)["pointer"] == "query:after");
   CHECK(Get(*c, "/v1/events?after=0")["items"].size() == 2);
+  // A cursor of this store beyond its last event (a store restored from
+  // an older copy) is refused: the next events would take seqs the reader
+  // believes it has seen. The cursor the answer names is served.
+  const uint64_t last_seq = page["items"][1]["seq"].get<uint64_t>();
+  auto ahead =
+      c->Get(("/v1/events?after=" + store_id + ":" + std::to_string(last_seq + 5)).c_str());
+  REQUIRE(ahead);
+  CHECK(ahead->status == 409);
+  const Json ahead_problem = Json::parse(ahead->body);
+  CHECK(ahead_problem["pointer"] == "query:after");
+  const std::string ahead_detail = ahead_problem["detail"];
+  CHECK_MESSAGE(ahead_detail.find("ahead of this store") != std::string::npos, ahead_detail);
+  CHECK(ahead_detail.substr(ahead_detail.rfind("after=") + 6) ==
+        store_id + ":" + std::to_string(last_seq));
   auto overflow = c->Get("/v1/events?after=18446744073709551616");
   REQUIRE(overflow);
   CHECK(overflow->status == 400);

@@ -280,6 +280,13 @@ class PgOutboxStore final : public OutboxStore {
     return static_cast<size_t>(r.i64(0, 0));
   }
 
+  // last_seq only grows, and a sequencer moves it before a reader sees the
+  // seqs it gave.
+  StatusOr<uint64_t> Head() override {
+    ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec("SELECT last_seq FROM outbox_head", {}));
+    return r.rows() == 0 ? uint64_t{0} : static_cast<uint64_t>(r.i64(0, 0));
+  }
+
   StatusOr<uint64_t> SweptThrough() override {
     ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec("SELECT value::bigint FROM meta WHERE key = $1",
                                               {P(std::string(kSweptKey))}));

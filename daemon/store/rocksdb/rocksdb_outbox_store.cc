@@ -103,6 +103,10 @@ StatusOr<std::vector<OutboxDeadLetter>> RocksOutboxStore::DeadLetters(const std:
   return out;
 }
 
+// The watermark only grows, and at open it starts at the highest seq stored
+// or swept, so every seq After() served is at or below it.
+StatusOr<uint64_t> RocksOutboxStore::Head() { return db_.OutboxWatermark(); }
+
 StatusOr<uint64_t> RocksOutboxStore::SweptThrough() {
   ASSIGN_OR_RETURN(std::optional<std::string> swept,
                    db_.Get(Family::kMeta, RocksDatabase::kOutboxSweptKey));

@@ -35,6 +35,7 @@ class RocksOutboxStore final : public OutboxStore {
   Status FinishReplay(const std::string& subscriber, uint64_t seq, bool delivered,
                       const std::string& error, int64_t now_ms) override;
   StatusOr<size_t> Sweep(uint64_t through_seq, int64_t cutoff_ms, size_t limit) override;
+  StatusOr<uint64_t> Head() override;
   StatusOr<uint64_t> SweptThrough() override;
 
  private:

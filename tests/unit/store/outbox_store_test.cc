@@ -273,6 +273,32 @@ TEST_CASE("a subscriber's cursor moves forward only, and a dead letter moves it 
   CHECK(o.DeadLetters("", 0, 10)->empty());
 }
 
+TEST_CASE(
+    "the outbox head is at or above every seq a reader was served, reopen and retention "
+    "included") {
+  TempDir dir;
+  uint64_t last = 0;
+  {
+    auto store = OpenStore(dir.path());
+    CHECK(*store->outbox().Head() == 0);
+    REQUIRE(store->plans().Put(MakePlan("plan_1")).ok());
+    REQUIRE(store->plans().Put(MakePlan("plan_2")).ok());
+    std::vector<OutboxEvent> events = All(*store);
+    REQUIRE(events.size() == 2);
+    last = events[1].seq;
+    CHECK(*store->outbox().Head() == last);
+    // Retention deletes them all: the head stays.
+    CHECK(*store->outbox().Sweep(last, kT0, 100) == 2);
+    CHECK(*store->outbox().Head() == last);
+  }
+  auto store = OpenStore(dir.path());
+  CHECK(*store->outbox().Head() == last);
+  REQUIRE(store->plans().Put(MakePlan("plan_3")).ok());
+  std::vector<OutboxEvent> events = All(*store);
+  REQUIRE(events.size() == 1);
+  CHECK(*store->outbox().Head() == events[0].seq);
+}
+
 TEST_CASE("retention deletes old events up to a seq, and seqs are never reused after reopen") {
   TempDir dir;
   uint64_t last = 0;
