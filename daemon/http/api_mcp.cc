@@ -369,9 +369,16 @@ class ApiToolbox final : public McpToolbox {
           }
         }
       }
+      // REST says when to ask again in a header (busy work, a backoff, a
+      // full queue); an agent reads only the text.
+      std::string again;
+      for (const auto& [name, value] : out->headers) {
+        if (name == "Retry-After") again = ". Call again in " + value + " s";
+      }
       return ToolError(
           detail + (where.empty() ? "" : " (at " + where + ")") +
-          (extra.empty() ? "" : ". " + extra.dump(-1, ' ', false, Json::error_handler_t::replace)));
+          (extra.empty() ? "" : ". " + extra.dump(-1, ' ', false, Json::error_handler_t::replace)) +
+          again);
     }
     if (!tool.kind.empty() && body.is_object()) {
       body["outcome"] = out->status == 201   ? "created"

@@ -157,6 +157,26 @@ TEST_CASE("a tool call's key lives as long as idempotency.routes keeps its route
   CHECK(after["structuredContent"]["decision_id"] == first["structuredContent"]["decision_id"]);
 }
 
+TEST_CASE("a claim_work on work another holds says when to call again, as Retry-After does") {
+  Fixture f(
+      "  hand_off:\n"
+      "    identity: {fields: [/case_id], version: v1}\n"
+      "    window: 24h\n"
+      "    on_duplicate: return_original\n");
+  const Json args = {{"kind", "hand_off"}, {"identity", {{"case_id", "C-1"}}}, {"lease", "30s"}};
+  const Json first = f.Call("claim_work", args, {{"idempotencyKey", "worker-a"}});
+  REQUIRE_MESSAGE(first["isError"] == false, first.dump().substr(0, 300));
+  // Another worker's call (another key): the work is held for 30 s.
+  const Json busy = f.Call("claim_work", args, {{"idempotencyKey", "worker-b"}});
+  REQUIRE(busy["isError"] == true);
+  const std::string text = busy["content"][0]["text"];
+  const size_t at = text.find("Call again in ");
+  REQUIRE_MESSAGE(at != std::string::npos, text);
+  const int seconds = std::stoi(text.substr(at + 14));
+  CHECK(seconds >= 1);
+  CHECK(seconds <= 30);
+}
+
 TEST_CASE("a do_ tool's description says what a call again gets under each on_duplicate") {
   std::string kinds;
   for (const char* mode : {"conflict", "ignore"}) {
