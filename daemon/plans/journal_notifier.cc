@@ -1,5 +1,6 @@
 #include "daemon/plans/journal_notifier.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "daemon/apply/work_identity.h"
@@ -39,6 +40,31 @@ std::string Label(const std::string& kind) {
   if (kind == "escalation") return "escalation";
   if (kind == "dead_letter") return "dead letter";
   return kind;
+}
+
+// What an approval asks for, in a chat message: each action's kind and
+// args (a plan's detail.actions), so the operator sees what they approve
+// before they open the link. Args are cut; at most kMaxTextActions shown.
+constexpr size_t kMaxTextActions = 10;
+constexpr size_t kMaxTextArgsBytes = 300;
+std::string ActionLines(const Json& detail) {
+  if (!detail.is_object()) return "";
+  auto it = detail.find("actions");
+  if (it == detail.end() || !it->is_array() || it->empty()) return "";
+  std::string out = "\n\nactions:";
+  size_t shown = 0;
+  for (const Json& a : *it) {
+    if (shown == kMaxTextActions) break;
+    ++shown;
+    const bool named = a.is_object() && a.contains("kind") && a["kind"].is_string();
+    std::string args = a.is_object() && a.contains("args")
+                           ? a["args"].dump(-1, ' ', false, Json::error_handler_t::replace)
+                           : "{}";
+    out += "\n- " + (named ? a["kind"].get<std::string>() : std::string("?")) + " " +
+           CutUtf8(args, kMaxTextArgsBytes, "...");
+  }
+  if (it->size() > shown) out += "\n(and " + std::to_string(it->size() - shown) + " more)";
+  return out;
 }
 
 }  // namespace
@@ -84,10 +110,17 @@ std::string JournalNotifier::TelegramText(const Notification& n) {
   std::string head = "idem: " + Label(n.kind) + " " + n.subject_id + "\n";
   std::string tail = "\n\n" + n.command;
   if (!n.link.empty()) tail += "\n" + n.link;
-  // CutUtf8 keeps max bytes and then appends its marker.
-  const size_t fixed = head.size() + tail.size() + 3;
+  const std::string actions = ActionLines(n.detail);
+  // CutUtf8 keeps max bytes and then appends its marker. The command and
+  // link always fit; a long reason leaves the actions room, and they take
+  // what is left.
+  const size_t fixed = head.size() + tail.size() + 6;
   const size_t room = kMaxTelegramTextBytes > fixed ? kMaxTelegramTextBytes - fixed : 0;
-  return CutUtf8(head + CutUtf8(n.reason, room, "...") + tail, kMaxTelegramTextBytes - 3, "...");
+  std::string reason =
+      CutUtf8(n.reason, actions.empty() ? room : std::min<size_t>(room, 1'000), "...");
+  const size_t left = room > reason.size() ? room - reason.size() : 0;
+  return CutUtf8(head + reason + CutUtf8(actions, left, "...") + tail, kMaxTelegramTextBytes - 3,
+                 "...");
 }
 
 Json JournalNotifier::ArgsFor(const ActionConfig& kind, const Notification& n) const {

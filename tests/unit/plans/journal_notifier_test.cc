@@ -332,4 +332,36 @@ TEST_CASE("a long reason is cut so that the telegram text stays within the Bot A
   CHECK(text.find("idem approve plan_long") != std::string::npos);  // the command survives
 }
 
+TEST_CASE("a plan's telegram text says what each action would do, cut to the Bot API limit") {
+  Notification n = Approval("plan_acts");
+  n.detail = {{"plan_id", "plan_acts"},
+              {"actions",
+               Json::array({Json{{"kind", "refund"}, {"args", {{"amount_eur", 500}}}},
+                            Json{{"kind", "send_email"}, {"args", {{"to", "a@example.com"}}}}})}};
+  std::string text = JournalNotifier::TelegramText(n);
+  CHECK_MESSAGE(text.find("- refund {\"amount_eur\":500}") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("- send_email {\"to\":\"a@example.com\"}") != std::string::npos, text);
+  CHECK(text.find("idem approve plan_acts") != std::string::npos);
+
+  // Many large actions and a long reason: the text stays within the
+  // limit, the reason and the first actions are shown, the command stays.
+  Json many = Json::array();
+  for (int i = 0; i < 40; ++i) {
+    many.push_back(
+        Json{{"kind", "k" + std::to_string(i)}, {"args", {{"blob", std::string(2'000, 'y')}}}});
+  }
+  n.detail["actions"] = many;
+  n.reason = std::string(10'000, 'x');
+  text = JournalNotifier::TelegramText(n);
+  CHECK(text.size() <= 4000);
+  CHECK(text.find("xxxxxxxxxx") != std::string::npos);
+  CHECK(text.find("- k0 {\"blob\":\"yyyy") != std::string::npos);
+  CHECK(text.find("idem approve plan_acts") != std::string::npos);
+  // A malformed action is shown, not thrown on.
+  n.detail["actions"] = Json::array({Json(7), Json{{"kind", 3}}});
+  n.reason = "r";
+  text = JournalNotifier::TelegramText(n);
+  CHECK(text.find("- ? {}") != std::string::npos);
+}
+
 }  // namespace idem::testing
