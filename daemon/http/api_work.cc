@@ -1094,36 +1094,43 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                    now->acquired_at_ms == granted->value("acquired_at_ms", int64_t{-1});
           }});
 
-  routes.push_back(
-      Route{.method = "DELETE",
-            .pattern = "/v1/leases/{name}",
-            .summary = "Release a named lease (?holder=&token=, the token its acquire returned).",
-            .responses = {{200, "lease"}, {400, "problem"}, {409, "problem"}},
-            .roles = {"agent"},
-            .query = {TextDoc("holder", "the holder that acquired it", true),
-                      TextDoc("token", "the token its acquire returned", true)},
-            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              RETURN_IF_ERROR(CheckLeaseName(ctx.params[0]));
-              std::string holder = QueryParam(ctx, "holder");
-              if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
-              std::string token = QueryParam(ctx, "token");
-              if (token.empty()) return InvalidArgument("token is required", "query:token");
-              Status released = deps.store.leases().Release(ctx.params[0], holder, token);
-              if (released.code() == Code::kFailedPrecondition) {
-                // A release sent again (its answer was lost) finds the lease
-                // free: that is what it asked for. Held by another, it is not.
-                auto now = deps.store.leases().Get(ctx.params[0], deps.clock.NowMillis());
-                if (!now.ok() && now.status().code() == Code::kNotFound) {
-                  return RouteResponse{
-                      200, {{"name", ctx.params[0]}, {"released", true}, {"was_free", true}}, {}};
-                }
-              }
-              if (!released.ok() && released.field() == "/token") {
-                return released.WithField("query:token");
-              }
-              RETURN_IF_ERROR(released);
-              return RouteResponse{200, {{"name", ctx.params[0]}, {"released", true}}, {}};
-            }});
+  routes.push_back(Route{
+      .method = "DELETE",
+      .pattern = "/v1/leases/{name}",
+      .summary = "Release a named lease (?holder=&token=, the token its acquire returned).",
+      .responses = {{200, "lease"}, {400, "problem"}, {409, "problem"}},
+      .roles = {"agent"},
+      .query = {TextDoc("holder", "the holder that acquired it", true),
+                TextDoc("token", "the token its acquire returned", true)},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        RETURN_IF_ERROR(CheckLeaseName(ctx.params[0]));
+        std::string holder = QueryParam(ctx, "holder");
+        if (holder.empty()) return InvalidArgument("holder is required", "query:holder");
+        std::string token = QueryParam(ctx, "token");
+        if (token.empty()) return InvalidArgument("token is required", "query:token");
+        // A lease that lapsed before its release was free already:
+        // the holder's run outlived its ttl (nobody took it, or this
+        // release would be refused), and should hear so.
+        StatusOr<NamedLease> live = deps.store.leases().Get(ctx.params[0], deps.clock.NowMillis());
+        if (!live.ok() && live.status().code() != Code::kNotFound) return live.status();
+        Status released = deps.store.leases().Release(ctx.params[0], holder, token);
+        if (released.code() == Code::kFailedPrecondition) {
+          // A release sent again (its answer was lost) finds the lease
+          // free: that is what it asked for. Held by another, it is not.
+          auto now = deps.store.leases().Get(ctx.params[0], deps.clock.NowMillis());
+          if (!now.ok() && now.status().code() == Code::kNotFound) {
+            return RouteResponse{
+                200, {{"name", ctx.params[0]}, {"released", true}, {"was_free", true}}, {}};
+          }
+        }
+        if (!released.ok() && released.field() == "/token") {
+          return released.WithField("query:token");
+        }
+        RETURN_IF_ERROR(released);
+        Json body = {{"name", ctx.params[0]}, {"released", true}};
+        if (!live.ok()) body["was_free"] = true;
+        return RouteResponse{200, std::move(body), {}};
+      }});
 
   routes.push_back(Route{.method = "POST",
                          .pattern = "/v1/reconcile",

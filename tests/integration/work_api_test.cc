@@ -472,7 +472,10 @@ TEST_CASE("a named lease keeps an overlapping cron run out until released or exp
   CHECK(c->status == 201);
   std::string token2 = J(c)["token"];
   CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-1&token=" + token1)->status == 409);
-  CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 200);
+  auto released = f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2);
+  REQUIRE(released);
+  CHECK(released->status == 200);
+  CHECK_FALSE(J(released).contains("was_free"));  // held until this release
   // The same release sent again (its answer was lost): the lease is free,
   // which is what it asked for.
   auto again = f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2);
@@ -482,6 +485,16 @@ TEST_CASE("a named lease keeps an overlapping cron run out until released or exp
   CHECK(f.Post("/v1/leases/nightly-report", {{"holder", "run-3"}})->status == 201);
   // Once another holds it, an old token's release is refused.
   CHECK(f.client->Delete("/v1/leases/nightly-report?holder=run-2&token=" + token2)->status == 409);
+  // A release after the lease lapsed (the run outlived its ttl, nobody took
+  // it): released, and told it was free already.
+  auto short_lease = f.Post("/v1/leases/hourly", {{"holder", "run-4"}, {"ttl", "1s"}});
+  REQUIRE(short_lease->status == 201);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto late = f.client->Delete("/v1/leases/hourly?holder=run-4&token=" +
+                               J(short_lease)["token"].get<std::string>());
+  REQUIRE(late);
+  CHECK(late->status == 200);
+  CHECK(J(late)["was_free"] == true);
 }
 
 TEST_CASE(
