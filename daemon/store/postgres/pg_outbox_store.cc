@@ -122,7 +122,6 @@ namespace {
 // Rows numbered per sequencer run: bounds its transaction.
 constexpr int kSequenceBatch = 1'000;
 constexpr size_t kMaxLimit = 100'000;
-constexpr std::string_view kSweptKey = kPgOutboxSweptKey;
 
 constexpr const char* kDeadColumns =
     "subscriber, seq, event::text, attempts, last_error, state, dead_at_ms";
@@ -276,7 +275,7 @@ class PgOutboxStore final : public OutboxStore {
                                     " WHERE meta.value::bigint < EXCLUDED.value::bigint)"
                                     " SELECT count(*) FROM gone",
                                     {P(through_seq), P(cutoff_ms), P(static_cast<int64_t>(limit)),
-                                     P(std::string(kSweptKey))}));
+                                     P(std::string(kPgOutboxSweptKey))}));
     return static_cast<size_t>(r.i64(0, 0));
   }
 
@@ -289,7 +288,7 @@ class PgOutboxStore final : public OutboxStore {
 
   StatusOr<uint64_t> SweptThrough() override {
     ASSIGN_OR_RETURN(Result r, ctx_.pool.Exec("SELECT value::bigint FROM meta WHERE key = $1",
-                                              {P(std::string(kSweptKey))}));
+                                              {P(std::string(kPgOutboxSweptKey))}));
     return r.rows() == 0 ? uint64_t{0} : static_cast<uint64_t>(r.i64(0, 0));
   }
 

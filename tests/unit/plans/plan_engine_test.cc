@@ -50,6 +50,19 @@ struct PlanHarness : ApplyHarness {
     }
     return *plans;
   }
+  // The step "triage", whose decisions plan the actions at /actions.
+  void TriageStep() {
+    config_.steps["triage"].name = "triage";
+    config_.steps["triage"].plan_pointer = "/actions";
+  }
+  // A triage decision "dec_" + 32 × `id` that plans one action.
+  static Decision OneAction(char id, const std::string& kind, Json args) {
+    Decision d;
+    d.decision_id = "dec_" + std::string(32, id);
+    d.step = "triage";
+    d.output = {{"actions", Json::array({{{"kind", kind}, {"args", std::move(args)}}})}};
+    return d;
+  }
   Plan Gated(const std::string& kind, const Json& args) {
     auto gate = Plans().GateAction(config_.actions.at(kind), args, "action", "agent-1");
     REQUIRE_MESSAGE(gate.ok(), gate.status().ToString());
@@ -380,14 +393,9 @@ TEST_CASE(
     "whoever created it") {
   PlanHarness h;
   h.Kind("payout", Always(60'000, "expire"));
-  h.config_.steps["triage"].name = "triage";
-  h.config_.steps["triage"].plan_pointer = "/actions";
+  h.TriageStep();
   auto decided = [&](char c, const std::string& id, int amount, const std::string& by) {
-    Decision d;
-    d.decision_id = "dec_" + std::string(32, c);
-    d.step = "triage";
-    d.output = {{"actions",
-                 Json::array({{{"kind", "payout"}, {"args", {{"id", id}, {"amount", amount}}}}})}};
+    Decision d = PlanHarness::OneAction(c, "payout", {{"id", id}, {"amount", amount}});
     auto plan = h.Plans().ProposeFromDecision(d, by);
     REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
     REQUIRE(plan->state == "awaiting_approval");
@@ -437,16 +445,11 @@ TEST_CASE(
   ApprovalPolicy never;
   never.require = "never";
   h.Kind("refund", never);
-  h.config_.steps["triage"].name = "triage";
-  h.config_.steps["triage"].plan_pointer = "/actions";
-  Decision d;
-  d.decision_id = "dec_" + std::string(32, 'a');
-  d.step = "triage";
+  h.TriageStep();
   // A model (steered by a ticket) puts the amount where the rule reads
   // nothing: `>` of an object is false, so the rule alone lets it through.
-  d.output = {
-      {"actions", Json::array({{{"kind", "refund"},
-                                {"args", {{"id", "r-1"}, {"amount", {{"value", 9000}}}}}}})}};
+  Decision d =
+      PlanHarness::OneAction('a', "refund", {{"id", "r-1"}, {"amount", {{"value", 9000}}}});
   {
     // Without a schema the kind takes any args: the rule is all there is.
     auto proposed = h.Plans().ProposeFromDecision(d, "agent-1");
@@ -495,16 +498,11 @@ TEST_CASE(
     "leaves the new decision's plan free to run") {
   PlanHarness h;
   h.Kind("refund", Always(3'600'000, "expire"));
-  h.config_.steps["triage"].name = "triage";
-  h.config_.steps["triage"].plan_pointer = "/actions";
+  h.TriageStep();
   auto decision = [](char id, int amount) {
-    Decision d;
-    d.decision_id = "dec_" + std::string(32, id);
+    Decision d = PlanHarness::OneAction(id, "refund", {{"id", "r-7"}, {"amount", amount}});
     d.decision_key = std::string(64, 'f');  // one input, so one key
-    d.step = "triage";
     d.material = {{"input", {{"ticket", 7}}}};
-    d.output = {{"actions", Json::array({{{"kind", "refund"},
-                                          {"args", {{"id", "r-7"}, {"amount", amount}}}}})}};
     return d;
   };
   const Decision first = decision('a', 500);
@@ -546,13 +544,9 @@ TEST_CASE(
     "a promote retires the original decision's waiting plan at once, and only a waiting one") {
   PlanHarness h;
   h.Kind("refund", Always(3'600'000, "expire"));
-  h.config_.steps["triage"].name = "triage";
-  h.config_.steps["triage"].plan_pointer = "/actions";
-  Decision d;
-  d.decision_id = "dec_" + std::string(32, 'c');
+  h.TriageStep();
+  Decision d = PlanHarness::OneAction('c', "refund", {{"id", "r-9"}});
   d.decision_key = std::string(64, 'e');
-  d.step = "triage";
-  d.output = {{"actions", Json::array({{{"kind", "refund"}, {"args", {{"id", "r-9"}}}}})}};
   REQUIRE(h.store_->decisions().PutIfAbsent(d, h.clock_.NowMillis()).ok());
   auto plan = h.Plans().ProposeFromDecision(d, "agent-1");
   REQUIRE(plan.ok());
