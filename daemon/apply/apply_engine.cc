@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -156,6 +157,10 @@ class ApplyEngineImpl final : public ApplyEngine {
   // second, a bounded page, by whichever worker comes first).
   void BuryLapsedClientWork();
   void WorkerLoop(Lane lane);
+  // The kinds a Due() listing passes over: the configured kinds `skip`
+  // names, and every kind met in a shared journal that this config lacks.
+  std::vector<std::string> SkippedKinds(
+      const std::function<bool(const std::string& name, const KindRuntime& kind)>& skip);
 
   const Config& config_;
   Journal& journal_;
@@ -548,18 +553,13 @@ bool IsOwnKind(const std::string& kind) { return kind.starts_with("idem."); }
 StatusOr<size_t> ApplyEngineImpl::RunDue(size_t max_items, Lane lane) {
   if (max_items == 0) return size_t{0};
   // Client-executed kinds are not this process's to run: the store passes
-  // over them, however many wait (they filled every pass). In-flight work
-  // is read past here.
-  std::vector<std::string> skipped = client_kinds_;
-  {
-    MutexLock lock(mu_);
-    skipped.insert(skipped.end(), foreign_kinds_.begin(), foreign_kinds_.end());
-  }
-  if (lane != Lane::kAll) {
-    for (const auto& [name, unused] : kinds_) {
-      if (IsOwnKind(name) == (lane == Lane::kActions)) skipped.push_back(name);
-    }
-  }
+  // over them, however many wait (they filled every pass), and over the
+  // kinds of the other lane. In-flight work is read past here.
+  std::vector<std::string> skipped =
+      SkippedKinds([lane](const std::string& name, const KindRuntime& kind) {
+        return !kind.effector ||
+               (lane != Lane::kAll && IsOwnKind(name) == (lane == Lane::kActions));
+      });
   ASSIGN_OR_RETURN(std::vector<WorkItem> due,
                    journal_.Due(clock_.NowMillis(), max_items * 4 + in_flight_size(), skipped));
   size_t handled = 0;
@@ -600,20 +600,25 @@ StatusOr<size_t> ApplyEngineImpl::RunDue(size_t max_items, Lane lane) {
   return handled;
 }
 
+std::vector<std::string> ApplyEngineImpl::SkippedKinds(
+    const std::function<bool(const std::string& name, const KindRuntime& kind)>& skip) {
+  std::vector<std::string> out;
+  for (const auto& [name, kind] : kinds_) {
+    if (skip(name, kind)) out.push_back(name);
+  }
+  MutexLock lock(mu_);
+  out.insert(out.end(), foreign_kinds_.begin(), foreign_kinds_.end());
+  return out;
+}
+
 void ApplyEngineImpl::BuryLapsedClientWork() {
   if (client_kinds_.empty()) return;
   const int64_t now = clock_.NowMillis();
   int64_t next = next_client_sweep_ms_.load(std::memory_order_relaxed);
   if (now < next || !next_client_sweep_ms_.compare_exchange_strong(next, now + 1'000)) return;
   // Due lists only the client kinds here: every other kind is skipped.
-  std::vector<std::string> skipped;
-  for (const auto& [name, kind] : kinds_) {
-    if (kind.effector) skipped.push_back(name);
-  }
-  {
-    MutexLock lock(mu_);
-    skipped.insert(skipped.end(), foreign_kinds_.begin(), foreign_kinds_.end());
-  }
+  std::vector<std::string> skipped = SkippedKinds(
+      [](const std::string&, const KindRuntime& kind) { return kind.effector != nullptr; });
   StatusOr<std::vector<WorkItem>> due = journal_.Due(now, 100, skipped);
   if (!due.ok()) return;
   for (const WorkItem& item : *due) {
