@@ -140,8 +140,9 @@ struct Daemon {
     fs::remove(port_file);
     const std::string config = std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml";
     const std::string listen = "127.0.0.1:" + std::to_string(port);
-    // IDEM_BIN: another build of the daemon (a copy of the old one, to compare).
-    const char* env_bin = std::getenv("IDEM_BIN");
+    // IDEM_BENCH_BINARY: another build of the daemon (a copy of the old one,
+    // to compare), as for the other bench programs (loadgen.h).
+    const char* env_bin = std::getenv("IDEM_BENCH_BINARY");
     const std::string bin = env_bin != nullptr ? env_bin : IDEM_BINARY;
     // Built before fork(): the child makes system calls only.
     const std::string log = dir + "/daemon.log";

@@ -1,5 +1,7 @@
 #include "daemon/core/env.h"
 
+#include <dlfcn.h>
+#include <malloc.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -37,6 +39,18 @@ void NameThread(const char* role) {
   std::string name = std::string("idem-") + role;
   name.resize(std::min<size_t>(name.size(), 15));
   pthread_setname_np(pthread_self(), name.c_str());
+}
+
+const char* ReleaseFreeMemory() {
+  using Mallctl = int (*)(const char*, void*, size_t*, void*, size_t);
+  static const auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
+  if (mallctl != nullptr) {
+    // 4096 is MALLCTL_ARENAS_ALL (jemalloc.h): every arena.
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+    return "jemalloc";
+  }
+  malloc_trim(0);
+  return "glibc";
 }
 
 }  // namespace idem

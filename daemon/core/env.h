@@ -50,6 +50,13 @@ class RealEnv final : public Env {
 // store's writer; a thread that does not keeps its parent's name.
 void NameThread(const char* role);
 
+// Hands the memory the allocator holds free back to the system, so RSS
+// comes down after a burst: jemalloc's arenas are purged when the process
+// runs on jemalloc (the daemon binary links it; the libraries and tests do
+// not, so it is looked up at run time), glibc's heap is trimmed otherwise.
+// Returns which it was: "jemalloc" or "glibc". Thread-safe.
+const char* ReleaseFreeMemory();
+
 // A controllable Env for tests. Sleep advances both clocks by the slept
 // amount; Advance moves both; JumpWall moves only the wall clock (to stage
 // NTP steps backwards or forwards).

@@ -1,7 +1,5 @@
 #include "daemon/http/daemon.h"
 
-#include <malloc.h>
-
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
@@ -383,7 +381,7 @@ void Daemon::SweepLoop() {
     }
     // Hand what a burst of requests freed back to the system, so that RSS
     // comes down after load instead of staying at its peak.
-    malloc_trim(0);
+    ReleaseFreeMemory();
     auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
     if (count(keys) + count(work) + count(decisions) + count(leases) + count(escalations) +
             count(plans) + count(events) + count(traces) >

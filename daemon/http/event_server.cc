@@ -77,7 +77,10 @@ class NoPark : public Deferral {
 
 // Idle workers form a stack: a task goes to the one that went idle last, so
 // under light load a few warm threads (caches, malloc's per-thread cache)
-// do the work instead of every thread in turn.
+// do the work instead of every thread in turn. Threads start as they are
+// needed, up to `threads`: a task that finds none idle starts one unless
+// enough are starting already. An idle daemon holds kInitialWorkers, not
+// sixty-four stacks (about 18 KB of RSS each, measured).
 class EventServer::WorkerPool {
  public:
   struct Task {
@@ -92,16 +95,16 @@ class EventServer::WorkerPool {
     Deferral::Answer resume = {};
   };
 
+  static constexpr int kInitialWorkers = 2;
+
   WorkerPool(int threads, size_t max_queue, const Callbacks& callbacks,
              std::shared_ptr<Parking> parking)
-      : callbacks_(callbacks), parking_(std::move(parking)), max_queue_(max_queue) {
-    for (int i = 0; i < threads; ++i) {
-      workers_.push_back(std::make_unique<Worker>());
-      threads_.emplace_back([this, w = workers_.back().get()] {
-        NameThread("handler");
-        Run(*w);
-      });
-    }
+      : callbacks_(callbacks),
+        parking_(std::move(parking)),
+        max_queue_(max_queue),
+        max_threads_(std::max(1, threads)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < std::min(kInitialWorkers, max_threads_); ++i) StartWorker();
   }
   ~WorkerPool() { Stop(); }
 
@@ -113,6 +116,11 @@ class EventServer::WorkerPool {
     if (idle_.empty()) {
       if (tasks_.size() >= max_queue_) return false;
       tasks_.push_back(std::move(task));
+      // Each queued task has a thread on its way, up to the limit.
+      if (static_cast<size_t>(starting_) < tasks_.size() &&
+          static_cast<int>(threads_.size()) < max_threads_) {
+        StartWorker();
+      }
       return true;
     }
     Worker* w = idle_.back();
@@ -147,7 +155,8 @@ class EventServer::WorkerPool {
     return true;
   }
 
-  // Runs the tasks already queued, then joins.
+  // Runs the tasks already queued, then joins. No thread starts once
+  // stopping_ is set, so threads_ and workers_ no longer change.
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -161,6 +170,26 @@ class EventServer::WorkerPool {
   }
 
  private:
+  // Under mu_. A thread the system refuses (EAGAIN) is not started: the
+  // task waits in the queue for a running one, as past the limit.
+  void StartWorker() {
+    workers_.push_back(std::make_unique<Worker>());
+    ++starting_;
+    try {
+      threads_.emplace_back([this, w = workers_.back().get()] {
+        NameThread("handler");
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          --starting_;
+        }
+        Run(*w);
+      });
+    } catch (const std::system_error&) {
+      --starting_;
+      workers_.pop_back();
+    }
+  }
+
   struct Worker {
     std::condition_variable cv;
     bool has_task = false;
@@ -174,7 +203,9 @@ class EventServer::WorkerPool {
   const Callbacks& callbacks_;
   const std::shared_ptr<Parking> parking_;
   const size_t max_queue_;
+  const int max_threads_;
   std::mutex mu_;
+  int starting_ = 0;  // started threads not yet in Run
   std::condition_variable idle_cv_;
   std::deque<Task> tasks_;     // waiting for a worker
   std::vector<Worker*> idle_;  // most recently idle last

@@ -58,7 +58,7 @@ bool Healthy(const DaemonProcess& d) {
   return r && r->status == 200;
 }
 
-TEST_CASE("the serving process keeps its name and runs with its malloc tunables") {
+TEST_CASE("the serving process keeps its name and runs on its allocator with its settings") {
   TempDir dir;
   auto daemon = StartPlainDaemon(dir);
   const std::string proc = "/proc/" + std::to_string(daemon->pid());
@@ -88,11 +88,18 @@ TEST_CASE("the serving process keeps its name and runs with its malloc tunables"
   for (const std::string& role : wanted) {
     CHECK_MESSAGE(roles.count(role) == 1, role);
   }
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  // The re-exec gave the process glibc's thread-cache size (main.cc).
   const std::string environ_text = ReadFile(proc + "/environ");
-  CHECK(environ_text.find(std::string("GLIBC_TUNABLES=glibc.malloc.tcache_count=128") + '\0') !=
-        std::string::npos);
+  const bool tuned_glibc =
+      environ_text.find(std::string("GLIBC_TUNABLES=glibc.malloc.tcache_count=128") + '\0') !=
+      std::string::npos;
+#if IDEM_DAEMON_JEMALLOC
+  // The binary allocates through jemalloc (CMakeLists.txt), and so does
+  // not re-execute itself for glibc's tunables.
+  CHECK(ReadFile(proc + "/maps").find("/libjemalloc.so") != std::string::npos);
+  CHECK_FALSE(tuned_glibc);
+#elif !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // The re-exec gave the process glibc's thread-cache size (main.cc).
+  CHECK(tuned_glibc);
 #endif
 }
 
@@ -137,35 +144,48 @@ TEST_CASE("out of file descriptors the daemon pauses accepting instead of spinni
   CHECK(MetricValue(*c, "idem_http_accept_paused_total") > 0);
 }
 
-TEST_CASE("liveness answers 200 while every handler is busy and the handler queue is full") {
-  TempDir dir;
-  // Every decide waits 3 s for its (scripted) model, holding a handler.
+// A daemon whose every decide waits `delay_ms` for its (scripted) model,
+// holding a handler, with `server_lines` in place of the test config's
+// "  threads: 96" line.
+std::unique_ptr<DaemonProcess> StartSlowDecideDaemon(const TempDir& dir, int delay_ms,
+                                                     const std::string& server_lines) {
   const std::string slow = R"(default:
   output: '{"category":"question","priority":"normal","summary":"q","actions":[]}'
-  delay_ms: 3000
-)";
-  std::string config = WriteTestConfig(dir, slow);
-  std::string text = ReadFile(config);
+  delay_ms: )" + std::to_string(delay_ms) +
+                           "\n";
+  std::string text = ReadFile(WriteTestConfig(dir, slow));
   const std::string from = "  threads: 96\n";
   REQUIRE(text.find(from) != std::string::npos);
-  text.replace(text.find(from), from.size(), "  threads: 2\n  max_queue: 1\n");
-  config = dir.File("idem-busy.yaml", text);
+  text.replace(text.find(from), from.size(), server_lines);
   std::string err;
-  auto daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  auto daemon =
+      DaemonProcess::Start({dir.File("idem-slow.yaml", text), dir.path() + "/data", {}, {}}, &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
+  return daemon;
+}
+
+// A decide of ticket `i` on another thread; its status, -1 without answer.
+std::future<int> SlowDecide(const DaemonProcess& daemon, int i) {
+  return std::async(std::launch::async, [&daemon, i] {
+    auto c = daemon.Client();
+    c->set_read_timeout(20);
+    auto r = c->Post("/v1/decide",
+                     R"({"step":"triage_ticket","input":{"ticket_id":)" + std::to_string(i) +
+                         R"(,"text":"slow"}})",
+                     "application/json");
+    return r ? r->status : -1;
+  });
+}
+
+TEST_CASE("liveness answers 200 while every handler is busy and the handler queue is full") {
+  TempDir dir;
+  // Every decide waits 3 s for its model, holding a handler.
+  auto daemon = StartSlowDecideDaemon(dir, 3000, "  threads: 2\n  max_queue: 1\n");
 
   // Two decides on the two handlers, a third in the one queue slot.
   std::vector<std::future<int>> held;
   for (int i = 0; i < 3; ++i) {
-    held.push_back(std::async(std::launch::async, [&daemon, i] {
-      auto c = daemon->Client();
-      c->set_read_timeout(20);
-      auto r = c->Post("/v1/decide",
-                       R"({"step":"triage_ticket","input":{"ticket_id":)" + std::to_string(i) +
-                           R"(,"text":"slow"}})",
-                       "application/json");
-      return r ? r->status : -1;
-    }));
+    held.push_back(SlowDecide(*daemon, i));
     std::this_thread::sleep_for(100ms);
   }
   std::this_thread::sleep_for(200ms);
@@ -201,6 +221,37 @@ TEST_CASE("liveness answers 200 while every handler is busy and the handler queu
   CHECK(access.find(R"("event":"access")") != std::string::npos);
   CHECK(access.find(R"("route":"/readyz")") != std::string::npos);
   CHECK(access.find(R"("status":503)") != std::string::npos);
+}
+
+// How many of the daemon's threads carry `name` (their comm).
+int ThreadsNamed(int pid, const std::string& name) {
+  int n = 0;
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& t : std::filesystem::directory_iterator(task)) {
+    if (ReadFile(t.path().string() + "/comm") == name + "\n") ++n;
+  }
+  return n;
+}
+
+TEST_CASE("handler threads start as requests need them, up to server.threads") {
+  TempDir dir;
+  auto daemon = StartSlowDecideDaemon(dir, 1500, "  threads: 6\n");
+  // Idle, the daemon holds two handler threads, not server.threads.
+  WaitFor([&] { return ThreadsNamed(daemon->pid(), "idem-handler") == 2; }, 5'000);
+  CHECK(ThreadsNamed(daemon->pid(), "idem-handler") == 2);
+
+  // Five at once: three more threads start, one for each that found none idle.
+  std::vector<std::future<int>> held;
+  for (int i = 0; i < 5; ++i) held.push_back(SlowDecide(*daemon, i));
+  WaitFor([&] { return ThreadsNamed(daemon->pid(), "idem-handler") == 5; }, 5'000);
+  CHECK(ThreadsNamed(daemon->pid(), "idem-handler") == 5);
+  // Four more: the pool stops at six; the rest wait their turn in the queue
+  // and are still answered.
+  for (int i = 5; i < 9; ++i) held.push_back(SlowDecide(*daemon, i));
+  std::this_thread::sleep_for(300ms);
+  CHECK(ThreadsNamed(daemon->pid(), "idem-handler") == 6);
+  for (auto& h : held) CHECK(h.get() == 200);
+  CHECK(ThreadsNamed(daemon->pid(), "idem-handler") == 6);
 }
 
 TEST_CASE(
