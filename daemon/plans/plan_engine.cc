@@ -35,6 +35,26 @@ bool PastDeadline(const Plan& p, int64_t now_ms) {
   return deadline > 0 && now_ms >= deadline;
 }
 
+// An action's kind: its "kind" member when that is a string, else "". A
+// plan's actions come from a model's output, which the step's schema may
+// leave open: a kind that is a number, an object, or an action that is no
+// object names no configured kind, and is reported as such, never thrown on.
+std::string KindOf(const Json& action) {
+  if (!action.is_object()) return "";
+  auto it = action.find("kind");
+  return it != action.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// What an action of an unconfigured kind is told.
+Status UnknownKind(const std::string& kind) {
+  if (kind.empty()) {
+    return NotFound(
+        "the action names no kind: \"kind\" is a string, one of the kinds under "
+        "actions: in the config");
+  }
+  return NotFound("unknown action kind '" + kind + "'");
+}
+
 bool IsState(const Plan& p, std::initializer_list<std::string_view> states) {
   for (std::string_view s : states) {
     if (p.state == s) return true;
@@ -352,7 +372,7 @@ struct PlanEngine::Impl {
     }
     for (size_t i = 0; i < plan.actions.size(); ++i) {
       const Json& a = plan.actions[i];
-      std::string kind = a.is_object() ? a.value("kind", "") : "";
+      std::string kind = KindOf(a);
       Json args = a.is_object() ? a.value("args", Json::object()) : Json::object();
       Json data = {{"plan", plan_view},
                    {"action", {{"index", i}, {"kind", kind}, {"args", args}}},
@@ -389,8 +409,7 @@ struct PlanEngine::Impl {
                                ? p.original_actions
                                : p.actions;
     auto one_of_kind = [&](const Json& actions) {
-      return actions.is_array() && actions.size() == 1 && actions[0].is_object() &&
-             actions[0].value("kind", "") == kind.name;
+      return actions.is_array() && actions.size() == 1 && KindOf(actions[0]) == kind.name;
     };
     const bool gate = p.decision_id.empty() && one_of_kind(proposed) && one_of_kind(p.actions);
     StatusOr<KeyMaterial> named =
@@ -637,9 +656,9 @@ struct PlanEngine::Impl {
 
   // The action's work as the journal knows it (NotFound before any claim).
   StatusOr<WorkItem> WorkOf(const Json& action) const {
-    std::string kind = action.value("kind", "");
+    std::string kind = KindOf(action);
     auto kit = config.actions.find(kind);
-    if (kit == config.actions.end()) return NotFound("unknown action kind '" + kind + "'");
+    if (kit == config.actions.end()) return UnknownKind(kind);
     ASSIGN_OR_RETURN(KeyMaterial id, ActionWorkId(kit->second, action.value("args", Json())));
     return store.journal().Get(id.key);
   }
@@ -654,7 +673,7 @@ struct PlanEngine::Impl {
   // left one) that a human has not let through: waiting, refused or
   // expired. That plan is where the work is decided. OK otherwise.
   Status HeldElsewhere(const Json& a, const std::string& plan_id) const {
-    auto kit = config.actions.find(a.is_object() ? a.value("kind", "") : "");
+    auto kit = config.actions.find(KindOf(a));
     if (kit == config.actions.end() || !kit->second.approval) return Status::Ok();
     auto work = ActionWorkId(kit->second, a.value("args", Json()));
     if (!work.ok()) return Status::Ok();  // its args are checked (and refused) elsewhere
@@ -679,7 +698,7 @@ struct PlanEngine::Impl {
   void HoldRejected(const Plan& rejected, const std::string& actor, const std::string& reason,
                     int64_t now) {
     for (const Json& a : rejected.actions) {
-      auto kit = config.actions.find(a.is_object() ? a.value("kind", "") : "");
+      auto kit = config.actions.find(KindOf(a));
       if (kit == config.actions.end() || !kit->second.approval) continue;
       auto work = ActionWorkId(kit->second, a.value("args", Json()));
       if (!work.ok()) continue;
@@ -741,7 +760,7 @@ struct PlanEngine::Impl {
                      store.plans().ByState("awaiting_approval", kRetargetScan));
     for (const Plan& other : waiting) {
       for (const Json& a : other.actions) {
-        if (!a.is_object() || a.value("kind", "") != kind.name) continue;
+        if (KindOf(a) != kind.name) continue;
         auto theirs = ActionWorkId(kind, a.value("args", Json()));
         if (theirs.ok() && theirs->key == work_id) return held_by(other);
       }
@@ -796,7 +815,7 @@ struct PlanEngine::Impl {
     for (size_t i = 0; i < out.size(); ++i) {
       if (touched[i] < 0) {
         // Not edited: it runs as it is, so it too must fit its schema.
-        const std::string kind = out[i].is_object() ? out[i].value("kind", "") : "";
+        const std::string kind = KindOf(out[i]);
         Status valid =
             CheckActionArgs(kind, out[i].is_object() ? out[i].value("args", Json()) : Json(),
                             "/" + std::to_string(i) + "/args");
@@ -808,7 +827,7 @@ struct PlanEngine::Impl {
         continue;
       }
       const std::string at = "/edits/" + std::to_string(touched[i]) + "/value";
-      const std::string kind = out[i].value("kind", "");
+      const std::string kind = KindOf(out[i]);
       auto kit = config.actions.find(kind);
       if (kit == config.actions.end()) continue;  // reported when applied
       const Json& args = out[i]["args"];
@@ -1033,7 +1052,7 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
     const Json& a = out.plan.actions[i];
     PlanActionResult r;
     r.index = i;
-    r.kind = a.is_object() ? a.value("kind", "") : "";
+    r.kind = KindOf(a);
     if (m.ClientExecuted(r.kind)) {
       // Client-executed work: its client claims it (the gate lets it).
       auto w = m.WorkOf(a);
@@ -1048,7 +1067,7 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
                            "/v1/work/claim");
       }
     } else if (m.config.actions.count(r.kind) == 0) {
-      r.outcome = NotFound("unknown action kind '" + r.kind + "'");
+      r.outcome = UnknownKind(r.kind);
     } else if (Status valid = m.CheckActionArgs(r.kind, a.value("args", Json::object()),
                                                 "/actions/" + std::to_string(i) + "/args");
                !valid.ok()) {
@@ -1258,7 +1277,7 @@ StatusOr<Json> PlanEngine::Detail(const Plan& plan) {
   Json work = Json::array();
   for (size_t i = 0; i < plan.actions.size(); ++i) {
     const Json& a = plan.actions[i];
-    Json w = {{"index", i}, {"kind", a.is_object() ? a.value("kind", "") : ""}};
+    Json w = {{"index", i}, {"kind", KindOf(a)}};
     auto item = m.WorkOf(a);
     if (item.ok()) {
       w["work_id"] = item->work_id;

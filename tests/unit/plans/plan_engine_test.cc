@@ -744,4 +744,39 @@ TEST_CASE("polls still registered fire when the engine goes away") {
   CHECK(c.Count() == 1);
 }
 
+TEST_CASE(
+    "a decision's plan whose action names its kind with no string is held for a human, never "
+    "thrown on") {
+  PlanHarness h;
+  h.Kind("payout", Always(60'000, "expire"));
+  h.TriageStep();
+  // A model's output the step's schema did not pin down: the kind a number,
+  // an object, an action that is not an object.
+  Decision d = PlanHarness::OneAction('e', "payout", {{"id", "p-1"}, {"amount", 5}});
+  d.output["actions"].push_back({{"kind", 5}, {"args", {{"id", "p-2"}}}});
+  d.output["actions"].push_back({{"kind", {{"name", "payout"}}}, {"args", {{"id", "p-3"}}}});
+  d.output["actions"].push_back("payout");
+  std::optional<StatusOr<Plan>> proposed;
+  REQUIRE_NOTHROW(proposed.emplace(h.Plans().ProposeFromDecision(d, "agent-1")));
+  REQUIRE_MESSAGE(proposed->ok(), proposed->status().ToString());
+  const Plan& plan = **proposed;
+  CHECK(plan.state == "awaiting_approval");
+  // Approving (with an edit of one action, which checks every other one
+  // too) applies it: the one action of a configured kind runs, each other
+  // one says why not.
+  std::optional<StatusOr<PlanApplyResult>> applied;
+  REQUIRE_NOTHROW(applied.emplace(h.Plans().Approve(
+      plan.plan_id, "op-1", "", Json::array({{{"path", "/1/args/id"}, {"value", "p-9"}}}), "r")));
+  REQUIRE_MESSAGE(applied->ok(), applied->status().ToString());
+  REQUIRE((*applied)->actions.size() == 4);
+  CHECK((*applied)->actions[0].outcome.ok());
+  for (size_t i = 1; i < 4; ++i) {
+    const Status& why = (*applied)->actions[i].outcome.status();
+    CHECK(why.code() == Code::kNotFound);
+    CHECK(why.message().find("the action names no kind") != std::string::npos);
+  }
+  REQUIRE_NOTHROW((void)h.Plans().Apply(plan.plan_id, "op-1", "r"));
+  CHECK(h.fake().stats().raw_calls == 1);
+}
+
 }  // namespace idem::testing
