@@ -1,8 +1,10 @@
 // The apply half of the v1 API.
 #include <algorithm>
+#include <charconv>
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/backoff.h"
+#include "daemon/core/crypto.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
@@ -16,6 +18,32 @@ namespace idem {
 namespace {
 
 constexpr PageSize kRunPage{1000, 10000};
+
+// GET /v1/runs/{id}'s cursor: the hex of "<created_at_ms>/<work_id>" of the
+// last item a page listed (the same for both engines: Journal::ByRun's
+// order).
+std::string RunCursor(const WorkItem& w) {
+  return HexEncode(std::to_string(w.created_at_ms) + "/" + w.work_id);
+}
+
+StatusOr<RunPosition> ParseRunCursor(const std::string& cursor) {
+  const Status bad = InvalidArgument("cursor is not one this list returned (a page's next_cursor)",
+                                     "query:cursor");
+  if (cursor.size() > 1024) return bad;
+  std::optional<std::string> raw = HexDecode(cursor);
+  if (!raw) return bad;
+  const size_t slash = raw->find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == raw->size()) return bad;
+  RunPosition at;
+  auto [end, ec] = std::from_chars(raw->data(), raw->data() + slash, at.created_at_ms);
+  if (ec != std::errc() || end != raw->data() + slash || at.created_at_ms < 0) return bad;
+  at.work_id = raw->substr(slash + 1);
+  const bool printable = std::all_of(at.work_id.begin(), at.work_id.end(), [](char c) {
+    return static_cast<unsigned char>(c) > 0x20 && c != 0x7f;
+  });
+  if (!printable || !IsValidUtf8(at.work_id)) return bad;
+  return at;
+}
 constexpr PageSize kPlansPage{50, 500};
 constexpr PageSize kDeadLettersPage{100, 1000};
 
@@ -804,37 +832,53 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
   routes.push_back(
       Route{.method = "GET",
             .pattern = "/v1/runs/{id}",
-            .summary = "The work items of a run and their states (404: no item carries "
-                       "the run_id).",
+            .summary = "The work items of a run and their states, oldest first, ?limit= per "
+                       "page and ?cursor= from the previous page's next_cursor (404: no item "
+                       "carries the run_id).",
             .responses = {{200, "run.response"}, {400, "problem"}, {404, "problem"}},
             .roles = {"agent", "operator"},
-            .query = {LimitDoc(kRunPage)},
+            .query = {CursorDoc(), LimitDoc(kRunPage)},
             .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
               ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kRunPage));
+              const std::string cursor = QueryParam(ctx, "cursor");
+              RunPosition after;
+              if (!cursor.empty()) {
+                ASSIGN_OR_RETURN(after, ParseRunCursor(cursor));
+              }
+              Journal& journal = deps.store.journal();
               // Counts cover the whole run (up to kRunPage.max items, a
               // run's size), whatever the page lists: "are all done?" must
-              // not be answered from the first page.
+              // not be answered from one page.
               ASSIGN_OR_RETURN(std::vector<WorkItem> items,
-                               deps.store.journal().ByRun(ctx.params[0], kRunPage.max + 1));
+                               journal.ByRun(ctx.params[0], kRunPage.max + 1));
               // A mistyped run_id is not a run with nothing in it.
               if (items.empty()) {
                 return NotFound("no work item carries run_id '" + ctx.params[0] +
                                 "' (a run is the items POST /v1/runs claimed under it)");
               }
               const bool truncated = items.size() > kRunPage.max;
-              if (truncated) items.resize(kRunPage.max);
-              Json list = Json::array();
               std::map<std::string, int> counts;
-              for (const auto& w : items) {
-                counts[std::string(WorkStateName(w.state))]++;
-                if (list.size() < limit) list.push_back(WorkBody(w));
+              for (size_t i = 0; i < std::min(items.size(), kRunPage.max); ++i) {
+                counts[std::string(WorkStateName(items[i].state))]++;
               }
-              Json body = {{"run_id", ctx.params[0]},
-                           {"counts", counts},
-                           {"total", items.size()},
-                           {"items", list}};
-              // More items than listed (raise ?limit), or than counted.
-              if (list.size() < items.size()) body["more_items"] = true;
+              const size_t total = std::min(items.size(), kRunPage.max);
+              // The page: the first items, or those after the cursor (one
+              // more than listed tells whether another page follows).
+              std::vector<WorkItem> after_cursor;
+              if (!after.start()) {
+                ASSIGN_OR_RETURN(after_cursor, journal.ByRun(ctx.params[0], limit + 1, after));
+              }
+              const std::vector<WorkItem>& page = after.start() ? items : after_cursor;
+              Json list = Json::array();
+              for (size_t i = 0; i < std::min(page.size(), limit); ++i) {
+                list.push_back(WorkBody(page[i]));
+              }
+              Json body = {
+                  {"run_id", ctx.params[0]}, {"counts", counts}, {"total", total}, {"items", list}};
+              if (page.size() > limit) {
+                body["more_items"] = true;
+                body["next_cursor"] = RunCursor(page[limit - 1]);
+              }
               if (truncated) body["counts_truncated"] = true;
               return RouteResponse{200, std::move(body), {}};
             }});

@@ -244,6 +244,14 @@ struct WorkItem {
   static StatusOr<WorkItem> FromJson(const Json& j);
 };
 
+// A place in a run's listing (Journal::ByRun): an item's created_at_ms and
+// work_id. The default (empty work_id) is before every item.
+struct RunPosition {
+  int64_t created_at_ms = 0;
+  std::string work_id;
+  bool start() const { return work_id.empty(); }
+};
+
 struct ClaimRequest {
   std::string work_id;
   std::string kind;
@@ -415,8 +423,14 @@ class Journal {
   // unless dead.
   virtual StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) = 0;
   // Items created under run_id or taken into it (AddToRun), oldest created
-  // first.
-  virtual StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) = 0;
+  // first (the same millisecond by work_id), at most `limit`; with `after`
+  // set, only the items ordered after that position (a page of a run with
+  // more items than one listing holds).
+  virtual StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit,
+                                                const RunPosition& after) = 0;
+  StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) {
+    return ByRun(run_id, limit, RunPosition{});
+  }
   // Takes work `work_id`, as it is now, into run `run_id` besides the run
   // it was made under, so ByRun(run_id) lists it (a run that includes work
   // done before). Nothing when it is in the run already; NotFound when no

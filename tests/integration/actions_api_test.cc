@@ -174,6 +174,31 @@ TEST_CASE("a resubmitted run does no work that is already done") {
   CHECK(page["counts"]["done"] == 6);
   CHECK(page["total"] == 6);
   CHECK(page["more_items"] == true);
+  // The pages after it (?cursor= from next_cursor) list every item once,
+  // oldest first, each page counting the whole run.
+  std::vector<std::string> ids;
+  for (const Json& w : page["items"]) ids.push_back(w["work_id"]);
+  for (int pages = 0; page.contains("next_cursor") && pages < 10; ++pages) {
+    page = J(f.client->Get(
+        ("/v1/runs/nightly-1?limit=2&cursor=" + page["next_cursor"].get<std::string>()).c_str()));
+    CHECK(page["counts"]["done"] == 6);
+    for (const Json& w : page["items"]) ids.push_back(w["work_id"]);
+  }
+  CHECK(ids.size() == 6);
+  CHECK(std::set<std::string>(ids.begin(), ids.end()).size() == 6);
+  const Json whole = J(f.client->Get("/v1/runs/nightly-1"));  // one page of all six
+  std::vector<std::string> in_one;
+  for (const Json& w : whole["items"]) in_one.push_back(w["work_id"]);
+  CHECK(ids == in_one);
+  CHECK_FALSE(page.contains("more_items"));
+  // A cursor no page gave: 400 at query:cursor.
+  for (const char* cursor : {"zz", "6869", "2d312f77"}) {  // not hex; "hi"; "-1/w"
+    CAPTURE(cursor);
+    auto bad_cursor = f.client->Get((std::string("/v1/runs/nightly-1?cursor=") + cursor).c_str());
+    REQUIRE(bad_cursor);
+    CHECK(bad_cursor->status == 400);
+    CHECK(J(bad_cursor)["pointer"] == "query:cursor");
+  }
   // An item without its identity refuses the run, naming the item's field.
   Json bad = {{"run_id", "nightly-2"},
               {"kind", "send_invoice"},

@@ -36,6 +36,7 @@
 // args, identity and result are stored as JSON text, exactly as encoded.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -501,15 +502,21 @@ class PgJournal final : public Journal {
                               ", not dead");
   }
 
-  StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) override {
+  using Journal::ByRun;
+  StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit,
+                                        const RunPosition& after) override {
     if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
     if (limit == 0) return std::vector<WorkItem>();
-    // Made under the run, or taken in later (the incarnation that joined).
+    // Made under the run, or taken in later (the incarnation that joined);
+    // after a position in (created_at_ms, work_id) order.
     return List(
-        "WHERE run_id = $1 OR work_id IN (SELECT m.work_id FROM journal_run_members m"
+        "WHERE (run_id = $1 OR work_id IN (SELECT m.work_id FROM journal_run_members m"
         " JOIN journal j ON j.work_id = m.work_id AND j.created_at_ms = m.created_at_ms"
-        " WHERE m.run_id = $1) ORDER BY created_at_ms, work_id LIMIT $2",
-        {P(run_id), Limit(limit)});
+        " WHERE m.run_id = $1)) AND (created_at_ms, work_id) > ($3, $4)"
+        " ORDER BY created_at_ms, work_id LIMIT $2",
+        {P(run_id), Limit(limit),
+         P(after.start() ? std::numeric_limits<int64_t>::min() : after.created_at_ms),
+         P(after.work_id)});
   }
 
   Status AddToRun(const std::string& work_id, const std::string& run_id) override {

@@ -453,14 +453,20 @@ StatusOr<std::vector<WorkItem>> RocksJournal::Due(int64_t now_ms, size_t n,
 }
 
 StatusOr<std::vector<WorkItem>> RocksJournal::ScanIndex(Family f, const std::string& prefix,
-                                                        size_t limit) {
+                                                        size_t limit, const std::string& after) {
   std::vector<WorkItem> out;
   if (limit == 0) return out;
   ScopedSnapshot snapshot(db_.raw());
   rocksdb::ReadOptions ro;
   ro.snapshot = snapshot.get();
   std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(f, ro);
-  for (it->Seek(prefix); it->Valid() && out.size() < limit; it->Next()) {
+  if (after.empty()) {
+    it->Seek(prefix);
+  } else {
+    it->Seek(after);
+    if (it->Valid() && it->key() == rocksdb::Slice(after)) it->Next();
+  }
+  for (; it->Valid() && out.size() < limit; it->Next()) {
     std::string_view key(it->key().data(), it->key().size());
     if (!key.starts_with(prefix)) break;
     if (key.size() <= prefix.size() + 8) continue;
@@ -476,9 +482,13 @@ StatusOr<std::vector<WorkItem>> RocksJournal::DeadLetters(size_t limit) {
   return ScanIndex(Family::kJournalDead, "", limit);
 }
 
-StatusOr<std::vector<WorkItem>> RocksJournal::ByRun(const std::string& run_id, size_t limit) {
+StatusOr<std::vector<WorkItem>> RocksJournal::ByRun(const std::string& run_id, size_t limit,
+                                                    const RunPosition& after) {
   if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
-  return ScanIndex(Family::kJournalRun, LengthPrefixed(run_id), limit);
+  const std::string prefix = LengthPrefixed(run_id);
+  // The run index's keys: run | BE8(created_at_ms) | work_id (IndexEntries).
+  return ScanIndex(Family::kJournalRun, prefix, limit,
+                   after.start() ? "" : prefix + BigEndian8(after.created_at_ms) + after.work_id);
 }
 
 Status RocksJournal::AddToRun(const std::string& work_id, const std::string& run_id) {

@@ -70,7 +70,9 @@ class RocksJournal final : public Journal {
                                       const std::vector<std::string>& skip_kinds) override;
   StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) override;
   StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) override;
-  StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit) override;
+  using Journal::ByRun;
+  StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit,
+                                        const RunPosition& after) override;
   Status AddToRun(const std::string& work_id, const std::string& run_id) override;
   StatusOr<std::vector<WorkItem>> DoneWithRef(const std::string& kind, size_t limit) override;
   StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
@@ -85,7 +87,10 @@ class RocksJournal final : public Journal {
   StatusOr<WorkItem> LoadHeld(const std::string& work_id, const std::string& lease_token);
   StatusOr<JournalOpResult> RunOne(JournalOp op);
   // Up to `limit` items named by the index keys `prefix | BE8 | work_id`.
-  StatusOr<std::vector<WorkItem>> ScanIndex(Family f, const std::string& prefix, size_t limit);
+  // The items an index lists under `prefix`, in key order, from the first
+  // key after `after` (a whole key; "": from the start of the prefix).
+  StatusOr<std::vector<WorkItem>> ScanIndex(Family f, const std::string& prefix, size_t limit,
+                                            const std::string& after = "");
 
   // Per lock stripe of the journal family (see above). `version` is read
   // without the stripe, written with it; the rest only with it held.

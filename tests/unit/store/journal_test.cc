@@ -549,6 +549,50 @@ TEST_CASE("ByRun lists the items of one run in creation order") {
 }
 
 TEST_CASE(
+    "ByRun pages on from a position: each item once, in (created, work_id) order, items taken "
+    "in included") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  // Seven items of run-p, three of them made in one millisecond (ordered
+  // by work_id there), and one of another run taken in.
+  const std::vector<std::pair<std::string, int64_t>> made = {
+      {"w5", kT0 + 1}, {"w2", kT0 + 2}, {"w9", kT0 + 3}, {"w1", kT0 + 3},
+      {"w7", kT0 + 3}, {"w0", kT0 + 5}, {"w3", kT0 + 6}};
+  for (const auto& m : made) {
+    ClaimRequest r = Req(m.first, m.second);
+    r.run_id = "run-p";
+    REQUIRE(j.Enqueue(r).ok());
+  }
+  ClaimRequest other = Req("w4", kT0 + 4);
+  other.run_id = "run-q";
+  REQUIRE(j.Enqueue(other).ok());
+  REQUIRE(j.AddToRun("w4", "run-p").ok());
+  const std::vector<std::string> order = {"w5", "w2", "w1", "w7", "w9", "w4", "w0", "w3"};
+  for (size_t page_size : {1u, 2u, 3u, 8u}) {
+    CAPTURE(page_size);
+    std::vector<std::string> seen;
+    RunPosition at;
+    for (int pages = 0; pages < 20; ++pages) {
+      StatusOr<std::vector<WorkItem>> page = j.ByRun("run-p", page_size, at);
+      REQUIRE_MESSAGE(page.ok(), page.status().ToString());
+      if (page->empty()) break;
+      for (const WorkItem& w : *page) seen.push_back(w.work_id);
+      at = RunPosition{page->back().created_at_ms, page->back().work_id};
+    }
+    CHECK(seen == order);
+  }
+  // A position between items (one no item has) starts at the next one.
+  StatusOr<std::vector<WorkItem>> from = j.ByRun("run-p", 2, RunPosition{kT0 + 3, "w3"});
+  REQUIRE(from.ok());
+  CHECK(Ids(*from) == std::set<std::string>{"w7", "w9"});
+  // After the last: nothing; another run's positions do not leak in.
+  CHECK(j.ByRun("run-p", 5, RunPosition{kT0 + 6, "w3"})->empty());
+  CHECK(Ids(j.ByRun("run-q", 5, RunPosition{kT0 + 1, "w5"}).value()) ==
+        std::set<std::string>{"w4"});
+}
+
+TEST_CASE(
     "AddToRun takes existing work into another run: listed once in creation order, through "
     "claims and completion, and no longer once the work is swept or made anew") {
   TempDir dir;
