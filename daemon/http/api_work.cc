@@ -1,10 +1,8 @@
 // The apply half of the v1 API.
 #include <algorithm>
-#include <charconv>
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/backoff.h"
-#include "daemon/core/crypto.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
@@ -19,31 +17,6 @@ namespace {
 
 constexpr PageSize kRunPage{1000, 10000};
 
-// GET /v1/runs/{id}'s cursor: the hex of "<created_at_ms>/<work_id>" of the
-// last item a page listed (the same for both engines: Journal::ByRun's
-// order).
-std::string RunCursor(const WorkItem& w) {
-  return HexEncode(std::to_string(w.created_at_ms) + "/" + w.work_id);
-}
-
-StatusOr<RunPosition> ParseRunCursor(const std::string& cursor) {
-  const Status bad = InvalidArgument("cursor is not one this list returned (a page's next_cursor)",
-                                     "query:cursor");
-  if (cursor.size() > 1024) return bad;
-  std::optional<std::string> raw = HexDecode(cursor);
-  if (!raw) return bad;
-  const size_t slash = raw->find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == raw->size()) return bad;
-  RunPosition at;
-  auto [end, ec] = std::from_chars(raw->data(), raw->data() + slash, at.created_at_ms);
-  if (ec != std::errc() || end != raw->data() + slash || at.created_at_ms < 0) return bad;
-  at.work_id = raw->substr(slash + 1);
-  const bool printable = std::all_of(at.work_id.begin(), at.work_id.end(), [](char c) {
-    return static_cast<unsigned char>(c) > 0x20 && c != 0x7f;
-  });
-  if (!printable || !IsValidUtf8(at.work_id)) return bad;
-  return at;
-}
 constexpr PageSize kPlansPage{50, 500};
 constexpr PageSize kDeadLettersPage{100, 1000};
 
@@ -843,7 +816,9 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
               const std::string cursor = QueryParam(ctx, "cursor");
               RunPosition after;
               if (!cursor.empty()) {
-                ASSIGN_OR_RETURN(after, ParseRunCursor(cursor));
+                // The last listed item's created_at_ms and work_id (ByRun's order).
+                ASSIGN_OR_RETURN(auto at, ParseTimeIdCursor(cursor));
+                after = RunPosition{at.first, std::move(at.second)};
               }
               Journal& journal = deps.store.journal();
               // Counts cover the whole run (up to kRunPage.max items, a
@@ -857,11 +832,11 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                                 "' (a run is the items POST /v1/runs claimed under it)");
               }
               const bool truncated = items.size() > kRunPage.max;
+              const size_t total = std::min(items.size(), kRunPage.max);
               std::map<std::string, int> counts;
-              for (size_t i = 0; i < std::min(items.size(), kRunPage.max); ++i) {
+              for (size_t i = 0; i < total; ++i) {
                 counts[std::string(WorkStateName(items[i].state))]++;
               }
-              const size_t total = std::min(items.size(), kRunPage.max);
               // The page: the first items, or those after the cursor (one
               // more than listed tells whether another page follows).
               std::vector<WorkItem> after_cursor;
@@ -877,7 +852,8 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
                   {"run_id", ctx.params[0]}, {"counts", counts}, {"total", total}, {"items", list}};
               if (page.size() > limit) {
                 body["more_items"] = true;
-                body["next_cursor"] = RunCursor(page[limit - 1]);
+                body["next_cursor"] =
+                    TimeIdCursor(page[limit - 1].created_at_ms, page[limit - 1].work_id);
               }
               if (truncated) body["counts_truncated"] = true;
               return RouteResponse{200, std::move(body), {}};

@@ -2,12 +2,14 @@
 // renaming one is a migration. Decoding accepts missing optional fields (so
 // records written before a field existed still load) but rejects a present
 // field of the wrong type.
+#include <charconv>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
 #include "daemon/store/record_codec.h"
 #include "daemon/store/store.h"
@@ -371,6 +373,26 @@ std::unique_ptr<Journal::PendingOps> Journal::BeginOps(std::span<const JournalOp
 
 std::vector<StatusOr<JournalOpResult>> Journal::FinishOps(std::unique_ptr<PendingOps> pending) {
   return std::move(static_cast<DecidedOps&>(*pending).results);
+}
+
+std::string TimeIdCursor(int64_t ms, std::string_view id) {
+  return HexEncode(std::to_string(ms) + "/" + std::string(id));
+}
+
+StatusOr<std::pair<int64_t, std::string>> ParseTimeIdCursor(std::string_view cursor) {
+  const Status bad = store_internal::BadCursor();
+  if (cursor.size() > 4096) return bad;
+  std::optional<std::string> raw = HexDecode(cursor);
+  if (!raw) return bad;
+  const size_t slash = raw->find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == raw->size()) return bad;
+  int64_t ms = 0;
+  auto [end, ec] = std::from_chars(raw->data(), raw->data() + slash, ms);
+  // No record is made before 1970: a negative time is no list's.
+  if (ec != std::errc() || end != raw->data() + slash || ms < 0) return bad;
+  std::string id = raw->substr(slash + 1);
+  if (id.find('\0') != std::string::npos || !IsValidUtf8(id)) return bad;
+  return std::make_pair(ms, std::move(id));
 }
 
 namespace store_internal {

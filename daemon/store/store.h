@@ -252,6 +252,14 @@ struct RunPosition {
   bool start() const { return work_id.empty(); }
 };
 
+// A list cursor naming a position by time and id: the hex of "<ms>/<id>"
+// (a run's listing, and PostgreSQL's decision list). The parse refuses
+// anything that form did not make (a negative time included), and an id
+// that is not text PostgreSQL can take (UTF-8 without NUL), with
+// InvalidArgument at "query:cursor".
+std::string TimeIdCursor(int64_t ms, std::string_view id);
+StatusOr<std::pair<int64_t, std::string>> ParseTimeIdCursor(std::string_view cursor);
+
 struct ClaimRequest {
   std::string work_id;
   std::string kind;

@@ -26,14 +26,12 @@
 // Thread-safety: all methods may be called concurrently, from any number of
 // processes.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
 
-#include "daemon/core/crypto.h"
 #include "daemon/core/json.h"
 #include "daemon/store/postgres/pg_store.h"
 #include "daemon/store/record_codec.h"
@@ -106,27 +104,6 @@ StatusOr<Decision> DecodeWhole(const Result& r, int row, int body_col, int trace
     RETURN_IF_ERROR(store_internal::AttachTrace(d, r.text(row, trace_col)));
   }
   return d;
-}
-
-// Cursor: hex of "<created_at_ms>/<decision_id>" of the last item returned.
-std::string EncodeCursor(int64_t created_at_ms, const std::string& decision_id) {
-  return HexEncode(std::to_string(created_at_ms) + "/" + decision_id);
-}
-
-StatusOr<std::pair<int64_t, std::string>> DecodeCursor(const std::string& cursor) {
-  Status bad = store_internal::BadCursor();
-  if (cursor.size() > 4096) return bad;
-  std::optional<std::string> decoded = HexDecode(cursor);
-  if (!decoded) return bad;
-  const std::string& raw = *decoded;
-  size_t slash = raw.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == raw.size()) return bad;
-  int64_t created = 0;
-  auto [end, ec] = std::from_chars(raw.data(), raw.data() + slash, created);
-  if (ec != std::errc() || end != raw.data() + slash) return bad;
-  std::string id = raw.substr(slash + 1);
-  if (CheckText(id, "query:cursor").code() != Code::kOk) return bad;
-  return std::make_pair(created, std::move(id));
 }
 
 // The key row and the decision row in one statement. With `only_if_free`
@@ -219,7 +196,7 @@ class PgDecisionStore final : public DecisionStore {
     if (limit == 0) return InvalidArgument("limit must be positive", "/limit");
     std::optional<std::pair<int64_t, std::string>> after;
     if (!cursor.empty()) {
-      ASSIGN_OR_RETURN(after, DecodeCursor(cursor));
+      ASSIGN_OR_RETURN(after, ParseTimeIdCursor(cursor));
     }
     DecisionPage page;
     // Filters on text no stored decision can hold match nothing.
@@ -248,7 +225,7 @@ class PgDecisionStore final : public DecisionStore {
     for (int i = 0; i < r.rows(); ++i) {
       if (page.items.size() == capped) {
         // One more match exists: the page is full and another follows.
-        page.next_cursor = EncodeCursor(r.i64(i - 1, 1), r.str(i - 1, 2));
+        page.next_cursor = TimeIdCursor(r.i64(i - 1, 1), r.str(i - 1, 2));
         break;
       }
       ASSIGN_OR_RETURN(Decision d, DecodeWhole(r, i, 0, 3));
