@@ -31,4 +31,11 @@ StatusOr<KeyMaterial> ActionWorkId(const ActionConfig& action, const Json& args)
   return ComputeWorkId(action.name, action.identity_version, normalized);
 }
 
+std::optional<std::string> ActionKind(const Json& action) {
+  if (!action.is_object()) return std::nullopt;
+  auto it = action.find("kind");
+  if (it == action.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
 }  // namespace idem

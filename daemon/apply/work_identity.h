@@ -6,6 +6,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,5 +22,11 @@ StatusOr<Json> ExtractIdentity(const Json& args, const std::vector<std::string>&
 
 // The work_id of `args` for action kind `action`.
 StatusOr<KeyMaterial> ActionWorkId(const ActionConfig& action, const Json& args);
+
+// A planned action's kind ({"kind": ..., "args": ...}): its "kind" member
+// when that is a string; nullopt when the action is no object or its kind
+// no string. A plan's actions come from a model's output, which the step's
+// schema may leave open: readers name such an action, never throw on it.
+std::optional<std::string> ActionKind(const Json& action);
 
 }  // namespace idem

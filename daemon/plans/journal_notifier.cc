@@ -56,12 +56,10 @@ std::string ActionLines(const Json& detail) {
   for (const Json& a : *it) {
     if (shown == kMaxTextActions) break;
     ++shown;
-    const bool named = a.is_object() && a.contains("kind") && a["kind"].is_string();
     std::string args = a.is_object() && a.contains("args")
                            ? a["args"].dump(-1, ' ', false, Json::error_handler_t::replace)
                            : "{}";
-    out += "\n- " + (named ? a["kind"].get<std::string>() : std::string("?")) + " " +
-           CutUtf8(args, kMaxTextArgsBytes, "...");
+    out += "\n- " + ActionKind(a).value_or("?") + " " + CutUtf8(args, kMaxTextArgsBytes, "...");
   }
   if (it->size() > shown) out += "\n(and " + std::to_string(it->size() - shown) + " more)";
   return out;

@@ -35,15 +35,9 @@ bool PastDeadline(const Plan& p, int64_t now_ms) {
   return deadline > 0 && now_ms >= deadline;
 }
 
-// An action's kind: its "kind" member when that is a string, else "". A
-// plan's actions come from a model's output, which the step's schema may
-// leave open: a kind that is a number, an object, or an action that is no
-// object names no configured kind, and is reported as such, never thrown on.
-std::string KindOf(const Json& action) {
-  if (!action.is_object()) return "";
-  auto it = action.find("kind");
-  return it != action.end() && it->is_string() ? it->get<std::string>() : "";
-}
+// An action's kind, "" when it names none (ActionKind): such an action
+// matches no configured kind and is reported as naming none.
+std::string KindOf(const Json& action) { return ActionKind(action).value_or(""); }
 
 // What an action of an unconfigured kind is told.
 Status UnknownKind(const std::string& kind) {
