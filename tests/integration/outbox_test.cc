@@ -58,6 +58,17 @@ Json Get(httplib::Client& c, const std::string& path) {
   return Json::parse(r->body);
 }
 
+// A /v1/events read refused with 409 at query:after (a cursor of another
+// store, one retention passed, one ahead of the store); its detail.
+std::string RefusedCursor(httplib::Client& c, const std::string& path) {
+  auto r = c.Get(path.c_str());
+  REQUIRE(r);
+  CHECK(r->status == 409);
+  const Json problem = Json::parse(r->body);
+  CHECK(problem["pointer"] == "query:after");
+  return problem.value("detail", "");
+}
+
 // Claims and completes one invoice; returns its work_id.
 std::string Complete(httplib::Client& c, const std::string& invoice) {
   Json claim = Post(c, "/v1/work/claim",
@@ -119,22 +130,14 @@ TEST_CASE("outbox: each committed state change reaches the subscriber and the pu
         store_id + ":" + std::to_string(page["items"][0]["seq"].get<uint64_t>()));
   // A cursor another store gave (a reset folder, another environment) is
   // refused, not answered with nothing from its seq on; a bare seq is taken.
-  auto foreign = c->Get("/v1/events?after=0123456789abcdef:542");
-  REQUIRE(foreign);
-  CHECK(foreign->status == 409);
-  CHECK(Json::parse(foreign->body)["pointer"] == "query:after");
+  RefusedCursor(*c, "/v1/events?after=0123456789abcdef:542");
   CHECK(Get(*c, "/v1/events?after=0")["items"].size() == 2);
   // A cursor of this store beyond its last event (a store restored from
   // an older copy) is refused: the next events would take seqs the reader
   // believes it has seen. The cursor the answer names is served.
   const uint64_t last_seq = page["items"][1]["seq"].get<uint64_t>();
-  auto ahead =
-      c->Get(("/v1/events?after=" + store_id + ":" + std::to_string(last_seq + 5)).c_str());
-  REQUIRE(ahead);
-  CHECK(ahead->status == 409);
-  const Json ahead_problem = Json::parse(ahead->body);
-  CHECK(ahead_problem["pointer"] == "query:after");
-  const std::string ahead_detail = ahead_problem["detail"];
+  const std::string ahead_detail =
+      RefusedCursor(*c, "/v1/events?after=" + store_id + ":" + std::to_string(last_seq + 5));
   CHECK_MESSAGE(ahead_detail.find("ahead of this store") != std::string::npos, ahead_detail);
   CHECK(ahead_detail.substr(ahead_detail.rfind("after=") + 6) ==
         store_id + ":" + std::to_string(last_seq));
@@ -275,12 +278,7 @@ TEST_CASE("outbox: a puller's cursor that retention passed is refused, not answe
   // The subscriber takes all three; then retention deletes them.
   REQUIRE(WaitFor([&] { return Received(*hook).size() >= 3; }, 10'000));
   REQUIRE(WaitFor([&] { return Get(*c, "/v1/events?after=0")["items"].empty(); }, 10'000));
-  auto passed = c->Get(("/v1/events?after=" + cursor).c_str());
-  REQUIRE(passed);
-  CHECK(passed->status == 409);
-  const Json problem = Json::parse(passed->body);
-  CHECK(problem["pointer"] == "query:after");
-  const std::string detail = problem["detail"];
+  const std::string detail = RefusedCursor(*c, "/v1/events?after=" + cursor);
   CHECK_MESSAGE(detail.find("deleted by retention") != std::string::npos, detail);
   // The cursor it names goes on from there.
   const std::string resume = detail.substr(detail.rfind("after=") + 6);
