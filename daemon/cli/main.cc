@@ -39,8 +39,9 @@
 // its threads freed. Freed pages go back to the system after a second
 // (dirty_decay_ms) and then at once (muzzy_decay_ms: 0), so RSS comes down
 // after a burst; the sweeper purges the rest (ReleaseFreeMemory, env.h).
-// Measured: idle RSS 29.1 MB against glibc's 28.5, after a 50k-decision
-// fill 81.6 MB against 86.4 (README, "Session 29").
+// Measured: idle RSS 28.7-28.9 MB (with handler threads started on
+// demand) against glibc's 28.5, after a 50k-decision fill 81.6 MB against
+// 86.4 (README, "Session 29").
 extern "C" const char* malloc_conf;
 const char* malloc_conf = "narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0";
 #endif

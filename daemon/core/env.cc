@@ -41,16 +41,15 @@ void NameThread(const char* role) {
   pthread_setname_np(pthread_self(), name.c_str());
 }
 
-const char* ReleaseFreeMemory() {
+void ReleaseFreeMemory() {
   using Mallctl = int (*)(const char*, void*, size_t*, void*, size_t);
   static const auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
   if (mallctl != nullptr) {
     // 4096 is MALLCTL_ARENAS_ALL (jemalloc.h): every arena.
     mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
-    return "jemalloc";
+  } else {
+    malloc_trim(0);
   }
-  malloc_trim(0);
-  return "glibc";
 }
 
 }  // namespace idem

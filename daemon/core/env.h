@@ -54,8 +54,8 @@ void NameThread(const char* role);
 // comes down after a burst: jemalloc's arenas are purged when the process
 // runs on jemalloc (the daemon binary links it; the libraries and tests do
 // not, so it is looked up at run time), glibc's heap is trimmed otherwise.
-// Returns which it was: "jemalloc" or "glibc". Thread-safe.
-const char* ReleaseFreeMemory();
+// Thread-safe.
+void ReleaseFreeMemory();
 
 // A controllable Env for tests. Sleep advances both clocks by the slept
 // amount; Advance moves both; JumpWall moves only the wall clock (to stage
