@@ -171,7 +171,8 @@ class EventServer::WorkerPool {
 
  private:
   // Under mu_. A thread the system refuses (EAGAIN) is not started: the
-  // task waits in the queue for a running one, as past the limit.
+  // task waits in the queue for a running one, as past the limit. Without
+  // any thread the pool could serve nothing: the start fails instead.
   void StartWorker() {
     workers_.push_back(std::make_unique<Worker>());
     ++starting_;
@@ -187,6 +188,7 @@ class EventServer::WorkerPool {
     } catch (const std::system_error&) {
       --starting_;
       workers_.pop_back();
+      if (threads_.empty()) throw;
     }
   }
 
