@@ -92,8 +92,10 @@ class ApplyEngineImpl final : public ApplyEngine {
   }
   ~ApplyEngineImpl() override { Stop(); }
 
+  using ApplyEngine::Submit;
   StatusOr<ActionOutcome> Submit(const std::string& kind, const Json& args,
-                                 const std::string& run_id, const std::string& request_id) override;
+                                 const std::string& run_id, const std::string& request_id,
+                                 const std::string& call_id) override;
   StatusOr<ActionOutcome> Replay(const std::string& work_id) override;
   void StartWorkers(int n) override;
   StatusOr<size_t> RunDueOnce(size_t max_items) override;
@@ -205,6 +207,7 @@ ClaimRequest ApplyEngineImpl::ClaimFor(const KindRuntime& kind, const WorkItem& 
   req.run_id = item.run_id;
   req.request_id = item.request_id;
   req.trace_id = item.trace_id;
+  req.call_id = item.call_id;
   req.lease_ms = kind.lease_ms;
   req.window_ms = kind.action->window_ms;
   req.max_attempts = std::max(1, kind.action->retry.attempts);
@@ -214,7 +217,8 @@ ClaimRequest ApplyEngineImpl::ClaimFor(const KindRuntime& kind, const WorkItem& 
 
 StatusOr<ActionOutcome> ApplyEngineImpl::Submit(const std::string& kind_name, const Json& args,
                                                 const std::string& run_id,
-                                                const std::string& request_id) {
+                                                const std::string& request_id,
+                                                const std::string& call_id) {
   const KindRuntime* kind = FindKind(kind_name);
   if (kind == nullptr || kind->internal) {
     return Status(Code::kNotFound, "unknown action kind '" + kind_name + "'", "/kind");
@@ -236,6 +240,7 @@ StatusOr<ActionOutcome> ApplyEngineImpl::Submit(const std::string& kind_name, co
   req.run_id = run_id;
   req.request_id = request_id;
   req.trace_id = CurrentTraceId();
+  req.call_id = call_id;
   req.lease_ms = kind->lease_ms;
   req.window_ms = kind->action->window_ms;
   req.max_attempts = std::max(1, kind->action->retry.attempts);

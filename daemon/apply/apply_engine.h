@@ -152,9 +152,16 @@ class ApplyEngine {
   // field) when args lack an identity field (or the effector's key field);
   // FailedPrecondition when the kind has no effector (client-executed work).
   // Journal errors as the journal returns them.
+  // `call_id` (WorkItem::call_id) names the call that asks, "" for none; the
+  // work it creates records it, so that the caller can tell its own retry
+  // from another call (the kind's on_duplicate).
   virtual StatusOr<ActionOutcome> Submit(const std::string& kind, const Json& args,
-                                         const std::string& run_id,
-                                         const std::string& request_id) = 0;
+                                         const std::string& run_id, const std::string& request_id,
+                                         const std::string& call_id) = 0;
+  StatusOr<ActionOutcome> Submit(const std::string& kind, const Json& args,
+                                 const std::string& run_id, const std::string& request_id) {
+    return Submit(kind, args, run_id, request_id, "");
+  }
 
   // R21/R24: requeues the dead letter `work_id` (a fresh attempt budget)
   // and runs it at once on the calling thread. FailedPrecondition unless

@@ -1,5 +1,7 @@
 #include "daemon/apply/work_identity.h"
 
+#include "daemon/core/crypto.h"
+
 namespace idem {
 
 StatusOr<Json> ExtractIdentity(const Json& args, const std::vector<std::string>& fields) {
@@ -36,6 +38,17 @@ std::optional<std::string> ActionKind(const Json& action) {
   auto it = action.find("kind");
   if (it == action.end() || !it->is_string()) return std::nullopt;
   return it->get<std::string>();
+}
+
+std::string CallId(const std::string& caller, const std::string& idempotency_key) {
+  if (idempotency_key.empty()) return "";
+  return Sha256Hex(caller + "\n" + idempotency_key);
+}
+
+std::string ActionCallId(const Json& action) {
+  if (!action.is_object()) return "";
+  auto it = action.find("call_id");
+  return it != action.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 }  // namespace idem

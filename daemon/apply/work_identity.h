@@ -29,4 +29,14 @@ StatusOr<KeyMaterial> ActionWorkId(const ActionConfig& action, const Json& args)
 // schema may leave open: readers name such an action, never throw on it.
 std::optional<std::string> ActionKind(const Json& action);
 
+// The call a request is (WorkItem::call_id): sha256 hex of the caller's name
+// and its Idempotency-Key, the pair the daemon keys a call's answer under
+// (neither holds a newline). "" when the request has no key: such a call
+// cannot be told from another.
+std::string CallId(const std::string& caller, const std::string& idempotency_key);
+
+// A planned action's call_id (GateAction stores the gated call's there); ""
+// when it has none or it is not a string.
+std::string ActionCallId(const Json& action);
+
 }  // namespace idem

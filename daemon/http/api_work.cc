@@ -100,13 +100,20 @@ StatusOr<const ActionConfig*> FindKind(const Config& config, const std::string& 
   return &it->second;
 }
 
-// The answer to a duplicate of done work, as the kind's on_duplicate says (R3).
-RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid) {
-  if (kind.on_duplicate == "conflict") {
+// The answer to a duplicate of done work, as the kind's on_duplicate says
+// (R3), to the call `call_id` (CallId; "" for a call without a key). The
+// call that made the work, retried, is told what it did whatever the kind
+// says: its first answer may have been a 202 (retrying, awaiting approval),
+// which was not kept under its key.
+RouteResponse Duplicate(const ActionConfig& kind, const WorkItem& w, const std::string& rid,
+                        const std::string& call_id) {
+  const bool same_call = !call_id.empty() && w.call_id == call_id;
+  if (kind.on_duplicate == "conflict" && !same_call) {
     return Conflict(AlreadyExists("this work was already done"), w, rid);
   }
   return WorkAnswer(
-      200, WorkBodyText(w, {.duplicate = true, .without_result = kind.on_duplicate == "ignore"}));
+      200, WorkBodyText(w, {.duplicate = true,
+                            .without_result = kind.on_duplicate == "ignore" && !same_call}));
 }
 
 // A caller's lease name: 1 to 200 bytes of printable UTF-8, and none of
@@ -161,13 +168,13 @@ StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64
 }
 
 Json Outcome(const ActionConfig& kind, const ActionOutcome& o, const std::string& rid,
-             int* status) {
+             const std::string& call_id, int* status) {
   switch (o.kind) {
     case ActionOutcomeKind::kExecuted:
       *status = 201;
       return WorkBody(o.item);
     case ActionOutcomeKind::kDuplicate: {
-      RouteResponse r = Duplicate(kind, o.item, rid);
+      RouteResponse r = Duplicate(kind, o.item, rid, call_id);
       *status = r.status;
       return BodyJson(r);
     }
@@ -225,7 +232,7 @@ Json AppliedBody(const std::map<std::string, ActionConfig>& kinds, const PlanApp
       auto kit = kinds.find(a.kind);
       int status = 0;
       one = kit == kinds.end() ? WorkBody(a.outcome->item)
-                               : Outcome(kit->second, *a.outcome, rid, &status);
+                               : Outcome(kit->second, *a.outcome, rid, "", &status);
     }
     one["index"] = a.index;
     one["kind"] = a.kind;
@@ -286,7 +293,8 @@ struct ClaimRoute {
       }
     }
     StatusOr<Gate> g =
-        plans.GateAction(kit->second, args, "claim", ctx.caller, ctx.body.value("run_id", ""));
+        plans.GateAction(kit->second, args, "claim", ctx.caller, ctx.body.value("run_id", ""),
+                         CallId(ctx.caller, ctx.idempotency_key));
     // A refused plan is about the work the identity names.
     if (!g.ok()) {
       const Status& s = g.status();
@@ -378,6 +386,7 @@ struct ClaimRoute {
     req.run_id = ctx.body.value("run_id", "");
     req.request_id = ctx.request_id;
     req.trace_id = ctx.trace.trace_id;
+    req.call_id = CallId(ctx.caller, ctx.idempotency_key);
     req.lease_ms = lease_ms;
     req.window_ms = kind->window_ms;
     req.max_attempts = kind->retry.attempts;
@@ -414,7 +423,7 @@ struct ClaimRoute {
       }
       case ClaimOutcome::kDone:
         if (auto d = duplicates->find(kind->name); d != duplicates->end()) d->second->Inc();
-        return Duplicate(*kind, r.item, ctx.request_id);
+        return Duplicate(*kind, r.item, ctx.request_id, CallId(ctx.caller, ctx.idempotency_key));
       case ClaimOutcome::kBusy: {
         metrics.work_busy.Inc();
         RouteResponse busy = Conflict(Aborted("another caller holds this work under a live lease"),
@@ -671,15 +680,16 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         ASSIGN_OR_RETURN(const ActionConfig* kind,
                          FindKind(deps.config, ctx.params[0], "path:kind"));
         RETURN_IF_ERROR(deps.plans.CheckArgs(*kind, ctx.body["args"], "/args"));
+        const std::string call_id = CallId(ctx.caller, ctx.idempotency_key);
         ASSIGN_OR_RETURN(Gate gate,
                          deps.plans.GateAction(*kind, ctx.body["args"], "action", ctx.caller,
-                                               ctx.body.value("run_id", "")));
+                                               ctx.body.value("run_id", ""), call_id));
         if (!gate.allowed) return AwaitingApproval(gate.plan);
-        ASSIGN_OR_RETURN(
-            ActionOutcome o,
-            deps.apply.Submit(kind->name, gate.args, ctx.body.value("run_id", ""), ctx.request_id));
+        ASSIGN_OR_RETURN(ActionOutcome o,
+                         deps.apply.Submit(kind->name, gate.args, ctx.body.value("run_id", ""),
+                                           ctx.request_id, call_id));
         int status = 200;
-        Json body = Outcome(*kind, o, ctx.request_id, &status);
+        Json body = Outcome(*kind, o, ctx.request_id, call_id, &status);
         RouteResponse out{status, std::move(body), {}};
         out.transient = StillMoving(o.kind);
         // Busy: when the holder's lease ends, as a claim's 409 says.
@@ -742,6 +752,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
           if (!identity.ok()) return failed(i, identity.status());
         }
         bool waiting = false;
+        const std::string call_id = CallId(ctx.caller, ctx.idempotency_key);
         for (size_t i = 0; i < batch.size(); ++i) {
           if (deps.stopping != nullptr && deps.stopping->load(std::memory_order_acquire)) {
             // SIGTERM: what is started finishes; the rest waits for the
@@ -758,7 +769,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             stop.transient = true;  // not the run's outcome: never stored under its key
             return stop;
           }
-          auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller, run_id);
+          auto gate = deps.plans.GateAction(*kind, batch[i], "run", ctx.caller, run_id, call_id);
           if (!gate.ok()) {
             // A refused plan is about this item, not about an "/args" it
             // does not have.
@@ -775,13 +786,13 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
             waiting = true;
             continue;
           }
-          auto o = deps.apply.Submit(kind->name, gate->args, run_id, ctx.request_id);
+          auto o = deps.apply.Submit(kind->name, gate->args, run_id, ctx.request_id, call_id);
           if (!o.ok()) {
             RETURN_IF_ERROR(failed(i, o.status()));
             continue;
           }
           int status = 0;
-          Json body = Outcome(*kind, *o, ctx.request_id, &status);
+          Json body = Outcome(*kind, *o, ctx.request_id, call_id, &status);
           const char* label = o->kind == ActionOutcomeKind::kExecuted    ? "executed"
                               : o->kind == ActionOutcomeKind::kDuplicate ? "already_done"
                               : o->kind == ActionOutcomeKind::kRetrying  ? "retrying"

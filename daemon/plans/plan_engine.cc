@@ -936,7 +936,7 @@ StatusOr<Plan> PlanEngine::ProposeFromDecision(const Decision& d, const std::str
 
 StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args,
                                       const std::string& origin, const std::string& caller,
-                                      const std::string& run_id) {
+                                      const std::string& run_id, const std::string& call_id) {
   Impl& m = *impl_;
   Gate gate;
   gate.args = args;
@@ -956,6 +956,7 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
       fresh.origin = origin;
       Json action = {{"kind", kind.name}, {"args", args}};
       if (!run_id.empty()) action["run_id"] = run_id;
+      if (!call_id.empty()) action["call_id"] = call_id;
       fresh.actions = Json::array({std::move(action)});
       Verdict v = m.Judge(fresh, nullptr);
       if (!v.required()) return gate;  // the rule lets this one through
@@ -968,6 +969,7 @@ StatusOr<Gate> PlanEngine::GateAction(const ActionConfig& kind, const Json& args
     plan.origin = origin;
     Json action = {{"kind", kind.name}, {"args", args}};
     if (!run_id.empty()) action["run_id"] = run_id;
+    if (!call_id.empty()) action["call_id"] = call_id;
     plan.actions = Json::array({std::move(action)});
     plan.created_by = caller;
     plan.created_at_ms = now;
@@ -1078,7 +1080,8 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
       const bool own_run = out.plan.origin != "decision" && a.contains("run_id") &&
                            a["run_id"].is_string() && !a["run_id"].get<std::string>().empty();
       r.outcome = m.apply.Submit(r.kind, a.value("args", Json::object()),
-                                 own_run ? a["run_id"].get<std::string>() : plan_id, request_id);
+                                 own_run ? a["run_id"].get<std::string>() : plan_id, request_id,
+                                 out.plan.origin != "decision" ? ActionCallId(a) : "");
     }
     bool moving = !r.outcome.ok() ? r.outcome.status().code() == Code::kFailedPrecondition &&
                                         m.ClientExecuted(r.kind)

@@ -123,8 +123,13 @@ class PlanEngine {
   // `run_id` (may be empty): the run the call's work belongs to; the plan's
   // action keeps it, and the approved work is submitted under it (else
   // under the plan id), so GET /v1/runs/{id} lists it either way.
+  // `call_id` (may be empty; WorkItem::call_id): the call that makes the
+  // plan; the plan's action keeps it and the approved work is submitted
+  // with it, so that call's retry gets the work's result even from a kind
+  // with on_duplicate conflict or ignore.
   StatusOr<Gate> GateAction(const ActionConfig& kind, const Json& args, const std::string& origin,
-                            const std::string& caller, const std::string& run_id = "");
+                            const std::string& caller, const std::string& run_id = "",
+                            const std::string& call_id = "");
 
   // `args` against `kind`'s args_schema (OK when it has none):
   // InvalidArgument with the field `at` + the failing pointer.

@@ -47,6 +47,7 @@ inline WorkItem NewItem(const ClaimRequest& req) {
   w.run_id = req.run_id;
   w.request_id = req.request_id;
   w.trace_id = req.trace_id;
+  w.call_id = req.call_id;
   w.window_ms = req.window_ms;
   w.created_at_ms = req.now_ms;
   w.updated_at_ms = req.now_ms;

@@ -189,6 +189,7 @@ Json WorkItem::ToJson() const {
          {"trace_id", trace_id},
          {"window_ms", window_ms}};
   if (!other_runs.empty()) j["other_runs"] = other_runs;
+  if (!call_id.empty()) j["call_id"] = call_id;
   return j;
 }
 
@@ -236,6 +237,7 @@ StatusOr<WorkItem> WorkItem::FromJson(const Json& j) {
   r.Str("request_id", w.request_id);
   r.Str("trace_id", w.trace_id);
   r.Int("window_ms", w.window_ms);
+  r.Str("call_id", w.call_id);
   if (!r.status().ok()) return r.status();
   if (j.contains("other_runs")) RETURN_IF_ERROR(ReadOtherRuns(j["other_runs"], w.other_runs));
   StatusOr<WorkState> parsed = store_internal::ParseWorkState(state);
@@ -493,7 +495,7 @@ class WorkItemSax {
   bool IsKnownScalar() const {
     for (std::string_view name :
          {"work_id", "kind", "state", "lease_token", "external_ref", "last_error", "run_id",
-          "request_id", "trace_id", "attempt", "max_attempts", "locked_until_ms",
+          "request_id", "trace_id", "call_id", "attempt", "max_attempts", "locked_until_ms",
           "next_attempt_at_ms", "created_at_ms", "updated_at_ms", "expires_at_ms", "window_ms"}) {
       if (field_ == name) return true;
     }
@@ -554,6 +556,7 @@ class WorkItemSax {
     if (f == "run_id") return Str(v, w_.run_id);
     if (f == "request_id") return Str(v, w_.request_id);
     if (f == "trace_id") return Str(v, w_.trace_id);
+    if (f == "call_id") return Str(v, w_.call_id);
     if (f == "attempt") return Int(v, w_.attempt);
     if (f == "max_attempts") return Int(v, w_.max_attempts);
     if (f == "locked_until_ms") return Int(v, w_.locked_until_ms);
@@ -637,6 +640,7 @@ StatusOr<std::string> EncodeWorkItem(const WorkItem& w) {
   str("request_id", w.request_id);
   str("trace_id", w.trace_id);
   num("window_ms", w.window_ms);
+  str("call_id", w.call_id);
   if (!out.bad().empty()) {
     return InvalidArgument("record cannot be stored: " + std::string(out.bad()) +
                            " is not valid UTF-8");

@@ -239,6 +239,12 @@ struct WorkItem {
   std::string request_id;  // correlation id of the request that created it
   int64_t window_ms = 0;   // from the creating request: done -> expires_at = now + window
   std::string trace_id;    // W3C trace id of the request that created it ("" before traces)
+  // The call that created this incarnation (CallId in work_identity.h: a
+  // digest of the caller and its Idempotency-Key; "" for a call without a
+  // key, a decision's plan, a worker). A later call with the same call_id
+  // is that call retried, whatever its first answer was; on_duplicate
+  // conflict/ignore judge every other call as another caller's.
+  std::string call_id;
 
   Json ToJson() const;
   static StatusOr<WorkItem> FromJson(const Json& j);
@@ -268,6 +274,7 @@ struct ClaimRequest {
   std::string run_id;
   std::string request_id;
   std::string trace_id;
+  std::string call_id;  // WorkItem::call_id of a record this claim creates
   int64_t lease_ms = 30'000;
   int64_t window_ms = 0;  // how long a done record is remembered (0: forever)
   int max_attempts = 5;

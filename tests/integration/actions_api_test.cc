@@ -467,6 +467,96 @@ TEST_CASE("of two dead-letter replays at once, one runs it and the other is 409,
   CHECK(f.target->stats().effects == 1);
 }
 
+// Kinds that answer another call with the same identity without the
+// result: "conflict" (409) and "ignore" (200, no result). The gated ones
+// wait for an operator first.
+std::string OnceKinds() {
+  std::string kinds;
+  for (const char* mode : {"conflict", "ignore"}) {
+    for (const char* gated : {"", "_gated"}) {
+      kinds += std::string("  once_") + mode + gated +
+               ":\n    identity: {fields: [/invoice_id], version: v1}\n"
+               "    window: forever\n    on_duplicate: " +
+               mode +
+               "\n    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: "
+               "header}}\n    retry: {attempts: 3, base: 10ms, cap: 50ms, timeout: 5s}\n" +
+               (*gated ? "    approval: {require: always, reason: checked}\n" : "");
+    }
+  }
+  return kinds;
+}
+
+// What a call of `kind` gets once its work is done: the same call again
+// (key `key`) is told what it did; another call is answered as the kind's
+// on_duplicate says.
+void CheckDoneAnswers(Fixture& f, const std::string& kind, const Json& args,
+                      const std::string& key) {
+  const std::string path = "/v1/actions/" + kind;
+  auto same = f.Post(path, args, key);
+  REQUIRE(same);
+  CHECK_MESSAGE(same->status == 200, same->body);
+  CHECK(J(same)["duplicate"] == true);
+  CHECK(J(same)["state"] == "done");
+  CHECK(J(same).contains("result"));
+  CHECK_FALSE(J(same)["result"].is_null());
+  auto other = f.Post(path, args, "\"another-call-of-" + kind + "\"");
+  REQUIRE(other);
+  if (kind.find("conflict") != std::string::npos) {
+    CHECK(other->status == 409);
+  } else {
+    CHECK(other->status == 200);
+    CHECK_FALSE(J(other).contains("result"));
+  }
+}
+
+TEST_CASE(
+    "a call first answered 202 retrying gets its work's result when retried after it is done, "
+    "whatever the kind's on_duplicate") {
+  Fixture f(OnceKinds());
+  for (const std::string kind : {"once_conflict", "once_ignore"}) {
+    CAPTURE(kind);
+    const int64_t effects_before = f.target->stats().effects;
+    f.target->FailNext(1, 503);
+    const Json args = {{"args", {{"invoice_id", "INV-" + kind}, {"amount", 5}}}};
+    const std::string key = "\"" + kind + "-call\"";
+    auto first = f.Post("/v1/actions/" + kind, args, key);
+    REQUIRE(first);
+    REQUIRE_MESSAGE(first->status == 202, first->body);
+    const std::string work = J(first)["work_id"];
+    // The daemon's workers retry the effect (10-50 ms backoff).
+    REQUIRE(WaitFor(
+        [&] {
+          auto w = f.client->Get(("/v1/work/" + work).c_str());
+          return w && w->status == 200 && Json::parse(w->body)["state"] == "done";
+        },
+        10'000));
+    CheckDoneAnswers(f, kind, args, key);
+    CHECK(f.target->stats().effects == effects_before + 1);
+  }
+}
+
+TEST_CASE(
+    "a call first answered 202 awaiting approval gets its work's result when retried after the "
+    "approved work ran, whatever the kind's on_duplicate") {
+  Fixture f(OnceKinds());
+  for (const std::string kind : {"once_conflict_gated", "once_ignore_gated"}) {
+    CAPTURE(kind);
+    const int64_t effects_before = f.target->stats().effects;
+    const Json args = {{"args", {{"invoice_id", "INV-" + kind}, {"amount", 5}}}};
+    const std::string key = "\"" + kind + "-call\"";
+    auto first = f.Post("/v1/actions/" + kind, args, key);
+    REQUIRE(first);
+    REQUIRE_MESSAGE(first->status == 202, first->body);
+    const std::string plan = J(first)["plan_id"];
+    auto approved = f.Post("/v1/plans/" + plan + "/approve", Json::object(), "\"ok-" + kind + "\"");
+    REQUIRE(approved);
+    REQUIRE_MESSAGE(approved->status == 200, approved->body);
+    CHECK(f.target->stats().effects == effects_before + 1);
+    CheckDoneAnswers(f, kind, args, key);
+    CHECK(f.target->stats().effects == effects_before + 1);
+  }
+}
+
 TEST_CASE("a run with no items is refused: it would be a run no GET /v1/runs/{id} finds") {
   Fixture f;
   auto empty =

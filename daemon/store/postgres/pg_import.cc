@@ -134,8 +134,8 @@ class PgImporterImpl final : public PgImporter {
         Exec("INSERT INTO journal (work_id, kind, state, attempt, max_attempts, lease_token,"
              " locked_until_ms, args, identity, result, external_ref, last_error,"
              " next_attempt_at_ms, created_at_ms, updated_at_ms, expires_at_ms, run_id, request_id,"
-             " trace_id, window_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,"
-             " $14, $15, $16, $17, $18, $19, $20)",
+             " trace_id, window_ms, call_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,"
+             " $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
              {P(w.work_id),
               P(w.kind),
               P(WorkStateName(w.state)),
@@ -155,7 +155,8 @@ class PgImporterImpl final : public PgImporter {
               P(w.run_id),
               P(w.request_id),
               P(w.trace_id),
-              P(w.window_ms)},
+              P(w.window_ms),
+              P(w.call_id)},
              "work " + w.work_id));
     for (const std::string& run : w.other_runs) {
       RETURN_IF_ERROR(

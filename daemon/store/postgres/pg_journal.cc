@@ -69,6 +69,12 @@ CREATE TABLE journal_run_members (
 CREATE INDEX journal_run_members_work ON journal_run_members (work_id);
 )sql";
 
+// WorkItem::call_id: records made before it have none (every call is then
+// judged another's, as before).
+extern const std::string_view kSchemaJournalCallId = R"sql(
+ALTER TABLE journal ADD COLUMN call_id text NOT NULL DEFAULT '';
+)sql";
+
 extern const std::string_view kSchemaJournal = R"sql(
 CREATE TABLE journal (
   work_id            text PRIMARY KEY,
@@ -130,12 +136,14 @@ constexpr const char* kColumnNames[] = {"work_id",
                                         "run_id",
                                         "request_id",
                                         "trace_id",
-                                        "window_ms"};
-constexpr int kNumColumns = 20;
+                                        "window_ms",
+                                        "call_id"};
+constexpr int kNumColumns = 21;
 // SQL types of the columns, for unnest() of array parameters.
-constexpr const char* kColumnTypes[] = {
-    "text", "text", "text",   "integer", "integer", "text",   "bigint", "text", "text", "text",
-    "text", "text", "bigint", "bigint",  "bigint",  "bigint", "text",   "text", "text", "bigint"};
+constexpr const char* kColumnTypes[] = {"text",   "text",   "text",   "integer", "integer", "text",
+                                        "bigint", "text",   "text",   "text",    "text",    "text",
+                                        "bigint", "bigint", "bigint", "bigint",  "text",    "text",
+                                        "text",   "bigint", "text"};
 
 std::string Columns(const std::string& prefix = "") {
   std::string out;
@@ -170,6 +178,7 @@ StatusOr<WorkItem> ParseRow(const Result& r, int row, int first_col) {
   w.request_id = s(17);
   w.trace_id = s(18);
   w.window_ms = n(19);
+  w.call_id = s(20);
   return w;
 }
 
@@ -190,7 +199,8 @@ Status CheckItemText(const WorkItem& w) {
         {"last_error", &w.last_error},
         {"run_id", &w.run_id},
         {"request_id", &w.request_id},
-        {"trace_id", &w.trace_id}}) {
+        {"trace_id", &w.trace_id},
+        {"call_id", &w.call_id}}) {
     RETURN_IF_ERROR(CheckText(name, *v));
   }
   return Status::Ok();
@@ -239,7 +249,8 @@ StatusOr<std::vector<Param>> RecordArrays(const std::vector<const WorkItem*>& it
                                   w->run_id,
                                   w->request_id,
                                   w->trace_id,
-                                  std::to_string(w->window_ms)};
+                                  std::to_string(w->window_ms),
+                                  w->call_id};
     for (int i = 0; i < kNumColumns; ++i) cols[i].push_back(std::move(v[i]));
   }
   std::vector<Param> out;
@@ -285,8 +296,8 @@ std::string ClaimablePredicate(const std::string& j, const std::string& now) {
 
 // Requests as column arrays: work_id, kind, max_attempts, args, identity,
 // run_id, request_id, trace_id, window_ms, now_ms, locked_until_ms,
-// lease_token, state, attempt, next_attempt_at_ms.
-constexpr int kReqColumns = 15;
+// lease_token, state, attempt, next_attempt_at_ms, call_id.
+constexpr int kReqColumns = 16;
 
 // `claim`: a running record with a lease (Claim); otherwise a pending one
 // due at now (Enqueue), which only replaces a done record whose window is
@@ -295,9 +306,10 @@ std::string UpsertSql(bool claim) {
   std::string sql =
       "WITH req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[],"
       " $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
-      " $11::bigint[], $12::text[], $13::text[], $14::integer[], $15::bigint[])"
+      " $11::bigint[], $12::text[], $13::text[], $14::integer[], $15::bigint[], $16::text[])"
       " AS r(work_id, kind, max_attempts, args, identity, run_id, request_id, trace_id,"
-      " window_ms, now_ms, locked_until_ms, lease_token, state, attempt, next_attempt_at_ms)),"
+      " window_ms, now_ms, locked_until_ms, lease_token, state, attempt, next_attempt_at_ms,"
+      " call_id)),"
       " cur AS (SELECT " +
       Columns("j.") +
       " FROM journal j WHERE j.work_id IN (SELECT work_id FROM req)),"
@@ -305,7 +317,7 @@ std::string UpsertSql(bool claim) {
       Columns() +
       ") SELECT r.work_id, r.kind, r.state, r.attempt, r.max_attempts, r.lease_token,"
       " r.locked_until_ms, r.args, r.identity, 'null', '', '', r.next_attempt_at_ms, r.now_ms,"
-      " r.now_ms, 0, r.run_id, r.request_id, r.trace_id, r.window_ms FROM req r"
+      " r.now_ms, 0, r.run_id, r.request_id, r.trace_id, r.window_ms, r.call_id FROM req r"
       " WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.work_id = r.work_id AND ";
   if (claim) {
     sql += ReadOnlyPredicate("c", "r.now_ms");
@@ -315,9 +327,9 @@ std::string UpsertSql(bool claim) {
   sql += ") ORDER BY r.work_id ON CONFLICT (work_id) DO UPDATE SET ";
   // A done record whose window is over is replaced whole; otherwise the
   // claim grants a lease on the record as it is.
-  const char* kept[] = {"kind",   "max_attempts", "args",       "identity",
-                        "result", "external_ref", "last_error", "created_at_ms",
-                        "run_id", "request_id",   "trace_id",   "window_ms"};
+  const char* kept[] = {"kind",         "max_attempts", "args",          "identity", "result",
+                        "external_ref", "last_error",   "created_at_ms", "run_id",   "request_id",
+                        "trace_id",     "window_ms",    "call_id"};
   if (claim) {
     for (const char* c : kept) {
       sql += std::string(c) + " = CASE WHEN j.state = 'done' THEN EXCLUDED." + c + " ELSE j." + c +
@@ -592,7 +604,8 @@ class PgJournal final : public Journal {
             {"kind", &r->kind},
             {"run_id", &r->run_id},
             {"request_id", &r->request_id},
-            {"trace_id", &r->trace_id}}) {
+            {"trace_id", &r->trace_id},
+            {"call_id", &r->call_id}}) {
         RETURN_IF_ERROR(CheckText(name, *v));
       }
       ASSIGN_OR_RETURN(std::string args, store_internal::EncodeJson(r->args));
@@ -611,7 +624,8 @@ class PgJournal final : public Journal {
                                     claim ? RandomHex(kLeaseTokenBytes) : std::string(),
                                     claim ? "running" : "pending",
                                     claim ? "1" : "0",
-                                    std::to_string(claim ? 0 : r->now_ms)};
+                                    std::to_string(claim ? 0 : r->now_ms),
+                                    r->call_id};
       for (int i = 0; i < kReqColumns; ++i) cols[i].push_back(std::move(v[i]));
     }
     std::vector<Param> out;
@@ -805,7 +819,7 @@ class PgJournal final : public Journal {
           Result locked,
           c.Exec("INSERT INTO journal AS j (" + Columns() +
                      ") SELECT id, '', 'pending', 0, 0, '', 0, '{}', '{}', 'null', '', '', 0, 0,"
-                     " 0, 0, '', '', '', 0 FROM unnest($1::text[]) AS id ORDER BY id"
+                     " 0, 0, '', '', '', 0, '' FROM unnest($1::text[]) AS id ORDER BY id"
                      " ON CONFLICT (work_id) DO UPDATE SET attempt = j.attempt RETURNING " +
                      Columns("j."),
                  {P(array)}));

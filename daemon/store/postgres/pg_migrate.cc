@@ -19,6 +19,7 @@ const std::vector<Migration>& Migrations() {
     m->push_back(Migration{1, "initial schema", std::move(v1)});
     m->push_back(Migration{2, "decision traces apart", std::string(kSchemaDecisionTraces)});
     m->push_back(Migration{3, "run members", std::string(kSchemaRunMembers)});
+    m->push_back(Migration{4, "journal call ids", std::string(kSchemaJournalCallId)});
     return m;
   }();
   return *all;

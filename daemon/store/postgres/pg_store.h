@@ -67,6 +67,7 @@ extern const std::string_view kSchemaTraces;
 // --- later migrations
 extern const std::string_view kSchemaDecisionTraces;  // 2
 extern const std::string_view kSchemaRunMembers;      // 3
+extern const std::string_view kSchemaJournalCallId;   // 4
 
 struct Migration {
   int version;

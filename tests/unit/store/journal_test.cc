@@ -433,6 +433,51 @@ TEST_CASE("window expiry makes done work new again and the sweep forgets it") {
   CHECK(j.DoneWithRef("send_email", 10)->empty());  // the old done index entry went with it
 }
 
+TEST_CASE(
+    "the call that made work stays with it through claims, failures and completion, and a new "
+    "incarnation records its own") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Journal& j = store->journal();
+  ClaimRequest r = Req("w1", kT0);
+  r.window_ms = 1'000;
+  r.call_id = std::string(64, 'a');
+  ClaimResult c = MustClaim(j, r);
+  CHECK(c.item.call_id == r.call_id);
+  REQUIRE(j.Fail("w1", c.item.lease_token, "boom", true, 0, kT0 + 1).ok());
+  // Another call's claim takes the work over; the work is still the first call's.
+  ClaimRequest other = r;
+  other.call_id = std::string(64, 'b');
+  other.now_ms = kT0 + 2;
+  ClaimResult again = MustClaim(j, other);
+  REQUIRE(again.outcome == ClaimOutcome::kClaimed);
+  CHECK(again.item.call_id == r.call_id);
+  REQUIRE(j.Complete("w1", again.item.lease_token, "sent", "", kT0 + 3).ok());
+  CHECK(j.Get("w1")->call_id == r.call_id);
+  other.now_ms = kT0 + 4;
+  ClaimResult dup = MustClaim(j, other);
+  CHECK(dup.outcome == ClaimOutcome::kDone);
+  CHECK(dup.item.call_id == r.call_id);
+  // Past the window the same identity is new work: the call that claims it made it.
+  other.now_ms = kT0 + 1'003;
+  ClaimResult fresh = MustClaim(j, other);
+  CHECK(fresh.outcome == ClaimOutcome::kClaimed);
+  CHECK(fresh.item.call_id == other.call_id);
+  CHECK(j.Get("w1")->call_id == other.call_id);
+  // A batch claim and an enqueue record theirs; a call without a key, none.
+  ClaimRequest batched = Req("w2", kT0);
+  batched.call_id = std::string(64, 'c');
+  ClaimRequest keyless = Req("w3", kT0);
+  std::vector<ClaimRequest> both = {batched, keyless};
+  for (const auto& got : j.ClaimMany(both)) REQUIRE(got.ok());
+  CHECK(j.Get("w2")->call_id == batched.call_id);
+  CHECK(j.Get("w3")->call_id.empty());
+  ClaimRequest queued = Req("w4", kT0);
+  queued.call_id = std::string(64, 'd');
+  REQUIRE(j.Enqueue(queued).ok());
+  CHECK(j.Get("w4")->call_id == queued.call_id);
+}
+
 TEST_CASE("sweeping removes expired done work and its index entries only") {
   TempDir dir;
   auto store = OpenStore(dir.path());

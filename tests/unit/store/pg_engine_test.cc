@@ -82,7 +82,8 @@ TEST_SUITE("postgres") {
     }
   }
 
-  TEST_CASE("a schema of migration 1 gains the decision trace column and stores traces apart") {
+  TEST_CASE(
+      "a schema of migration 1 gains the decision trace column, run members and work call ids") {
     TempDir dir;
     const std::string schema = PgSchemaFor(dir.path());
     auto pool = PoolFor(schema);
@@ -90,10 +91,11 @@ TEST_SUITE("postgres") {
     // Back to what the first release created.
     REQUIRE(pool->Exec("ALTER TABLE decisions DROP COLUMN trace").ok());
     REQUIRE(pool->Exec("DROP TABLE journal_run_members").ok());
+    REQUIRE(pool->Exec("ALTER TABLE journal DROP COLUMN call_id").ok());
     REQUIRE(pool->Exec("DELETE FROM schema_migrations WHERE version >= 2").ok());
     auto applied = pg::Migrate(*pool);
     REQUIRE_MESSAGE(applied.ok(), applied.status().ToString());
-    CHECK(*applied == std::vector<int>{2, 3});
+    CHECK(*applied == std::vector<int>{2, 3, 4});
 
     PgStoreOptions o;
     o.conninfo = PgConninfo();
@@ -112,6 +114,10 @@ TEST_SUITE("postgres") {
     auto read = (*store)->decisions().Get(d.decision_id);
     REQUIRE_MESSAGE(read.ok(), read.status().ToString());
     CHECK(read->trace == d.trace);
+    ClaimRequest claim = testing::ClaimReq("w-migrated", testing::kT0, 1'000);
+    claim.call_id = std::string(64, 'e');
+    REQUIRE((*store)->journal().Claim(claim).ok());
+    CHECK((*store)->journal().Get("w-migrated")->call_id == claim.call_id);
   }
 
   TEST_CASE("a database newer than the binary is refused, not migrated") {

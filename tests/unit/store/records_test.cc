@@ -69,7 +69,9 @@ TEST_CASE("records written before a field existed still decode") {
   CHECK(w->window_ms == 0);
   CHECK(w->max_attempts == 5);
   CHECK(w->trace_id.empty());
+  CHECK(w->call_id.empty());
   CHECK(store_internal::DecodeWorkItem(R"({"work_id":"w","state":"done"})")->trace_id.empty());
+  CHECK(store_internal::DecodeWorkItem(R"({"work_id":"w","state":"done"})")->call_id.empty());
   CHECK(Decision::FromJson(Json{{"decision_id", "d"}, {"decision_key", "k"}})->trace_id.empty());
   CHECK(Plan::FromJson(Json{{"plan_id", "p"}, {"state", "applied"}})->trace_id.empty());
 }
@@ -86,9 +88,9 @@ TEST_CASE("a_work_record_leaves_out_members_at_their_default_and_decodes_them_ba
   StatusOr<std::string> encoded = store_internal::EncodeWorkItem(w);
   REQUIRE(encoded.ok());
   Json stored = Json::parse(*encoded);
-  for (const char* left_out :
-       {"lease_token", "locked_until_ms", "args", "result", "external_ref", "last_error",
-        "next_attempt_at_ms", "expires_at_ms", "run_id", "request_id", "trace_id", "window_ms"}) {
+  for (const char* left_out : {"lease_token", "locked_until_ms", "args", "result", "external_ref",
+                               "last_error", "next_attempt_at_ms", "expires_at_ms", "run_id",
+                               "request_id", "trace_id", "window_ms", "call_id"}) {
     CHECK_MESSAGE(!stored.contains(left_out), left_out);
   }
   CHECK(stored.size() == 8);
@@ -121,6 +123,7 @@ TEST_CASE("the journal's streaming decoder agrees with WorkItem::FromJson") {
   w.request_id = "req";
   w.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   w.window_ms = 16;
+  w.call_id = std::string(64, 'c');
   Json j = w.ToJson();
   j["future_field"] = Json{{"x", Json::array({1, 2})}};
   StatusOr<WorkItem> streamed = store_internal::DecodeWorkItem(j.dump());

@@ -85,7 +85,9 @@ void Fill(Store& s) {
 
   // Journal: done, failed (retry later), dead, running, pending.
   Journal& j = s.journal();
-  auto claimed = j.Claim(testing::ClaimReq("w_done", kT0));
+  ClaimRequest done_req = testing::ClaimReq("w_done", kT0);
+  done_req.call_id = std::string(64, 'a');  // the call that made it, copied with it
+  auto claimed = j.Claim(done_req);
   REQUIRE(claimed.ok());
   REQUIRE(
       j.Complete("w_done", claimed->item.lease_token, Json{{"sent", "msg_1"}}, "ext_1", kT0 + 10)
