@@ -158,7 +158,7 @@ class ApiToolbox final : public McpToolbox {
     }
     if (tool.dedup == Tool::Dedup::kNone ||
         (!client_key && tool.dedup == Tool::Dedup::kClientKey)) {
-      return Run(tool, arguments, caller, request_id, &final_answer);
+      return Run(tool, arguments, caller, request_id, "", &final_answer);
     }
     auto canonical = CanonicalJson(arguments);
     if (!canonical.ok()) return ToolError(canonical.status().message());
@@ -189,7 +189,8 @@ class ApiToolbox final : public McpToolbox {
       }
       if (begun->outcome == BeginOutcome::kNew) break;
       if (begun->outcome == BeginOutcome::kReplay && !GrantHolds(tool, begun->record)) {
-        return Run(tool, arguments, caller, request_id, &final_answer);  // not stored
+        return Run(tool, arguments, caller, request_id, RouteKey(name, key),
+                   &final_answer);  // not stored
       }
       if (begun->outcome == BeginOutcome::kReplay) {
         // The stored answer is ours, bounded when it was made: it is read
@@ -210,7 +211,7 @@ class ApiToolbox final : public McpToolbox {
       deps_.clock.env().SleepMillis(pause_ms);
       pause_ms = std::min<int64_t>(pause_ms * 2, 500);
     }
-    Json result = Run(tool, arguments, caller, request_id, &final_answer);
+    Json result = Run(tool, arguments, caller, request_id, RouteKey(name, key), &final_answer);
     // An error changed nothing worth replaying: the call runs again when
     // retried (a resolved conflict, a fixed record), as REST drops a 4xx.
     if (result.value("isError", false)) final_answer = false;
@@ -308,10 +309,19 @@ class ApiToolbox final : public McpToolbox {
     return route->grant_holds(body.contains("lease_token") ? 201 : 200, body.dump());
   }
 
-  // Runs the tool's REST route as the caller; *final_answer false when the
-  // answer reports work still moving (it is then not stored).
+  // The Idempotency-Key the route sees for a call keyed `key`: its scope
+  // and key, which no header's key equals (a header's has no newline), so
+  // that the work a tool call makes names that call (WorkItem::call_id).
+  static std::string RouteKey(const std::string& tool_name, const std::string& key) {
+    return "MCP " + tool_name + "\n" + key;
+  }
+
+  // Runs the tool's REST route as the caller, with `route_key` as its
+  // Idempotency-Key ("" for none; the key itself is kept here, not by the
+  // route); *final_answer false when the answer reports work still moving
+  // (it is then not stored).
   Json Run(const Tool& tool, const Json& args, const std::string& caller,
-           const std::string& request_id, bool* final_answer) {
+           const std::string& request_id, const std::string& route_key, bool* final_answer) {
     std::string path = tool.path;
     for (const char* field : {"plan_id", "decision_id", "work_id"}) {
       std::string hole = std::string("{") + field + "}";
@@ -335,6 +345,7 @@ class ApiToolbox final : public McpToolbox {
     ctx.path = path;
     ctx.caller = caller;
     ctx.request_id = request_id;
+    ctx.idempotency_key = route_key;
     ctx.body = tool.body ? tool.body(args) : Json();
     if (!route->request_schema.empty()) {
       auto sit = schemas_.find(route->request_schema);

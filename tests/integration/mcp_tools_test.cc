@@ -226,6 +226,37 @@ TEST_CASE("a do_ tool's description says what a call again gets under each on_du
   }
 }
 
+TEST_CASE(
+    "a do_ call first answered awaiting_approval, made again after the approved work ran, is "
+    "already_done with the result even under on_duplicate conflict") {
+  Fixture f(
+      "  wire:\n"
+      "    identity: {fields: [/id], version: v1}\n"
+      "    window: 24h\n"
+      "    on_duplicate: conflict\n"
+      "    effector: {http: {method: POST, url: \"{effector}/records\", idempotency: header}}\n"
+      "    approval: {require: always, reason: every wire}\n");
+  const Json args = {{"id", "W-1"}, {"amount", 70}};
+  const Json first = f.Call("do_wire", args);
+  REQUIRE_MESSAGE(first["isError"] == false, first.dump());
+  REQUIRE(first["structuredContent"]["outcome"] == "awaiting_approval");
+  const std::string plan = first["structuredContent"]["plan_id"];
+  auto approved = f.client->Post(("/v1/plans/" + plan + "/approve").c_str(),
+                                 {{"Idempotency-Key", "\"approve-w1\""}}, "{}", "application/json");
+  REQUIRE(approved);
+  REQUIRE_MESSAGE(approved->status == 200, approved->body);
+  REQUIRE(f.target->stats().effects == 1);
+  // As the tool's description asks: the same arguments again.
+  const Json again = f.Call("do_wire", args);
+  REQUIRE_MESSAGE(again["isError"] == false, again.dump());
+  CHECK(again["structuredContent"]["outcome"] == "already_done");
+  CHECK(again["structuredContent"].contains("result"));
+  // Another call with that identity is still refused.
+  const Json other = f.Call("do_wire", args, {{"idempotencyKey", "another-wire-call"}});
+  CHECK(other["isError"] == true);
+  CHECK(f.target->stats().effects == 1);
+}
+
 TEST_CASE("_meta.idempotencyKey is counted in characters and must be a string") {
   Fixture f;
   std::string e150, e256;
