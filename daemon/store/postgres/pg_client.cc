@@ -238,6 +238,14 @@ Param Bytea(std::string_view bytes) {
   return out;
 }
 
+bool IsText(std::string_view v) { return v.find('\0') == std::string_view::npos && IsValidUtf8(v); }
+
+Status CheckText(std::string_view v, std::string_view field) {
+  if (IsText(v)) return Status::Ok();
+  return InvalidArgument(std::string(field.substr(field.empty() ? 0 : 1)) + " is not valid text",
+                         std::string(field));
+}
+
 Result::Result(PGresult* r) : r_(r, Pq().clear) {}
 
 int Result::rows() const { return r_ ? Pq().ntuples(r_.get()) : 0; }

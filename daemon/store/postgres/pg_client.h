@@ -50,6 +50,12 @@ inline Param P(int v) { return std::to_string(v); }
 inline Param P(bool v) { return std::string(v ? "true" : "false"); }
 // bytea values: hex form ("\x...").
 Param Bytea(std::string_view bytes);
+// Can `v` be a text value? libpq takes C strings (a NUL would cut it) and
+// the server refuses text that is not UTF-8.
+bool IsText(std::string_view v);
+// InvalidArgument "<field without its '/'> is not valid text" at `field`
+// (a JSON pointer) unless IsText(v).
+Status CheckText(std::string_view v, std::string_view field);
 
 class Result {
  public:

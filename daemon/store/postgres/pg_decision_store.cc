@@ -69,15 +69,6 @@ bool Live(int64_t expires_at_ms, int64_t now_ms) {
   return expires_at_ms == 0 || expires_at_ms > now_ms;
 }
 
-// A value for a text column: libpq takes C strings (a NUL would cut it) and
-// the server refuses text that is not UTF-8.
-Status CheckText(const std::string& v, const char* field) {
-  if (v.find('\0') != std::string::npos || !IsValidUtf8(v)) {
-    return InvalidArgument(std::string(field + 1) + " is not valid text", field);
-  }
-  return Status::Ok();
-}
-
 Status Validate(const Decision& d) {
   if (d.decision_id.empty()) return InvalidArgument("decision_id is empty", "/decision_id");
   if (d.decision_key.empty()) return InvalidArgument("decision_key is empty", "/decision_key");

@@ -75,15 +75,6 @@ constexpr int kAttempts = 16;
 
 bool Expired(const IdemRecord& r, int64_t now_ms) { return IdemKeyOver(r, now_ms); }
 
-// A value for a text column: libpq takes C strings (a NUL would cut it) and
-// the server refuses text that is not UTF-8.
-bool IsText(const std::string& v) { return v.find('\0') == std::string::npos && IsValidUtf8(v); }
-
-Status CheckText(const std::string& v, const char* field) {
-  if (!IsText(v)) return InvalidArgument(std::string(field + 1) + " is not valid text", field);
-  return Status::Ok();
-}
-
 StatusOr<IdemRecord> RecordAt(const Result& r, int row) {
   IdemRecord rec;
   rec.scope = r.str(row, 0);

@@ -182,15 +182,6 @@ StatusOr<WorkItem> ParseRow(const Result& r, int row, int first_col) {
   return w;
 }
 
-// Text PostgreSQL can store: valid UTF-8 without NUL.
-Status CheckText(std::string_view field, std::string_view v) {
-  if (!IsValidUtf8(v) || v.find('\0') != std::string_view::npos) {
-    return InvalidArgument("record cannot be stored: " + std::string(field) +
-                           " is not valid UTF-8 text");
-  }
-  return Status::Ok();
-}
-
 Status CheckItemText(const WorkItem& w) {
   for (const auto& [name, v] :
        {std::pair<std::string_view, const std::string*>{"work_id", &w.work_id},
@@ -201,7 +192,7 @@ Status CheckItemText(const WorkItem& w) {
         {"request_id", &w.request_id},
         {"trace_id", &w.trace_id},
         {"call_id", &w.call_id}}) {
-    RETURN_IF_ERROR(CheckText(name, *v));
+    RETURN_IF_ERROR(CheckText(*v, "/" + std::string(name)));
   }
   return Status::Ok();
 }
@@ -441,7 +432,7 @@ class PgJournal final : public Journal {
                            const std::string& external_ref, int64_t now_ms) override {
     if (lease_token.empty()) return InvalidArgument("lease token is empty", "/lease_token");
     if (external_ref.empty()) return InvalidArgument("external_ref is empty", "/external_ref");
-    RETURN_IF_ERROR(CheckText("external_ref", external_ref));
+    RETURN_IF_ERROR(CheckText(external_ref, "/external_ref"));
     if (Status fp = Failpoints::Hit("store.write"); !fp.ok()) return WriteFailed(fp);
     int64_t started = NowMicros();
     ASSIGN_OR_RETURN(
@@ -533,7 +524,7 @@ class PgJournal final : public Journal {
 
   Status AddToRun(const std::string& work_id, const std::string& run_id) override {
     if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");
-    RETURN_IF_ERROR(CheckText("run_id", run_id));
+    RETURN_IF_ERROR(CheckText(run_id, "/run_id"));
     ASSIGN_OR_RETURN(
         Result r,
         ctx_.pool.Exec("WITH w AS (SELECT work_id, created_at_ms, run_id FROM journal"
@@ -606,7 +597,7 @@ class PgJournal final : public Journal {
             {"request_id", &r->request_id},
             {"trace_id", &r->trace_id},
             {"call_id", &r->call_id}}) {
-        RETURN_IF_ERROR(CheckText(name, *v));
+        RETURN_IF_ERROR(CheckText(*v, "/" + std::string(name)));
       }
       ASSIGN_OR_RETURN(std::string args, store_internal::EncodeJson(r->args));
       ASSIGN_OR_RETURN(std::string identity, store_internal::EncodeJson(r->identity));

@@ -45,10 +45,6 @@ constexpr char kColumns[] = "name, holder, token, acquired_at_ms, expires_at_ms"
 // How often a call retries when the row keeps changing under it.
 constexpr int kAttempts = 16;
 
-// A value for a text column: libpq takes C strings (a NUL would cut it) and
-// the server refuses text that is not UTF-8.
-bool IsText(const std::string& v) { return v.find('\0') == std::string::npos && IsValidUtf8(v); }
-
 NamedLease LeaseAt(const Result& r, int row) {
   NamedLease l;
   l.name = r.str(row, 0);

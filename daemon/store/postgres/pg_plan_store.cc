@@ -79,7 +79,7 @@ std::optional<std::pair<int64_t, std::string>> ParseCursor(std::string_view hex)
   uint64_t v = 0;
   for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>((*raw)[i]);
   std::string id = raw->substr(8);
-  if (id.find('\0') != std::string::npos || !IsValidUtf8(id)) return std::nullopt;
+  if (!IsText(id)) return std::nullopt;
   return std::make_pair(static_cast<int64_t>(v), std::move(id));
 }
 

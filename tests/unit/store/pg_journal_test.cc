@@ -328,7 +328,12 @@ TEST_SUITE("postgres") {
     ClaimRequest bad = testing::ClaimReq("w2", kT0);
     bad.kind = std::string("k\0ind", 5);
     CHECK(j.Claim(bad).status().code() == Code::kInvalidArgument);
+    CHECK(j.Claim(bad).status().field() == "/kind");
     CHECK(j.Get("w2").status().code() == Code::kNotFound);
+    ClaimRequest bad_call = testing::ClaimReq("w3", kT0);
+    bad_call.call_id = "\xff";
+    CHECK(j.Claim(bad_call).status().field() == "/call_id");
+    CHECK(j.Get("w3").status().code() == Code::kNotFound);
   }
 }
 
