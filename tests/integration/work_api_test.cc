@@ -424,6 +424,31 @@ TEST_CASE("the kind's duplicate response is honoured: conflict") {
   CHECK(J(dup)["state"] == "done");
 }
 
+TEST_CASE(
+    "a claim retried with its key after its grant ran out and the work was done is told the "
+    "result, under conflict too; another caller's claim is still refused") {
+  Fixture f;
+  Json claim = {
+      {"kind", "notify"}, {"identity", {{"chat_id", 6}, {"text", "hi"}}}, {"lease", "1s"}};
+  auto first = f.Post("/v1/work/claim", claim, "\"claim-n6\"");
+  REQUIRE(first);
+  REQUIRE(first->status == 201);
+  Json c = J(first);
+  REQUIRE(f.Post("/v1/work/" + c["work_id"].get<std::string>() + "/complete",
+                 {{"lease_token", c["lease_token"]}, {"result", {{"sent", 1}}}})
+              ->status == 200);
+  // The key replays "you hold it" only as long as the lease asked for.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'200));
+  auto again = f.Post("/v1/work/claim", claim, "\"claim-n6\"");
+  REQUIRE(again);
+  CHECK(again->get_header_value("Idempotent-Replayed") == "");
+  CHECK_MESSAGE(again->status == 200, again->body);
+  CHECK(J(again)["duplicate"] == true);
+  CHECK(J(again)["result"] == Json{{"sent", 1}});
+  CHECK(f.Post("/v1/work/claim", claim, "\"another-claim-n6\"")->status == 409);
+  CHECK(f.Post("/v1/work/claim", claim)->status == 409);  // no key: another call
+}
+
 TEST_CASE("claims name a declared kind and carry every identity field") {
   Fixture f;
   auto unknown = f.Post("/v1/work/claim", {{"kind", "nope"}, {"identity", {{"a", 1}}}});
