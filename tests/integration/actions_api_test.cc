@@ -486,13 +486,27 @@ std::string OnceKinds() {
   return kinds;
 }
 
-// What a call of `kind` gets once its work is done: the same call again
-// (key `key`) is told what it did; another call is answered as the kind's
-// on_duplicate says.
-void CheckDoneAnswers(Fixture& f, const std::string& kind, const Json& args,
-                      const std::string& key) {
+// The call of a test on kind `kind`: its body and its Idempotency-Key.
+Json OnceArgs(const std::string& kind) {
+  return {{"args", {{"invoice_id", "INV-" + kind}, {"amount", 5}}}};
+}
+std::string OnceKey(const std::string& kind) { return "\"" + kind + "-call\""; }
+
+// Makes the call of `kind`, which must be answered 202; its answer.
+Json FirstCallAccepted(Fixture& f, const std::string& kind) {
+  auto first = f.Post("/v1/actions/" + kind, OnceArgs(kind), OnceKey(kind));
+  REQUIRE(first);
+  REQUIRE_MESSAGE(first->status == 202, first->body);
+  return J(first);
+}
+
+// What a call of `kind` gets once its work is done: the same call again is
+// told what it did; another call is answered as the kind's on_duplicate
+// says.
+void CheckDoneAnswers(Fixture& f, const std::string& kind) {
   const std::string path = "/v1/actions/" + kind;
-  auto same = f.Post(path, args, key);
+  const Json args = OnceArgs(kind);
+  auto same = f.Post(path, args, OnceKey(kind));
   REQUIRE(same);
   CHECK_MESSAGE(same->status == 200, same->body);
   CHECK(J(same)["duplicate"] == true);
@@ -517,12 +531,7 @@ TEST_CASE(
     CAPTURE(kind);
     const int64_t effects_before = f.target->stats().effects;
     f.target->FailNext(1, 503);
-    const Json args = {{"args", {{"invoice_id", "INV-" + kind}, {"amount", 5}}}};
-    const std::string key = "\"" + kind + "-call\"";
-    auto first = f.Post("/v1/actions/" + kind, args, key);
-    REQUIRE(first);
-    REQUIRE_MESSAGE(first->status == 202, first->body);
-    const std::string work = J(first)["work_id"];
+    const std::string work = FirstCallAccepted(f, kind)["work_id"];
     // The daemon's workers retry the effect (10-50 ms backoff).
     REQUIRE(WaitFor(
         [&] {
@@ -530,7 +539,7 @@ TEST_CASE(
           return w && w->status == 200 && Json::parse(w->body)["state"] == "done";
         },
         10'000));
-    CheckDoneAnswers(f, kind, args, key);
+    CheckDoneAnswers(f, kind);
     CHECK(f.target->stats().effects == effects_before + 1);
   }
 }
@@ -542,17 +551,12 @@ TEST_CASE(
   for (const std::string kind : {"once_conflict_gated", "once_ignore_gated"}) {
     CAPTURE(kind);
     const int64_t effects_before = f.target->stats().effects;
-    const Json args = {{"args", {{"invoice_id", "INV-" + kind}, {"amount", 5}}}};
-    const std::string key = "\"" + kind + "-call\"";
-    auto first = f.Post("/v1/actions/" + kind, args, key);
-    REQUIRE(first);
-    REQUIRE_MESSAGE(first->status == 202, first->body);
-    const std::string plan = J(first)["plan_id"];
+    const std::string plan = FirstCallAccepted(f, kind)["plan_id"];
     auto approved = f.Post("/v1/plans/" + plan + "/approve", Json::object(), "\"ok-" + kind + "\"");
     REQUIRE(approved);
     REQUIRE_MESSAGE(approved->status == 200, approved->body);
     CHECK(f.target->stats().effects == effects_before + 1);
-    CheckDoneAnswers(f, kind, args, key);
+    CheckDoneAnswers(f, kind);
     CHECK(f.target->stats().effects == effects_before + 1);
   }
 }
