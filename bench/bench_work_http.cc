@@ -11,8 +11,10 @@
 // for profiling one row with perf record -p <daemon pid>.
 // --by-thread: under each row, the daemon's CPU per operation by thread
 // role (event loops, group-commit writer, trace log, RocksDB's flushes and
-// compactions), read from /proc, with no profiler; and the load
-// generator's own CPU per operation, which shares the machine.
+// compactions), read from /proc, with no profiler; the load generator's
+// own CPU per operation, which shares the machine; and the store writes
+// (group-commit DB::Write calls) per operation with their mean time, read
+// from the daemon's /metrics.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -42,6 +44,28 @@ void Row(const char* name, int conns, const LoadResult& r, double cpu_ms) {
       r.requests > 0 ? cpu_ms * 1000.0 / static_cast<double>(r.requests) : 0;
   std::printf("%-40s %5d %12.0f %10.0f %10.0f %8ld %10.1f\n", name, conns, r.requests_per_s,
               r.p50_us, r.p99_us, r.errors, cpu_us_per_op);
+}
+
+// The daemon's store writes so far (idem_store_write_seconds: one per
+// group-commit DB::Write, each shared by the batches of its group), from
+// its own /metrics; {0, 0} if unreadable.
+struct StoreWrites {
+  double count = 0;
+  double seconds = 0;
+};
+
+StoreWrites ReadStoreWrites(int port) {
+  httplib::Client c("127.0.0.1", port);
+  auto res = c.Get("/metrics");
+  StoreWrites out;
+  if (!res || res->status != 200) return out;
+  auto value = [&res](std::string_view name) {
+    const size_t at = res->body.find("\n" + std::string(name) + " ");
+    return at == std::string::npos ? 0.0 : std::atof(res->body.c_str() + at + name.size() + 2);
+  };
+  out.count = value("idem_store_write_seconds_count");
+  out.seconds = value("idem_store_write_seconds_sum");
+  return out;
 }
 
 std::string Claim(const std::string& identity) {
@@ -77,8 +101,10 @@ int main(int argc, char** argv) {
     const double cpu_before = daemon.CpuMillis();
     const auto threads_before = daemon.CpuMillisByThread();
     const double self_before = BenchDaemon::ProcCpuMillis("/proc/self/stat");
+    const StoreWrites writes_before = by_thread ? ReadStoreWrites(port) : StoreWrites{};
     LoadResult r = load();
     const double self_used = BenchDaemon::ProcCpuMillis("/proc/self/stat") - self_before;
+    const StoreWrites writes_after = by_thread ? ReadStoreWrites(port) : StoreWrites{};
     Row(name, conns, r, daemon.CpuMillis() - cpu_before);
     if (by_thread && r.requests > 0) {
       std::vector<std::pair<double, std::string>> parts;
@@ -93,6 +119,14 @@ int main(int argc, char** argv) {
       for (const auto& [us, thread] : parts) std::printf(" %s %.1f", thread.c_str(), us);
       // The load generator shares the machine: what it takes is not the daemon's.
       std::printf(" (load generator %.1f)\n", self_used * 1000.0 / static_cast<double>(r.requests));
+      // How well the group commit shares its writes: DB::Write calls per
+      // operation and how long each took (fsync included).
+      const double writes = writes_after.count - writes_before.count;
+      if (writes > 0) {
+        std::printf("    store writes: %.3f per op, %.0f us each\n",
+                    writes / static_cast<double>(r.requests),
+                    (writes_after.seconds - writes_before.seconds) * 1e6 / writes);
+      }
     }
     return r;
   };
