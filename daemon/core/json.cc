@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <optional>
@@ -53,11 +54,33 @@ std::optional<char32_t> DecodeUtf8(std::string_view s, size_t& pos) {
   return cp;
 }
 
+// Eight bytes of text at a time (word-at-a-time tests, exact as a yes or
+// no for the whole word; the byte order does not matter).
+constexpr uint64_t kEachByte = 0x0101010101010101ull;  // times n: n in every byte
+constexpr uint64_t kHighBits = 0x8080808080808080ull;
+
+uint64_t Word(const char* at) {
+  uint64_t w;
+  std::memcpy(&w, at, sizeof(w));
+  return w;
+}
+
+// Some byte of `w` is below `n` (n <= 128).
+bool AnyByteBelow(uint64_t w, uint8_t n) { return ((w - kEachByte * n) & ~w & kHighBits) != 0; }
+
+// Some byte of `w` is `c`.
+bool AnyByteIs(uint64_t w, char c) {
+  return AnyByteBelow(w ^ (kEachByte * static_cast<uint8_t>(c)), 1);
+}
+
 // Offset of the first byte that is not well-formed UTF-8, or npos.
 size_t FindInvalidUtf8(std::string_view s) {
   size_t pos = 0;
   while (pos < s.size()) {
-    // ASCII (the common case: ids, keys, most text) needs no decoding.
+    // ASCII (the common case: ids, keys, most text) needs no decoding:
+    // skipped a word at a time while no byte has its high bit set.
+    while (s.size() - pos >= 8 && (Word(s.data() + pos) & kHighBits) == 0) pos += 8;
+    if (pos == s.size()) break;
     if (static_cast<unsigned char>(s[pos]) < 0x80) {
       ++pos;
       continue;
@@ -406,6 +429,13 @@ void AppendJsonStringContent(std::string_view s, std::string& out) {
   // every trace entry, outbox event and canonical form.
   size_t run = 0;  // the first character not yet appended
   for (size_t i = 0; i < s.size(); ++i) {
+    // Eight at a time while none of them needs an escape.
+    while (s.size() - i >= 8) {
+      const uint64_t w = Word(s.data() + i);
+      if (AnyByteBelow(w, 0x20) || AnyByteIs(w, '"') || AnyByteIs(w, '\\')) break;
+      i += 8;
+    }
+    if (i == s.size()) break;
     const char c = s[i];
     if (static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\') continue;
     out.append(s, run, i - run);

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace idem {
 namespace {
@@ -252,6 +254,64 @@ TEST_CASE("text between and after escapes is kept whole and in order") {
   std::string plain = "prefix:";
   AppendJsonStringContent("no escapes at all", plain);
   CHECK(plain == "prefix:no escapes at all");
+}
+
+// nlohmann's serializer, an implementation apart from ours, as the
+// reference: it refuses text that is not UTF-8 (its own decoder: no
+// overlong forms, no surrogates) and, with ensure_ascii off, escapes what
+// AppendJsonStringContent escapes, in the same spelling.
+std::optional<std::string> ReferenceEscaped(const std::string& s) {
+  try {
+    const std::string quoted = Json(s).dump();
+    return quoted.substr(1, quoted.size() - 2);
+  } catch (const Json::exception&) {
+    return std::nullopt;
+  }
+}
+
+void CheckAgainstReference(const std::string& s) {
+  CAPTURE(Json(s).dump(-1, ' ', true, Json::error_handler_t::replace));
+  const std::optional<std::string> reference = ReferenceEscaped(s);
+  REQUIRE(IsValidUtf8(s) == reference.has_value());
+  if (!reference) return;
+  std::string out;
+  AppendJsonStringContent(s, out);
+  CHECK(out == *reference);
+}
+
+TEST_CASE("utf8_check_and_escaping_agree_with_the_reference_at_every_offset_and_length") {
+  // The word-at-a-time scans look at eight bytes at once: each special
+  // sequence at every offset of texts from empty to several words long.
+  const std::vector<std::string> specials = {
+      "\"",           "\\",           std::string(1, '\0'), "\x01", "\x1f", "\x7f", "\x20",
+      "\xc3\xa9",     "\xe2\x82\xac", "\xf0\x9f\x98\x80",   "\xff", "\x80", "\xc3", "\xe2\x82",
+      "\xed\xa0\x80", "\xc0\xaf",     "\xf4\x90\x80\x80"};
+  for (const std::string& special : specials) {
+    for (size_t length = 0; length <= 24; ++length) {
+      for (size_t at = 0; at <= length; ++at) {
+        std::string s(length, 'a');
+        for (size_t i = 0; i < length; ++i) s[i] = static_cast<char>('a' + i % 26);
+        s.insert(at, special);
+        CheckAgainstReference(s);
+      }
+    }
+  }
+  // Random bytes, mostly printable ASCII with some of everything else.
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int n = 0; n < 20000; ++n) {
+    std::string s(next() % 40, ' ');
+    for (char& c : s) {
+      const uint64_t r = next();
+      c = r % 8 == 0 ? static_cast<char>(r >> 8) : static_cast<char>(0x20 + (r >> 8) % 95);
+    }
+    CheckAgainstReference(s);
+  }
 }
 
 TEST_CASE("a string holding invalid UTF-8 cannot be canonicalized") {
