@@ -473,16 +473,15 @@ std::optional<RouteResponse> Refused(const JournalOpResult& r, const std::string
 void RecordClientAttempt(const WorkItem& item, const RequestContext& ctx, bool ok,
                          const std::string& error) {
   if (!ValidTraceId(item.trace_id)) return;
-  TraceScope scope(TraceContext::Continue(item.trace_id, ctx.request_id));
-  RecordTraceEvent("attempt", item.work_id,
-                   JsonObjectWriter()
-                       .Str("kind", item.kind)
-                       .Int("attempt", item.attempt)
-                       .Bool("ok", ok)
-                       .Str("error", error)
-                       .Str("by", "client")
-                       .Str("request_id", ctx.request_id)
-                       .Take());
+  RecordTraceEventIn(item.trace_id, "attempt", item.work_id,
+                     JsonObjectWriter()
+                         .Str("kind", item.kind)
+                         .Int("attempt", item.attempt)
+                         .Bool("ok", ok)
+                         .Str("error", error)
+                         .Str("by", "client")
+                         .Str("request_id", ctx.request_id)
+                         .Take());
 }
 
 struct CompleteRoute {

@@ -231,11 +231,7 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
   SetTraceSink([traces = &d->store_->traces(), clock = d->clock_.get()](
                    const std::string& trace_id, std::string_view type, std::string_view ref,
                    std::string detail) {
-    (void)traces->Add(TraceEntry{.trace_id = trace_id,
-                                 .at_ms = clock->NowMillis(),
-                                 .type = std::string(type),
-                                 .ref = std::string(ref),
-                                 .detail = std::move(detail)});
+    (void)traces->Record(trace_id, clock->NowMillis(), type, ref, std::move(detail));
   });
   // Daemons sharing one store (issue 13) hold named leases as this holder:
   // one daemon delivers each outbox subscriber's events, and one provider

@@ -96,9 +96,8 @@ void LogRequest(const std::string& method, const std::string& path, const http1:
     LogAccess(fields);
   }
   if (!traced) return;
-  TraceScope scope(ctx.trace);
-  RecordTraceEvent(
-      "request", request_id,
+  RecordTraceEventIn(
+      ctx.trace.trace_id, "request", request_id,
       JsonObjectWriter()
           .Str("method", method)
           .Str("route", route->pattern)

@@ -214,12 +214,17 @@ void SetTraceSink(TraceSink s) {
 
 void RecordTraceEvent(std::string_view type, std::string_view ref, std::string detail) {
   if (current_trace == nullptr) return;
+  RecordTraceEventIn(current_trace->trace_id, type, ref, std::move(detail));
+}
+
+void RecordTraceEventIn(const std::string& trace_id, std::string_view type, std::string_view ref,
+                        std::string detail) {
   std::shared_ptr<const TraceSink> s;
   {
     std::lock_guard<std::mutex> lock(sink_mu);
     s = sink;
   }
-  if (s) (*s)(current_trace->trace_id, type, ref, std::move(detail));
+  if (s) (*s)(trace_id, type, ref, std::move(detail));
 }
 
 std::string TraceDetail(const nlohmann::json& detail) {

@@ -111,6 +111,11 @@ void SetTraceSink(TraceSink sink);
 // no-op without a TraceScope or a sink. `detail`: the text of a JSON object
 // (JsonObjectWriter on hot paths, TraceDetail elsewhere).
 void RecordTraceEvent(std::string_view type, std::string_view ref, std::string detail = "{}");
+// The same under `trace_id` (a valid one, ValidTraceId) instead of the
+// calling thread's trace: for a caller that has the id at hand, without
+// setting a TraceScope (which copies a whole context) for one entry.
+void RecordTraceEventIn(const std::string& trace_id, std::string_view type, std::string_view ref,
+                        std::string detail = "{}");
 // `detail`'s text for RecordTraceEvent; text that is not UTF-8 is replaced
 // (U+FFFD), so it never fails.
 std::string TraceDetail(const nlohmann::json& detail);

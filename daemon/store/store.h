@@ -645,6 +645,18 @@ class TraceIndex {
   // trace_id that is not 32 characters or an empty type. Entries past the
   // queue's bound (writes not keeping up) are dropped and counted.
   virtual Status Add(TraceEntry entry) = 0;
+  // Add(TraceEntry{trace_id, at_ms, type, ref, detail}) without the caller
+  // building the entry: an engine may store from the views at once (the
+  // RocksDB one encodes them into its pending write; trace.h's sink, on
+  // every request, calls this).
+  virtual Status Record(std::string_view trace_id, int64_t at_ms, std::string_view type,
+                        std::string_view ref, std::string detail) {
+    return Add(TraceEntry{.trace_id = std::string(trace_id),
+                          .at_ms = at_ms,
+                          .type = std::string(type),
+                          .ref = std::string(ref),
+                          .detail = std::move(detail)});
+  }
   // Writes what is queued (also done by a background thread).
   virtual Status Flush() = 0;
   // Up to `limit` entries of `trace_id` in time order (queued ones too).

@@ -22,17 +22,17 @@ constexpr size_t kFlushAt = 256;
 // (members in name order, as Json::dump writes them; a fifth fewer bytes
 // than with trace_id and at_ms), the detail's text copied as it is. False
 // when some text is not UTF-8.
-bool EncodeEntry(const TraceEntry& e, std::string& out) {
-  if (!IsValidUtf8(e.trace_id) || !IsValidUtf8(e.type) || !IsValidUtf8(e.ref) ||
-      !IsValidUtf8(e.detail)) {
+bool EncodeEntry(std::string_view trace_id, std::string_view type, std::string_view ref,
+                 std::string_view detail, std::string& out) {
+  if (!IsValidUtf8(trace_id) || !IsValidUtf8(type) || !IsValidUtf8(ref) || !IsValidUtf8(detail)) {
     return false;
   }
   out.assign("{\"detail\":");
-  out += e.detail.empty() ? std::string_view("{}") : std::string_view(e.detail);
+  out += detail.empty() ? std::string_view("{}") : detail;
   out += ",\"ref\":\"";
-  AppendJsonStringContent(e.ref, out);
+  AppendJsonStringContent(ref, out);
   out += "\",\"type\":\"";
-  AppendJsonStringContent(e.type, out);
+  AppendJsonStringContent(type, out);
   out += "\"}";
   return true;
 }
@@ -81,19 +81,34 @@ RocksTraceIndex::~RocksTraceIndex() {
 }
 
 Status RocksTraceIndex::Add(TraceEntry entry) {
-  if (entry.trace_id.size() != kTraceIdSize) {
+  return Record(entry.trace_id, entry.at_ms, entry.type, entry.ref, std::move(entry.detail));
+}
+
+Status RocksTraceIndex::Record(std::string_view trace_id, int64_t at_ms, std::string_view type,
+                               std::string_view ref, std::string detail) {
+  if (trace_id.size() != kTraceIdSize) {
     return InvalidArgument("trace_id must be 32 characters", "/trace_id");
   }
-  if (entry.type.empty()) return InvalidArgument("trace entry type is empty", "/type");
+  if (type.empty()) return InvalidArgument("trace entry type is empty", "/type");
+  // Encoded here, outside the lock. An entry that cannot be stored (text
+  // that is not UTF-8) is left out, as the writes of the others go on.
+  std::string value;
+  if (!EncodeEntry(trace_id, type, ref, detail, value)) return Status::Ok();
+  std::string key;
+  key.reserve(kTraceIdSize + 16);
+  key.append(trace_id).append(BigEndian8(at_ms));
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.size() >= kMaxQueued) {
+    if (pending_count_ >= kMaxQueued) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return Status::Ok();
     }
-    queue_.push_back(std::move(entry));
-    wake = queue_.size() == kFlushAt;
+    // Taken under the lock: seqs rise in the pending batch's order.
+    key.append(BigEndian8(seq_.fetch_add(1, std::memory_order_relaxed)));
+    if (!pending_) pending_ = std::make_unique<RecordBatch>(db_);
+    pending_->Put(Family::kTraceLog, key, value);
+    wake = ++pending_count_ == kFlushAt;
   }
   if (wake) cv_.notify_all();
   return Status::Ok();
@@ -101,25 +116,14 @@ Status RocksTraceIndex::Add(TraceEntry entry) {
 
 Status RocksTraceIndex::Flush() {
   std::lock_guard<std::mutex> writer(flush_mu_);
-  std::vector<TraceEntry> batch;
+  std::unique_ptr<RecordBatch> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    batch.swap(queue_);
+    batch = std::move(pending_);
+    pending_count_ = 0;
   }
-  if (batch.empty()) return Status::Ok();
-  RecordBatch rb(db_);
-  std::string key;
-  std::string value;
-  for (const TraceEntry& e : batch) {
-    // An entry that cannot be stored (text that is not UTF-8) is left out
-    // rather than failing the others.
-    if (!EncodeEntry(e, value)) continue;
-    std::string seq = BigEndian8(seq_.fetch_add(1, std::memory_order_relaxed));
-    std::string at = BigEndian8(e.at_ms);
-    key.assign(e.trace_id).append(at).append(seq);
-    rb.Put(Family::kTraceLog, key, value);
-  }
-  return db_.Commit(rb, /*durable=*/false);
+  if (!batch) return Status::Ok();
+  return db_.Commit(*batch, /*durable=*/false);
 }
 
 void RocksTraceIndex::Loop() {
@@ -127,9 +131,9 @@ void RocksTraceIndex::Loop() {
   auto next_prune = std::chrono::steady_clock::now();
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(200),
-                 [this] { return stopping_ || queue_.size() >= kFlushAt; });
+                 [this] { return stopping_ || pending_count_ >= kFlushAt; });
     if (stopping_) break;
-    const bool queued = !queue_.empty();
+    const bool queued = pending_count_ > 0;
     const bool prune = std::chrono::steady_clock::now() >= next_prune;
     if (!queued && !prune) continue;
     lock.unlock();

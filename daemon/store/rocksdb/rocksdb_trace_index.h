@@ -1,6 +1,7 @@
-// The trace index (store.h, class TraceIndex) on RocksDB. Add queues; a
-// background thread writes the queue (not synced) every 200 ms or once 256
-// entries wait; List and Flush write it first.
+// The trace index (store.h, class TraceIndex) on RocksDB. Add encodes the
+// entry at once into a pending write batch, on the caller's thread; a
+// background thread writes that batch (not synced) every 200 ms or once
+// 256 entries wait; List and Flush write it first.
 //
 // Entries go to the family "trace_log" (trace_id | BE8(at_ms) | BE8(seq) ->
 // entry JSON), one key each, first in first out: the family is never
@@ -16,8 +17,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -46,6 +49,8 @@ class RocksTraceIndex final : public TraceIndex {
   RocksTraceIndex& operator=(const RocksTraceIndex&) = delete;
 
   Status Add(TraceEntry entry) override;
+  Status Record(std::string_view trace_id, int64_t at_ms, std::string_view type,
+                std::string_view ref, std::string detail) override;
   Status Flush() override;
   StatusOr<std::vector<TraceEntry>> List(const std::string& trace_id, size_t limit) override;
   StatusOr<size_t> SweepBefore(int64_t cutoff_ms, size_t limit) override;
@@ -64,11 +69,13 @@ class RocksTraceIndex final : public TraceIndex {
   std::atomic<uint64_t> dropped_{0};
   std::atomic<int64_t> swept_before_{0};  // written under sweep_mu_
   std::mutex sweep_mu_;
-  std::mutex flush_mu_;  // one writer of the queue at a time (keeps entries in order)
+  std::mutex flush_mu_;  // one writer of the pending batch at a time (keeps entries in order)
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<TraceEntry> queue_;  // guarded by mu_
-  bool stopping_ = false;          // guarded by mu_
+  // Entries encoded and not yet written, and how many (guarded by mu_).
+  std::unique_ptr<RecordBatch> pending_;
+  size_t pending_count_ = 0;
+  bool stopping_ = false;  // guarded by mu_
   std::thread thread_;
 };
 

@@ -50,6 +50,37 @@ TEST_CASE("trace_entries_are_listed_by_trace_in_time_order_queued_ones_too") {
   CHECK(t.List(kTraceA, 2)->size() == 2);
 }
 
+TEST_CASE("entries_recorded_from_views_list_as_entries_added_whole_in_arrival_order") {
+  // The daemon's sink records from views (TraceIndex::Record); tests and
+  // tools add whole entries. Both land in one order, with the same fields.
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  TraceIndex& t = store->traces();
+  const std::string detail = R"({"method":"POST","status":201})";
+  REQUIRE(t.Record(kTraceA, kT0, "request", "req_1", detail).ok());
+  REQUIRE(t.Add(Entry(kTraceA, kT0, "work", "w_1")).ok());
+  REQUIRE(t.Record(kTraceA, kT0, "attempt", "w_1", "{}").ok());
+  REQUIRE(t.Record(kTraceB, kT0 - 5, "request", "req_b", "{}").ok());
+  CHECK(t.Record("short", kT0, "request", "r", "{}").code() == Code::kInvalidArgument);
+  CHECK(t.Record(kTraceA, kT0, "", "r", "{}").code() == Code::kInvalidArgument);
+  auto a = t.List(kTraceA, 10);
+  REQUIRE(a.ok());
+  REQUIRE(a->size() == 3);
+  CHECK((*a)[0].type == "request");
+  CHECK((*a)[0].ref == "req_1");
+  CHECK((*a)[0].trace_id == kTraceA);
+  CHECK((*a)[0].at_ms == kT0);
+  CHECK(Json::parse((*a)[0].detail) == Json::parse(detail));
+  CHECK((*a)[1].type == "work");
+  CHECK(Json::parse((*a)[1].detail) == Json{{"n", 1}});
+  CHECK((*a)[2].type == "attempt");
+  CHECK(Json::parse((*a)[2].detail) == Json::object());
+  auto b = t.List(kTraceB, 10);
+  REQUIRE(b.ok());
+  REQUIRE(b->size() == 1);
+  CHECK((*b)[0].at_ms == kT0 - 5);
+}
+
 TEST_CASE("trace_entries_survive_a_reopen_and_are_swept_by_age") {
   TempDir dir;
   {
