@@ -1,9 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/core/failpoints.h"
 #include "daemon/store/rocksdb/rocksdb_trace_index.h"
@@ -79,6 +81,44 @@ TEST_CASE("entries_recorded_from_views_list_as_entries_added_whole_in_arrival_or
   REQUIRE(b.ok());
   REQUIRE(b->size() == 1);
   CHECK((*b)[0].at_ms == kT0 - 5);
+}
+
+TEST_CASE(
+    "entries_recorded_from_many_threads_while_others_flush_are_all_listed_in_each_threads_order") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  TraceIndex& t = store->traces();
+  constexpr int kThreads = 4;
+  const int per_thread = testing::OnPostgres() ? 100 : 2'000;
+  // One trace per thread, every entry at the same millisecond: the order
+  // listed is the order recorded.
+  auto trace_of = [](int thread) { return std::string(31, 'c') + static_cast<char>('0' + thread); };
+  std::atomic<bool> done{false};
+  std::atomic<int> flush_errors{0};  // or refused records
+  std::thread flusher([&] {
+    while (!done.load()) flush_errors += !t.Flush().ok();
+  });
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kThreads; ++w) {
+    writers.emplace_back([&, w] {
+      for (int i = 0; i < per_thread; ++i) {
+        if (!t.Record(trace_of(w), kT0, "request", std::to_string(i), "{}").ok()) ++flush_errors;
+      }
+    });
+  }
+  for (std::thread& th : writers) th.join();
+  done.store(true);
+  flusher.join();
+  CHECK(flush_errors.load() == 0);
+  for (int w = 0; w < kThreads; ++w) {
+    auto listed = t.List(trace_of(w), 10'000);
+    REQUIRE(listed.ok());
+    REQUIRE(listed->size() == static_cast<size_t>(per_thread));
+    int out_of_order = 0;
+    for (int i = 0; i < per_thread; ++i) out_of_order += (*listed)[i].ref != std::to_string(i);
+    CHECK(out_of_order == 0);
+  }
+  CHECK(t.dropped() == 0);
 }
 
 TEST_CASE("trace_entries_survive_a_reopen_and_are_swept_by_age") {
