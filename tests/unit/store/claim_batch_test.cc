@@ -46,6 +46,31 @@ JournalOp CompleteOp(const std::string& work_id, const std::string& token, int64
   return op;
 }
 
+// The outcomes a batch answers with, for a claim's or an op's result. An
+// answer that does not grant the lease never carries its token.
+template <class Result>
+void CheckGranted(const StatusOr<Result>& r) {
+  REQUIRE(r.ok());
+  CHECK(r->outcome == ClaimOutcome::kClaimed);
+  CHECK(r->item.lease_token.size() == 32);
+}
+
+template <class Result>
+void CheckBusy(const StatusOr<Result>& r) {
+  REQUIRE(r.ok());
+  CHECK(r->outcome == ClaimOutcome::kBusy);
+  CHECK(r->item.lease_token.empty());
+}
+
+template <class Result>
+void CheckDoneWith(const StatusOr<Result>& r, const Json& result, const std::string& external_ref) {
+  REQUIRE(r.ok());
+  CHECK(r->outcome == ClaimOutcome::kDone);
+  CHECK(r->item.result == result);
+  CHECK(r->item.external_ref == external_ref);
+  CHECK(r->item.lease_token.empty());
+}
+
 JournalOp FailOp(const std::string& work_id, const std::string& token, int64_t now_ms,
                  bool retryable, int64_t delay_ms = 0) {
   JournalOp op;
@@ -78,22 +103,11 @@ TEST_CASE("a batch of claims gives each claim the outcome a single claim would g
                                      invalid};
   std::vector<StatusOr<ClaimResult>> out = j.ClaimMany(batch);
   REQUIRE(out.size() == batch.size());
-  REQUIRE(out[0].ok());
-  CHECK(out[0]->outcome == ClaimOutcome::kClaimed);
-  CHECK(out[0]->item.lease_token.size() == 32);
-  REQUIRE(out[1].ok());
-  CHECK(out[1]->outcome == ClaimOutcome::kDone);
-  CHECK(out[1]->item.result == Json{{"n", 1}});
-  CHECK(out[1]->item.external_ref == "ref-1");
-  CHECK(out[1]->item.lease_token.empty());
-  REQUIRE(out[2].ok());
-  CHECK(out[2]->outcome == ClaimOutcome::kBusy);
-  CHECK(out[2]->item.lease_token.empty());
-  REQUIRE(out[3].ok());
-  CHECK(out[3]->outcome == ClaimOutcome::kClaimed);
-  REQUIRE(out[4].ok());
-  CHECK(out[4]->outcome == ClaimOutcome::kBusy);  // sees the claim before it
-  CHECK(out[4]->item.lease_token.empty());
+  CheckGranted(out[0]);
+  CheckDoneWith(out[1], Json{{"n", 1}}, "ref-1");
+  CheckBusy(out[2]);
+  CheckGranted(out[3]);
+  CheckBusy(out[4]);  // sees the claim before it
   CHECK(out[5].status().code() == Code::kInvalidArgument);
 
   // The winners' leases are real: their tokens complete the work.
@@ -292,19 +306,12 @@ TEST_CASE("a batch reads records in table files as single claims do, op by op in
   };
   std::vector<StatusOr<JournalOpResult>> out = j.FinishOps(j.BeginOps(batch, nullptr));
   REQUIRE(out.size() == batch.size());
-  REQUIRE(out[0].ok());
-  CHECK(out[0]->outcome == ClaimOutcome::kBusy);
-  CHECK(out[0]->item.lease_token.empty());
+  CheckBusy(out[0]);
   CHECK(out[1].status().code() == Code::kInvalidArgument);
   REQUIRE(out[2].ok());
   CHECK(out[2]->item.state == WorkState::kDone);
-  REQUIRE(out[3].ok());
-  CHECK(out[3]->outcome == ClaimOutcome::kClaimed);
-  CHECK(out[3]->item.lease_token.size() == 32);
-  REQUIRE(out[4].ok());
-  CHECK(out[4]->outcome == ClaimOutcome::kDone);
-  CHECK(out[4]->item.result == Json{{"n", 7}});
-  CHECK(out[4]->item.external_ref == "ref-7");
+  CheckGranted(out[3]);
+  CheckDoneWith(out[4], Json{{"n", 7}}, "ref-7");
   CHECK(out[5].status().code() == Code::kNotFound);
   REQUIRE(out[6].ok());
   CHECK(out[6]->item.lease_token.empty());
