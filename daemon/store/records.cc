@@ -439,7 +439,7 @@ class WorkItemSax {
     if (!seen_top_) return Internal("stored journal record is malformed: not an object");
     if (!have_work_id_) Fail("work_id", "is missing");
     if (!have_state_) Fail("state", "is missing");
-    if (status_.ok() && !other_runs_.is_null()) status_ = ReadOtherRuns(other_runs_, w_.other_runs);
+    if (status_.ok() && have_other_runs_) status_ = ReadOtherRuns(other_runs_, w_.other_runs);
     return status_;
   }
 
@@ -487,7 +487,7 @@ class WorkItemSax {
     if (field_ == "args") return &w_.args;
     if (field_ == "identity") return &w_.identity;
     if (field_ == "result") return &w_.result;
-    if (field_ == "other_runs") return &other_runs_;
+    if (field_ == "other_runs") return have_other_runs_ = true, &other_runs_;
     if (IsKnownScalar()) return nullptr;
     return &ignored_;  // an unknown field from a newer version
   }
@@ -568,6 +568,8 @@ class WorkItemSax {
     if (f == "args") return w_.args = std::move(v), true;
     if (f == "identity") return w_.identity = std::move(v), true;
     if (f == "result") return w_.result = std::move(v), true;
+    // Not an array (ReadOtherRuns refuses it in Finish, as FromJson does).
+    if (f == "other_runs") return have_other_runs_ = true, other_runs_ = std::move(v), true;
     return true;  // an unknown field from a newer version
   }
 
@@ -582,6 +584,7 @@ class WorkItemSax {
   std::vector<Json*> stack_;  // open nested containers, innermost last
   Json ignored_;
   Json other_runs_;  // read whole, checked by Finish
+  bool have_other_runs_ = false;
 };
 
 }  // namespace

@@ -161,5 +161,23 @@ TEST_CASE("the journal's streaming decoder agrees with WorkItem::FromJson") {
   }
 }
 
+// Found by tests/fuzz/fuzz_records (its corpus keeps the input): the
+// streaming decoder took an other_runs that was not an array for an
+// unknown member and let it pass, where WorkItem::FromJson refuses it.
+TEST_CASE("the streaming decoder refuses an other_runs that is not an array, as FromJson does") {
+  for (const char* text : {R"({"work_id":"w","state":"done","other_runs":null})",
+                           R"({"work_id":"w","state":"done","other_runs":7})",
+                           R"({"work_id":"w","state":"done","other_runs":"run"})",
+                           R"({"work_id":"w","state":"done","other_runs":{"a":"run"}})"}) {
+    CHECK_MESSAGE(!WorkItem::FromJson(Json::parse(text)).ok(), text);
+    StatusOr<WorkItem> streamed = store_internal::DecodeWorkItem(text);
+    CHECK_MESSAGE(streamed.status().code() == Code::kInternal, text);
+  }
+  StatusOr<WorkItem> listed =
+      store_internal::DecodeWorkItem(R"({"work_id":"w","state":"done","other_runs":["a","b"]})");
+  REQUIRE(listed.ok());
+  CHECK(listed->other_runs == std::vector<std::string>{"a", "b"});
+}
+
 }  // namespace
 }  // namespace idem
