@@ -25,24 +25,32 @@ void CompileRoute(Route& route) {
 bool MatchPath(const Route& route, std::string_view path, std::vector<std::string>* params) {
   if (!path.starts_with('/')) return false;
   path.remove_prefix(1);
-  size_t first_param = params->size();
+  // First the literal segments and the count, without decoding or
+  // allocating anything: most routes a lookup tries are not the one.
+  std::string_view rest = path;
   for (size_t i = 0; i < route.segments.size(); ++i) {
-    size_t slash = path.find('/');
-    bool last = i + 1 == route.segments.size();
-    if (last != (slash == std::string_view::npos)) break;
-    std::string_view seg = path.substr(0, slash);
+    const size_t slash = rest.find('/');
+    const bool last = i + 1 == route.segments.size();
+    if (last != (slash == std::string_view::npos)) return false;
+    const std::string_view seg = rest.substr(0, slash);
     const std::string& want = route.segments[i];
     if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
-      if (seg.empty()) break;
-      params->push_back(http1::DecodePathSegment(seg));  // %2F: a slash inside the value
+      if (seg.empty()) return false;
     } else if (seg != want) {
-      break;
+      return false;
     }
-    if (last) return true;
-    path.remove_prefix(slash + 1);
+    if (!last) rest.remove_prefix(slash + 1);
   }
-  params->resize(first_param);
-  return false;
+  // A match: the parameters, in order.
+  for (size_t i = 0; i < route.segments.size(); ++i) {
+    const size_t slash = path.find('/');
+    const std::string& want = route.segments[i];
+    if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
+      params->push_back(http1::DecodePathSegment(path.substr(0, slash)));  // %2F: a slash inside
+    }
+    if (slash != std::string_view::npos) path.remove_prefix(slash + 1);
+  }
+  return true;
 }
 
 Json BodyJson(const RouteResponse& r) {

@@ -340,6 +340,8 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   // atomic adds (metrics.h).
   for (const Route& r : routes_) {
     route_metrics_.push_back(deps_.metrics.ForRoute(r.method + " " + r.pattern));
+    if (by_depth_.size() <= r.segments.size()) by_depth_.resize(r.segments.size() + 1);
+    by_depth_[r.segments.size()].push_back(&r);
   }
   unmatched_metrics_ = deps_.metrics.ForRoute("unmatched");
   const ServerConfig& sc = deps_.config.server;
@@ -394,10 +396,10 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
     if (!SaneRequestId(rid)) rid = RandomHex(8);
     if (req != nullptr) {
       std::vector<std::string> params;
-      for (const Route& r : routes_) {
-        if (MatchPath(r, req->path, &params) &&
-            (r.method == req->method || (req->method == "HEAD" && r.method == "GET"))) {
-          route = &r;
+      for (const Route* r : RoutesOfDepth(req->path)) {
+        if (MatchPath(*r, req->path, &params) &&
+            (r->method == req->method || (req->method == "HEAD" && r->method == "GET"))) {
+          route = r;
           break;
         }
         params.clear();
@@ -502,17 +504,17 @@ const Route* HttpServer::Find(const http1::Request& req, std::vector<std::string
   // event server leaves the body out (RFC 9110 9.3.2: a server that serves
   // GET serves HEAD).
   const bool head = req.method == "HEAD";
-  for (const Route& r : routes_) {
-    if (!MatchPath(r, req.path, &params)) continue;
-    if (r.method == req.method || (head && r.method == "GET")) return &r;
+  for (const Route* r : RoutesOfDepth(req.path)) {
+    if (!MatchPath(*r, req.path, &params)) continue;
+    if (r->method == req.method || (head && r->method == "GET")) return r;
     params.clear();
     auto add = [&allow](std::string_view m) {
       if (allow.find(m) != std::string::npos) return;
       if (!allow.empty()) allow += ", ";
       allow += m;
     };
-    add(r.method);
-    if (r.method == "GET") add("HEAD");
+    add(r->method);
+    if (r->method == "GET") add("HEAD");
   }
   std::string rid = req.HeaderValue("X-Request-Id");
   if (!SaneRequestId(rid)) rid = RandomHex(8);
@@ -789,10 +791,19 @@ void HttpServer::Respond(const Route& route, const RouteResponse& r, http1::Resp
 bool HttpServer::Wants(const http1::Request& req) const {
   if (req.method != "POST" || req.HasHeader("Idempotency-Key")) return false;
   std::vector<std::string> params;
-  for (const Route& r : routes_) {
-    if (r.method == "POST" && MatchPath(r, req.path, &params)) return r.journal_lane.has_value();
+  for (const Route* r : RoutesOfDepth(req.path)) {
+    if (r->method == "POST" && MatchPath(*r, req.path, &params)) return r->journal_lane.has_value();
   }
   return false;
+}
+
+std::span<const Route* const> HttpServer::RoutesOfDepth(std::string_view path) const {
+  // MatchPath's segments: what follows the leading slash, split at every
+  // slash (a path without one matches nothing).
+  if (!path.starts_with('/')) return {};
+  const size_t depth = static_cast<size_t>(std::count(path.begin(), path.end(), '/'));
+  if (depth >= by_depth_.size()) return {};
+  return by_depth_[depth];
 }
 
 namespace {

@@ -131,6 +131,11 @@ class HttpServer : private BatchLane {
   std::unique_ptr<RateLimiter> limiter_;     // null: server.rate_limit is off
   std::vector<RouteMetrics> route_metrics_;  // by index in routes_
   RouteMetrics unmatched_metrics_;
+  // routes_ by their number of path segments, in routes_' order: a path
+  // only ever matches a route of its own depth (MatchPath), so a lookup
+  // tries those alone (a claim was a walk over every route, twice).
+  std::vector<std::vector<const Route*>> by_depth_;
+  std::span<const Route* const> RoutesOfDepth(std::string_view path) const;
 };
 
 }  // namespace idem

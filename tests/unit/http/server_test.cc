@@ -120,6 +120,29 @@ TEST_CASE("an encoded slash in a path is data within its segment, never a separa
   CHECK(params == std::vector<std::string>{"100%"});
 }
 
+TEST_CASE("a path matches only a route of its own depth, its parameters appended in order") {
+  Route two{.method = "POST", .pattern = "/v1/runs/{run}/items/{item}"};
+  CompileRoute(two);
+  std::vector<std::string> params = {"kept"};
+  REQUIRE(MatchPath(two, "/v1/runs/r%201/items/i2", &params));
+  CHECK(params == std::vector<std::string>{"kept", "r 1", "i2"});
+  // A failed match leaves what was there, whichever segment fails.
+  for (std::string_view path :
+       {"/v1/runs/r1/items", "/v1/runs/r1/items/i2/x", "/v1/runs//items/i2", "/v1/runs/r1/item/i2",
+        "/v2/runs/r1/items/i2", "v1/runs/r1/items/i2", "/v1/runs/r1/items/", ""}) {
+    CAPTURE(path);
+    std::vector<std::string> before = {"kept"};
+    CHECK_FALSE(MatchPath(two, path, &before));
+    CHECK(before == std::vector<std::string>{"kept"});
+  }
+  Route root{.method = "GET", .pattern = "/"};
+  CompileRoute(root);
+  params.clear();
+  CHECK(MatchPath(root, "/", &params));
+  CHECK_FALSE(MatchPath(root, "//", &params));
+  CHECK(params.empty());
+}
+
 TEST_CASE("every shipped API schema compiles") {
   for (const auto& schema : ApiSchemaTexts()) {
     const auto& [name, text] = schema;
