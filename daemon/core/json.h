@@ -78,7 +78,7 @@ std::string FormatJcsNumber(double value);
 //   std::string text = JsonObjectWriter().Str("kind", k).Int("attempt", 2).Take();
 class JsonObjectWriter {
  public:
-  JsonObjectWriter() : out_("{") {}
+  JsonObjectWriter();
   JsonObjectWriter& Str(std::string_view name, std::string_view value);
   JsonObjectWriter& Int(std::string_view name, int64_t value);
   JsonObjectWriter& Double(std::string_view name, double value);  // not finite: null
