@@ -13,7 +13,7 @@ seconds=${IDEM_FUZZ_SECONDS:-20}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(http1 json jcs idempotency_key jsonlogic config provider_openai provider_anthropic
-           provider_ollama records json_writer)
+           provider_ollama records json_writer json_schema)
 fi
 
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DIDEM_FUZZ=ON -DIDEM_BENCH=OFF \

@@ -59,6 +59,16 @@ class JsonSchema {
   // The schema this was created from.
   const Json& schema() const { return schema_; }
 
+  // A schema that uses only type, required, properties,
+  // additionalProperties (true or false), minLength and maxLength (and
+  // annotations such as description), at every level, also gets a direct
+  // check that Validate and Errors try first: it answers only "valid", and
+  // whatever it does not accept (1.0 for an integer, for one) goes to
+  // valijson, which decides and explains. DirectlyAccepts(doc) implies
+  // valijson accepts doc (tests/fuzz/fuzz_json_schema.cc holds it to that).
+  bool HasDirectCheck() const;
+  bool DirectlyAccepts(const Json& doc) const;
+
  private:
   struct Compiled;
   JsonSchema(Json schema, std::unique_ptr<Compiled> compiled);

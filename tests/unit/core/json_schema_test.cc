@@ -207,3 +207,75 @@ TEST_CASE("one schema validates from many threads at once") {
 
 }  // namespace
 }  // namespace idem
+
+namespace idem {
+namespace {
+
+// The work lane's body schemas, in the shape they have (schemas/api).
+const Json kBodySchema = Json::parse(R"({
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "a body",
+  "type": "object",
+  "required": ["kind", "identity"],
+  "additionalProperties": false,
+  "properties": {
+    "kind": {"type": "string", "minLength": 1, "maxLength": 4},
+    "identity": {"type": "object"},
+    "lease": {"type": ["string", "integer"]},
+    "result": {"description": "anything"},
+    "never": false
+  }
+})");
+
+TEST_CASE("a schema of only the common keywords gets a direct check; any other keyword, none") {
+  CHECK(MustCreate(kBodySchema)->HasDirectCheck());
+  CHECK(MustCreate(Json(true))->HasDirectCheck());
+  for (const char* other :
+       {R"({"type": "string", "pattern": "^a"})", R"({"enum": [1]})", R"({"allOf": [{}]})",
+        R"({"type": "object", "additionalProperties": {"type": "string"}})",
+        R"({"type": "integer", "minimum": 0})", R"({"type": "array", "items": {}})",
+        R"({"properties": {"a": {"$ref": "#/definitions/x"}}, "definitions": {"x": {}}})",
+        R"({"type": "decimal"})", R"({"type": []})"}) {
+    CAPTURE(other);
+    auto schema = JsonSchema::Create(Json::parse(other));
+    if (schema.ok()) CHECK_FALSE((*schema)->HasDirectCheck());
+  }
+}
+
+TEST_CASE("the direct check accepts only what valijson accepts, and leaves the rest to it") {
+  auto schema = MustCreate(kBodySchema);
+  // The same schema under allOf: valijson alone decides.
+  auto alone = MustCreate(Json{{"allOf", Json::array({kBodySchema})}});
+  REQUIRE_FALSE(alone->HasDirectCheck());
+  struct Case {
+    const char* doc;
+    bool direct;  // the direct check accepts it
+  };
+  for (const Case& c : {
+           Case{R"({"kind": "k", "identity": {}})", true},
+           Case{R"({"kind": "ké€😀", "identity": {"a": [1]}, "lease": 30, "result": null})", true},
+           Case{R"({"kind": "k", "identity": {}, "lease": "30s"})", true},
+           Case{R"({"kind": "", "identity": {}})", false},           // minLength
+           Case{R"({"kind": "kkkkk", "identity": {}})", false},      // maxLength
+           Case{R"({"kind": "k\u0000kk", "identity": {}})", false},  // valijson stops at NUL
+           Case{R"({"kind": "k", "identity": []})", false},          // type
+           Case{R"({"kind": "k", "identity": {}, "lease": 1.0})", false},
+           Case{R"({"kind": "k", "identity": {}, "lease": true})", false},
+           Case{R"({"kind": "k"})", false},                              // required
+           Case{R"({"kind": "k", "identity": {}, "other": 1})", false},  // closed
+           Case{R"({"kind": "k", "identity": {}, "never": 1})", false},  // false schema
+           Case{R"([1])", false},
+       }) {
+    CAPTURE(c.doc);
+    const Json doc = Json::parse(c.doc);
+    CHECK(schema->DirectlyAccepts(doc) == c.direct);
+    const bool valijson = alone->Errors(doc).empty();
+    if (c.direct) CHECK(valijson);
+    // Whoever decides, the verdict and the errors are valijson's.
+    CHECK(schema->Validate(doc).ok() == valijson);
+    CHECK(schema->Errors(doc).empty() == valijson);
+  }
+}
+
+}  // namespace
+}  // namespace idem
