@@ -73,6 +73,12 @@ bool AnyByteIs(uint64_t w, char c) {
   return AnyByteBelow(w ^ (kEachByte * static_cast<uint8_t>(c)), 1);
 }
 
+// What a JSON string must escape: control characters, '"' and '\\'.
+bool NeedsEscape(char c) { return static_cast<unsigned char>(c) < 0x20 || c == '"' || c == '\\'; }
+bool AnyNeedsEscape(uint64_t w) {
+  return AnyByteBelow(w, 0x20) || AnyByteIs(w, '"') || AnyByteIs(w, '\\');
+}
+
 // Offset of the first byte that is not well-formed UTF-8, or npos.
 size_t FindInvalidUtf8(std::string_view s) {
   size_t pos = 0;
@@ -425,16 +431,14 @@ std::string ValidUtf8Text(std::string_view s, std::string_view replacement) {
 
 namespace {
 
-// No byte of `s` needs a JSON escape (a control character, '"' or '\\').
+// No byte of `s` needs a JSON escape.
 bool NeedsNoEscape(std::string_view s) {
   size_t i = 0;
   for (; s.size() - i >= 8; i += 8) {
-    const uint64_t w = Word(s.data() + i);
-    if (AnyByteBelow(w, 0x20) || AnyByteIs(w, '"') || AnyByteIs(w, '\\')) return false;
+    if (AnyNeedsEscape(Word(s.data() + i))) return false;
   }
   for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (static_cast<unsigned char>(c) < 0x20 || c == '"' || c == '\\') return false;
+    if (NeedsEscape(s[i])) return false;
   }
   return true;
 }
@@ -448,14 +452,10 @@ void AppendJsonStringContent(std::string_view s, std::string& out) {
   size_t run = 0;  // the first character not yet appended
   for (size_t i = 0; i < s.size(); ++i) {
     // Eight at a time while none of them needs an escape.
-    while (s.size() - i >= 8) {
-      const uint64_t w = Word(s.data() + i);
-      if (AnyByteBelow(w, 0x20) || AnyByteIs(w, '"') || AnyByteIs(w, '\\')) break;
-      i += 8;
-    }
+    while (s.size() - i >= 8 && !AnyNeedsEscape(Word(s.data() + i))) i += 8;
     if (i == s.size()) break;
     const char c = s[i];
-    if (static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\') continue;
+    if (!NeedsEscape(c)) continue;
     out.append(s, run, i - run);
     run = i + 1;
     switch (c) {

@@ -130,24 +130,21 @@ class DirectCheck {
   };
 
   bool AddType(const std::string& name) {
-    if (name == "object") {
-      types_ |= kObject;
-    } else if (name == "array") {
-      types_ |= kArray;
-    } else if (name == "string") {
-      types_ |= kString;
-    } else if (name == "integer") {
-      types_ |= kInteger;
-    } else if (name == "number") {
-      types_ |= kNumber | kInteger;
-    } else if (name == "boolean") {
-      types_ |= kBoolean;
-    } else if (name == "null") {
-      types_ |= kNull;
-    } else {
-      return false;
+    static constexpr std::pair<std::string_view, unsigned> kTypes[] = {
+        {"object", kObject},
+        {"array", kArray},
+        {"string", kString},
+        {"integer", kInteger},
+        {"number", kNumber | kInteger},
+        {"boolean", kBoolean},
+        {"null", kNull}};
+    for (const auto& [type, bits] : kTypes) {
+      if (type == name) {
+        types_ |= bits;
+        return true;
+      }
     }
-    return true;
+    return false;
   }
 
   // Strict: an integer is a number written without a fraction or exponent

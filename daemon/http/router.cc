@@ -5,6 +5,15 @@
 
 namespace idem {
 
+namespace {
+
+// A pattern segment that takes a value: "{id}".
+bool IsParam(std::string_view segment) {
+  return segment.size() >= 2 && segment.front() == '{' && segment.back() == '}';
+}
+
+}  // namespace
+
 void CompileRoute(Route& route) {
   route.segments.clear();
   route.param_names.clear();
@@ -13,7 +22,7 @@ void CompileRoute(Route& route) {
   for (;;) {
     size_t slash = rest.find('/');
     std::string seg(rest.substr(0, slash));
-    if (seg.size() >= 2 && seg.front() == '{' && seg.back() == '}') {
+    if (IsParam(seg)) {
       route.param_names.push_back(seg.substr(1, seg.size() - 2));
     }
     route.segments.push_back(std::move(seg));
@@ -34,7 +43,7 @@ bool MatchPath(const Route& route, std::string_view path, std::vector<std::strin
     if (last != (slash == std::string_view::npos)) return false;
     const std::string_view seg = rest.substr(0, slash);
     const std::string& want = route.segments[i];
-    if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
+    if (IsParam(want)) {
       if (seg.empty()) return false;
     } else if (seg != want) {
       return false;
@@ -44,8 +53,7 @@ bool MatchPath(const Route& route, std::string_view path, std::vector<std::strin
   // A match: the parameters, in order.
   for (size_t i = 0; i < route.segments.size(); ++i) {
     const size_t slash = path.find('/');
-    const std::string& want = route.segments[i];
-    if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
+    if (IsParam(route.segments[i])) {
       params->push_back(http1::DecodePathSegment(path.substr(0, slash)));  // %2F: a slash inside
     }
     if (slash != std::string_view::npos) path.remove_prefix(slash + 1);
