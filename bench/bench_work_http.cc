@@ -3,10 +3,15 @@
 // (each one a durable, fsynced write) at 1, 16 and 64 connections, claim +
 // complete operations (two requests, two durable writes) at 1, 16 and 64,
 // and duplicate claims of done work (a read, no fsync) at 1 and 64, beside
-// the bare HTTP reference route.
+// the bare HTTP reference route; then the claim + complete row at 64 again
+// over the daemon's Unix socket (server.unix_socket), the same HTTP without
+// TCP's loopback path.
 //
 //   build/bench/bench_work_http [--seconds 5] [--conns N] [--only TEXT] [--by-thread]
+//                               [--tcp-only]
 //
+// --tcp-only: no Unix socket rows (and no --unix-socket for the daemon: a
+// binary from before it, given as IDEM_BENCH_BINARY, still starts).
 // --only TEXT: only the rows whose name contains TEXT (e.g. "complete"),
 // for profiling one row with perf record -p <daemon pid>.
 // --by-thread: under each row, the daemon's CPU per operation by thread
@@ -80,8 +85,10 @@ int main(int argc, char** argv) {
   int only_conns = 0;  // --conns N: only the rows at N connections
   std::string only;    // --only TEXT: only the rows whose name holds TEXT
   bool by_thread = false;
+  bool tcp_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--by-thread") by_thread = true;
+    if (std::string(argv[i]) == "--tcp-only") tcp_only = true;
     if (i + 1 == argc) break;
     if (std::string(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
     if (std::string(argv[i]) == "--conns") only_conns = std::atoi(argv[i + 1]);
@@ -89,6 +96,7 @@ int main(int argc, char** argv) {
   }
   auto wanted = [only_conns](int conns) { return only_conns == 0 || only_conns == conns; };
   BenchDaemon daemon;
+  daemon.unix_socket = !tcp_only;
   if (!daemon.Start()) return 1;
   const int port = daemon.port;
   std::printf("idem bench_work_http: %.0f s per row, %u cores, store sync=true\n\n", seconds,
@@ -137,13 +145,14 @@ int main(int argc, char** argv) {
   // New work at 1, 16 and 64 connections: every operation claims a unique
   // identity (one durable write), then, with `follow_up`, completes it.
   uint64_t base = 0;
-  auto new_work_rows = [&](const char* name, const char* text, const FollowUp& follow_up) {
-    for (int conns : {1, 16, 64}) {
+  auto new_work_rows = [&](const char* name, const char* text, const FollowUp& follow_up,
+                           const Endpoint& to, std::vector<int> conns_list) {
+    for (int conns : conns_list) {
       if (!wanted(conns)) continue;
       const uint64_t offset = base;
       LoadResult r = measured(name, conns, [&] {
         return RunLoadGen(
-            port,
+            to,
             [offset, text](uint64_t seq) {
               return Claim(R"({"ticket_id":)" + std::to_string(offset + seq) + R"(,"text":")" +
                            text + R"("})");
@@ -153,13 +162,13 @@ int main(int argc, char** argv) {
       base += static_cast<uint64_t>(r.requests + r.errors) + 1'000'000;
     }
   };
-  new_work_rows("POST /v1/work/claim (new work, fsync)", "bench", nullptr);
+  new_work_rows("POST /v1/work/claim (new work, fsync)", "bench", nullptr, port, {1, 16, 64});
   // Claim + complete: the whole client-executed unit of work, two durable
   // writes (the complete goes through a worker and the shared group commit).
   // The load generator shares the two cores with the daemon: it picks the
   // two ids out of the claim's answer (hex, never escaped) rather than
   // parsing and re-encoding JSON (README, session 10).
-  new_work_rows("claim + complete (2 fsynced writes), ops", "cc", [](std::string_view claimed) {
+  const FollowUp complete = [](std::string_view claimed) {
     auto member = [claimed](std::string_view name) {
       const std::string quoted = "\"" + std::string(name) + "\":\"";
       const size_t at = claimed.find(quoted);
@@ -173,7 +182,8 @@ int main(int argc, char** argv) {
     if (work_id.empty() || token.empty()) return std::string("BAD");
     std::string body = R"({"lease_token":")" + std::string(token) + R"(","result":{"sent":true}})";
     return PostRequest("/v1/work/" + std::string(work_id) + "/complete", body);
-  });
+  };
+  new_work_rows("claim + complete (2 fsynced writes), ops", "cc", complete, port, {1, 16, 64});
   // Duplicates of done work: answered 200 with the original result from a
   // read, without a write or an fsync.
   {
@@ -195,5 +205,10 @@ int main(int argc, char** argv) {
     if (wanted(conns))
       measured("POST /v1/work/claim (duplicate of done)", conns,
                [&] { return RunLoad(port, dup, conns, seconds); });
+  // The same HTTP over the Unix socket: what TCP's loopback path costs.
+  if (!tcp_only) {
+    new_work_rows("claim + complete, Unix socket, ops", "cu", complete,
+                  Endpoint(daemon.socket_path()), {64});
+  }
   return 0;
 }

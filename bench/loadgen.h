@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace idem::bench {
@@ -39,11 +41,30 @@ struct LoadResult {
   long errors = 0;  // non-2xx or broken connections
 };
 
-inline int Connect(int port) {
+// Where the load goes: the daemon's port on 127.0.0.1, or its Unix socket.
+struct Endpoint {
+  Endpoint(int port) : port(port) {}  // NOLINT: a port is an endpoint
+  explicit Endpoint(std::string unix_path) : unix_path(std::move(unix_path)) {}
+  int port = 0;
+  std::string unix_path;  // non-empty: connect here instead
+};
+
+inline int Connect(const Endpoint& to) {
+  if (!to.unix_path.empty()) {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    to.unix_path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_port = htons(static_cast<uint16_t>(to.port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
@@ -61,7 +82,8 @@ inline int Connect(int port) {
 // latency runs from the first send to the second answer.
 using FollowUp = std::function<std::string(std::string_view first_body)>;
 
-inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)>& make_request,
+inline LoadResult RunLoadGen(const Endpoint& to,
+                             const std::function<std::string(uint64_t)>& make_request,
                              int connections, double seconds, int threads = 2,
                              const FollowUp& follow_up = nullptr) {
   std::atomic<uint64_t> seq{0};
@@ -86,7 +108,7 @@ inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)
       lat[t].reserve(1 << 20);
       auto start = [&](Conn& c) {
         if (c.fd < 0) {
-          c.fd = Connect(port);
+          c.fd = Connect(to);
           if (c.fd < 0) return false;
           epoll_event ev{};
           ev.events = EPOLLIN;
@@ -184,10 +206,10 @@ inline LoadResult RunLoadGen(int port, const std::function<std::string(uint64_t)
   return r;
 }
 
-inline LoadResult RunLoad(int port, const std::string& request, int connections, double seconds,
-                          int threads = 2) {
+inline LoadResult RunLoad(const Endpoint& to, const std::string& request, int connections,
+                          double seconds, int threads = 2) {
   return RunLoadGen(
-      port, [&request](uint64_t) { return request; }, connections, seconds, threads);
+      to, [&request](uint64_t) { return request; }, connections, seconds, threads);
 }
 
 inline std::string PostRequest(const std::string& path, const std::string& body) {
@@ -208,7 +230,10 @@ struct BenchDaemon {
   std::string dir;
   pid_t pid = -1;
   int port = 0;
-  std::string config;  // empty: the repository's config/idem.yaml
+  std::string config;        // empty: the repository's config/idem.yaml
+  bool unix_socket = false;  // also serve on socket_path() (--unix-socket)
+
+  std::string socket_path() const { return dir + "/idem.sock"; }
 
   // Returns false (and says why on stderr) if it did not come up in 20 s.
   bool Start() {
@@ -223,6 +248,15 @@ struct BenchDaemon {
     // IDEM_BENCH_BINARY: another build of the daemon, for a before/after.
     const char* binary = std::getenv("IDEM_BENCH_BINARY");
     if (binary == nullptr) binary = IDEM_BINARY;
+    const std::string sock = socket_path();
+    std::vector<const char*> argv = {
+        binary,   "serve",      "--config",    config.c_str(),    "--listen",    "127.0.0.1:0",
+        "--data", data.c_str(), "--port-file", port_file.c_str(), "--log-level", "warn"};
+    if (unix_socket) {
+      argv.push_back("--unix-socket");
+      argv.push_back(sock.c_str());
+    }
+    argv.push_back(nullptr);
     std::fflush(stdout);  // the child must not inherit unwritten output
     pid = fork();
     if (pid == 0) {
@@ -230,9 +264,7 @@ struct BenchDaemon {
       if (fd < 0) _exit(127);
       dup2(fd, 1);
       dup2(fd, 2);
-      execl(binary, binary, "serve", "--config", config.c_str(), "--listen", "127.0.0.1:0",
-            "--data", data.c_str(), "--port-file", port_file.c_str(), "--log-level", "warn",
-            static_cast<char*>(nullptr));
+      execv(binary, const_cast<char* const*>(argv.data()));
       _exit(127);
     }
     for (int i = 0; i < 2000 && port == 0; ++i) {

@@ -303,6 +303,8 @@ int main(int argc, char** argv) {
       ->default_val("config/idem.yaml");
   serve->add_option("--listen", serve_opts.listen_override, "host:port (overrides the config)");
   serve->add_option("--data", serve_opts.data_override, "Store folder (overrides the config)");
+  serve->add_option("--unix-socket", serve_opts.unix_socket_override,
+                    "Also serve on a Unix socket at this path (overrides the config)");
   serve->add_flag("--allow-prompt-change", serve_opts.allow_prompt_change,
                   "Accept a prompt text that changed under the same version");
   serve->add_option("--port-file", port_file, "Write the bound port to this file");

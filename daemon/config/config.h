@@ -41,6 +41,11 @@ struct RateLimitConfig {
 
 struct ServerConfig {
   std::string listen = "127.0.0.1:7411";
+  // Also serve on a Unix-domain socket at this path (empty: no); only
+  // processes that may write the socket file (mode below, its folder's
+  // permissions) can connect.
+  std::string unix_socket;
+  int unix_socket_mode = 0600;
   int threads = 64;
   size_t max_body_bytes = 1 << 20;
   int max_json_depth = 64;

@@ -2,10 +2,13 @@
 // structs. The schema catches shapes and ranges; this file catches what a
 // schema cannot: references between sections, files on disk, durations
 // that overflow, templates and output schemas that do not compile.
+#include <sys/un.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -191,6 +194,21 @@ class Resolver {
     s.listen = node.value("listen", s.listen);
     if (auto parsed = ParseListen(s.listen); !parsed.ok()) {
       return doc_.Error("/server/listen", parsed.status().message());
+    }
+    if (node.contains("unix_socket")) s.unix_socket = Path(node["unix_socket"].get<std::string>());
+    if (s.unix_socket.size() >= sizeof(sockaddr_un::sun_path)) {
+      return doc_.Error("/server/unix_socket",
+                        "is " + std::to_string(s.unix_socket.size()) +
+                            " bytes long (resolved against the config's folder); a Unix socket "
+                            "path holds at most " +
+                            std::to_string(sizeof(sockaddr_un::sun_path) - 1));
+    }
+    if (node.contains("unix_socket_mode")) {
+      if (s.unix_socket.empty()) {
+        return doc_.Error("/server/unix_socket_mode", "applies only with server.unix_socket");
+      }
+      s.unix_socket_mode = static_cast<int>(
+          std::strtol(node["unix_socket_mode"].get<std::string>().c_str(), nullptr, 8));
     }
     s.threads = node.value("threads", s.threads);
     s.max_body_bytes = node.value("max_body_bytes", s.max_body_bytes);

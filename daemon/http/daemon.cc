@@ -158,6 +158,9 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
   SetAccessLog(d->config_.log.access);
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
   if (!options.data_override.empty()) d->config_.store.path = options.data_override;
+  if (!options.unix_socket_override.empty()) {
+    d->config_.server.unix_socket = options.unix_socket_override;
+  }
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
   for (const auto& [name, src] : d->config_.inbox) {
     if (src.signature_header.empty() && !IsLoopbackHost(listen.first)) {
@@ -328,6 +331,7 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
   LogEvent(LogLevel::kInfo, "started",
            {{"version", kVersion},
             {"listen", d->host_ + ":" + std::to_string(d->port_)},
+            {"unix_socket", d->config_.server.unix_socket},
             {"store", store_name},
             {"config", d->config_.source_path}});
   return Status::Ok();

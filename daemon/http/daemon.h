@@ -37,8 +37,9 @@ namespace idem {
 
 struct DaemonOptions {
   std::string config_path = "config/idem.yaml";
-  std::string listen_override;  // "host:port"; port 0 picks a free port
-  std::string data_override;    // store folder
+  std::string listen_override;       // "host:port"; port 0 picks a free port
+  std::string unix_socket_override;  // also serve on a Unix socket at this path
+  std::string data_override;         // store folder
   bool allow_prompt_change = false;
   Env* env = nullptr;  // null: the real Env
 };

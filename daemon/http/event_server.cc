@@ -6,6 +6,8 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,8 +27,10 @@
 namespace idem {
 namespace {
 
-constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kListenTag = 0;  // the TCP listening socket
 constexpr uint64_t kWakeTag = 1;
+constexpr uint64_t kUnixListenTag = 2;  // the Unix-domain one (server.unix_socket)
+constexpr uint64_t kFirstConnId = 3;
 constexpr size_t kReadChunk = 64 << 10;
 constexpr int kMaxEvents = 256;
 constexpr int64_t kDrainSeconds = 2;  // how long a refused peer may go on sending
@@ -263,7 +267,8 @@ class EventServer::WorkerDeferral : public Deferral {
 
 class EventServer::Loop {
  public:
-  Loop(EventServer& server, int listen_fd) : server_(server), listen_fd_(listen_fd) {
+  Loop(EventServer& server, int listen_fd, int unix_listen_fd)
+      : server_(server), listen_fd_(listen_fd), unix_listen_fd_(unix_listen_fd) {
     max_buffered_ = server_.options_.limits.max_head_bytes + server_.options_.limits.max_body_bytes;
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -271,11 +276,9 @@ class EventServer::Loop {
     ev.events = EPOLLIN;
     ev.data.u64 = kWakeTag;
     epoll_ctl(ep_, EPOLL_CTL_ADD, wake_fd_, &ev);
-    // Every loop waits on the listening socket; EPOLLEXCLUSIVE wakes one of
-    // them per new connection instead of all.
-    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
-    ev.data.u64 = kListenTag;
-    listening_ = epoll_ctl(ep_, EPOLL_CTL_ADD, listen_fd_, &ev) == 0;
+    // Every loop waits on the listening sockets; EPOLLEXCLUSIVE wakes one
+    // of them per new connection instead of all.
+    listening_ = Watch(true);
   }
 
   ~Loop() {
@@ -310,7 +313,9 @@ class EventServer::Loop {
       for (int i = 0; i < n; ++i) {
         uint64_t tag = events[i].data.u64;
         if (tag == kListenTag) {
-          Accept();
+          Accept(listen_fd_, /*tcp=*/true);
+        } else if (tag == kUnixListenTag) {
+          Accept(unix_listen_fd_, /*tcp=*/false);
         } else if (tag == kWakeTag) {
           Drain();
         } else {
@@ -426,20 +431,34 @@ class EventServer::Loop {
       }
     }
     if (want == listening_) return;
-    if (want) {
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLEXCLUSIVE;
-      ev.data.u64 = kListenTag;
-      epoll_ctl(ep_, EPOLL_CTL_ADD, listen_fd_, &ev);
-    } else {
-      epoll_ctl(ep_, EPOLL_CTL_DEL, listen_fd_, nullptr);
-    }
+    Watch(want);
     listening_ = want;
   }
 
-  void Accept() {
+  // Adds the listening sockets to ep_ (or removes them); true if the TCP
+  // one was added.
+  bool Watch(bool on) {
+    bool ok = true;
+    const std::pair<int, uint64_t> sockets[] = {{listen_fd_, kListenTag},
+                                                {unix_listen_fd_, kUnixListenTag}};
+    for (auto [fd, tag] : sockets) {
+      if (fd < 0) continue;
+      if (on) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+        ev.data.u64 = tag;
+        ok = epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) == 0 && ok;
+      } else {
+        epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
+      }
+    }
+    return ok;
+  }
+
+  // Takes the connections waiting on `listen_fd` (TCP, or the Unix socket).
+  void Accept(int listen_fd, bool tcp) {
     for (;;) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           // The pending connection keeps the socket readable: watching it
@@ -458,9 +477,11 @@ class EventServer::Loop {
         Shed(fd);
         continue;
       }
-      int one = 1;
-      // Small answers must leave at once, not wait for Nagle and delayed ACKs.
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      if (tcp) {
+        int one = 1;
+        // Small answers must leave at once, not wait for Nagle and delayed ACKs.
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      }
       // The loop that wakes takes every connection waiting in the backlog:
       // a client opening 64 at once would otherwise have them all served by
       // one loop while the others idle. Each goes to the loop with the
@@ -970,9 +991,10 @@ class EventServer::Loop {
 
   EventServer& server_;
   int listen_fd_;
+  int unix_listen_fd_;  // -1: none
   int ep_ = -1;
   int wake_fd_ = -1;
-  uint64_t next_id_ = 2;  // 0 and 1 are the listen and wake tags
+  uint64_t next_id_ = kFirstConnId;  // below it: the listen and wake tags
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   static constexpr size_t kMaxInflight = 4;
   std::vector<Pending> batch_;  // prepared, waiting for the next batch
@@ -984,7 +1006,7 @@ class EventServer::Loop {
   std::vector<Pending> retry_;
   std::vector<Inflight> inflight_;  // begun, oldest first
   size_t max_buffered_ = 0;
-  bool listening_ = false;              // the listening socket is in ep_
+  bool listening_ = false;              // the listening sockets are in ep_
   int64_t accept_paused_until_ms_ = 0;  // EMFILE: not watching it until then
   int64_t date_second_ = -1;            // the second date_ spells (Date())
   std::string date_;
@@ -1088,6 +1110,55 @@ void EventServer::ResumeParked(const std::shared_ptr<Parking>& parking, uint64_t
 
 // ------------------------------------------------------------------- server
 
+namespace {
+
+// Binds a Unix-domain stream socket at `path` with permission bits `mode`.
+// A socket file left there by a daemon that is gone (nothing accepts on it)
+// is replaced; a live one, or any other kind of file, is an error.
+StatusOr<EventServer::UnixSocket> BindUnixSocket(const std::string& path, int mode, int backlog) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return InvalidArgument("the Unix socket path must be 1 to " +
+                           std::to_string(sizeof(addr.sun_path) - 1) + " bytes long");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  auto* sa = reinterpret_cast<const sockaddr*>(&addr);
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Status(Code::kFailedPrecondition,
+                    path + " exists and is not a socket; the daemon does not replace it", "");
+    }
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return Unavailable(std::string("socket: ") + std::strerror(errno), false);
+    const int rc = connect(probe, sa, sizeof(addr));
+    const int err = errno;
+    ::close(probe);
+    if (rc == 0) {
+      return Status(Code::kFailedPrecondition, "another process serves the Unix socket " + path,
+                    "");
+    }
+    if (err != ECONNREFUSED) {
+      return Unavailable("cannot probe the Unix socket " + path + ": " + std::strerror(err), false);
+    }
+    unlink(path.c_str());  // left by a daemon that is gone
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable(std::string("socket: ") + std::strerror(errno), false);
+  // The mode is set between bind and listen: until listen, a connect is
+  // refused, so no one connects under the umask's wider bits.
+  if (bind(fd, sa, sizeof(addr)) != 0 || chmod(path.c_str(), static_cast<mode_t>(mode)) != 0 ||
+      lstat(path.c_str(), &st) != 0 || listen(fd, backlog) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Unavailable("cannot listen on the Unix socket " + path + ": " + why, false);
+  }
+  return EventServer::UnixSocket{fd, path, st.st_dev, st.st_ino};
+}
+
+}  // namespace
+
 EventServer::EventServer(EventServerOptions options, Callbacks callbacks)
     : options_(std::move(options)), callbacks_(std::move(callbacks)) {}
 
@@ -1127,6 +1198,16 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   int bound = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                                : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (!options_.unix_socket.empty()) {
+    StatusOr<UnixSocket> bound_unix =
+        BindUnixSocket(options_.unix_socket, options_.unix_socket_mode, options_.listen_backlog);
+    if (!bound_unix.ok()) {
+      Stop();
+      return bound_unix.status();
+    }
+    unix_socket_ = *bound_unix;
+    unix_listen_fd_ = unix_socket_.fd;
+  }
 
   running_.store(true, std::memory_order_release);
   draining_.store(false, std::memory_order_release);
@@ -1136,7 +1217,7 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
                                           callbacks_, parking_);
   parking_->pool = workers_.get();
   for (int i = 0; i < std::max(1, options_.loops); ++i) {
-    auto loop = std::make_unique<Loop>(*this, listen_fd_);
+    auto loop = std::make_unique<Loop>(*this, listen_fd_, unix_listen_fd_);
     if (!loop->ok()) {
       Stop();
       return Unavailable("cannot create the event loops (epoll/eventfd)", true);
@@ -1194,6 +1275,16 @@ void EventServer::Stop() {
   loops_.clear();  // closes the connections
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
+  if (unix_listen_fd_ >= 0) {
+    ::close(unix_listen_fd_);
+    // Only the socket this server bound: a later daemon may have replaced it.
+    struct stat st {};
+    if (lstat(unix_socket_.path.c_str(), &st) == 0 && st.st_dev == unix_socket_.dev &&
+        st.st_ino == unix_socket_.ino) {
+      unlink(unix_socket_.path.c_str());
+    }
+  }
+  unix_listen_fd_ = -1;
 }
 
 }  // namespace idem

@@ -58,6 +58,8 @@
 // concurrently on many threads and must be thread-safe.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -87,6 +89,12 @@ struct EventServerOptions {
   // the connection active but gets no further).
   int request_timeout_s = 30;
   int listen_backlog = 4096;
+  // Besides host:port, a Unix-domain socket at this path (empty: none),
+  // with these permission bits. Start replaces a socket file no process
+  // serves (a daemon killed before it could remove it), and refuses a live
+  // one or any other kind of file; Stop removes the socket it made.
+  std::string unix_socket;
+  int unix_socket_mode = 0600;
 };
 
 // Counters of what the server refused (for metrics).
@@ -185,12 +193,21 @@ class EventServer {
   EventServer(const EventServer&) = delete;
   EventServer& operator=(const EventServer&) = delete;
 
-  // Binds host:port (0: any free port), starts the loops and workers, and
-  // returns the bound port. Unavailable when the address cannot be bound.
+  // Binds host:port (0: any free port) and options.unix_socket, starts the
+  // loops and workers, and returns the bound port. Unavailable when an
+  // address cannot be bound; FailedPrecondition when the Unix socket's path
+  // is taken (see EventServerOptions::unix_socket).
   StatusOr<int> Start(const std::string& host, int port);
   // See the promises above. True if no handler was running at the end.
   bool Drain(int64_t timeout_ms);
   void Stop();
+
+  struct UnixSocket {
+    int fd = -1;
+    std::string path;
+    dev_t dev = 0;  // the socket file's identity, so that Stop removes only its own
+    ino_t ino = 0;
+  };
   EventServerStats stats() const {
     return EventServerStats{shed_connections_.load(), queue_full_.load(), accept_pauses_.load(),
                             open_conns_.load()};
@@ -218,6 +235,8 @@ class EventServer {
   EventServerOptions options_;
   Callbacks callbacks_;
   int listen_fd_ = -1;
+  int unix_listen_fd_ = -1;
+  UnixSocket unix_socket_;
   std::unique_ptr<WorkerPool> workers_;
   std::shared_ptr<Parking> parking_;  // parked requests; shared with their Resumes
   std::vector<std::unique_ptr<Loop>> loops_;

@@ -357,6 +357,8 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
   options.max_connections = sc.max_connections;
   options.max_queue = sc.max_queue;
   options.idle_timeout_s = 30;
+  options.unix_socket = sc.unix_socket;
+  options.unix_socket_mode = sc.unix_socket_mode;
   EventServer::Callbacks callbacks;
   callbacks.deferring_handler = [this](const http1::Request& req, http1::Response& res,
                                        Deferral& deferral) {

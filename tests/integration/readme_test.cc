@@ -81,7 +81,8 @@ void ReplaceAll(std::string& s, const std::string& from, const std::string& to) 
 
 // The daemon on the repository's own config/idem.yaml (its store in
 // `dir`), for commands run by sh and curl as a user runs them.
-std::unique_ptr<DaemonProcess> StartOnDefaultConfig(const TempDir& dir) {
+std::unique_ptr<DaemonProcess> StartOnDefaultConfig(const TempDir& dir,
+                                                    std::vector<std::string> extra_args = {}) {
   REQUIRE_MESSAGE(std::system("command -v curl >/dev/null 2>&1") == 0,
                   "this test runs curl as a user would: install Debian's curl (scripts/deps.sh)");
   // A proxy from the environment (http_proxy and friends) must not take
@@ -89,8 +90,11 @@ std::unique_ptr<DaemonProcess> StartOnDefaultConfig(const TempDir& dir) {
   setenv("no_proxy", "*", 1);
   setenv("NO_PROXY", "*", 1);
   std::string err;
-  auto daemon = DaemonProcess::Start(
-      {std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml", dir.path() + "/data", {}, {}}, &err);
+  auto daemon = DaemonProcess::Start({std::string(IDEM_SOURCE_DIR) + "/config/idem.yaml",
+                                      dir.path() + "/data",
+                                      std::move(extra_args),
+                                      {}},
+                                     &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
   return daemon;
 }
@@ -215,13 +219,15 @@ std::vector<CurlCall> CurlCalls(const std::string& blocks) {
         } else if (a == "$H") {
           call.json_type = true;
         } else if (a.find("localhost:") != std::string::npos ||
-                   a.find("127.0.0.1:") != std::string::npos) {
+                   a.find("127.0.0.1:") != std::string::npos ||
+                   a.rfind("http://localhost/", 0) == 0) {  // --unix-socket's URL
           url = a;
         }
       }
       if (url.empty()) continue;
       if (call.method.empty()) call.method = call.body ? "POST" : "GET";
-      const size_t slash = url.find('/', url.find(':'));
+      const size_t scheme = url.find("://");
+      const size_t slash = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
       call.path = slash == std::string::npos ? "/" : url.substr(slash);
       call.path = call.path.substr(0, call.path.find('?'));
       calls.push_back(std::move(call));
@@ -415,6 +421,7 @@ std::vector<TourStep> Tour(DaemonProcess& daemon) {
        }},
       {"v1/work/1b68…/complete", Way::kRun, 200, says(R"("state":"done")")},
       {"v1/work/claim", Way::kRun, 200, says(R"("duplicate":true)")},
+      {"--unix-socket var/idem.sock", Way::kRun, 200, says(R"("duplicate":true)")},
       // Daemon-executed actions, plans, runs: nothing listens on port 9000.
       {"v1/actions/send_reply", Way::kRun, 200, says(R"("duplicate":true)")},
       {"v1/plans/dec_e199…/apply", Way::kRun, 200, says(R"("state":"failed")")},
@@ -521,15 +528,16 @@ std::vector<TourStep> Tour(DaemonProcess& daemon) {
 
 TEST_CASE("the_readme_walkthrough_runs_as_written_on_the_default_config") {
   TempDir dir;
-  auto daemon = StartOnDefaultConfig(dir);
-  const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
   // The README's commands run in a checkout's root: config/idem.yaml and
-  // the files it names are found there, run.jsonl is written there.
+  // the files it names are found there, run.jsonl is written there; the
+  // daemon also serves on var/idem.sock there, as the README starts it.
   const std::string root = dir.path() + "/checkout";
-  REQUIRE(RunShell("mkdir " + root + " && cd " + root +
+  REQUIRE(RunShell("mkdir -p " + root + "/var && cd " + root +
                    " && for d in config schemas policies; do " + "ln -s '" + IDEM_SOURCE_DIR +
                    "'/$d $d; done")
               .exit_code == 0);
+  auto daemon = StartOnDefaultConfig(dir, {"--unix-socket", root + "/var/idem.sock"});
+  const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
 
   std::vector<std::string> commands;
   for (const std::string& c :

@@ -190,6 +190,39 @@ TEST_CASE("a listen address that is not host:port is a config error with its fil
   }
 }
 
+TEST_CASE("server.unix_socket resolves against the config's folder, its mode read in octal") {
+  ConfigDir dir;
+  auto plain = dir.Load(kMinimal);
+  REQUIRE_MESSAGE(plain.ok(), plain.status().ToString());
+  CHECK(plain->server.unix_socket.empty());
+  CHECK(plain->server.unix_socket_mode == 0600);
+  auto config =
+      dir.Load(kMinimal + "server:\n  unix_socket: run/idem.sock\n  unix_socket_mode: \"0660\"\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->server.unix_socket == dir.Path("conf/run/idem.sock"));
+  CHECK(config->server.unix_socket_mode == 0660);
+}
+
+TEST_CASE("a Unix socket path too long for sun_path, or a bad mode, is a config error") {
+  ConfigDir dir;
+  auto too_long =
+      dir.Load(kMinimal + "server:\n  unix_socket: /tmp/" + std::string(120, 's') + "\n");
+  REQUIRE_FALSE(too_long.ok());
+  CHECK(too_long.status().field() == "/server/unix_socket");
+  CHECK(too_long.status().message().find("at most 107") != std::string::npos);
+  for (const char* mode : {"\"0999\"", "\"rw\"", "660", "\"06600\""}) {
+    CAPTURE(mode);
+    auto bad = dir.Load(kMinimal +
+                        "server:\n  unix_socket: /tmp/i.sock\n  unix_socket_mode: " + mode + "\n");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().field() == "/server/unix_socket_mode");
+  }
+  auto alone = dir.Load(kMinimal + "server:\n  unix_socket_mode: \"0660\"\n");
+  REQUIRE_FALSE(alone.ok());
+  CHECK(alone.status().field() == "/server/unix_socket_mode");
+  CHECK(alone.status().message().find("applies only with server.unix_socket") != std::string::npos);
+}
+
 TEST_CASE("a config path that is a folder is refused, not read as an empty config") {
   ConfigDir dir;
   const std::string folder = dir.Path("conf");

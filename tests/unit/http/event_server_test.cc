@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <latch>
 #include <map>
@@ -221,6 +225,137 @@ TEST_CASE("Start reports Unavailable when the port is already bound") {
   EventServer second(TestOptions(), EchoCallbacks());
   StatusOr<int> port = second.Start("127.0.0.1", first.port());
   CHECK_FALSE(port.ok());
+}
+
+// ------------------------------------------------------------- Unix socket
+
+// A fresh folder for socket files, removed afterwards.
+struct SocketDir {
+  SocketDir() {
+    char tmpl[] = "/tmp/idem-sock-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~SocketDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// Whether `c` is connected and its GET of `path` gets the echo handler's answer.
+bool Echoes(Client& c, const std::string& path) {
+  if (!c.ok() || !c.Send(Get(path))) return false;
+  std::optional<Reply> r = c.Read();
+  return r && r->status == 200 && r->body == "GET " + path + " ";
+}
+
+EventServerOptions UnixOptions(const std::string& path, int mode = 0600) {
+  EventServerOptions o = TestOptions();
+  o.unix_socket = path;
+  o.unix_socket_mode = mode;
+  return o;
+}
+
+TEST_CASE("the Unix socket serves the same requests as the TCP port, lane included") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  TestLane lane;
+  Running s(EchoCallbacks(&lane), UnixOptions(path));
+  Client c(path);
+  CHECK(Echoes(c, "/hello"));
+  REQUIRE(c.Send(Post("/lane", "x")));
+  std::optional<Reply> laned = c.Read();
+  REQUIRE(laned);
+  CHECK(IsLaneAnswer(laned->body, "x"));
+  Client tcp(s.port());
+  CHECK(Echoes(tcp, "/also"));
+}
+
+TEST_CASE("the Unix socket file gets the configured mode whatever the umask") {
+  SocketDir dir;
+  for (int mode : {0600, 0660}) {
+    const std::string path = dir.path + "/m" + std::to_string(mode) + ".sock";
+    const mode_t old = umask(0);
+    Running s(EchoCallbacks(), UnixOptions(path, mode));
+    umask(old);
+    struct stat st {};
+    REQUIRE(lstat(path.c_str(), &st) == 0);
+    CHECK(S_ISSOCK(st.st_mode));
+    CHECK((st.st_mode & 0777) == static_cast<mode_t>(mode));
+  }
+}
+
+TEST_CASE("a socket file left by a server that is gone is replaced, and Stop removes its own") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  {
+    // What a killed daemon leaves: a bound socket file nobody accepts on.
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    path.copy(addr.sun_path, path.size());
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    ::close(fd);
+    CHECK(Client(path).connect_errno() == ECONNREFUSED);
+  }
+  {
+    Running s(EchoCallbacks(), UnixOptions(path));
+    Client c(path);
+    CHECK(Echoes(c, "/x"));
+    s.server().Stop();
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::symlink_status(path)));
+  }
+}
+
+TEST_CASE("Start refuses a Unix socket path another server serves, or that is not a socket") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  Running first(EchoCallbacks(), UnixOptions(path));
+  EventServer second(UnixOptions(path), EchoCallbacks());
+  StatusOr<int> port = second.Start("127.0.0.1", 0);
+  REQUIRE_FALSE(port.ok());
+  CHECK(port.status().code() == Code::kFailedPrecondition);
+  CHECK(port.status().message().find("another process serves") != std::string::npos);
+  // The first still serves on it.
+  Client c(path);
+  CHECK(Echoes(c, "/still"));
+
+  const std::string file = dir.path + "/notes.txt";
+  { std::ofstream(file) << "keep me"; }
+  EventServer third(UnixOptions(file), EchoCallbacks());
+  StatusOr<int> refused = third.Start("127.0.0.1", 0);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("is not a socket") != std::string::npos);
+  std::ifstream in(file);
+  std::string kept;
+  std::getline(in, kept);
+  CHECK(kept == "keep me");
+}
+
+TEST_CASE("Stop leaves a socket file that another server has put in its place") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  Running first(EchoCallbacks(), UnixOptions(path));
+  // Someone removes the file and another server binds the path (an
+  // operator's restart racing the old process's exit).
+  REQUIRE(::unlink(path.c_str()) == 0);
+  Running second(EchoCallbacks(), UnixOptions(path));
+  first.server().Stop();
+  Client c(path);
+  CHECK(Echoes(c, "/second"));
+}
+
+TEST_CASE("a Unix socket path longer than sun_path is refused, and the TCP port is let go") {
+  const std::string path = "/tmp/" + std::string(200, 'a');
+  EventServerOptions o = UnixOptions(path);
+  int port = 0;
+  {
+    EventServer s(o, EchoCallbacks());
+    StatusOr<int> started = s.Start("127.0.0.1", 0);
+    REQUIRE_FALSE(started.ok());
+    CHECK(started.status().code() == Code::kInvalidArgument);
+  }
+  // Nothing kept the port: a server with no Unix socket starts on a free one.
+  Running s(EchoCallbacks());
+  port = s.port();
+  CHECK(port > 0);
 }
 
 TEST_CASE("a kept-alive connection serves several requests one after another") {

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,23 +49,24 @@ struct Reply {
   }
 };
 
-// A blocking HTTP/1.1 client on 127.0.0.1; every receive times out after 5 s
-// so that a failing test cannot hang. No doctest assertions inside: it is
-// used from many threads.
+// A blocking HTTP/1.1 client on 127.0.0.1 (or on a Unix-domain socket);
+// every receive times out after 5 s so that a failing test cannot hang. No
+// doctest assertions inside: it is used from many threads.
 class Client {
  public:
   explicit Client(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) return;
-    timeval tv{};
-    tv.tv_sec = 5;
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    Connect(reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  explicit Client(const std::string& unix_path) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (unix_path.size() >= sizeof(addr.sun_path)) return;
+    unix_path.copy(addr.sun_path, unix_path.size());
+    Connect(reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   }
   ~Client() {
     if (fd_ >= 0) ::close(fd_);
@@ -73,6 +75,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   bool ok() const { return connected_; }
+  // The errno of a failed connect (0 once connected).
+  int connect_errno() const { return connect_errno_; }
   // A half-close: the client sends nothing more but still reads.
   void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
   // Closes with a reset (SO_LINGER 0), as a client that gave up does.
@@ -139,6 +143,17 @@ class Client {
   }
 
  private:
+  void Connect(const sockaddr* addr, socklen_t len) {
+    fd_ = ::socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return;
+    timeval tv{};
+    tv.tv_sec = 5;
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    connected_ = ::connect(fd_, addr, len) == 0;
+    connect_errno_ = connected_ ? 0 : errno;
+  }
+
   bool Fill() {
     char chunk[16384];
     for (;;) {
@@ -184,6 +199,7 @@ class Client {
 
   int fd_ = -1;
   bool connected_ = false;
+  int connect_errno_ = 0;
   std::string buf_;
 };
 
