@@ -1,5 +1,7 @@
 #include "daemon/http/daemon.h"
 
+#include <filesystem>
+
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
@@ -159,7 +161,11 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
   if (!options.listen_override.empty()) d->config_.server.listen = options.listen_override;
   if (!options.data_override.empty()) d->config_.store.path = options.data_override;
   if (!options.unix_socket_override.empty()) {
-    d->config_.server.unix_socket = options.unix_socket_override;
+    // Relative to the working directory at start, as typed: held absolute,
+    // so that the stop removes the same file whatever the directory then.
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(options.unix_socket_override, ec);
+    d->config_.server.unix_socket = ec ? options.unix_socket_override : abs.string();
   }
   ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
   for (const auto& [name, src] : d->config_.inbox) {
