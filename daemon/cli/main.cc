@@ -149,7 +149,9 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
   const Config& config = (*daemon)->config();
   const StoreConfig& sc = config.store;
   const std::string store_name = sc.engine == "postgres" ? "postgres schema " + sc.schema : sc.path;
-  std::printf("idem listening on %s (store: %s)\ntry:\n", url.c_str(), store_name.c_str());
+  const std::string& sock = config.server.unix_socket;
+  std::printf("idem listening on %s%s%s (store: %s)\ntry:\n", url.c_str(),
+              sock.empty() ? "" : " and ", sock.c_str(), store_name.c_str());
   if (config.steps.empty() && config.actions.empty()) {
     // Started, but with nothing to decide or do: most likely the wrong file.
     LogEvent(LogLevel::kWarn, "config_declares_nothing",
@@ -168,6 +170,8 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
     std::printf("  curl -s %s/v1/decide --json '{\"step\":\"%s\",\"input\":{…}}'\n", url.c_str(),
                 config.steps.begin()->first.c_str());
   }
+  if (!sock.empty())
+    std::printf("  curl -s --unix-socket %s http://localhost/healthz\n", sock.c_str());
   std::printf("  curl -s %s/openapi.json | head -c 300; echo\n", url.c_str());
   std::fflush(stdout);
   int sig = 0;

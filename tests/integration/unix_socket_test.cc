@@ -79,6 +79,10 @@ TEST_CASE("a claim and its complete over the Unix socket are the same work as ov
   REQUIRE(lstat(sock.c_str(), &st) == 0);
   CHECK(S_ISSOCK(st.st_mode));
   CHECK((st.st_mode & 0777) == 0600);
+  // The start-up hint shows how to reach it (printed once the daemon serves).
+  const std::string hint = "curl -s --unix-socket " + sock + " http://localhost/healthz\n";
+  CHECK(
+      WaitFor([&] { return ReadFile(daemon->log_path()).find(hint) != std::string::npos; }, 5000));
 
   const std::string claim = R"({"kind":"send_reply","identity":{"ticket_id":7,"text":"hi"}})";
   Answer claimed = Exchange(sock, "POST", "/v1/work/claim", claim);
