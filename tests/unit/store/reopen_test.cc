@@ -6,6 +6,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
 
 #include "daemon/store/store.h"
@@ -161,6 +164,57 @@ TEST_CASE("flushed_tables_have_filters_only_where_keys_are_looked_up_and_level0_
       CHECK(p->compression_name == "LZ4");
     }
   });
+}
+
+TEST_CASE("the_journal_is_merged_universally_and_its_records_survive_a_move_to_levels_and_back" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  // Three opens, each closed with its records flushed: three table files.
+  auto work_id = [](int i) { return "w-" + std::to_string(i); };
+  for (int round = 0; round < 3; ++round) {
+    auto store = OpenStore(dir.path(), /*sync=*/false);
+    for (int i = round * 100; i < (round + 1) * 100; ++i) {
+      ClaimRequest r;
+      r.work_id = work_id(i);
+      r.kind = "k";
+      r.now_ms = kT0;
+      StatusOr<ClaimResult> c = store->journal().Claim(r);
+      REQUIRE(c.ok());
+      REQUIRE(store->journal().Complete(r.work_id, c->item.lease_token, i, "", kT0).ok());
+    }
+  }
+  // The style the store chose is in its options file.
+  std::string options_text;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+    if (f.path().filename().string().rfind("OPTIONS-", 0) == 0) {
+      std::ifstream in(f.path());
+      options_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  }
+  const size_t journal_at = options_text.find("[CFOptions \"journal\"]");
+  REQUIRE(journal_at != std::string::npos);
+  const std::string journal_section =
+      options_text.substr(journal_at, options_text.find("[CFOptions", journal_at + 1) - journal_at);
+  CHECK(journal_section.find("compaction_style=kCompactionStyleUniversal") != std::string::npos);
+  // An older build opens it with levels (RocksDB's default) and compacts it
+  // its way: every record is still there.
+  testing::WithRawDb(dir.path(), [](rocksdb::DB& db, auto& cfs) {
+    REQUIRE(
+        db.CompactRange(rocksdb::CompactRangeOptions(), cfs.at("journal"), nullptr, nullptr).ok());
+    std::unique_ptr<rocksdb::Iterator> it(
+        db.NewIterator(rocksdb::ReadOptions(), cfs.at("journal")));
+    int n = 0;
+    for (it->SeekToFirst(); it->Valid(); it->Next()) ++n;
+    CHECK(n == 300);
+  });
+  // And this build takes the levelled store back.
+  auto store = OpenStore(dir.path(), /*sync=*/false);
+  for (int i = 0; i < 300; i += 37) {
+    StatusOr<WorkItem> w = store->journal().Get(work_id(i));
+    REQUIRE_MESSAGE(w.ok(), w.status().ToString());
+    CHECK(w->state == WorkState::kDone);
+    CHECK(w->result == i);
+  }
 }
 
 TEST_CASE("the_rocksdb_store_reports_its_memory_by_part" * doctest::test_suite("rocksdb")) {
