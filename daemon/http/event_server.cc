@@ -286,8 +286,8 @@ class EventServer::Loop {
       ::close(conn->fd);
       server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
     }
-    for (int fd : handed_) {
-      ::close(fd);
+    for (const Accepted& a : handed_) {
+      ::close(a.fd);
       server_.open_conns_.fetch_sub(1, std::memory_order_acq_rel);
     }
     ::close(wake_fd_);
@@ -403,6 +403,13 @@ class EventServer::Loop {
     // The request being answered is a HEAD: its answer goes without a body,
     // whichever path writes it (worker, batch lane, loop, refusal).
     bool head_request = false;
+    bool local_socket = false;  // accepted on the Unix socket
+  };
+
+  // A connection just accepted, on its way to the loop that serves it.
+  struct Accepted {
+    int fd;
+    bool local_socket;
   };
 
   struct Done {
@@ -435,8 +442,8 @@ class EventServer::Loop {
     listening_ = want;
   }
 
-  // Adds the listening sockets to ep_ (or removes them); true if the TCP
-  // one was added.
+  // Adds the listening sockets to ep_ (or removes them); true if every one
+  // was added.
   bool Watch(bool on) {
     bool ok = true;
     const std::pair<int, uint64_t> sockets[] = {{listen_fd_, kListenTag},
@@ -488,27 +495,30 @@ class EventServer::Loop {
       // fewest connections instead.
       Loop& to = server_.LeastLoaded();
       to.load_.fetch_add(1, std::memory_order_relaxed);
+      const Accepted accepted{fd, /*local_socket=*/!tcp};
       if (&to == this) {
-        Adopt(fd);
+        Adopt(accepted);
       } else {
-        to.HandOver(fd);
+        to.HandOver(accepted);
       }
     }
   }
 
   // From another loop's Accept: `fd` is this loop's to serve.
-  void HandOver(int fd) {
+  void HandOver(Accepted a) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      handed_.push_back(fd);
+      handed_.push_back(a);
     }
     Wake();
   }
 
   // Serves an accepted connection from now on (counted in load_ already).
-  void Adopt(int fd) {
+  void Adopt(Accepted a) {
+    const int fd = a.fd;
     auto conn = std::make_unique<Conn>();
     conn->fd = fd;
+    conn->local_socket = a.local_socket;
     conn->id = next_id_++;
     conn->last_active = NowSeconds();
     epoll_event ev{};
@@ -682,6 +692,7 @@ class EventServer::Loop {
         return;
       }
       c->in.erase(0, r.consumed);
+      exchange->request.local_socket = c->local_socket;
       c->parse_need = 0;
       c->head_scanned = 0;
       c->request_started = c->in.empty() ? 0 : NowSeconds();
@@ -820,13 +831,13 @@ class EventServer::Loop {
     ssize_t r = ::read(wake_fd_, &count, sizeof(count));
     (void)r;
     std::vector<Done> done;
-    std::vector<int> handed;
+    std::vector<Accepted> handed;
     {
       std::lock_guard<std::mutex> lock(mu_);
       done.swap(done_);
       handed.swap(handed_);
     }
-    for (int fd : handed) Adopt(fd);
+    for (const Accepted& a : handed) Adopt(a);
     for (Done& d : done) Finish(d.id, d.response, d.keep_alive, d.minor_version);
     if (abandon_busy_.exchange(false, std::memory_order_acq_rel)) {
       std::vector<uint64_t> busy;
@@ -1014,7 +1025,7 @@ class EventServer::Loop {
   std::mutex mu_;
   std::vector<Done> done_;  // answers from workers, under mu_
   std::atomic<bool> abandon_busy_{false};
-  std::vector<int> handed_;  // connections other loops accepted for this one, under mu_
+  std::vector<Accepted> handed_;  // connections other loops accepted for this one, under mu_
 };
 
 EventServer::Loop& EventServer::LeastLoaded() const {

@@ -39,8 +39,10 @@
 //     Retry-After); a queued request whose client reset the connection is
 //     never started;
 //   - when accept() fails for lack of descriptors (EMFILE, ENFILE) the
-//     loops stop watching the listening socket for 100 ms instead of
-//     spinning on it; the connection waits in the backlog;
+//     loops stop watching the listening sockets for 100 ms instead of
+//     spinning on them; the connection waits in the backlog;
+//   - with options.unix_socket, connections accepted on that Unix-domain
+//     socket are served exactly as TCP ones (same loops, limits and lane);
 //   - a request Callbacks::on_loop accepts is answered by its loop at once,
 //     however busy the workers are;
 //   - a handler may park its request (Deferral) instead of holding its

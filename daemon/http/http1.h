@@ -54,6 +54,9 @@ struct Request {
   std::string body;
   int minor_version = 1;
   bool keep_alive = true;  // after this exchange, per version and Connection
+  // Set by the server, never parsed: the request came over the Unix-domain
+  // socket (EventServerOptions::unix_socket), which no browser can reach.
+  bool local_socket = false;
 
   // Header lookups are case-insensitive; "" when absent.
   bool HasHeader(std::string_view name) const;

@@ -80,6 +80,10 @@ std::optional<Refusal> RequestGuard::CheckHost(const http1::Request& req) const 
   if (req.HeaderCount("Host") != 1) {
     return Refusal{400, InvalidArgument("a request needs exactly one Host header", "header:Host")};
   }
+  // No browser reaches the Unix socket, so no rebinding page either; its
+  // clients name it as they like ("localhost", Go's "unix", the escaped
+  // path that Python's requests-unixsocket sends).
+  if (req.local_socket) return std::nullopt;
   std::string host, port;
   if (!SplitHostHeader(http1::TrimOws(req.HeaderValue("Host")), &host, &port)) {
     return Refusal{400, InvalidArgument("the Host header is not host[:port]", "header:Host")};

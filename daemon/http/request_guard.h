@@ -16,7 +16,9 @@
 //     port; any port is accepted for them: a reverse proxy may rewrite it).
 //   A missing Host, or more than one, is 400 (RFC 9112 section 3.2). Any
 //   other name is 403 with pointer "header:Host": a rebinding page sends its
-//   own name, which is not on the list.
+//   own name, which is not on the list. On the Unix socket
+//   (Request::local_socket), which no browser can reach, any one Host
+//   passes.
 // Origin (cross-site requests): a request without Origin comes from a
 //   non-browser client (curl, SDKs) and passes. The daemon's own origin
 //   passes: http:// or https:// followed by the Host header that passed the

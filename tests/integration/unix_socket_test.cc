@@ -23,9 +23,10 @@ struct Answer {
 };
 
 // One request over the Unix socket at `path` with Connection: close, read
-// to the end; status 0 when the connect or the exchange failed.
+// to the end; status 0 when the connect or the exchange failed. `host`:
+// what curl --unix-socket sends by default.
 Answer Exchange(const std::string& path, const std::string& method, const std::string& target,
-                const std::string& body = "") {
+                const std::string& body = "", const std::string& host = "localhost") {
   Answer out;
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
@@ -37,9 +38,8 @@ Answer Exchange(const std::string& path, const std::string& method, const std::s
     ::close(fd);
     return out;
   }
-  // What curl --unix-socket sends: Host is localhost.
-  std::string request = method + " " + target +
-                        " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+  std::string request = method + " " + target + " HTTP/1.1\r\nHost: " + host +
+                        "\r\nConnection: close\r\n"
                         "Content-Type: application/json\r\nContent-Length: " +
                         std::to_string(body.size()) + "\r\n\r\n" + body;
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
@@ -99,6 +99,14 @@ TEST_CASE("a claim and its complete over the Unix socket are the same work as ov
   REQUIRE(again);
   CHECK(again->status == 200);
   CHECK(Json::parse(again->body)["result"] == Json{{"sent", true}});
+
+  // Clients name the socket as they like (Go's http.Client: "unix"); over
+  // TCP that name is what a DNS-rebinding page would send.
+  const std::string other = R"({"kind":"send_reply","identity":{"ticket_id":8,"text":"go"}})";
+  CHECK(Exchange(sock, "POST", "/v1/work/claim", other, "unix").status == 201);
+  auto rebound = tcp->Post("/v1/work/claim", {{"Host", "unix"}}, other, "application/json");
+  REQUIRE(rebound);
+  CHECK(rebound->status == 403);
 
   CHECK(daemon->Stop() == 0);
   CHECK_FALSE(Exists(sock));  // a clean stop removes it

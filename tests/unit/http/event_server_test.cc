@@ -268,6 +268,31 @@ TEST_CASE("the Unix socket serves the same requests as the TCP port, lane includ
   CHECK(Echoes(tcp, "/also"));
 }
 
+TEST_CASE("a request that came over the Unix socket says so, whichever loop serves it") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  EventServer::Callbacks cb = EchoCallbacks();
+  cb.handler = [](const http1::Request& req, http1::Response& res) {
+    res.SetContent(req.local_socket ? "local" : "tcp", "text/plain");
+  };
+  Running s(cb, UnixOptions(path));
+  // Several connections at once: accepted by one loop, handed to the others.
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 6; ++i) clients.push_back(std::make_unique<Client>(path));
+  for (auto& c : clients) {
+    REQUIRE(c->ok());
+    REQUIRE(c->Send(Get("/which")));
+    std::optional<Reply> r = c->Read();
+    REQUIRE(r);
+    CHECK(r->body == "local");
+  }
+  Client tcp(s.port());
+  REQUIRE(tcp.Send(Get("/which")));
+  std::optional<Reply> r = tcp.Read();
+  REQUIRE(r);
+  CHECK(r->body == "tcp");
+}
+
 TEST_CASE("the Unix socket file gets the configured mode whatever the umask") {
   SocketDir dir;
   for (int mode : {0600, 0660}) {

@@ -57,6 +57,27 @@ TEST_CASE("a missing, doubled or malformed Host is 400") {
   CHECK(StatusOf(g->CheckSource(With({{"Host", ""}}))) == 400);
 }
 
+TEST_CASE("on the Unix socket any one Host passes, and only there; Origin is still checked") {
+  auto g = Guard();
+  for (const char* host : {"unix", "%2Frun%2Fidem%2Fidem.sock", "evil.example:7411"}) {
+    CAPTURE(host);
+    http1::Request req = With({{"Host", host}});
+    CHECK(StatusOf(g->CheckSource(req)) == 403);  // over TCP: a rebinding name
+    req.local_socket = true;
+    CHECK(StatusOf(g->CheckSource(req)) == 0);
+  }
+  http1::Request doubled = With({{"Host", "unix"}, {"Host", "unix"}});
+  doubled.local_socket = true;
+  CHECK(StatusOf(g->CheckSource(doubled)) == 400);  // RFC 9112 3.2 holds on any transport
+  http1::Request none = With({});
+  none.local_socket = true;
+  CHECK(StatusOf(g->CheckSource(none)) == 400);
+  http1::Request cross_site = With({{"Host", "unix"}, {"Origin", "https://evil.example"}});
+  cross_site.local_socket = true;
+  CHECK(StatusOf(g->CheckSource(cross_site)) == 403);
+  CHECK(PointerOf(g->CheckSource(cross_site)) == "header:Origin");
+}
+
 TEST_CASE("the Host check follows the port bound at start and the configured names") {
   auto g = Guard({"idem.internal", "[fd00::1]"}, {}, "0.0.0.0", 0);
   g->SetBoundPort(40123);
