@@ -50,28 +50,29 @@ struct Endpoint {
 };
 
 inline int Connect(const Endpoint& to) {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
   if (!to.unix_path.empty()) {
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    to.unix_path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      close(fd);
-      return -1;
-    }
-    return fd;
+    auto* addr = reinterpret_cast<sockaddr_un*>(&storage);
+    addr->sun_family = AF_UNIX;
+    to.unix_path.copy(addr->sun_path, sizeof(addr->sun_path) - 1);
+    len = sizeof(sockaddr_un);
+  } else {
+    auto* addr = reinterpret_cast<sockaddr_in*>(&storage);
+    addr->sin_family = AF_INET;
+    addr->sin_port = htons(static_cast<uint16_t>(to.port));
+    addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof(sockaddr_in);
   }
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(to.port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  int fd = socket(storage.ss_family, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&storage), len) != 0) {
     close(fd);
     return -1;
   }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (to.unix_path.empty()) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
   return fd;
 }
 

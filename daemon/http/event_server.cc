@@ -1217,7 +1217,6 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
       return bound_unix.status();
     }
     unix_socket_ = *bound_unix;
-    unix_listen_fd_ = unix_socket_.fd;
   }
 
   running_.store(true, std::memory_order_release);
@@ -1228,7 +1227,7 @@ StatusOr<int> EventServer::Start(const std::string& host, int port) {
                                           callbacks_, parking_);
   parking_->pool = workers_.get();
   for (int i = 0; i < std::max(1, options_.loops); ++i) {
-    auto loop = std::make_unique<Loop>(*this, listen_fd_, unix_listen_fd_);
+    auto loop = std::make_unique<Loop>(*this, listen_fd_, unix_socket_.fd);
     if (!loop->ok()) {
       Stop();
       return Unavailable("cannot create the event loops (epoll/eventfd)", true);
@@ -1286,8 +1285,8 @@ void EventServer::Stop() {
   loops_.clear();  // closes the connections
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
-  if (unix_listen_fd_ >= 0) {
-    ::close(unix_listen_fd_);
+  if (unix_socket_.fd >= 0) {
+    ::close(unix_socket_.fd);
     // Only the socket this server bound: a later daemon may have replaced it.
     struct stat st {};
     if (lstat(unix_socket_.path.c_str(), &st) == 0 && st.st_dev == unix_socket_.dev &&
@@ -1295,7 +1294,7 @@ void EventServer::Stop() {
       unlink(unix_socket_.path.c_str());
     }
   }
-  unix_listen_fd_ = -1;
+  unix_socket_ = UnixSocket{};
 }
 
 }  // namespace idem

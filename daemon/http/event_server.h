@@ -237,8 +237,7 @@ class EventServer {
   EventServerOptions options_;
   Callbacks callbacks_;
   int listen_fd_ = -1;
-  int unix_listen_fd_ = -1;
-  UnixSocket unix_socket_;
+  UnixSocket unix_socket_;  // fd -1: none
   std::unique_ptr<WorkerPool> workers_;
   std::shared_ptr<Parking> parking_;  // parked requests; shared with their Resumes
   std::vector<std::unique_ptr<Loop>> loops_;
