@@ -46,6 +46,9 @@ echo "== PostgreSQL: the store conformance suite and the multi-daemon tests (pg_
 # key=value URL (the outage test relays it).
 (cd build && pg_virtualenv -- bash -c 'IDEM_TEST_PG_URL="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$PGDATABASE" ctest --output-on-failure -L postgres')
 
+echo "== hostile client: every documented operation with broken input (answers recorded for the OpenAPI check)"
+node tests/e2e/hostile_client.mjs build/idem build/responses
+
 echo "== OpenAPI: every recorded response against /openapi.json (ajv)"
 node tests/e2e/openapi_check.mjs build/idem build/responses
 
@@ -83,6 +86,10 @@ if [ "${IDEM_TEST_QUICK:-0}" != 1 ]; then
   else
     cat build-asan/ctest.log
   fi
+
+  echo "== hostile client against the ASan+UBSan daemon"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    node tests/e2e/hostile_client.mjs build-asan/idem
 
   echo "== ThreadSanitizer (concurrency tests)"
   # Only what the concurrency tests need.
