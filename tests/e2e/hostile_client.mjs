@@ -55,12 +55,26 @@ let port = 0;
 // Sends `head` lines and `body` (a Buffer or string) on a new connection
 // with Connection: close, and reads the whole answer. Resolves
 // {status, headers, body} or {error}.
-function send(method, target, {headers = {}, body = null} = {}) {
+// With `chunked`, the body goes in chunks of random sizes (RFC 9112 7.1).
+function send(method, target, {headers = {}, body = null, chunked = false} = {}) {
   return new Promise((resolve) => {
-    const payload = body === null ? Buffer.alloc(0) : Buffer.from(body);
+    let payload = body === null ? Buffer.alloc(0) : Buffer.from(body);
     let head = `${method} ${target} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nConnection: close\r\n`;
     for (const [k, v] of Object.entries(headers)) head += `${k}: ${v}\r\n`;
-    if (body !== null) head += `Content-Length: ${payload.length}\r\n`;
+    if (chunked) {
+      head += 'Transfer-Encoding: chunked\r\n';
+      const parts = [];
+      for (let at = 0; at < payload.length;) {
+        const n = Math.min(payload.length - at, 1 + Math.floor(rand() * 64));
+        parts.push(Buffer.from(n.toString(16) + (rand() < 0.2 ? ';ext=1' : '') + '\r\n'),
+                   payload.subarray(at, at + n), Buffer.from('\r\n'));
+        at += n;
+      }
+      parts.push(Buffer.from('0\r\n\r\n'));
+      payload = Buffer.concat(parts);
+    } else if (body !== null) {
+      head += `Content-Length: ${payload.length}\r\n`;
+    }
     const sock = net.connect(port, '127.0.0.1');
     const chunks = [];
     let settled = false;
@@ -75,6 +89,12 @@ function send(method, target, {headers = {}, body = null} = {}) {
 
 const utf8 = new TextDecoder('utf-8', {fatal: true});
 function parseAnswer(buf) {
+  // An interim 100 Continue (an Expect: 100-continue) comes first.
+  while (/^HTTP\/1\.1 1\d\d /.test(buf.subarray(0, 13).toString('latin1'))) {
+    const interim = buf.indexOf('\r\n\r\n');
+    if (interim < 0) break;
+    buf = buf.subarray(interim + 4);
+  }
   const end = buf.indexOf('\r\n\r\n');
   if (end < 0) return {error: buf.length === 0 ? 'connection closed with no answer' : 'truncated head'};
   const lines = buf.subarray(0, end).toString('latin1').split('\r\n');
@@ -380,11 +400,28 @@ function tasksFor({template, method, op}, ids) {
   const send1 = (t, h, body) => send(method, t, {headers: withKey({...fixed, ...h}), body});
   const post = (what, body, extra = {}, expect = {}, t = target) => tasks.push(async () =>
     judge(what, method, t, await send1(t, extra, body), expect));
+  // The request as it is, framed otherwise.
+  if (baseText !== null) {
+    for (let i = 0; i < 3; i++) {
+      tasks.push(async () => judge('chunked', method, target,
+        await send(method, target, {headers: withKey(fixed), body: baseText, chunked: true})));
+    }
+    post('Expect: 100-continue', baseText, {'Expect': '100-continue'});
+    post('Expect: something else', baseText, {'Expect': 'teapot'});
+  }
 
   // Is the plain request taken? Then a single broken member must be
   // refused at that member. Decided when the base answer comes back.
   tasks.push(async () => {
     const r = judge('base', method, target, await send1(target, {}, baseText));
+    // The same request chunked: framed otherwise, read the same.
+    if (baseText !== null && r && !r.error) {
+      const c = judge('base, chunked', method, target,
+                      await send(method, target, {headers: withKey(fixed), body: baseText, chunked: true}));
+      if (c && !c.error && (c.status === 400) !== (r.status === 400)) {
+        fail('chunked read otherwise', `${method} ${target}: ${r.status} as sent, ${c.status} chunked: ${c.body.slice(0, 200)}`);
+      }
+    }
     if (process.env.IDEM_HOSTILE_VERBOSE) console.log(`base ${method} ${target}: ${r?.status} ${r?.body?.slice(0, 160)}`);
     if (!schema || !r || r.error) return;
     const taken = r.status < 400 || ![400, 413, 415, 422].includes(r.status);
