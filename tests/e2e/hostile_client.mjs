@@ -28,6 +28,7 @@
 // its seed, its counts, and the first failures of each kind. Exit code 0
 // when every answer passes, 1 otherwise.
 import {spawn} from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -121,12 +122,41 @@ function parseAnswer(buf) {
 }
 
 // ------------------------------------------------------------ the daemon
+// The default config with three inbox sources (the route webhook senders
+// reach): a shared token, an HMAC of the body, and none.
+const secrets = {HOSTILE_TG_SECRET: 'tg-secret-' + seed, HOSTILE_HMAC_SECRET: 'hmac-secret-' + seed};
+function writeConfig(dir) {
+  const configDir = path.join(root, 'config');
+  // Its relative paths resolve against config/; written elsewhere, they
+  // are spelled out.
+  let text = fs.readFileSync(path.join(configDir, 'idem.yaml'), 'utf8').replace(
+    /(\b(?:rules|template|output_schema|checks|args_schema|path):\s*)(?![\/"])([\w.][^\s,}#]*)/g,
+    (_, key, value) => key + path.join(configDir, value));
+  text += `
+inbox:
+  tg:
+    event_id: {pointer: /update_id}
+    signature: {header: X-Telegram-Bot-Api-Secret-Token, secret_env: HOSTILE_TG_SECRET, scheme: token}
+    on_event: {decide: triage_ticket, pointer: /message}
+  git:
+    event_id: {header: X-Event-Id}
+    signature: {header: X-Signature, secret_env: HOSTILE_HMAC_SECRET, prefix: "sha256="}
+    on_event: {action: send_reply, pointer: /data}
+  rec:
+    event_id: {pointer: /id}
+    on_event: {record: true}
+`;
+  const file = path.join(dir, 'idem.yaml');
+  fs.writeFileSync(file, text);
+  return file;
+}
+
 function startDaemon(dir) {
   const portFile = path.join(dir, 'port');
   const log = fs.openSync(path.join(dir, 'daemon.log'), 'w');
-  const child = spawn(binary, ['serve', '--config', path.join(root, 'config/idem.yaml'), '--listen',
+  const child = spawn(binary, ['serve', '--config', writeConfig(dir), '--listen',
                                '127.0.0.1:0', '--data', path.join(dir, 'data'), '--port-file', portFile],
-                      {stdio: ['ignore', log, log], cwd: root});
+                      {stdio: ['ignore', log, log], cwd: root, env: {...process.env, ...secrets}});
   const exit = new Promise((r) => child.on('exit', (code, signal) => r({code, signal})));
   return {child, exit, portFile};
 }
@@ -285,9 +315,15 @@ function judge(what, method, target, r, expect = {}) {
       fail('malformed problem', `${label}: ${r.body.slice(0, 300)}`);
     }
     if (expect.pointer !== undefined) pointerChecks++;
-    if (r.status === 400 && expect.pointer !== undefined) {
-      const ptr = p.pointer;
-      if (typeof ptr !== 'string' || !(ptr === expect.pointer || ptr.startsWith(expect.pointer + '/'))) {
+    // A body that is not JSON at all (a lone surrogate's escape) has no
+    // member to name: the whole body, "".
+    const unparsed = p.pointer === '' && p.detail.startsWith('invalid JSON');
+    if (r.status === 400 && expect.pointer !== undefined && !unparsed) {
+      // Header names are case-insensitive (RFC 9110 5.1).
+      const norm = (x) => (typeof x === 'string' && x.startsWith('header:') ? x.toLowerCase() : x);
+      const ptr = norm(p.pointer);
+      const want = norm(expect.pointer);
+      if (typeof ptr !== 'string' || !(ptr === want || ptr.startsWith(want + '/'))) {
         fail('wrong pointer', `${label}: 400 names ${JSON.stringify(ptr)}, not ${expect.pointer}: ${p.detail.slice(0, 200)}`);
       }
     }
@@ -537,6 +573,8 @@ function selfCheck() {
     ['malformed problem', {status: 404, headers: pj, body: problem(400)}, {}],
     ['wrong pointer', {status: 400, headers: pj, body: problem(400, {pointer: '/other'})}, {pointer: '/kind'}],
     ['wrong pointer', {status: 400, headers: pj, body: problem(400, {pointer: '/kindness'})}, {pointer: '/kind'}],
+    ['wrong pointer', {status: 400, headers: pj, body: problem(400, {pointer: 'header:x-other'})}, {pointer: 'header:X-Event-Id'}],
+    ['wrong pointer', {status: 400, headers: pj, body: problem(400, {pointer: ''})}, {pointer: '/kind'}],
     ['malformed JSON-RPC error', {status: 400, headers: {'content-type': 'application/json'}, body: '{"error":"x"}'}, {}, '/mcp'],
     ['no answer', {error: 'connection closed with no answer'}, {}],
     ['no answer', parseAnswer(Buffer.from('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\xff\xfe', 'latin1')), {}],
@@ -546,14 +584,104 @@ function selfCheck() {
     judge('self-check', 'POST', t, answer, expect);
     if (!failures.has(kind)) throw new Error(`self-check: the judge took a made-up answer it must refuse as "${kind}"`);
   }
-  const ok = {status: 400, headers: pj, body: problem(400, {pointer: '/kind/0'})};
-  failures.clear();
-  judge('self-check', 'POST', '/v1/x', ok, {pointer: '/kind'});
-  if (failures.size !== 0) throw new Error('self-check: the judge refused a good answer');
+  for (const [pointer, want] of [['/kind/0', '/kind'], ['header:x-event-id', 'header:X-Event-Id']]) {
+    failures.clear();
+    judge('self-check', 'POST', '/v1/x', {status: 400, headers: pj, body: problem(400, {pointer})}, {pointer: want});
+    if (failures.size !== 0) throw new Error(`self-check: the judge refused a good answer (${pointer})`);
+  }
   failures.clear();
   answers = 0;
   statuses.clear();
   pointerChecks = 0;
+}
+
+// Deliveries to the inbox: each source's event as its sender signs it,
+// then with the signature, the event id and the payload broken, and the
+// same event delivered eight times at once (processed once: at most one
+// answer that is not a duplicate, the others duplicates or 503).
+let events = 0;
+function inboxTasks() {
+  const tasks = [];
+  const hmac = (body) => 'sha256=' + crypto.createHmac('sha256', secrets.HOSTILE_HMAC_SECRET).update(body).digest('hex');
+  const sources = {
+    tg: (id, payload) => ({
+      body: JSON.stringify({update_id: id, message: payload}),
+      headers: {'X-Telegram-Bot-Api-Secret-Token': secrets.HOSTILE_TG_SECRET}, idPointer: '/update_id',
+      payloadPointer: '/message'}),
+    git: (id, payload) => {
+      const body = JSON.stringify({data: payload});
+      return {body, headers: {'X-Event-Id': String(id), 'X-Signature': hmac(body)}, idPointer: 'header:X-Event-Id',
+              payloadPointer: '/data'};
+    },
+    rec: (id, payload) => ({body: JSON.stringify({id, note: payload}), headers: {}, idPointer: '/id'}),
+  };
+  const payload = () => ({ticket_id: 1000 + events, text: 'event ' + events});
+  const deliver = (what, source, ev, extra = {}, expect = {}) => tasks.push(async () => {
+    const t = `/v1/inbox/${source}`;
+    return judge(what, 'POST', t, await send('POST', t, {headers: {...json, ...ev.headers, ...extra}, body: ev.body}), expect);
+  });
+  for (const [source, make] of Object.entries(sources)) {
+    for (let i = 0; i < 4; i++) deliver('an event', source, make(`${++events}`, payload()));
+    // Signatures.
+    if (source !== 'rec') {
+      const ev = make(`${++events}`, payload());
+      const name = Object.keys(ev.headers).find((h) => h !== 'X-Event-Id');
+      const good = ev.headers[name];
+      for (const sig of ['', 'x', good.toUpperCase(), good.slice(0, -1), good + '0', 'sha256=' + 'g'.repeat(64),
+                         good.replace('sha256=', ''), 's'.repeat(10000), good + ' ', '\t' + good]) {
+        deliver(`signature ${JSON.stringify(sig).slice(0, 20)}`, source, ev, {[name]: sig});
+      }
+      const unsigned = {...ev, headers: Object.fromEntries(Object.entries(ev.headers).filter(([h]) => h !== name))};
+      deliver('no signature', source, unsigned);
+    }
+    // Event ids.
+    for (const id of [null, '', 1.5, -1, 2 ** 64, 'x'.repeat(255), 'x'.repeat(256), 'é'.repeat(200), {a: 1}, [1],
+                      true, '\u0000', ' ', 'id with spaces']) {
+      if (source === 'git' && typeof id !== 'string') continue;  // a header is text
+      const ev = make(id, payload());
+      // A control byte in a header is the HTTP parser's to refuse, before
+      // any route (RFC 9110 5.5): no member to name.
+      const framing = source === 'git' && /[\u0000-\u001f]/.test(id);
+      deliver(`event id ${JSON.stringify(id).slice(0, 20)}`, source, ev, {}, framing ? {} : {pointer: ev.idPointer});
+    }
+    if (source === 'git') deliver('no event id', source, make('x', payload()), {'X-Event-Id': ''});
+    // Payloads: what the event carries to its decide, action or record.
+    for (const v of [...hostileValues({}), ...Array.from({length: 10}, () => randomValue())]) {
+      const ev = make(`${++events}`, v);
+      // Refused, it is refused where the sender put it.
+      deliver(`payload ${JSON.stringify(v)?.slice(0, 30)}`, source, ev, {},
+              ev.payloadPointer ? {pointer: ev.payloadPointer} : {});
+    }
+    // Bodies that are not the event.
+    for (const raw of ['', 'not json', '{', '[]', 'null', '{"a":'.repeat(5000), '{"update_id":1,"update_id":2}']) {
+      const ev = make(`${++events}`, payload());
+      const body = raw;
+      const headers = {...ev.headers};
+      if (source === 'git') headers['X-Signature'] = hmac(body);
+      deliver(`body ${JSON.stringify(raw).slice(0, 20)}`, source, {...ev, body, headers});
+    }
+    for (const ct of ['text/plain', 'application/x-www-form-urlencoded', '']) {
+      deliver(`Content-Type ${JSON.stringify(ct)}`, source, make(`${++events}`, payload()), {'Content-Type': ct});
+    }
+    // One event, eight deliveries at once.
+    const same = make(`${++events}`, payload());
+    tasks.push(async () => {
+      const t = `/v1/inbox/${source}`;
+      const rs = await Promise.all(Array.from({length: 8}, () =>
+        send('POST', t, {headers: {...json, ...same.headers}, body: same.body})));
+      let firsts = 0;
+      for (const r of rs) {
+        judge('the same event, eight at once', 'POST', t, r);
+        if (r.error || r.status >= 300) continue;
+        let b;
+        try { b = JSON.parse(r.body); } catch { b = {}; }
+        if (b.duplicate !== true) firsts++;
+      }
+      if (firsts > 1) fail('processed twice', `${t}: ${firsts} of 8 concurrent deliveries of one event were processed`);
+      if (source === 'rec' && firsts !== 1) fail('processed twice', `${t}: ${firsts} of 8 deliveries of one event recorded it`);
+    });
+  }
+  return tasks;
 }
 
 async function main() {
@@ -570,6 +698,7 @@ async function main() {
     const ops = operations();
     const tasks = [];
     for (const o of ops) tasks.push(...tasksFor(o, ids));
+    tasks.push(...inboxTasks());
     // Shuffled, so that no route sees only its own kind of trouble.
     for (let i = tasks.length - 1; i > 0; i--) {
       const j = Math.floor(rand() * (i + 1));
