@@ -369,6 +369,10 @@ async function setUp() {
     jsonrpc: '2.0', id: 1, method: 'initialize',
     params: {protocolVersion: '2025-06-18', capabilities: {}, clientInfo: {name: 'hostile', version: '1'}}})});
   ids.mcp_session_to_delete = init2.headers?.['mcp-session-id'];
+  const listed = await send('POST', '/mcp', {headers: {...json, ...mcpAccept, 'Mcp-Session-Id': ids.mcp_session},
+    body: JSON.stringify({jsonrpc: '2.0', id: 2, method: 'tools/list'})});
+  try { ids.tools = JSON.parse(listed.body).result.tools; } catch { ids.tools = []; }
+  if (ids.tools.length === 0) throw new Error(`set-up failed: tools/list answered ${listed.status} ${listed.body}`);
   if (!ids.work || !ids.lease_token || !ids.decision || !ids.plan || !ids.mcp_session ||
       !ids.trace || !ids.mcp_session_to_delete) {
     throw new Error(`set-up failed: ${claim.status} ${claim.body} / ${dec.status} ${dec.body} / ${plan.status} ${plan.body} / ${init.status} ${init.body}`);
@@ -684,6 +688,91 @@ function inboxTasks() {
   return tasks;
 }
 
+// Tool calls over MCP, as an agent might get them wrong: each tool with
+// arguments built from its input schema, then each argument removed, of a
+// wrong type, odd or random, and arguments that are no object. Every
+// answer is JSON-RPC with the call's id: a result (a refused call is a
+// result with isError and a text saying why, which names the one broken
+// argument of a call the tool otherwise takes) or an error.
+let rpcIds = 100;
+function mcpTasks(ids) {
+  const tasks = [];
+  const headers = {...json, ...mcpAccept, 'Mcp-Session-Id': ids.mcp_session};
+  const call = async (what, name, args, argument) => {
+    const id = ++rpcIds;
+    const params = args === undefined ? {name} : {name, arguments: args};
+    const r = judge(`${name}: ${what}`, 'POST', '/mcp',
+      await send('POST', '/mcp', {headers, body: JSON.stringify({jsonrpc: '2.0', id, method: 'tools/call', params})}));
+    if (!r || r.error || r.status !== 200) return r;
+    let b;
+    try { b = JSON.parse(r.body); } catch { fail('malformed JSON-RPC answer', `tools/call ${name} (${what}): not JSON`); return r; }
+    if (b.jsonrpc !== '2.0' || b.id !== id || ('result' in b) === ('error' in b)) {
+      fail('malformed JSON-RPC answer', `tools/call ${name} (${what}): ${r.body.slice(0, 200)}`);
+      return r;
+    }
+    const texts = (b.result?.content || []).filter((c) => c.type === 'text').map((c) => c.text);
+    if (b.result && (texts.length === 0 || texts.some((t) => typeof t !== 'string' || t === ''))) {
+      fail('malformed JSON-RPC answer', `tools/call ${name} (${what}): a result without text: ${r.body.slice(0, 200)}`);
+    }
+    if (argument !== undefined) {
+      pointerChecks++;
+      if (b.result?.isError === true && !texts.join(' ').includes(argument)) {
+        fail('wrong pointer', `tools/call ${name} (${what}): refused without naming ${argument}: ${texts.join(' ').slice(0, 200)}`);
+      }
+    }
+    return {...r, rpc: b};
+  };
+  const knownArgs = {work_id: ids.work, lease_token: ids.lease_token, plan_id: ids.plan, decision_id: ids.decision,
+                     order_id: 'o-2', amount: 50, ticket_id: 5, text: 'hi'};
+  for (const tool of ids.tools) {
+    const schema = tool.inputSchema || {};
+    const base = sample(schema, '', 0);
+    for (const k of Object.keys(schema.properties || {})) if (k in knownArgs) base[k] = knownArgs[k];
+    if (tool.name === 'do_send_reply') Object.assign(base, {ticket_id: 5, text: 'hi'});
+    const members = Object.keys(schema.properties || {});
+    tasks.push(async () => {
+      const r = await call('base', tool.name, base);
+      if (process.env.IDEM_HOSTILE_VERBOSE) console.log(`base tool ${tool.name}: ${JSON.stringify(r?.rpc)?.slice(0, 200)}`);
+      // Taken: answered, and not for its arguments (a call may still be
+      // refused for the work's state: done, busy, a dead letter).
+      const text = (r?.rpc?.result?.content || []).map((c) => c.text).join(' ');
+      const taken = r?.rpc?.result && !(r.rpc.result.isError === true && /argument/i.test(text));
+      if (!taken) return;
+      for (const m of members) {
+        const ms = deref(schema.properties[m]);
+        const t = Array.isArray(ms?.type) ? ms.type : ms?.type ? [ms.type] : [];
+        for (const [v, ty] of [[null, 'null'], [true, 'boolean'], [12345, 'integer'], ['str', 'string'], [[1], 'array'], [{a: 1}, 'object']]) {
+          if (t.length === 0 || t.includes(ty) || (ty === 'integer' && t.includes('number'))) continue;
+          await call(`/${m} of a wrong type`, tool.name, {...base, [m]: v}, `/${m}`);
+        }
+        if ((schema.required || []).includes(m)) {
+          const without = {...base};
+          delete without[m];
+          await call(`/${m} missing`, tool.name, without);
+        }
+      }
+      if (schema.additionalProperties === false) await call('an unknown argument', tool.name, {...base, zz_unknown: 1}, 'zz_unknown');
+    });
+    for (const m of [...members, 'zz']) {
+      for (const v of hostileValues(schema.properties?.[m])) {
+        tasks.push(() => call(`/${m} = ${JSON.stringify(v).slice(0, 30)}`, tool.name, {...base, [m]: v}));
+      }
+    }
+    for (let i = 0; i < 8; i++) {
+      const args = structuredClone(base);
+      for (let k = 1 + Math.floor(rand() * 3); k > 0; k--) args[pick([...members, 'zz'])] = randomValue();
+      tasks.push(() => call('random arguments', tool.name, args));
+    }
+    for (const args of [undefined, null, [], 'x', 5, nest(200, 1)]) {
+      tasks.push(() => call(`arguments ${JSON.stringify(args)?.slice(0, 20)}`, tool.name, args));
+    }
+  }
+  for (const name of ['', 'nope', 'do_', 'x'.repeat(5000), '\u0000', 'decide_triage_ticket ']) {
+    tasks.push(() => call('an unknown tool', name, {}));
+  }
+  return tasks;
+}
+
 async function main() {
   selfCheck();
   if (logDir) logFile = path.join(logDir, `responses-hostile-${process.pid}.jsonl`);
@@ -698,7 +787,7 @@ async function main() {
     const ops = operations();
     const tasks = [];
     for (const o of ops) tasks.push(...tasksFor(o, ids));
-    tasks.push(...inboxTasks());
+    tasks.push(...inboxTasks(), ...mcpTasks(ids));
     // Shuffled, so that no route sees only its own kind of trouble.
     for (let i = tasks.length - 1; i > 0; i--) {
       const j = Math.floor(rand() * (i + 1));
