@@ -2,11 +2,15 @@
 // daemon's own /openapi.json, builds a plausible request for each operation
 // (real ids from a set-up phase, bodies from the request schemas, the
 // known step and action kinds of config/idem.yaml), and then sends
-// hundreds of variations of each over raw sockets: bodies with a member
-// removed, of the wrong type, out of its bounds, deeply nested, invalid
-// UTF-8, truncated, not JSON, with a wrong or missing Content-Type;
-// odd path parameters (long, %00, %2F, invalid percent escapes, overlong
-// UTF-8); odd query values and Idempotency-Key / Prefer headers.
+// hundreds of variations of each over raw sockets: the request chunked and
+// with Expect: 100-continue; bodies with a member removed, of the wrong
+// type, out of its bounds, random, deeply nested, invalid UTF-8,
+// truncated, not JSON, with a wrong or missing Content-Type; odd path
+// parameters (long, %00, %2F, invalid percent escapes, overlong UTF-8);
+// odd query values and Idempotency-Key / Prefer headers. The config adds
+// three inbox sources (a token, an HMAC, none), whose events it delivers
+// signed and broken, and one of each eight times at once; over MCP it
+// calls every tool with broken arguments.
 //
 //   node tests/e2e/hostile_client.mjs build/idem [response-log-dir]
 //
@@ -14,10 +18,12 @@
 //   - never a 500 (an internal error on bad input), and no 5xx but a 503
 //     or 504 (overload, an upstream timeout), each with Retry-After;
 //   - every 4xx and 5xx is application/problem+json whose `status` is the
-//     HTTP status, with `type`, `title` and `detail`;
+//     HTTP status, with `type`, `title` and `detail` (on /mcp, a JSON-RPC
+//     error); every body is valid UTF-8;
 //   - a body that breaks one member of a request the daemon otherwise
 //     takes is refused at that member: a 400's `pointer` is that member's
-//     (or within it);
+//     (or within it); a tool's refusal names the broken argument;
+//   - an inbox event delivered eight times at once is processed once;
 //   - every connection gets an answer within 20 s (no crash, no reset, no
 //     hang), the daemon is ready (/readyz) at the end, and a SIGTERM stops
 //     it with exit code 0 (under AddressSanitizer, no leak and no error).
@@ -25,7 +31,8 @@
 // integration tests' JSONL format), for tests/e2e/openapi_check.mjs to check
 // against the spec: each status documented, each body valid.
 // IDEM_HOSTILE_SEED varies the random choices (default 1); the run prints
-// its seed, its counts, and the first failures of each kind. Exit code 0
+// its seed, its counts, and the first failures of each kind
+// (IDEM_HOSTILE_VERBOSE=1: also each operation's first answer). Exit code 0
 // when every answer passes, 1 otherwise.
 import {spawn} from 'node:child_process';
 import crypto from 'node:crypto';
