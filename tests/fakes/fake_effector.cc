@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "tests/fakes/serve.h"
@@ -114,6 +115,18 @@ void FakeEffectorServer::Reset() {
   collections_.clear();
   keys_.clear();
   calls_.clear();
+}
+
+bool FakeEffectorServer::WaitForEffects(int64_t n, std::chrono::milliseconds limit) const {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stats_.effects >= n) return true;
+    }
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 FakeEffectorStats FakeEffectorServer::stats() const {

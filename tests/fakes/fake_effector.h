@@ -47,6 +47,7 @@
 // are served.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -118,6 +119,11 @@ class FakeEffectorServer {
   void Reset();
 
   FakeEffectorStats stats() const;
+  // Waits until at least `n` effects have been committed (a delayed
+  // create landing, with its Idempotency-Key's stored answer), up to
+  // `limit` of wall time; false when it ran out. Tests wait on this, not
+  // on a sleep that a loaded or sanitized run can outlast.
+  bool WaitForEffects(int64_t n, std::chrono::milliseconds limit) const;
   // Removes the record `id` from whichever collection holds it; false if none.
   bool DeleteRecord(const std::string& id);
   // The records of `collection` ("replies", "records", "messages", "items").

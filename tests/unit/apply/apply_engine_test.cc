@@ -182,7 +182,7 @@ TEST_CASE(
   h.env_.Advance(100);
   CHECK(h.RunDue() == 0);
   // ...and by then the slow create has landed: the lookup finds it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  REQUIRE(h.fake().WaitForEffects(1, std::chrono::seconds(30)));
   h.env_.Advance(300);
   CHECK(h.RunDue() == 1);
   WorkItem done = h.Get(h.WorkId("create_ticket", args));
@@ -217,7 +217,7 @@ TEST_CASE(
   h.env_.Advance(1);
   CHECK(h.RunDue() == 0);
   // By then the first call has finished: the third attempt replays its answer.
-  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  REQUIRE(h.fake().WaitForEffects(1, std::chrono::seconds(30)));
   h.env_.Advance(300);
   CHECK(h.RunDue() == 1);
   WorkItem done = h.Get(work_id);

@@ -205,7 +205,7 @@ TEST_CASE("a client timeout is retryable, and the slow effect still lands once")
   EffectAttempt during = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
   CHECK(during.status.code() == Code::kAborted);
   CHECK(during.status.retryable());
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  REQUIRE(h.fake().WaitForEffects(1, std::chrono::seconds(30)));  // the first call lands
   EffectAttempt after = (*effector)->Execute(Item({{"ticket_id", "T-1"}}), context);
   REQUIRE(after.status.ok());
   CHECK(after.result.external_ref == "rep_1");
