@@ -242,6 +242,18 @@ function randomValue(depth = 0) {
   return o;
 }
 
+// The JSON types a member's schema allows ([] when it names none).
+const typesOf = (schema) => (Array.isArray(schema?.type) ? schema.type : schema?.type ? [schema.type] : []);
+
+// A value of each JSON type `schema` does not allow (none for a schema
+// that names no type: it takes anything).
+function wrongTypeValues(schema) {
+  const t = typesOf(schema);
+  return [[null, 'null'], [true, 'boolean'], [12345, 'integer'], ['str', 'string'], [[1], 'array'], [{a: 1}, 'object']]
+    .filter(([, ty]) => t.length > 0 && !t.includes(ty) && !(ty === 'integer' && t.includes('number')))
+    .map(([v]) => v);
+}
+
 function nest(depth, leaf) {
   let v = leaf;
   for (let i = 0; i < depth; i++) v = i % 2 ? [v] : {a: v};
@@ -252,7 +264,7 @@ function nest(depth, leaf) {
 // own schema could still take it (then any answer but a 5xx will do).
 function hostileValues(schema) {
   schema = deref(schema) || {};
-  const types = new Set(Array.isArray(schema.type) ? schema.type : schema.type ? [schema.type] : []);
+  const types = new Set(typesOf(schema));
   const out = [null, true, 0, -1, 1.5, -0, 1e308, 9007199254740993, -9223372036854775809, '', 'x',
                [], {}, [1, 'a', null], {'': {'\u0000': 1}}, '\u0000', '\ud800', '\u202e\u0000💥',
                'x'.repeat(70000), nest(60, 1), nest(200, 'deep'), ' '.repeat(300), '../../etc/passwd',
@@ -443,15 +455,15 @@ function tasksFor({template, method, op}, ids) {
   const keyed = template.startsWith('/v1/actions/') || template.endsWith('/apply') ||
                 (method === 'POST' && template !== '/mcp' && rand() < 0.3);
   const withKey = (h) => (keyed && !('Idempotency-Key' in h) ? {...h, 'Idempotency-Key': `"h-${++keys}"`} : h);
-  const headers = fixed;
-  const send1 = (t, h, body) => send(method, t, {headers: withKey({...fixed, ...h}), body});
+  const send1 = (t, h, body, chunked = false) =>
+    send(method, t, {headers: withKey({...fixed, ...h}), body, chunked});
   const post = (what, body, extra = {}, expect = {}, t = target) => tasks.push(async () =>
     judge(what, method, t, await send1(t, extra, body), expect));
   // The request as it is, framed otherwise.
   if (baseText !== null) {
     for (let i = 0; i < 3; i++) {
       tasks.push(async () => judge('chunked', method, target,
-        await send(method, target, {headers: withKey(fixed), body: baseText, chunked: true})));
+        await send1(target, {}, baseText, true)));
     }
     post('Expect: 100-continue', baseText, {'Expect': '100-continue'});
     post('Expect: something else', baseText, {'Expect': 'teapot'});
@@ -464,7 +476,7 @@ function tasksFor({template, method, op}, ids) {
     // The same request chunked: framed otherwise, read the same.
     if (baseText !== null && r && !r.error) {
       const c = judge('base, chunked', method, target,
-                      await send(method, target, {headers: withKey(fixed), body: baseText, chunked: true}));
+                      await send1(target, {}, baseText, true));
       if (c && !c.error && (c.status === 400) !== (r.status === 400)) {
         fail('chunked read otherwise', `${method} ${target}: ${r.status} as sent, ${c.status} chunked: ${c.body.slice(0, 200)}`);
       }
@@ -477,12 +489,8 @@ function tasksFor({template, method, op}, ids) {
     const more = [];
     for (const m of members) {
       const ms = deref(schema.properties[m]);
-      const t = Array.isArray(ms?.type) ? ms.type : ms?.type ? [ms.type] : [];
-      // A value of a type the member's schema does not allow.
-      const wrong = [[null, 'null'], [true, 'boolean'], [12345, 'integer'], ['str', 'string'],
-                     [[1], 'array'], [{a: 1}, 'object']].filter(([, ty]) =>
-        t.length > 0 && !t.includes(ty) && !(ty === 'integer' && t.includes('number')));
-      for (const [v] of wrong) {
+      const t = typesOf(ms);
+      for (const v of wrongTypeValues(ms)) {
         more.push(async () => judge(`/${m} of a wrong type`, method, target,
           await send1(target, {}, JSON.stringify({...base, [m]: v})), {pointer: `/${m}`}));
       }
@@ -746,10 +754,7 @@ function mcpTasks(ids) {
       const taken = r?.rpc?.result && !(r.rpc.result.isError === true && /argument/i.test(text));
       if (!taken) return;
       for (const m of members) {
-        const ms = deref(schema.properties[m]);
-        const t = Array.isArray(ms?.type) ? ms.type : ms?.type ? [ms.type] : [];
-        for (const [v, ty] of [[null, 'null'], [true, 'boolean'], [12345, 'integer'], ['str', 'string'], [[1], 'array'], [{a: 1}, 'object']]) {
-          if (t.length === 0 || t.includes(ty) || (ty === 'integer' && t.includes('number'))) continue;
+        for (const v of wrongTypeValues(deref(schema.properties[m]))) {
           await call(`/${m} of a wrong type`, tool.name, {...base, [m]: v}, `/${m}`);
         }
         if ((schema.required || []).includes(m)) {
