@@ -26,15 +26,6 @@ using namespace idem::bench;
 
 namespace {
 
-long StatusKb(pid_t pid, const char* field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::strlen(field) + 1);
-  }
-  return -1;
-}
-
 void Row(const char* name, int conns, const LoadResult& r) {
   std::printf("%-34s %5d %12.0f %10.0f %10.0f %10.0f %8ld\n", name, conns, r.requests_per_s,
               r.p50_us, r.p99_us, r.max_us, r.errors);

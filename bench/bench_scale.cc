@@ -8,7 +8,6 @@
 //
 //   build/bench/bench_scale [--n 100000] [--work N] [--conns 16] [--keep]
 #include <fcntl.h>
-#include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,78 +23,13 @@
 #include <vector>
 
 #include "bench/loadgen.h"
+#include "bench/store_families.h"
 
 namespace fs = std::filesystem;
 using namespace idem::bench;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-long StatusKb(pid_t pid, const char* field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::strlen(field) + 1);
-  }
-  return -1;
-}
-
-double Mb(long kb) { return kb / 1024.0; }
-
-uint64_t DirBytes(const std::string& dir) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    if (it->is_regular_file(ec)) total += it->file_size(ec);
-  }
-  return total;
-}
-
-uint64_t WalBytes(const std::string& dir) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::end(it); it.increment(ec)) {
-    if (it->path().extension() == ".log") total += it->file_size(ec);
-  }
-  return total;
-}
-
-// One blocking keep-alive connection: send a request, read one answer.
-struct Client {
-  int fd = -1;
-  std::string buf;
-  explicit Client(int port) : fd(Connect(port)) {}
-  ~Client() {
-    if (fd >= 0) close(fd);
-  }
-  // The status (0 on a broken connection); `body` gets the answer's body.
-  int Call(const std::string& request, std::string* body) {
-    if (fd < 0 || send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-                      static_cast<ssize_t>(request.size())) {
-      return 0;
-    }
-    buf.clear();
-    size_t need = 0, body_at = 0;
-    char tmp[16384];
-    while (need == 0 || buf.size() < need) {
-      ssize_t got = recv(fd, tmp, sizeof(tmp), 0);
-      if (got <= 0) return 0;
-      buf.append(tmp, static_cast<size_t>(got));
-      if (need == 0) {
-        size_t end = buf.find("\r\n\r\n");
-        if (end == std::string::npos) continue;
-        size_t cl = buf.find("Content-Length: ");
-        if (cl == std::string::npos || cl > end) cl = buf.find("content-length: ");
-        size_t len = cl == std::string::npos ? 0 : std::strtoul(buf.c_str() + cl + 16, nullptr, 10);
-        body_at = end + 4;
-        need = body_at + len;
-      }
-    }
-    if (body != nullptr) body->assign(buf, body_at, need - body_at);
-    return std::atoi(buf.c_str() + 9);
-  }
-};
 
 // Runs `op(i, client)` for i in [0, n) over `conns` connections, one thread
 // each; returns the number of failed operations.
@@ -107,11 +41,11 @@ long Fill(const char* what, int port, uint64_t n, int conns, Op op) {
   auto t0 = Clock::now();
   for (int c = 0; c < conns; ++c) {
     threads.emplace_back([&] {
-      auto client = std::make_unique<Client>(port);
+      auto client = std::make_unique<BlockingClient>(port);
       for (uint64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
         if (!op(i, *client)) {
           errors++;
-          client = std::make_unique<Client>(port);
+          client = std::make_unique<BlockingClient>(port);
         }
         if (i > 0 && i % (n / 10 == 0 ? 1 : n / 10) == 0) {
           std::fprintf(stderr, "  %s: %lu/%lu\n", what, static_cast<unsigned long>(i),
@@ -167,7 +101,7 @@ struct Daemon {
         if (!(pf >> port)) port = 0;
       }
       if (port != 0) {
-        Client c(port);
+        BlockingClient c(port);
         if (c.Call(health, nullptr) == 200) {
           return std::chrono::duration<double>(Clock::now() - t0).count();
         }
@@ -194,7 +128,7 @@ struct Daemon {
 // The store's memory by part, from the daemon's /metrics
 // (idem_store_memory_bytes{part=...}).
 void PrintStoreMemory(int port) {
-  Client c(port);
+  BlockingClient c(port);
   std::string text;
   if (c.Call(GetRequest("/metrics"), &text) != 200) return;
   const std::string prefix = "idem_store_memory_bytes{part=\"";
@@ -208,32 +142,6 @@ void PrintStoreMemory(int port) {
                 std::atof(text.c_str() + value_at + 1) / 1048576.0);
   }
   std::printf("\n");
-}
-
-// Bytes on disk (SST + memtable) and keys per column family, read with the
-// daemon stopped.
-void PrintFamilies(const std::string& path) {
-  std::vector<std::string> names;
-  rocksdb::Options options;
-  if (!rocksdb::DB::ListColumnFamilies(options, path, &names).ok()) return;
-  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
-  for (const auto& n : names) descriptors.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  if (!rocksdb::DB::OpenForReadOnly(options, path, descriptors, &handles, &db).ok()) return;
-  std::printf("\n%-22s %12s %12s %10s\n", "column family", "sst bytes", "keys (est)", "B/key");
-  for (auto* h : handles) {
-    uint64_t sst = 0, keys = 0;
-    db->GetIntProperty(h, "rocksdb.total-sst-files-size", &sst);
-    db->GetIntProperty(h, "rocksdb.estimate-num-keys", &keys);
-    if (sst != 0 || keys != 0) {
-      std::printf("%-22s %12lu %12lu %10.0f\n", h->GetName().c_str(),
-                  static_cast<unsigned long>(sst), static_cast<unsigned long>(keys),
-                  keys ? static_cast<double>(sst) / keys : 0.0);
-    }
-    db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
-  }
-  delete db;
 }
 
 }  // namespace
@@ -266,14 +174,14 @@ int main(int argc, char** argv) {
 
   // Distinct ticket ids give distinct decision keys (received_at is dropped
   // from the key, ticket_id and text are not).
-  Fill("decide (cache misses)", d.port, n, conns, [](uint64_t i, Client& c) {
+  Fill("decide (cache misses)", d.port, n, conns, [](uint64_t i, BlockingClient& c) {
     const std::string body = R"({"step":"triage_ticket","input":{"ticket_id":)" +
                              std::to_string(i) + R"(,"text":"refund please, order )" +
                              std::to_string(i) + R"("}})";
     int status = c.Call(PostRequest("/v1/decide", body), nullptr);
     return status == 200 || status == 201;
   });
-  Fill("work claim + complete", d.port, n_work, conns, [](uint64_t i, Client& c) {
+  Fill("work claim + complete", d.port, n_work, conns, [](uint64_t i, BlockingClient& c) {
     std::string answer;
     const std::string claim = R"({"kind":"send_reply","identity":{"ticket_id":)" +
                               std::to_string(i) + R"(,"text":"scale"},"lease":"60s"})";
@@ -310,7 +218,7 @@ int main(int argc, char** argv) {
   // Writes after the restart sit in the WAL and memtables: what kill -9
   // leaves for recovery to replay.
   Fill("decide after restart", d.port, std::min<uint64_t>(n, 50'000), conns,
-       [n](uint64_t i, Client& c) {
+       [n](uint64_t i, BlockingClient& c) {
          const std::string body = R"({"step":"triage_ticket","input":{"ticket_id":)" +
                                   std::to_string(n + i) + R"(,"text":"refund please"}})";
          int status = c.Call(PostRequest("/v1/decide", body), nullptr);

@@ -223,6 +223,75 @@ inline std::string GetRequest(const std::string& path) {
   return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 }
 
+// A field of /proc/<pid>/status in kB (VmRSS:, VmHWM:, ...); -1 if absent.
+inline long StatusKb(pid_t pid, const char* field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::strlen(field) + 1);
+  }
+  return -1;
+}
+
+inline double Mb(long kb) { return kb / 1024.0; }
+
+// Bytes of the regular files under `dir`, and of its WAL files (*.log).
+inline uint64_t DirBytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::end(it); it.increment(ec)) {
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+inline uint64_t WalBytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::end(it); it.increment(ec)) {
+    if (it->path().extension() == ".log") total += it->file_size(ec);
+  }
+  return total;
+}
+
+// One blocking keep-alive connection: send a request, read one answer.
+struct BlockingClient {
+  int fd = -1;
+  std::string buf;
+  explicit BlockingClient(const Endpoint& to) : fd(Connect(to)) {}
+  ~BlockingClient() {
+    if (fd >= 0) close(fd);
+  }
+  // The status (0 on a broken connection); `body` gets the answer's body.
+  int Call(const std::string& request, std::string* body) {
+    if (fd < 0 || send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+                      static_cast<ssize_t>(request.size())) {
+      return 0;
+    }
+    buf.clear();
+    size_t need = 0, body_at = 0;
+    char tmp[16384];
+    while (need == 0 || buf.size() < need) {
+      ssize_t got = recv(fd, tmp, sizeof(tmp), 0);
+      if (got <= 0) return 0;
+      buf.append(tmp, static_cast<size_t>(got));
+      if (need == 0) {
+        size_t end = buf.find("\r\n\r\n");
+        if (end == std::string::npos) continue;
+        size_t cl = buf.find("Content-Length: ");
+        if (cl == std::string::npos || cl > end) cl = buf.find("content-length: ");
+        size_t len = cl == std::string::npos ? 0 : std::strtoul(buf.c_str() + cl + 16, nullptr, 10);
+        body_at = end + 4;
+        need = body_at + len;
+      }
+    }
+    if (body != nullptr) body->assign(buf, body_at, need - body_at);
+    return std::atoi(buf.c_str() + 9);
+  }
+};
+
 // The real daemon binary in its own process on the default config, with a
 // fresh store in a temp folder, on a free loopback port. Environment:
 // IDEM_BENCH_BINARY runs another daemon binary; IDEM_BENCH_KEEP keeps the
