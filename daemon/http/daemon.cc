@@ -1,5 +1,6 @@
 #include "daemon/http/daemon.h"
 
+#include <chrono>
 #include <filesystem>
 
 #include "daemon/core/crypto.h"
@@ -13,6 +14,7 @@
 #include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
 #include "daemon/plans/journal_notifier.h"
+#include "daemon/store/retention.h"
 #include "providers/registry.h"
 #include "providers/schema_lint.h"
 
@@ -344,8 +346,14 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
 }
 
 void Daemon::SweepLoop() {
+  // One series per kind, at zero from the start.
+  std::vector<Counter*> swept_by_kind;
+  for (const auto& [kind, zero] : RetentionCounts{}.ByKind()) {
+    swept_by_kind.push_back(&metrics_.retention_swept.Declare({kind}));
+  }
   std::unique_lock<std::mutex> lock(sweep_mu_);
   int pass = 0;
+  bool sweep_behind = false;
   while (!stopping_) {
     sweep_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
     if (stopping_) break;
@@ -364,21 +372,35 @@ void Daemon::SweepLoop() {
       LogEvent(LogLevel::kWarn, "plan_settle_failed", {{"error", settled.status().ToString()}});
     }
     // Tests only: the failpoint "daemon.sweep_every_second" sweeps every pass.
-    if (++pass % kSweepEveryPasses != 0 && Failpoints::Hit("daemon.sweep_every_second").ok()) {
+    // A pass that ran out of time before the backlog did is followed by
+    // another on the next second.
+    if (++pass % kSweepEveryPasses != 0 && !sweep_behind &&
+        Failpoints::Hit("daemon.sweep_every_second").ok()) {
       lock.lock();
       continue;
     }
-    const int64_t now = clock_->NowMillis();
-    auto keys = store_->idem_keys().SweepExpired(now, 10'000);
-    auto work = store_->journal().SweepExpired(now, 10'000);
-    auto decisions = store_->decisions().SweepExpired(now, 10'000);
-    auto leases = store_->leases().SweepExpired(now, 10'000);
-    auto escalations =
-        store_->escalations().SweepResolved(now - kFinishedRecordRetentionMs, 10'000);
-    auto plans = store_->plans().SweepFinished(now - kFinishedRecordRetentionMs, 10'000);
-    // Trace entries live as long as the finished records they point at.
-    auto traces = store_->traces().SweepBefore(now - kFinishedRecordRetentionMs, 10'000);
-    auto events = outbox_->Sweep(now, 10'000);
+    RetentionPass retention;
+    retention.now_ms = clock_->NowMillis();
+    retention.finished_cutoff_ms = retention.now_ms - kFinishedRecordRetentionMs;
+    retention.monotonic_ms = [] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    retention.outbox = [this](int64_t now_ms, size_t limit) {
+      return outbox_->Sweep(now_ms, limit);
+    };
+    const RetentionCounts swept = SweepRetention(*store_, retention);
+    sweep_behind = swept.behind;
+    if (swept.behind) metrics_.retention_behind.Inc();
+    Json fields = Json::object();
+    for (size_t i = 0; const auto& [kind, n] : swept.ByKind()) {
+      swept_by_kind[i++]->Inc(n);
+      fields[kind] = n;
+    }
+    if (!swept.first_error.ok()) {
+      LogEvent(LogLevel::kWarn, "sweep_failed", {{"error", swept.first_error.ToString()}});
+    }
     if (pass % (kSweepEveryPasses * kReconcileEverySweeps) == 0) {
       auto report = apply_->Reconcile();
       if (report.ok() && !report->findings.empty()) {
@@ -388,19 +410,10 @@ void Daemon::SweepLoop() {
     // Hand what a burst of requests freed back to the system, so that RSS
     // comes down after load instead of staying at its peak.
     ReleaseFreeMemory();
-    auto count = [](const StatusOr<size_t>& n) { return n.ok() ? *n : size_t{0}; };
-    if (count(keys) + count(work) + count(decisions) + count(leases) + count(escalations) +
-            count(plans) + count(events) + count(traces) >
-        0) {
-      LogEvent(LogLevel::kDebug, "swept",
-               {{"idempotency_keys", count(keys)},
-                {"work", count(work)},
-                {"decisions", count(decisions)},
-                {"leases", count(leases)},
-                {"escalations", count(escalations)},
-                {"plans", count(plans)},
-                {"outbox_events", count(events)},
-                {"traces", count(traces)}});
+    if (swept.total() > 0) {
+      fields["rounds"] = swept.rounds;
+      fields["behind"] = swept.behind;
+      LogEvent(swept.behind ? LogLevel::kInfo : LogLevel::kDebug, "swept", fields);
     }
     lock.lock();
   }

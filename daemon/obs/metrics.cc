@@ -297,6 +297,10 @@ std::string Metrics::RenderPrometheus() const {
   outbox_deliveries.Render(out);
   outbox_cursor.Render(out);
   IDEM_METRIC(store_errors, "Store errors.");
+  retention_swept.Render(out);
+  IDEM_METRIC(retention_behind,
+              "Sweep passes that ran out of time with records left to delete (the next pass "
+              "follows a second later).");
   store_write_seconds.Render(out);
   IDEM_METRIC(trace_entries_dropped,
               "Trace entries dropped because the trace index's queue was full.");

@@ -278,6 +278,7 @@ struct Metrics {
   Counter inbox_duplicates;  // repeated deliveries answered without running again
   Counter store_errors;
   Counter trace_entries_dropped;  // the trace index's queue was full (mirrored at /metrics)
+  Counter retention_behind;       // sweep passes that ran out of time with records left
 
   // Labelled families. Route label: "METHOD /pattern" from the route table,
   // or "unmatched" (no route: 404/405, or a request that did not parse).
@@ -332,6 +333,11 @@ struct Metrics {
       "The seq of the last outbox event each subscriber took (its durable cursor), as this "
       "daemon moved it.",
       {"subscriber"}};
+  Family<Counter> retention_swept{
+      "idem_retention_swept_total",
+      "Records the sweeper deleted past their window, by kind (idempotency_keys, work, "
+      "decisions, leases, escalations, plans, traces, outbox_events).",
+      {"kind"}};
   Family<Counter> work_duplicates{
       "idem_work_duplicates_total",
       "Claims of work already done (blocked duplicate effects), by action kind.",

@@ -817,6 +817,39 @@ size_t RocksDatabase::StripeOf(Family f, std::string_view key) {
   return h % kStripes;
 }
 
+// The stripes held are a set decided at run time, which the thread-safety
+// analysis cannot follow: each is released in Flush, after the write.
+Status ChunkedSweep::Lock(Mutex& mu) NO_THREAD_SAFETY_ANALYSIS {
+  if (std::find(held_.begin(), held_.end(), &mu) != held_.end()) return Status::Ok();
+  if (!held_.empty() && !mu.TryLock()) {
+    RETURN_IF_ERROR(Flush());
+  }
+  if (held_.empty()) mu.Lock();
+  held_.push_back(&mu);
+  return Status::Ok();
+}
+
+Status ChunkedSweep::Next() {
+  if (++records_ < kChunk) return Status::Ok();
+  return Flush();
+}
+
+Status ChunkedSweep::Flush() NO_THREAD_SAFETY_ANALYSIS {
+  Status written = db_.Commit(*batch_, /*durable=*/false);
+  for (auto& fn : after_) fn();
+  for (Mutex* m : held_) m->Unlock();
+  held_.clear();
+  after_.clear();
+  records_ = 0;
+  batch_ = std::make_unique<RecordBatch>(db_);
+  return written;
+}
+
+ChunkedSweep::~ChunkedSweep() {
+  Status ignored = Flush();  // an early return's error is the one its caller reports
+  (void)ignored;
+}
+
 }  // namespace idem::rocks
 
 // librocksdb is not built with ThreadSanitizer: its memtable publishes

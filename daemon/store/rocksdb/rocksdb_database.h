@@ -28,6 +28,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -197,7 +198,9 @@ class RocksDatabase {
   StatusOr<std::vector<std::string>> ExpiredIndexKeys(Family index, int64_t now_ms, size_t limit,
                                                       std::string_view what);
 
-  // The lock stripe for `key` of family `f` (kStripes of them). Hold at most one.
+  // The lock stripe for `key` of family `f` (kStripes of them). Hold at most
+  // one, unless the others were taken in address order (the journal's
+  // batches) or without waiting (ChunkedSweep).
   Mutex& LockFor(Family f, std::string_view key) { return stripes_[StripeOf(f, key)]; }
   // Which stripe LockFor(f, key) is, in [0, kStripes): for state a store
   // keeps per stripe, guarded by that stripe.
@@ -269,6 +272,47 @@ class RocksDatabase {
   uint64_t outbox_next_ GUARDED_BY(outbox_mu_) = 1;
   std::string store_id_;  // set by Open before the database is shared
   std::set<uint64_t> outbox_in_flight_ GUARDED_BY(outbox_mu_);
+};
+
+// A sweep's deletions written a chunk of records at a time: one store
+// write per chunk instead of one per record. A record's lock stripe is held
+// from its check until its chunk is written (what one write per record did),
+// so a caller that waits for the stripe sees the record either there or
+// gone. Only the first stripe of a chunk is waited for; the others are taken
+// with TryLock, and a busy one writes the chunk and releases every stripe
+// before waiting for it: a sweep never waits while holding a stripe. (Per
+// record, a sweep under load wrote one record per group commit, about a
+// thousand a second; bench/bench_soak.cc.)
+//
+// Deletions only, written not durable: losing them in a crash brings back
+// records that read as expired. Thread-safety: one thread per object.
+class ChunkedSweep {
+ public:
+  static constexpr size_t kChunk = 64;  // records per write: at most 64 stripes of 1,024 held
+  explicit ChunkedSweep(RocksDatabase& db) : db_(db), batch_(std::make_unique<RecordBatch>(db)) {}
+  ~ChunkedSweep();  // writes what is staged (its status is lost: call Flush to see it)
+  ChunkedSweep(const ChunkedSweep&) = delete;
+  ChunkedSweep& operator=(const ChunkedSweep&) = delete;
+
+  // Holds `mu` until the chunk is written (at once when held already). May
+  // write the chunk first: a RecordBatch& taken before it is then stale.
+  Status Lock(Mutex& mu);
+  // Where the current record's deletions go (after its Lock).
+  RecordBatch& batch() { return *batch_; }
+  // Runs after the chunk's write, whatever its status, with its stripes
+  // still held (a store's per-stripe cache).
+  void AfterWrite(std::function<void()> fn) { after_.push_back(std::move(fn)); }
+  // The current record is staged: writes the chunk when it is full.
+  Status Next();
+  // Writes the chunk and releases its stripes.
+  Status Flush();
+
+ private:
+  RocksDatabase& db_;
+  std::unique_ptr<RecordBatch> batch_;
+  std::vector<Mutex*> held_;
+  std::vector<std::function<void()>> after_;
+  size_t records_ = 0;
 };
 
 }  // namespace idem::rocks

@@ -284,19 +284,23 @@ StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) 
       std::vector<std::string> candidates,
       db_.ExpiredIndexKeys(Family::kDecisionsExpiry, now_ms, limit, "expired decisions"));
   size_t swept = 0;
+  ChunkedSweep sweep(db_);
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
     const std::string id = index_key.substr(8);
     ASSIGN_OR_RETURN(std::optional<Decision> seen, Load(id, /*whole=*/false));
-    RecordBatch batch(db_);
-    batch.Delete(Family::kDecisionsExpiry, index_key);
     if (!seen) {
-      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));  // stale; not expected
+      sweep.batch().Delete(Family::kDecisionsExpiry, index_key);  // stale; not expected
+      RETURN_IF_ERROR(sweep.Next());
       continue;
     }
-    // The key's stripe: a PutIfAbsent or Replace of the same key waits, so
-    // it never sees the key pointing at a record that is gone.
-    MutexLock lock(db_.LockFor(Family::kDecisionKeys, seen->decision_key));
+    // The key's stripe, until the chunk is written: a PutIfAbsent or
+    // Replace of the same key waits, so it never sees the key pointing at
+    // a record that is gone. (Taking it may write the chunk: the batch is
+    // looked up after.)
+    RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kDecisionKeys, seen->decision_key)));
+    RecordBatch& batch = sweep.batch();
+    batch.Delete(Family::kDecisionsExpiry, index_key);
     bool apart = false;
     ASSIGN_OR_RETURN(std::optional<Decision> d, Load(id, /*whole=*/false, nullptr, &apart));
     if (d && d->expires_at_ms != 0 && d->expires_at_ms <= now_ms) {
@@ -306,16 +310,16 @@ StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) 
       batch.Delete(Family::kDecisionsByStep, LengthPrefixed(d->step) + Position(*d));
       ASSIGN_OR_RETURN(std::optional<std::string> current,
                        db_.Get(Family::kDecisionKeys, d->decision_key));
-      const bool is_current = current && *current == id;
-      if (is_current) batch.Delete(Family::kDecisionKeys, d->decision_key);
-      // Losing a sweep in a crash only brings back a decision that reads as expired.
-      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
-      if (is_current) Forget(d->decision_key);
+      if (current && *current == id) {
+        batch.Delete(Family::kDecisionKeys, d->decision_key);
+        sweep.AfterWrite([this, key = d->decision_key] { Forget(key); });
+      }
       ++swept;
-    } else {
-      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
     }
+    // Losing a sweep in a crash only brings back a decision that reads as expired.
+    RETURN_IF_ERROR(sweep.Next());
   }
+  RETURN_IF_ERROR(sweep.Flush());
   return swept;
 }
 

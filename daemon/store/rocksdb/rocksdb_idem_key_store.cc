@@ -269,23 +269,24 @@ StatusOr<size_t> RocksIdemKeyStore::SweepExpired(int64_t now_ms, size_t limit) {
       std::vector<std::string> candidates,
       db_.ExpiredIndexKeys(Family::kIdemExpiry, now_ms, limit, "expired idempotency keys"));
   size_t swept = 0;
+  ChunkedSweep sweep(db_);
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
     std::string record_key = index_key.substr(8);
-    MutexLock lock(db_.LockFor(Family::kIdemKeys, record_key));
+    RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kIdemKeys, record_key)));
     ASSIGN_OR_RETURN(std::optional<IdemRecord> current, Load(record_key));
-    RecordBatch batch(db_);
     if (current && Expired(*current, now_ms)) {
-      Stage(batch, record_key, current, nullptr);
+      Stage(sweep.batch(), record_key, current, nullptr);
       ++swept;
     } else if (current && index_key.compare(0, 8, BigEndian8(current->expires_at_ms)) == 0) {
       continue;  // held past its window (IdemKeyOver): swept once its holder is done
     } else {
-      batch.Delete(Family::kIdemExpiry, index_key);  // stale; not expected
+      sweep.batch().Delete(Family::kIdemExpiry, index_key);  // stale; not expected
     }
     // Losing a sweep in a crash only brings back a record that reads as absent.
-    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    RETURN_IF_ERROR(sweep.Next());
   }
+  RETURN_IF_ERROR(sweep.Flush());
   return swept;
 }
 

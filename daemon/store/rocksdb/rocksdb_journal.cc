@@ -544,23 +544,25 @@ StatusOr<size_t> RocksJournal::SweepExpired(int64_t now_ms, size_t limit) {
   ASSIGN_OR_RETURN(std::vector<std::string> candidates,
                    db_.ExpiredIndexKeys(Family::kJournalExpiry, now_ms, limit, "expired work"));
   size_t swept = 0;
+  ChunkedSweep sweep(db_);
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
     std::string work_id = index_key.substr(8);
-    MutexLock lock(db_.LockFor(Family::kJournal, work_id));
+    RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kJournal, work_id)));
     ASSIGN_OR_RETURN(std::optional<WorkItem> current, Load(work_id));
-    RecordBatch batch(db_);
     if (current && Expired(*current, now_ms)) {
-      Stage(batch, current, nullptr);
+      Stage(sweep.batch(), current, nullptr);
       ++swept;
     } else {
-      batch.Delete(Family::kJournalExpiry, index_key);  // stale; not expected
+      sweep.batch().Delete(Family::kJournalExpiry, index_key);  // stale; not expected
     }
     // Losing a sweep in a crash only brings back a record that reads as absent.
-    Status written = db_.Commit(batch, /*durable=*/false);
-    NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id, std::nullopt);
-    RETURN_IF_ERROR(written);
+    sweep.AfterWrite([this, work_id] {
+      NoteWrite(RocksDatabase::StripeOf(Family::kJournal, work_id), work_id, std::nullopt);
+    });
+    RETURN_IF_ERROR(sweep.Next());
   }
+  RETURN_IF_ERROR(sweep.Flush());
   return swept;
 }
 

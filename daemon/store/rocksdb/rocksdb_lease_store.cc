@@ -95,15 +95,16 @@ StatusOr<size_t> RocksLeaseStore::SweepExpired(int64_t now_ms, size_t limit) {
     sweep_from_ = it->Valid() ? it->key().ToString() : std::string();  // the end: from the start
   }
   size_t swept = 0;
+  ChunkedSweep sweep(db_);
   for (const std::string& name : candidates) {
-    MutexLock lock(db_.LockFor(Family::kLeases, name));
+    RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kLeases, name)));
     ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
     if (!current || current->expires_at_ms > now_ms) continue;  // renewed meanwhile
-    RecordBatch batch(db_);
-    batch.Delete(Family::kLeases, name);
-    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    sweep.batch().Delete(Family::kLeases, name);
     ++swept;
+    RETURN_IF_ERROR(sweep.Next());
   }
+  RETURN_IF_ERROR(sweep.Flush());
   return swept;
 }
 

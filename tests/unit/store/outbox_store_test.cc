@@ -36,14 +36,7 @@ Plan MakePlan(const std::string& id) {
 }
 
 Decision MakeDecision(const std::string& id, const std::string& key) {
-  Decision d;
-  d.decision_id = id;
-  d.decision_key = key;
-  d.step = "triage";
-  d.output = Json{{"ok", true}};
-  d.material = Json{{"k", key}};
-  d.created_at_ms = kT0;
-  return d;
+  return testing::MakeDecision(id, key, kT0);
 }
 
 std::vector<OutboxEvent> All(Store& store) {

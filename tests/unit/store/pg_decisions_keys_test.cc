@@ -20,6 +20,7 @@
 namespace idem {
 namespace {
 
+using testing::MakeDecision;
 using testing::OpenStore;
 using testing::TempDir;
 
@@ -61,19 +62,6 @@ std::vector<std::unique_ptr<Store>> TwoDaemons(const std::string& path) {
   std::vector<std::unique_ptr<Store>> d;
   d.push_back(OpenStore(path));
   d.push_back(OpenStore(path));
-  return d;
-}
-
-Decision MakeDecision(const std::string& id, const std::string& key, int64_t created_at_ms,
-                      int64_t expires_at_ms = 0) {
-  Decision d;
-  d.decision_id = id;
-  d.decision_key = key;
-  d.step = "triage";
-  d.output = Json{{"label", id}};
-  d.material = Json{{"input", key}};
-  d.created_at_ms = created_at_ms;
-  d.expires_at_ms = expires_at_ms;
   return d;
 }
 

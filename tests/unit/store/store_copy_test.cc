@@ -46,20 +46,13 @@ std::unique_ptr<Store> OpenPg(const std::string& path) {
 
 Decision MakeDecision(const std::string& id, const std::string& key, int64_t at,
                       int64_t expires = 0) {
-  Decision d;
-  d.decision_id = id;
-  d.decision_key = key;
-  d.step = "triage";
-  d.output = Json{{"label", id}};
-  d.material = Json{{"input", key}};
+  Decision d = testing::MakeDecision(id, key, at, expires);
   // Attempts make the trace one the engines keep apart from the decision.
   d.trace = Json{{"attempts", Json::array({Json{{"raw", "{\"label\":\"" + id + "\"}"}}})},
                  {"cost_usd", 0.25}};
   d.provider = "fake";
   d.model = "m1";
   d.prompt_version = "v1";
-  d.created_at_ms = at;
-  d.expires_at_ms = expires;
   d.trace_id = kTrace;
   return d;
 }

@@ -116,4 +116,18 @@ inline void WithRawDb(
   delete raw;
 }
 
+// A decision of step "triage" under `key`, its output naming its id.
+inline Decision MakeDecision(const std::string& id, const std::string& key, int64_t created_at_ms,
+                             int64_t expires_at_ms = 0) {
+  Decision d;
+  d.decision_id = id;
+  d.decision_key = key;
+  d.step = "triage";
+  d.output = Json{{"label", id}};
+  d.material = Json{{"input", key}};
+  d.created_at_ms = created_at_ms;
+  d.expires_at_ms = expires_at_ms;
+  return d;
+}
+
 }  // namespace idem::testing
