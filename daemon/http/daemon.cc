@@ -387,6 +387,7 @@ void Daemon::SweepLoop() {
                  std::chrono::steady_clock::now().time_since_epoch())
           .count();
     };
+    retention.plan_of_decision = &PlanEngine::DecisionPlanId;
     retention.outbox = [this](int64_t now_ms, size_t limit) {
       return outbox_->Sweep(now_ms, limit);
     };

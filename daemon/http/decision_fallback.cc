@@ -96,8 +96,9 @@ class FallbackDecisions final : public DecisionStore {
                               const std::string& cursor, size_t limit) override {
     return inner_.List(step, status, cursor, limit);
   }
-  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override {
-    return inner_.SweepExpired(now_ms, limit);
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit,
+                                std::vector<std::string>* swept_ids) override {
+    return inner_.SweepExpired(now_ms, limit, swept_ids);
   }
 
  private:

@@ -16,7 +16,24 @@ RetentionCounts SweepRetention(Store& store, const RetentionPass& pass) {
   std::vector<Family> families = {
       {[&](size_t n) { return store.idem_keys().SweepExpired(now, n); }, &counts.idempotency_keys},
       {[&](size_t n) { return store.journal().SweepExpired(now, n); }, &counts.work},
-      {[&](size_t n) { return store.decisions().SweepExpired(now, n); }, &counts.decisions},
+      {[&](size_t n) -> StatusOr<size_t> {
+         if (!pass.plan_of_decision) return store.decisions().SweepExpired(now, n);
+         std::vector<std::string> ids;
+         ASSIGN_OR_RETURN(size_t swept, store.decisions().SweepExpired(now, n, &ids));
+         // A plan is its decision's: once the decision is gone, a plan no
+         // one has acted on goes too (a decide that makes the decision
+         // again proposes it again). Were this write lost, the plans would
+         // stay until applied or rejected, as before.
+         std::vector<PlanStore::DecisionPlan> plans;
+         for (std::string& id : ids) {
+           std::string plan_id = pass.plan_of_decision(id);
+           plans.push_back({std::move(plan_id), std::move(id)});
+         }
+         ASSIGN_OR_RETURN(size_t deleted, store.plans().DeleteProposed(plans));
+         counts.plans += deleted;
+         return swept;
+       },
+       &counts.decisions},
       {[&](size_t n) { return store.leases().SweepExpired(now, n); }, &counts.leases},
       {[&](size_t n) { return store.escalations().SweepResolved(cutoff, n); }, &counts.escalations},
       {[&](size_t n) { return store.plans().SweepFinished(cutoff, n); }, &counts.plans},

@@ -1,7 +1,8 @@
 // Retention: one pass of the sweeper over every record family a window
 // covers (expired Idempotency-Keys, done work past its window, decisions
-// past their cache window, expired named leases, resolved escalations,
-// finished plans, trace entries, outbox events).
+// past their cache window with their plans nobody approved, applied or
+// rejected, expired named leases, resolved escalations, finished plans,
+// trace entries, outbox events).
 //
 // Each family is swept a page at a time (its store's Sweep* call with
 // limit `page`), round by round, and a family is asked again while its last
@@ -42,6 +43,9 @@ struct RetentionPass {
   size_t page = 10'000;                   // records per Sweep* call
   int64_t budget_ms = 2'000;              // after the first round, at most this long
   std::function<int64_t()> monotonic_ms;  // the budget's clock
+  // The plan id of a decision (PlanEngine::DecisionPlanId): a decision's
+  // plan still `proposed` goes with the decision. Null: plans are left.
+  std::function<std::string(const std::string& decision_id)> plan_of_decision;
   // The outbox's retention (OutboxDispatcher::Sweep: it knows how far each
   // subscriber has read); null: no outbox sweep.
   std::function<StatusOr<size_t>(int64_t now_ms, size_t limit)> outbox;

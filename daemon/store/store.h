@@ -97,8 +97,10 @@ class DecisionStore {
   // Deletes up to `limit` decisions whose window ended at or before now_ms
   // (expires_at != 0), superseded ones too; returns how many. A decision
   // stored by an idem from before the expiry index is not listed there and
-  // is kept.
-  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) = 0;
+  // is kept. With `swept_ids`, the ids of the decisions it deleted are
+  // appended to it (their plans go with them: SweepRetention).
+  virtual StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit,
+                                        std::vector<std::string>* swept_ids = nullptr) = 0;
 };
 
 // --------------------------------------------------------- idempotency keys
@@ -538,6 +540,15 @@ class PlanStore {
   // at or before cutoff_ms, looking at up to `limit` created by then;
   // returns how many it deleted.
   virtual StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) = 0;
+  // The plan of a decision (plan_id, decision_id) whose window is over.
+  struct DecisionPlan {
+    std::string plan_id;
+    std::string decision_id;
+  };
+  // Deletes each of `plans` that is still `proposed` and still that
+  // decision's (no one has approved, applied or rejected it), ordered with
+  // a concurrent Change of it (which then finds it gone); returns how many.
+  virtual StatusOr<size_t> DeleteProposed(const std::vector<DecisionPlan>& plans) = 0;
 };
 
 // -------------------------------------------------------------------- audit

@@ -444,4 +444,20 @@ StatusOr<int64_t> Pool::ServerNowMillis() {
   return r.i64(0, 0);
 }
 
+// A text-format array literal of `values` ("{"a","b\"c"}").
+std::string ArrayLiteral(const std::vector<std::string>& values) {
+  std::string out = "{";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) out += ',';
+    out += '"';
+    for (char c : values[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
 }  // namespace idem::pg

@@ -171,4 +171,8 @@ std::string ConninfoFreeMessage(std::string_view message, std::string_view conni
 // as parameters).
 std::string QuoteIdent(std::string_view name);
 
+// A text-format array literal of `values` ("{"a","b\"c"}"), for a
+// `$n::text[]` parameter.
+std::string ArrayLiteral(const std::vector<std::string>& values);
+
 }  // namespace idem::pg

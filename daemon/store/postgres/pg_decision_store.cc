@@ -225,7 +225,8 @@ class PgDecisionStore final : public DecisionStore {
     return page;
   }
 
-  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override {
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit,
+                                std::vector<std::string>* swept_ids) override {
     if (limit == 0 || now_ms < 0) return size_t{0};
     const int64_t capped = static_cast<int64_t>(std::min<size_t>(limit, 100'000));
     size_t swept = 0;
@@ -247,9 +248,12 @@ class PgDecisionStore final : public DecisionStore {
                  " keys AS ("
                  " DELETE FROM decision_keys k USING gone"
                  " WHERE k.decision_key = gone.decision_key AND k.decision_id = gone.decision_id)"
-                 " SELECT count(*) FROM gone",
+                 " SELECT decision_id FROM gone",
                  {P(now_ms), P(capped)}));
-      swept = static_cast<size_t>(r.i64(0, 0));
+      swept = static_cast<size_t>(r.rows());
+      if (swept_ids != nullptr) {
+        for (int i = 0; i < r.rows(); ++i) swept_ids->emplace_back(r.text(i, 0));
+      }
       return Status::Ok();
     }));
     return swept;

@@ -197,22 +197,6 @@ Status CheckItemText(const WorkItem& w) {
   return Status::Ok();
 }
 
-// A text-format array literal of `values` ("{"a","b\"c"}").
-std::string ArrayLiteral(const std::vector<std::string>& values) {
-  std::string out = "{";
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i) out += ',';
-    out += '"';
-    for (char c : values[i]) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
-    }
-    out += '"';
-  }
-  out += '}';
-  return out;
-}
-
 // Column-wise arrays of whole records, for a multi-row INSERT or UPDATE.
 StatusOr<std::vector<Param>> RecordArrays(const std::vector<const WorkItem*>& items) {
   std::vector<std::vector<std::string>> cols(kNumColumns);

@@ -213,6 +213,27 @@ class PgPlanStore final : public PlanStore {
     return static_cast<size_t>(r.affected());
   }
 
+  StatusOr<size_t> DeleteProposed(const std::vector<DecisionPlan>& plans) override {
+    if (plans.empty()) return size_t{0};
+    std::vector<std::string> plan_ids, decision_ids;
+    for (const auto& [plan_id, decision_id] : plans) {
+      RETURN_IF_ERROR(CheckText(plan_id, "/plan_id"));
+      RETURN_IF_ERROR(CheckText(decision_id, "/decision_id"));
+      plan_ids.push_back(plan_id);
+      decision_ids.push_back(decision_id);
+    }
+    // The row lock the DELETE takes orders it with a Change of the same
+    // plan, which then finds no row; a Change first makes the DELETE
+    // re-check the row's new state, and keep it.
+    ASSIGN_OR_RETURN(Result r,
+                     ctx_.pool.Exec("DELETE FROM plans p USING unnest($1::text[], $2::text[])"
+                                    " AS v(plan_id, decision_id)"
+                                    " WHERE p.plan_id = v.plan_id AND p.state = 'proposed'"
+                                    " AND (p.plan::jsonb ->> 'decision_id') = v.decision_id",
+                                    {P(ArrayLiteral(plan_ids)), P(ArrayLiteral(decision_ids))}));
+    return static_cast<size_t>(r.affected());
+  }
+
  private:
   static StatusOr<std::vector<Plan>> Decode(const Result& r) {
     std::vector<Plan> out;

@@ -278,7 +278,8 @@ StatusOr<DecisionPage> RocksDecisionStore::List(const std::string& step, const s
   return page;
 }
 
-StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) {
+StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit,
+                                                  std::vector<std::string>* swept_ids) {
   if (limit == 0 || now_ms < 0) return size_t{0};
   ASSIGN_OR_RETURN(
       std::vector<std::string> candidates,
@@ -314,6 +315,7 @@ StatusOr<size_t> RocksDecisionStore::SweepExpired(int64_t now_ms, size_t limit) 
         batch.Delete(Family::kDecisionKeys, d->decision_key);
         sweep.AfterWrite([this, key = d->decision_key] { Forget(key); });
       }
+      if (swept_ids != nullptr) swept_ids->push_back(id);
       ++swept;
     }
     // Losing a sweep in a crash only brings back a decision that reads as expired.

@@ -46,7 +46,8 @@ class RocksDecisionStore final : public DecisionStore {
   Status Replace(const Decision& d) override;
   StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                               const std::string& cursor, size_t limit) override;
-  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit,
+                                std::vector<std::string>* swept_ids) override;
 
   // The estimated bytes the in-memory cache holds now (for tests).
   size_t CachedBytes();

@@ -211,4 +211,22 @@ StatusOr<size_t> RocksPlanStore::SweepFinished(int64_t cutoff_ms, size_t limit) 
   return swept;
 }
 
+StatusOr<size_t> RocksPlanStore::DeleteProposed(const std::vector<DecisionPlan>& plans) {
+  size_t deleted = 0;
+  ChunkedSweep sweep(db_);
+  for (const auto& [plan_id, decision_id] : plans) {
+    // Its stripe until the chunk is written: an approval or apply of it
+    // waits, and then finds it gone.
+    RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kPlans, plan_id)));
+    ASSIGN_OR_RETURN(std::optional<Plan> p, Load(plan_id));
+    if (!p || p->state != "proposed" || p->decision_id != decision_id) continue;
+    sweep.batch().Delete(Family::kPlans, plan_id);
+    sweep.batch().Delete(Family::kPlansByState, StateIndexKey(*p));
+    ++deleted;
+    RETURN_IF_ERROR(sweep.Next());
+  }
+  RETURN_IF_ERROR(sweep.Flush());
+  return deleted;
+}
+
 }  // namespace idem::rocks

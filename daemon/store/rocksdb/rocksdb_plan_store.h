@@ -33,6 +33,7 @@ class RocksPlanStore final : public PlanStore {
   StatusOr<PlanPage> List(const std::string& state, size_t limit,
                           const std::string& cursor) override;
   StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) override;
+  StatusOr<size_t> DeleteProposed(const std::vector<DecisionPlan>& plans) override;
 
  private:
   StatusOr<std::optional<Plan>> Load(const std::string& plan_id,

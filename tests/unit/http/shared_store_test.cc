@@ -67,9 +67,10 @@ class FlakyDecisions final : public DecisionStore {
     if (down) return Unavailable("database unreachable");
     return inner_.List(step, status, cursor, limit);
   }
-  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override {
+  StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit,
+                                std::vector<std::string>* swept_ids) override {
     if (down) return Unavailable("database unreachable");
-    return inner_.SweepExpired(now_ms, limit);
+    return inner_.SweepExpired(now_ms, limit, swept_ids);
   }
 
  private:

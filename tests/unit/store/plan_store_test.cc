@@ -109,6 +109,31 @@ TEST_CASE("the sweep deletes plans finished before the cutoff and keeps the rest
 }
 
 }  // namespace
+TEST_CASE(
+    "DeleteProposed deletes a decision's plan only while it is proposed and that decision's") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PlanStore& s = store->plans();
+  REQUIRE(s.Put(MakePlan("plan_proposed", kT0)).ok());
+  REQUIRE(s.Put(MakePlan("plan_approved", kT0)).ok());
+  REQUIRE(s.Transition("plan_approved", "proposed", "approved", "alice", "", kT0 + 1).ok());
+  REQUIRE(s.Put(MakePlan("plan_other", kT0)).ok());  // its decision is dec_1, not dec_2
+  CHECK(s.DeleteProposed({{"plan_proposed", "dec_1"},
+                          {"plan_approved", "dec_1"},
+                          {"plan_other", "dec_2"},
+                          {"plan_missing", "dec_1"}})
+            .value() == 1);
+  CHECK(s.Get("plan_proposed").status().code() == Code::kNotFound);
+  CHECK(s.ByState("proposed", 10).value().size() == 1);  // plan_other; the index followed
+  CHECK(s.Get("plan_approved")->state == "approved");
+  CHECK(s.Get("plan_other")->state == "proposed");
+  CHECK(s.DeleteProposed({}).value() == 0);
+  // Gone, it takes no transition, and its id may be proposed again.
+  CHECK(s.Transition("plan_proposed", "proposed", "approved", "bob", "", kT0 + 2).status().code() ==
+        Code::kNotFound);
+  CHECK(s.Put(MakePlan("plan_proposed", kT0 + 3)).ok());
+}
+
 TEST_CASE("a plan change and its audit event are one write: a refused change audits nothing") {
   TempDir dir;
   auto store = OpenStore(dir.path());

@@ -154,5 +154,50 @@ TEST_CASE("a_sweep_racing_new_decisions_of_its_keys_never_leaves_a_key_without_i
   }
 }
 
+TEST_CASE("a_swept_decision_takes_its_plan_if_no_one_has_acted_on_it") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Fill(*store, 3, 0);  // dec_0..dec_2 over at kT0 + 1,000; dec_-1 lives on
+  auto plan_of = [](const std::string& decision_id) { return "plan_" + decision_id.substr(4); };
+  for (const char* id : {"dec_0", "dec_1", "dec_2", "dec_-1"}) {
+    Plan p;
+    p.plan_id = plan_of(id);
+    p.decision_id = id;
+    p.state = "proposed";
+    p.actions = Json::array({Json{{"kind", "send_reply"}}});
+    p.created_at_ms = kT0;
+    p.updated_at_ms = kT0;
+    REQUIRE(store->plans().Put(p).ok());
+  }
+  // An operator approved dec_1's plan: it stays, whatever its decision.
+  REQUIRE(store->plans().Transition("plan_1", "proposed", "approved", "op", "", kT0 + 1).ok());
+  RetentionPass pass = PassAt(kT0 + 1'000, 100);
+  pass.plan_of_decision = plan_of;
+  const RetentionCounts swept = SweepRetention(*store, pass);
+  CHECK(swept.decisions == 3);
+  CHECK(swept.plans == 2);
+  CHECK(store->plans().Get("plan_0").status().code() == Code::kNotFound);
+  CHECK(store->plans().Get("plan_2").status().code() == Code::kNotFound);
+  CHECK(store->plans().Get("plan_1")->state == "approved");
+  CHECK(store->plans().Get("plan_-1")->state == "proposed");  // its decision lives
+}
+
+TEST_CASE("without_a_plan_rule_a_swept_decision_leaves_its_plan") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  Fill(*store, 1, 0);
+  Plan p;
+  p.plan_id = "plan_0";
+  p.decision_id = "dec_0";
+  p.state = "proposed";
+  p.created_at_ms = kT0;
+  p.updated_at_ms = kT0;
+  REQUIRE(store->plans().Put(p).ok());
+  const RetentionCounts swept = SweepRetention(*store, PassAt(kT0 + 1'000, 100));
+  CHECK(swept.decisions == 1);
+  CHECK(swept.plans == 0);
+  CHECK(store->plans().Get("plan_0").ok());
+}
+
 }  // namespace
 }  // namespace idem

@@ -1,0 +1,82 @@
+// What the daemon's sweeper does with a decision past its cache window: it
+// goes, with the plan nobody approved, applied or rejected, and the next
+// decide of the same input makes and proposes both again.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "tests/integration/harness.h"
+
+namespace idem::testing {
+namespace {
+
+const char* kRules = R"(default:
+  output: '{"category":"question","priority":"low","summary":"s","actions":[{"kind":"note","args":{"ticket_id":"{{input.ticket_id}}","text":"{{input.text}}"}}]}'
+)";
+
+// The step's decisions last one second; `note` runs nowhere (client work).
+std::string Config(const TempDir& dir) {
+  std::string path = WriteTestConfig(dir, kRules,
+                                     "    plan: {pointer: /actions}\n"
+                                     "actions:\n"
+                                     "  note:\n"
+                                     "    identity: {fields: [/ticket_id], version: v1}\n"
+                                     "    window: 1h\n"
+                                     "    on_duplicate: return_original\n");
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string yaml = text.str();
+  const std::string forever = "      window: forever\n";
+  REQUIRE(yaml.find(forever) != std::string::npos);
+  yaml.replace(yaml.find(forever), forever.size(), "      window: 1s\n");
+  return dir.File("idem.yaml", yaml);
+}
+
+Json Decide(httplib::Client& c) {
+  auto r =
+      c.Post("/v1/decide", R"({"step":"triage_ticket","input":{"ticket_id":"T-1","text":"hello"}})",
+             "application/json");
+  REQUIRE(r);
+  REQUIRE_MESSAGE(r->status == 200, r->body);
+  return Json::parse(r->body);
+}
+
+int PlanStatus(httplib::Client& c, const std::string& plan_id) {
+  auto r = c.Get(("/v1/plans/" + plan_id).c_str());
+  return r ? r->status : 0;
+}
+
+}  // namespace
+
+TEST_CASE("a_decision_past_its_window_is_swept_with_the_plan_nobody_acted_on") {
+  TempDir dir;
+  DaemonArgs args{Config(dir), dir.path() + "/data", {}, {}};
+  args.env["IDEM_FAILPOINTS"] = "daemon.sweep_every_second=error";
+  std::string err;
+  auto daemon = DaemonProcess::Start(args, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto c = daemon->Client();
+
+  Json first = Decide(*c);
+  REQUIRE(first["plan"]["state"] == "proposed");
+  const std::string plan = first["plan"]["plan_id"];
+  const std::string decision = first["decision_id"];
+  REQUIRE(PlanStatus(*c, plan) == 200);
+
+  // Over after 1 s; the sweeper runs every second here.
+  CHECK(WaitFor([&] { return PlanStatus(*c, plan) == 404; }, 15'000));
+  CHECK(c->Get(("/v1/decisions/" + decision).c_str())->status == 404);
+  CHECK(MetricValue(*c, "idem_retention_swept_total{kind=\"plans\"}") >= 1);
+  CHECK(MetricValue(*c, "idem_retention_swept_total{kind=\"decisions\"}") >= 1);
+
+  // The same input is decided again, and its plan proposed again.
+  Json again = Decide(*c);
+  CHECK(again["cache"] == "miss");
+  CHECK(again["decision_id"] != decision);
+  CHECK(again["plan"]["state"] == "proposed");
+  CHECK(PlanStatus(*c, again["plan"]["plan_id"]) == 200);
+}
+
+}  // namespace idem::testing
