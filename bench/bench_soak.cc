@@ -15,8 +15,9 @@
 //   1 list of dead letters (none may be there), 1 list of recent decisions.
 //
 // Every --every seconds it prints the daemon's RSS, open descriptors,
-// threads, store on disk (WAL apart) and the interval's operations and
-// unexpected answers; at the end, how each moved over the second half of
+// threads, store on disk (WAL apart), and the interval's operations,
+// unexpected answers, CPU (the daemon's and its sweeper thread's) and
+// records swept; at the end, how each moved over the second half of
 // the run (the first half is the fill: records are not due for sweeping
 // before a window has passed, and the sweeper runs every 30 s), and, with
 // the daemon stopped, the store's bytes and keys per column family.
@@ -34,6 +35,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -237,6 +239,13 @@ double MetricSum(int port, const std::string& name) {
   return sum;
 }
 
+// The sweeper thread's CPU time so far (bench/loadgen.h names the threads).
+double SweeperCpuMillis(const BenchDaemon& d) {
+  const std::map<std::string, double> by_thread = d.CpuMillisByThread();
+  auto it = by_thread.find("idem-sweeper");
+  return it == by_thread.end() ? 0 : it->second;
+}
+
 struct Sample {
   double at_s = 0;
   double rss_mb = 0;
@@ -297,15 +306,20 @@ int main(int argc, char** argv) {
     });
   }
 
+  // CPU %: the daemon's user + system time over the interval, of one core;
+  // sweeper %: its sweeper thread's alone (the deletes it stages are written
+  // by the commit thread, counted in the first).
   // swept/s: records the sweeper deleted (idem_retention_swept_total);
   // behind: its passes that ran out of time (idem_retention_behind_total;
   // "-" for a daemon from before those metrics).
-  std::printf("\n%8s %9s %6s %8s %9s %8s %9s %8s %9s %7s\n", "minute", "RSS MB", "fds", "threads",
-              "store MB", "WAL MB", "ops/s", "errors", "swept/s", "behind");
+  std::printf("\n%8s %9s %6s %8s %9s %8s %9s %8s %7s %9s %9s %7s\n", "minute", "RSS MB", "fds",
+              "threads", "store MB", "WAL MB", "ops/s", "errors", "CPU %", "sweeper %", "swept/s",
+              "behind");
   std::vector<Sample> samples;
   const auto t0 = Clock::now();
   long last_ops = 0, last_errors = 0;
   double last_at = 0, last_swept = 0;
+  double last_cpu_ms = d.CpuMillis(), last_sweeper_ms = SweeperCpuMillis(d);
   while (true) {
     const double next_at = (samples.size() + 1) * every_s;
     std::this_thread::sleep_until(t0 + std::chrono::duration<double>(next_at));
@@ -320,9 +334,13 @@ int main(int argc, char** argv) {
     for (int k = 0; k < kOps; ++k) ops += done[k].load(), errors += failed[k].load();
     const double swept = MetricSum(d.port, "idem_retention_swept_total");
     const double behind = MetricSum(d.port, "idem_retention_behind_total");
-    std::printf("%8.1f %9.1f %6d %8ld %9.1f %8.1f %9.0f %8ld ", s.at_s / 60, s.rss_mb, s.fds,
-                s.threads, s.store_mb, s.wal_mb, (ops - last_ops) / (s.at_s - last_at),
-                errors - last_errors);
+    const double cpu_ms = d.CpuMillis(), sweeper_ms = SweeperCpuMillis(d);
+    const double interval_ms = (s.at_s - last_at) * 1000;
+    std::printf("%8.1f %9.1f %6d %8ld %9.1f %8.1f %9.0f %8ld %7.1f %9.1f ", s.at_s / 60, s.rss_mb,
+                s.fds, s.threads, s.store_mb, s.wal_mb, (ops - last_ops) / (s.at_s - last_at),
+                errors - last_errors, 100 * (cpu_ms - last_cpu_ms) / interval_ms,
+                100 * (sweeper_ms - last_sweeper_ms) / interval_ms);
+    last_cpu_ms = cpu_ms, last_sweeper_ms = sweeper_ms;
     if (swept < 0) {
       std::printf("%9s %7s\n", "-", "-");
     } else {

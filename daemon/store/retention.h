@@ -6,9 +6,7 @@
 //
 // Each family is swept a page at a time (its store's Sweep* call with
 // limit `page`), round by round, and a family is asked again while its last
-// call deleted anything (an engine may cut a page short before the end: the
-// RocksDB lease sweep reads a bounded stretch of names a call, live ones
-// included): a backlog of many pages is deleted in one pass, so
+// call deleted anything: a backlog of many pages is deleted in one pass, so
 // the store stays bounded however many records expire between two passes.
 // (One page per family per pass, as before, deleted at most 10,000 records
 // of a kind every 30 s, 333 a second: a single daemon writes decisions at

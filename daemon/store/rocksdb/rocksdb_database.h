@@ -76,7 +76,9 @@ enum class Family : int {
             // TraceEntry JSON
   kTracesByTime,  // legacy: BE8(at_ms) | trace_id | BE8(seq) -> ""
   kTraceLog,  // trace_id | BE8(at_ms) | BE8(seq) -> TraceEntry JSON (FIFO: rocksdb_trace_index.h)
-  kDecisionTraces,  // decision_id -> the decision's whole trace JSON (cold)
+  kDecisionTraces,       // decision_id -> the decision's whole trace JSON (cold)
+  kLeasesExpiry,         // BE8(expires_at) | name -> ""  (every lease)
+  kEscalationsResolved,  // BE8(resolved_at) | escalation_id -> ""  (resolved ones)
   kCount,
 };
 
@@ -98,6 +100,8 @@ inline constexpr Family kScanOnlyFamilies[] = {Family::kDecisionsByTime,
                                                Family::kEscalationsByTime,
                                                Family::kIdemInProgress,
                                                Family::kDecisionsExpiry,
+                                               Family::kLeasesExpiry,
+                                               Family::kEscalationsResolved,
                                                Family::kOutbox,
                                                Family::kTraces,
                                                Family::kTracesByTime};
@@ -197,6 +201,16 @@ class RocksDatabase {
   // whose time is <= now_ms, oldest first. `what` names it in errors.
   StatusOr<std::vector<std::string>> ExpiredIndexKeys(Family index, int64_t now_ms, size_t limit,
                                                       std::string_view what);
+
+  // For a store written before index family `index` existed: unless meta
+  // key `marker` is set, reads every record of `source` once, writes the
+  // index entry `entry_of` returns for it (nullopt: none), then sets the
+  // marker (durable, after the entries). Call when the store opens, before
+  // anything else writes `source`.
+  using IndexEntryOf =
+      std::function<StatusOr<std::optional<std::string>>(std::string_view key, const Json& value)>;
+  Status IndexOnce(Family source, Family index, std::string_view marker, std::string_view what,
+                   const IndexEntryOf& entry_of);
 
   // The lock stripe for `key` of family `f` (kStripes of them). Hold at most
   // one, unless the others were taken in address order (the journal's

@@ -6,6 +6,14 @@
 #include "daemon/store/record_codec.h"
 
 namespace idem::rocks {
+namespace {
+
+std::string ResolvedKey(const Escalation& e) {
+  return BigEndian8(static_cast<uint64_t>(std::max<int64_t>(e.resolved_at_ms, 0))) +
+         e.escalation_id;
+}
+
+}  // namespace
 
 StatusOr<std::optional<Escalation>> RocksEscalationStore::Load(const std::string& id,
                                                                const rocksdb::Snapshot* snapshot) {
@@ -26,6 +34,7 @@ Status RocksEscalationStore::Put(const Escalation& e) {
   batch.PutJson(Family::kEscalations, e.escalation_id, e.ToJson());
   batch.Put(Family::kEscalationsByTime, InvertedBigEndian8(e.created_at_ms) + e.escalation_id, "");
   if (e.state == "open") batch.Put(Family::kEscalationsOpen, e.decision_key, e.escalation_id);
+  if (e.state == "resolved") batch.Put(Family::kEscalationsResolved, ResolvedKey(e), "");
   return db_.Commit(batch, /*durable=*/true);
 }
 
@@ -103,6 +112,7 @@ StatusOr<Escalation> RocksEscalationStore::Resolve(const std::string& escalation
   next.resolved_at_ms = now_ms;
   RecordBatch batch(db_);
   batch.PutJson(Family::kEscalations, escalation_id, next.ToJson());
+  batch.Put(Family::kEscalationsResolved, ResolvedKey(next), "");
   // The key's open entry, if it is this one's (never another's).
   ASSIGN_OR_RETURN(std::optional<std::string> open,
                    db_.Get(Family::kEscalationsOpen, current.decision_key));
@@ -113,34 +123,41 @@ StatusOr<Escalation> RocksEscalationStore::Resolve(const std::string& escalation
 
 StatusOr<size_t> RocksEscalationStore::SweepResolved(int64_t cutoff_ms, size_t limit) {
   if (limit == 0 || cutoff_ms < 0) return size_t{0};
-  // The time index is newest first: those created at or before the cutoff
-  // start at its inverted time.
-  std::vector<std::string> candidates;
-  {
-    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kEscalationsByTime, {});
-    size_t seen = 0;
-    for (it->Seek(InvertedBigEndian8(cutoff_ms)); it->Valid() && seen < limit; it->Next(), ++seen) {
-      candidates.push_back(it->key().ToString());
-    }
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning escalations"));
-  }
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> candidates,
+      db_.ExpiredIndexKeys(Family::kEscalationsResolved, cutoff_ms, limit, "resolved escalations"));
   size_t swept = 0;
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
     const std::string id = index_key.substr(8);
+    RecordBatch batch(db_);
+    batch.Delete(Family::kEscalationsResolved, index_key);
     ASSIGN_OR_RETURN(std::optional<Escalation> seen, Load(id));
-    if (!seen || seen->state != "resolved" || seen->resolved_at_ms > cutoff_ms) continue;
+    if (!seen) {  // an entry left behind; not expected
+      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+      continue;
+    }
     MutexLock lock(db_.LockFor(Family::kEscalationsOpen, seen->decision_key));
     ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(id));  // re-read under the lock
-    if (!e || e->state != "resolved") continue;
-    RecordBatch batch(db_);
-    batch.Delete(Family::kEscalations, id);
-    batch.Delete(Family::kEscalationsByTime, index_key);
+    if (e && e->state == "resolved" && ResolvedKey(*e) == index_key) {
+      batch.Delete(Family::kEscalations, id);
+      batch.Delete(Family::kEscalationsByTime, InvertedBigEndian8(e->created_at_ms) + id);
+      ++swept;
+    }
     // Losing a sweep in a crash only brings back a resolved escalation.
     RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
-    ++swept;
   }
   return swept;
+}
+
+Status RocksEscalationStore::IndexLegacyResolved(RocksDatabase& db) {
+  return db.IndexOnce(Family::kEscalations, Family::kEscalationsResolved, kIndexedMarker,
+                      "escalation",
+                      [](std::string_view, const Json& j) -> StatusOr<std::optional<std::string>> {
+                        ASSIGN_OR_RETURN(Escalation e, Escalation::FromJson(j));
+                        if (e.state != "resolved") return std::optional<std::string>();
+                        return std::optional<std::string>(ResolvedKey(e));
+                      });
 }
 
 }  // namespace idem::rocks

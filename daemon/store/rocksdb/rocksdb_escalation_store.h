@@ -4,7 +4,9 @@
 // maps a decision_key to its open escalation (at most one), so a repeated
 // decide finds it with one point read; "escalations_by_time" lists newest
 // first; a list of the open ones reads the open index, never the resolved
-// records. Put and Resolve hold the decision key's lock stripe, so two
+// records; "escalations_resolved" (BE8(resolved_at) | id) lists the
+// resolved ones oldest first, so a sweep reads only what is past its
+// window, however many stay open. Put and Resolve hold the decision key's lock stripe, so two
 // escalations for one key, or two resolutions of one escalation, cannot
 // interleave.
 //
@@ -37,6 +39,12 @@ class RocksEscalationStore final : public EscalationStore {
   StatusOr<Escalation> Resolve(const std::string& escalation_id, const std::string& decision_id,
                                const std::string& actor, int64_t now_ms) override;
   StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) override;
+
+  // A store written before "escalations_resolved": lists its resolved
+  // escalations there once (RocksDatabase::IndexOnce). Called when the
+  // store opens.
+  static Status IndexLegacyResolved(RocksDatabase& db);
+  static constexpr char kIndexedMarker[] = "escalations.resolved_indexed";
 
  private:
   StatusOr<std::optional<Escalation>> Load(const std::string& id,

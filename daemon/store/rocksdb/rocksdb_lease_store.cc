@@ -1,11 +1,21 @@
 #include "daemon/store/rocksdb/rocksdb_lease_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "daemon/core/crypto.h"
 #include "daemon/store/record_codec.h"
 
 namespace idem::rocks {
+namespace {
+
+std::string ExpiryKey(int64_t expires_at_ms, std::string_view name) {
+  std::string key = BigEndian8(static_cast<uint64_t>(std::max<int64_t>(expires_at_ms, 0)));
+  key.append(name);
+  return key;
+}
+
+}  // namespace
 
 StatusOr<std::optional<NamedLease>> RocksLeaseStore::Load(const std::string& name) {
   ASSIGN_OR_RETURN(std::optional<std::string> raw, db_.Get(Family::kLeases, name));
@@ -45,7 +55,9 @@ StatusOr<LeaseResult> RocksLeaseStore::Acquire(const std::string& name, const st
   }
   result.lease.expires_at_ms = now_ms + ttl_ms;
   RecordBatch batch(db_);
+  if (current) batch.Delete(Family::kLeasesExpiry, ExpiryKey(current->expires_at_ms, name));
   batch.PutJson(Family::kLeases, name, store_internal::NamedLeaseToJson(result.lease));
+  batch.Put(Family::kLeasesExpiry, ExpiryKey(result.lease.expires_at_ms, name), "");
   RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/true));
   return result;
 }
@@ -65,6 +77,7 @@ Status RocksLeaseStore::Release(const std::string& name, const std::string& hold
   }
   RecordBatch batch(db_);
   batch.Delete(Family::kLeases, name);
+  batch.Delete(Family::kLeasesExpiry, ExpiryKey(current->expires_at_ms, name));
   return db_.Commit(batch, /*durable=*/true);
 }
 
@@ -75,37 +88,36 @@ StatusOr<NamedLease> RocksLeaseStore::Get(const std::string& name, int64_t now_m
 }
 
 StatusOr<size_t> RocksLeaseStore::SweepExpired(int64_t now_ms, size_t limit) {
-  // No expiry index: leases are few (one per name a caller coordinates
-  // on). Each call reads at most kSweepStretch of them, on from where the
-  // last stopped, so that however many a caller makes, a sweep stays short
-  // and every lease is looked at within a few sweeps.
-  constexpr size_t kSweepStretch = 1'000;
-  std::vector<std::string> candidates;
-  {
-    MutexLock cursor(sweep_mu_);
-    std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kLeases, {});
-    size_t read = 0;
-    it->Seek(sweep_from_);
-    for (; it->Valid() && candidates.size() < limit && read < kSweepStretch; it->Next(), ++read) {
-      ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(it->value().ToString(), "lease"));
-      ASSIGN_OR_RETURN(NamedLease l, store_internal::NamedLeaseFromJson(j));
-      if (l.expires_at_ms <= now_ms) candidates.push_back(it->key().ToString());
-    }
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning leases"));
-    sweep_from_ = it->Valid() ? it->key().ToString() : std::string();  // the end: from the start
-  }
+  if (limit == 0 || now_ms < 0) return size_t{0};
+  ASSIGN_OR_RETURN(std::vector<std::string> candidates,
+                   db_.ExpiredIndexKeys(Family::kLeasesExpiry, now_ms, limit, "expired leases"));
   size_t swept = 0;
   ChunkedSweep sweep(db_);
-  for (const std::string& name : candidates) {
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    const std::string name = index_key.substr(8);
     RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kLeases, name)));
     ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
-    if (!current || current->expires_at_ms > now_ms) continue;  // renewed meanwhile
-    sweep.batch().Delete(Family::kLeases, name);
-    ++swept;
+    sweep.batch().Delete(Family::kLeasesExpiry, index_key);
+    if (current && index_key == ExpiryKey(current->expires_at_ms, name)) {
+      if (current->expires_at_ms > now_ms) continue;  // not expected: the index said over
+      sweep.batch().Delete(Family::kLeases, name);
+      ++swept;
+    }
+    // Otherwise the entry was stale (not expected: each write moves it).
     RETURN_IF_ERROR(sweep.Next());
   }
   RETURN_IF_ERROR(sweep.Flush());
   return swept;
+}
+
+Status RocksLeaseStore::IndexLegacyLeases(RocksDatabase& db) {
+  return db.IndexOnce(
+      Family::kLeases, Family::kLeasesExpiry, kIndexedMarker, "lease",
+      [](std::string_view name, const Json& j) -> StatusOr<std::optional<std::string>> {
+        ASSIGN_OR_RETURN(NamedLease l, store_internal::NamedLeaseFromJson(j));
+        return std::optional<std::string>(ExpiryKey(l.expires_at_ms, name));
+      });
 }
 
 StatusOr<std::optional<std::string>> RocksMetaStore::Get(const std::string& key) {

@@ -1,7 +1,9 @@
 // Named leases (store.h, class LeaseStore) and small facts (MetaStore) on
-// RocksDB: families "leases" (name -> NamedLease JSON) and "meta"
-// (key -> value). Lease writes hold the name's lock stripe and are durable:
-// a cron run starts only after its lease is on disk.
+// RocksDB: families "leases" (name -> NamedLease JSON), "leases_expiry"
+// (BE8(expires_at) | name -> "", one entry per lease, so that a sweep reads
+// only what is over, however many leases live) and "meta" (key -> value).
+// Lease writes hold the name's lock stripe and are durable: a cron run
+// starts only after its lease is on disk.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -27,14 +29,16 @@ class RocksLeaseStore final : public LeaseStore {
   StatusOr<NamedLease> Get(const std::string& name, int64_t now_ms) override;
   StatusOr<size_t> SweepExpired(int64_t now_ms, size_t limit) override;
 
+  // A store written before "leases_expiry" has leases that family does not
+  // list: index each once, then mark the store (kIndexedMarker). Called
+  // when the store opens, before anything else uses it.
+  static Status IndexLegacyLeases(RocksDatabase& db);
+  static constexpr char kIndexedMarker[] = "leases.expiry_indexed";
+
  private:
   StatusOr<std::optional<NamedLease>> Load(const std::string& name);
 
   RocksDatabase& db_;
-  // Where the next sweep goes on (a name; "" from the start): each sweep
-  // reads a bounded stretch, however many leases live.
-  Mutex sweep_mu_;
-  std::string sweep_from_ GUARDED_BY(sweep_mu_);
 };
 
 class RocksMetaStore final : public MetaStore {

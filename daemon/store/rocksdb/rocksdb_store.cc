@@ -86,6 +86,8 @@ StatusOr<std::string> InstanceId(rocks::RocksDatabase& db) {
 StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksDatabase> db, rocks::RocksDatabase::Open(options));
   ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksAuditLog> audit, rocks::RocksAuditLog::Create(*db));
+  RETURN_IF_ERROR(rocks::RocksLeaseStore::IndexLegacyLeases(*db));
+  RETURN_IF_ERROR(rocks::RocksEscalationStore::IndexLegacyResolved(*db));
   ASSIGN_OR_RETURN(std::string instance_id, InstanceId(*db));
   return std::unique_ptr<Store>(
       new RocksStore(std::move(db), std::move(audit), std::move(instance_id)));

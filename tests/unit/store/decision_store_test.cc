@@ -8,6 +8,7 @@
 
 #include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/rocksdb/rocksdb_decision_store.h"
+#include "daemon/store/rocksdb/rocksdb_escalation_store.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -336,22 +337,27 @@ TEST_CASE(
   CHECK(RawKeys(dir.path(), "decisions_expiry").empty());
 }
 
+Escalation OpenEscalation(const std::string& id, const std::string& key, int64_t created_at_ms) {
+  Escalation e;
+  e.escalation_id = id;
+  e.decision_key = key;
+  e.step = "t";
+  e.created_at_ms = created_at_ms;
+  return e;
+}
+
+Escalation OpenEscalation(int i, int64_t created_at_ms) {
+  return OpenEscalation("esc_" + std::to_string(i), "key-" + std::to_string(i), created_at_ms);
+}
+
 TEST_CASE("the sweep deletes escalations resolved before the cutoff and keeps open ones") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   EscalationStore& s = store->escalations();
-  auto make = [](const std::string& id, const std::string& key, int64_t at) {
-    Escalation e;
-    e.escalation_id = id;
-    e.decision_key = key;
-    e.step = "t";
-    e.created_at_ms = at;
-    return e;
-  };
-  REQUIRE(s.Put(make("esc_old", "key-a", kT0)).ok());
-  REQUIRE(s.Put(make("esc_open", "key-b", kT0)).ok());
-  REQUIRE(s.Put(make("esc_late", "key-c", kT0)).ok());
-  REQUIRE(s.Put(make("esc_new", "key-d", kT0 + 500)).ok());
+  REQUIRE(s.Put(OpenEscalation("esc_old", "key-a", kT0)).ok());
+  REQUIRE(s.Put(OpenEscalation("esc_open", "key-b", kT0)).ok());
+  REQUIRE(s.Put(OpenEscalation("esc_late", "key-c", kT0)).ok());
+  REQUIRE(s.Put(OpenEscalation("esc_new", "key-d", kT0 + 500)).ok());
   REQUIRE(s.Resolve("esc_old", "dec_1", "human", kT0 + 10).ok());
   REQUIRE(s.Resolve("esc_late", "dec_2", "human", kT0 + 200).ok());
   REQUIRE(s.Resolve("esc_new", "dec_3", "human", kT0 + 600).ok());
@@ -366,6 +372,56 @@ TEST_CASE("the sweep deletes escalations resolved before the cutoff and keeps op
   REQUIRE(left.ok());
   REQUIRE(left->size() == 1);
   CHECK(left->front().escalation_id == "esc_open");
+}
+
+TEST_CASE("the sweep finds resolved escalations behind many open ones") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    EscalationStore& s = store->escalations();
+    for (int i = 0; i < 20; ++i) {
+      REQUIRE(s.Put(OpenEscalation(i, kT0)).ok());
+      REQUIRE(s.Resolve("esc_" + std::to_string(i), "dec_1", "human", kT0 + 10).ok());
+    }
+    for (int i = 100; i < 250; ++i) REQUIRE(s.Put(OpenEscalation(i, kT0 + 100)).ok());  // newer
+    Escalation copied = OpenEscalation(99, kT0);  // as `idem store copy` writes one
+    copied.state = "resolved";
+    copied.decision_id = "dec_2";
+    copied.resolved_by = "human";
+    copied.resolved_at_ms = kT0 + 20;
+    REQUIRE(s.Put(copied).ok());
+    CHECK(s.SweepResolved(kT0 + 1'000, 100).value() == 21);
+    CHECK(s.SweepResolved(kT0 + 1'000, 100).value() == 0);
+    CHECK(s.Get("esc_249")->state == "open");
+  }
+  if (testing::OnPostgres()) return;  // RocksDB's index families below
+  CHECK(RawKeys(dir.path(), "escalations").size() == 150);
+  CHECK(RawKeys(dir.path(), "escalations_by_time").size() == 150);
+  CHECK(RawKeys(dir.path(), "escalations_resolved").empty());
+}
+
+// RocksDB's "escalations_resolved" index and its upgrade path.
+TEST_CASE("a store from before the resolved-escalation index has them indexed once, then swept" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    EscalationStore& s = store->escalations();
+    for (int i = 0; i < 3; ++i) {
+      REQUIRE(s.Put(OpenEscalation(i, kT0)).ok());
+      REQUIRE(s.Resolve("esc_" + std::to_string(i), "dec_1", "human", kT0 + 10 * i).ok());
+    }
+    REQUIRE(s.Put(OpenEscalation(3, kT0)).ok());
+  }
+  // As an older idem left it: no index entries and no marker.
+  CHECK(testing::ForgetIndex(dir.path(), rocks::Family::kEscalationsResolved,
+                             rocks::RocksEscalationStore::kIndexedMarker) == 3);
+  {
+    auto store = OpenStore(dir.path());
+    CHECK(store->escalations().SweepResolved(kT0 + 10, 100).value() == 2);  // resolved by then
+    CHECK(store->escalations().Get("esc_2")->state == "resolved");
+  }
+  CHECK(RawKeys(dir.path(), "escalations_resolved").size() == 1);  // esc_2's
 }
 
 TEST_CASE("open escalations are listed newest first without reading the resolved ones") {

@@ -342,20 +342,10 @@ TEST_CASE("a store from before the in-progress index still has its orphans relea
     REQUIRE(
         store->idem_keys().Finish(scope, "done", "fp-a", 200, "{}", "application/json", kT0).ok());
   }
-  {
-    // As an older idem left it: no index entries and no marker.
-    auto db = rocks::RocksDatabase::Open(StoreOptions{dir.path(), false});
-    REQUIRE(db.ok());
-    rocks::RecordBatch batch(**db);
-    std::unique_ptr<rocksdb::Iterator> it = (*db)->NewIterator(rocks::Family::kIdemInProgress, {});
-    int entries = 0;
-    for (it->SeekToFirst(); it->Valid(); it->Next(), ++entries) {
-      batch.Delete(rocks::Family::kIdemInProgress, it->key().ToString());
-    }
-    CHECK(entries == 1);  // "mine"; "done" left the index when it finished
-    batch.Delete(rocks::Family::kMeta, rocks::RocksIdemKeyStore::kIndexedMarker);
-    REQUIRE((*db)->Commit(batch, false).ok());
-  }
+  // As an older idem left it: no index entries and no marker. One entry:
+  // "mine"; "done" left the index when it finished.
+  CHECK(testing::ForgetIndex(dir.path(), rocks::Family::kIdemInProgress,
+                             rocks::RocksIdemKeyStore::kIndexedMarker) == 1);
   for (size_t expected : {1, 0}) {
     auto store = OpenStore(dir.path());
     StatusOr<size_t> released = store->idem_keys().ReleaseOwnInProgress();

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "daemon/store/rocksdb/rocksdb_database.h"
+#include "daemon/store/rocksdb/rocksdb_lease_store.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -150,28 +152,86 @@ TEST_CASE("the sweep deletes expired leases from disk and keeps live ones") {
     CHECK(s.Acquire("old", "run-3", "", 1'000, kT0 + 1'001)->outcome == LeaseOutcome::kAcquired);
     CHECK(s.SweepExpired(kT0 + 10'000, 1).value() == 1);  // at most `limit`
   }
-  if (testing::OnPostgres()) return;  // RocksDB's family below
+  if (testing::OnPostgres()) return;  // RocksDB's families below
   CHECK(RawKeys(dir.path(), "leases") == std::vector<std::string>{"live"});
+  CHECK(RawKeys(dir.path(), "leases_expiry").size() == 1);  // live's entry, and no other
 }
 
-TEST_CASE("however many leases live, one sweep reads a bounded stretch and the next goes on") {
+void AcquireNumbered(LeaseStore& s, const char* prefix, int count, int64_t ttl_ms) {
+  for (int i = 0; i < count; ++i) {
+    char name[24];
+    std::snprintf(name, sizeof name, "%s%05d", prefix, i);
+    REQUIRE(s.Acquire(name, "cron", "", ttl_ms, kT0).ok());
+  }
+}
+
+TEST_CASE("a sweep finds the expired leases behind thousands of live ones") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   LeaseStore& s = store->leases();
-  for (int i = 0; i < 2'500; ++i) {
-    char name[16];
-    std::snprintf(name, sizeof name, "n%05d", i);
-    REQUIRE(s.Acquire(name, "cron", "", 1'000, kT0).ok());
-  }
-  size_t swept = 0;
-  int sweeps = 0;
-  for (; sweeps < 10 && swept < 2'500; ++sweeps) {
-    const size_t n = s.SweepExpired(kT0 + 1'000, 100'000).value();
-    if (!testing::OnPostgres()) CHECK(n <= 1'000);  // PostgreSQL deletes by its index
-    swept += n;
-  }
-  CHECK(swept == 2'500);
+  AcquireNumbered(s, "a", 2'500, 3'600'000);  // named first, and live
+  AcquireNumbered(s, "z", 30, 1'000);
+  CHECK(s.SweepExpired(kT0 + 1'000, 100'000).value() == 30);
   CHECK(s.SweepExpired(kT0 + 1'000, 100'000).value() == 0);
+  CHECK(s.Get("a00000", kT0 + 1'000).ok());
+  CHECK(s.Get("a02499", kT0 + 1'000).ok());
+}
+
+TEST_CASE("a sweep deletes at most its limit of expired leases, and the next goes on") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  LeaseStore& s = store->leases();
+  AcquireNumbered(s, "n", 2'500, 1'000);
+  for (size_t expected : {1'000, 1'000, 500, 0}) {
+    CHECK(s.SweepExpired(kT0 + 1'000, 1'000).value() == expected);
+  }
+}
+
+TEST_CASE("a renewed lease is swept by its new expiry, not its first") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    LeaseStore& s = store->leases();
+    StatusOr<LeaseResult> first = s.Acquire("nightly", "run-1", "", 1'000, kT0);
+    REQUIRE(first.ok());
+    REQUIRE(s.Acquire("nightly", "run-1", first->lease.token, 10'000, kT0 + 500).ok());
+    CHECK(s.SweepExpired(kT0 + 1'000, 100).value() == 0);
+    CHECK(s.Get("nightly", kT0 + 1'000)->holder == "run-1");
+    CHECK(s.SweepExpired(kT0 + 10'499, 100).value() == 0);
+    CHECK(s.SweepExpired(kT0 + 10'500, 100).value() == 1);
+    // Taken again after it lapsed, and released: nothing is left to sweep.
+    StatusOr<LeaseResult> again = s.Acquire("nightly", "run-2", "", 1'000, kT0 + 20'000);
+    REQUIRE(again.ok());
+    StatusOr<LeaseResult> other = s.Acquire("weekly", "run-3", "", 1'000, kT0 + 20'000);
+    REQUIRE(other.ok());
+    REQUIRE(s.Release("nightly", "run-2", again->lease.token).ok());
+    REQUIRE(s.Acquire("weekly", "run-4", "", 1'000, kT0 + 30'000).ok());  // lapsed: taken over
+    CHECK(s.SweepExpired(kT0 + 30'999, 100).value() == 0);
+    CHECK(s.SweepExpired(kT0 + 31'000, 100).value() == 1);
+  }
+  if (testing::OnPostgres()) return;  // RocksDB's families below
+  CHECK(RawKeys(dir.path(), "leases").empty());
+  CHECK(RawKeys(dir.path(), "leases_expiry").empty());
+}
+
+// RocksDB's "leases_expiry" index and its upgrade path.
+TEST_CASE("a store from before the lease expiry index has its leases indexed once, then swept" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    AcquireNumbered(store->leases(), "old", 3, 1'000);
+    AcquireNumbered(store->leases(), "live", 2, 3'600'000);
+  }
+  // As an older idem left it: no index entries and no marker.
+  CHECK(testing::ForgetIndex(dir.path(), rocks::Family::kLeasesExpiry,
+                             rocks::RocksLeaseStore::kIndexedMarker) == 5);
+  {
+    auto store = OpenStore(dir.path());
+    CHECK(store->leases().SweepExpired(kT0 + 1'000, 100).value() == 3);
+    CHECK(store->leases().Get("live00001", kT0 + 1'000).ok());
+  }
+  CHECK(RawKeys(dir.path(), "leases_expiry").size() == 2);
 }
 
 }  // namespace

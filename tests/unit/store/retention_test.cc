@@ -50,8 +50,7 @@ RetentionPass PassAt(int64_t now_ms, size_t page) {
 TEST_CASE("one_sweep_pass_deletes_a_backlog_of_many_pages_in_every_family") {
   TempDir dir;
   auto store = OpenStore(dir.path());
-  // 3.5 pages of decisions; 25 pages of leases, which the lease sweep reads
-  // a bounded stretch at a time (a short page that is not the end).
+  // 3.5 pages of decisions; 25 pages of leases.
   Fill(*store, 350, 2'500);
   const RetentionCounts swept = SweepRetention(*store, PassAt(kT0 + 1'000, 100));
   CHECK(swept.first_error.ok());
