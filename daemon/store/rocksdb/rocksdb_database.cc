@@ -851,7 +851,10 @@ size_t RocksDatabase::StripeOf(Family f, std::string_view key) {
 // analysis cannot follow: each is released in Flush, after the write.
 Status ChunkedSweep::Lock(Mutex& mu) NO_THREAD_SAFETY_ANALYSIS {
   if (std::find(held_.begin(), held_.end(), &mu) != held_.end()) return Status::Ok();
-  if (!held_.empty() && !mu.TryLock()) {
+  // A record a sweep looked at and left (renewed meanwhile, held past its
+  // window) keeps its stripe until the write too: bound the stripes, not
+  // only the records staged.
+  if (held_.size() >= kChunk || (!held_.empty() && !mu.TryLock())) {
     RETURN_IF_ERROR(Flush());
   }
   if (held_.empty()) mu.Lock();

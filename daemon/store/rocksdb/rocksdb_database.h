@@ -311,7 +311,8 @@ class ChunkedSweep {
   ChunkedSweep& operator=(const ChunkedSweep&) = delete;
 
   // Holds `mu` until the chunk is written (at once when held already). May
-  // write the chunk first: a RecordBatch& taken before it is then stale.
+  // write the chunk first (kChunk stripes held, records staged or not, or
+  // `mu` busy): a RecordBatch& taken before it is then stale.
   Status Lock(Mutex& mu);
   // Where the current record's deletions go (after its Lock).
   RecordBatch& batch() { return *batch_; }

@@ -127,26 +127,26 @@ StatusOr<size_t> RocksEscalationStore::SweepResolved(int64_t cutoff_ms, size_t l
       std::vector<std::string> candidates,
       db_.ExpiredIndexKeys(Family::kEscalationsResolved, cutoff_ms, limit, "resolved escalations"));
   size_t swept = 0;
+  ChunkedSweep sweep(db_);
   for (const std::string& index_key : candidates) {
     if (index_key.size() <= 8) continue;
     const std::string id = index_key.substr(8);
-    RecordBatch batch(db_);
-    batch.Delete(Family::kEscalationsResolved, index_key);
     ASSIGN_OR_RETURN(std::optional<Escalation> seen, Load(id));
-    if (!seen) {  // an entry left behind; not expected
-      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
-      continue;
+    if (seen) {
+      RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kEscalationsOpen, seen->decision_key)));
+      ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(id));  // re-read under the lock
+      if (e && e->state == "resolved" && ResolvedKey(*e) == index_key) {
+        sweep.batch().Delete(Family::kEscalations, id);
+        sweep.batch().Delete(Family::kEscalationsByTime, InvertedBigEndian8(e->created_at_ms) + id);
+        ++swept;
+      }
     }
-    MutexLock lock(db_.LockFor(Family::kEscalationsOpen, seen->decision_key));
-    ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(id));  // re-read under the lock
-    if (e && e->state == "resolved" && ResolvedKey(*e) == index_key) {
-      batch.Delete(Family::kEscalations, id);
-      batch.Delete(Family::kEscalationsByTime, InvertedBigEndian8(e->created_at_ms) + id);
-      ++swept;
-    }
-    // Losing a sweep in a crash only brings back a resolved escalation.
-    RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
+    // Otherwise an entry left behind (not expected). Losing a sweep in a
+    // crash only brings back a resolved escalation.
+    sweep.batch().Delete(Family::kEscalationsResolved, index_key);
+    RETURN_IF_ERROR(sweep.Next());
   }
+  RETURN_IF_ERROR(sweep.Flush());
   return swept;
 }
 

@@ -98,13 +98,13 @@ StatusOr<size_t> RocksLeaseStore::SweepExpired(int64_t now_ms, size_t limit) {
     const std::string name = index_key.substr(8);
     RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kLeases, name)));
     ASSIGN_OR_RETURN(std::optional<NamedLease> current, Load(name));
-    sweep.batch().Delete(Family::kLeasesExpiry, index_key);
     if (current && index_key == ExpiryKey(current->expires_at_ms, name)) {
-      if (current->expires_at_ms > now_ms) continue;  // not expected: the index said over
+      // Its own entry, which the index found over (a renewal moves it).
       sweep.batch().Delete(Family::kLeases, name);
       ++swept;
     }
     // Otherwise the entry was stale (not expected: each write moves it).
+    sweep.batch().Delete(Family::kLeasesExpiry, index_key);
     RETURN_IF_ERROR(sweep.Next());
   }
   RETURN_IF_ERROR(sweep.Flush());

@@ -178,6 +178,7 @@ StatusOr<PlanPage> RocksPlanStore::List(const std::string& state, size_t limit,
 StatusOr<size_t> RocksPlanStore::SweepFinished(int64_t cutoff_ms, size_t limit) {
   if (limit == 0 || cutoff_ms < 0) return size_t{0};
   size_t swept = 0;
+  ChunkedSweep sweep(db_);
   for (const std::string state : {"applied", "rejected", "expired"}) {
     const std::string prefix = LengthPrefixed(state);
     std::vector<std::string> candidates;
@@ -197,17 +198,17 @@ StatusOr<size_t> RocksPlanStore::SweepFinished(int64_t cutoff_ms, size_t limit) 
     for (const std::string& index_key : candidates) {
       if (index_key.size() <= prefix.size() + 8) continue;
       const std::string plan_id = index_key.substr(prefix.size() + 8);
-      MutexLock lock(db_.LockFor(Family::kPlans, plan_id));
+      RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kPlans, plan_id)));
       ASSIGN_OR_RETURN(std::optional<Plan> p, Load(plan_id));
       if (!p || p->state != state || p->updated_at_ms > cutoff_ms) continue;
-      RecordBatch batch(db_);
-      batch.Delete(Family::kPlans, plan_id);
-      batch.Delete(Family::kPlansByState, index_key);
+      sweep.batch().Delete(Family::kPlans, plan_id);
+      sweep.batch().Delete(Family::kPlansByState, index_key);
       // Losing a sweep in a crash only brings back a finished plan.
-      RETURN_IF_ERROR(db_.Commit(batch, /*durable=*/false));
       ++swept;
+      RETURN_IF_ERROR(sweep.Next());
     }
   }
+  RETURN_IF_ERROR(sweep.Flush());
   return swept;
 }
 

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/core/mutex.h"
+#include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -196,6 +198,39 @@ TEST_CASE("without_a_plan_rule_a_swept_decision_leaves_its_plan") {
   CHECK(swept.decisions == 1);
   CHECK(swept.plans == 0);
   CHECK(store->plans().Get("plan_0").ok());
+}
+
+// Whether another thread could take `mu` now (a thread may not try a
+// mutex it holds).
+bool FreeForOthers(Mutex& mu) NO_THREAD_SAFETY_ANALYSIS {
+  bool free = false;
+  std::thread([&] {
+    free = mu.TryLock();
+    if (free) mu.Unlock();
+  }).join();
+  return free;
+}
+
+TEST_CASE("a_chunked_sweep_holds_at_most_a_chunk_of_stripes_however_many_records_it_leaves" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  auto db = rocks::RocksDatabase::Open(StoreOptions{dir.path(), false});
+  REQUIRE(db.ok());
+  std::vector<Mutex*> stripes;
+  for (int i = 0; stripes.size() < 3 * rocks::ChunkedSweep::kChunk; ++i) {
+    Mutex* mu = &(*db)->LockFor(rocks::Family::kLeases, "n" + std::to_string(i));
+    if (std::find(stripes.begin(), stripes.end(), mu) == stripes.end()) stripes.push_back(mu);
+  }
+  rocks::ChunkedSweep sweep(**db);
+  for (Mutex* mu : stripes) REQUIRE(sweep.Lock(*mu).ok());  // looked at, each left: no Next
+  size_t held = 0;
+  for (Mutex* mu : stripes) held += FreeForOthers(*mu) ? 0 : 1;
+  CHECK(held >= 1);
+  CHECK(held <= rocks::ChunkedSweep::kChunk);
+  CHECK(FreeForOthers(*stripes.front()));
+  REQUIRE(sweep.Flush().ok());
+  CHECK_FALSE(
+      std::any_of(stripes.begin(), stripes.end(), [](Mutex* mu) { return !FreeForOthers(*mu); }));
 }
 
 }  // namespace
