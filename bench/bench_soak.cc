@@ -14,13 +14,14 @@
 //   earlier work, 1 named lease (half released, half left to expire),
 //   1 list of dead letters (none may be there), 1 list of recent decisions.
 //
-// Every --every seconds it prints the daemon's RSS, open descriptors,
-// threads, store on disk (WAL apart), and the interval's operations,
-// unexpected answers, CPU (the daemon's and its sweeper thread's) and
-// records swept; at the end, how each moved over the second half of
-// the run (the first half is the fill: records are not due for sweeping
-// before a window has passed, and the sweeper runs every 30 s), and, with
-// the daemon stopped, the store's bytes and keys per column family.
+// Every --every seconds it prints the daemon's RSS (and its peak so far),
+// open descriptors, threads, store on disk (WAL apart), and the interval's
+// operations, unexpected answers, CPU (the daemon's and its sweeper
+// thread's) and records swept; at the end, how each moved over the second
+// half of the run (the first half is the fill: records are not due for
+// sweeping before a window has passed, and the sweeper runs every 30 s),
+// and, with the daemon stopped, the store's bytes and keys per column
+// family.
 //
 //   build/bench/bench_soak [--minutes 20] [--window 2m] [--trace-mb 16]
 //                          [--conns 16] [--every 30]
@@ -312,9 +313,9 @@ int main(int argc, char** argv) {
   // swept/s: records the sweeper deleted (idem_retention_swept_total);
   // behind: its passes that ran out of time (idem_retention_behind_total;
   // "-" for a daemon from before those metrics).
-  std::printf("\n%8s %9s %6s %8s %9s %8s %9s %8s %7s %9s %9s %7s\n", "minute", "RSS MB", "fds",
-              "threads", "store MB", "WAL MB", "ops/s", "errors", "CPU %", "sweeper %", "swept/s",
-              "behind");
+  std::printf("\n%8s %9s %8s %6s %8s %9s %8s %9s %8s %7s %9s %9s %7s\n", "minute", "RSS MB",
+              "peak MB", "fds", "threads", "store MB", "WAL MB", "ops/s", "errors", "CPU %",
+              "sweeper %", "swept/s", "behind");
   std::vector<Sample> samples;
   const auto t0 = Clock::now();
   long last_ops = 0, last_errors = 0;
@@ -336,9 +337,10 @@ int main(int argc, char** argv) {
     const double behind = MetricSum(d.port, "idem_retention_behind_total");
     const double cpu_ms = d.CpuMillis(), sweeper_ms = SweeperCpuMillis(d);
     const double interval_ms = (s.at_s - last_at) * 1000;
-    std::printf("%8.1f %9.1f %6d %8ld %9.1f %8.1f %9.0f %8ld %7.1f %9.1f ", s.at_s / 60, s.rss_mb,
-                s.fds, s.threads, s.store_mb, s.wal_mb, (ops - last_ops) / (s.at_s - last_at),
-                errors - last_errors, 100 * (cpu_ms - last_cpu_ms) / interval_ms,
+    std::printf("%8.1f %9.1f %8.1f %6d %8ld %9.1f %8.1f %9.0f %8ld %7.1f %9.1f ", s.at_s / 60,
+                s.rss_mb, Mb(StatusKb(d.pid, "VmHWM:")), s.fds, s.threads, s.store_mb, s.wal_mb,
+                (ops - last_ops) / (s.at_s - last_at), errors - last_errors,
+                100 * (cpu_ms - last_cpu_ms) / interval_ms,
                 100 * (sweeper_ms - last_sweeper_ms) / interval_ms);
     last_cpu_ms = cpu_ms, last_sweeper_ms = sweeper_ms;
     if (swept < 0) {

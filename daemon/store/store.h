@@ -436,6 +436,9 @@ class Journal {
                                               const std::vector<std::string>& skip_kinds) = 0;
   // Dead items, oldest death first.
   virtual StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) = 0;
+  // How many items are dead, counted up to `cap` (cap means cap or more),
+  // without reading them: a metrics scrape's gauge.
+  virtual StatusOr<size_t> CountDeadLetters(size_t cap) = 0;
   // dead -> pending with a fresh attempt budget, due now. FailedPrecondition
   // unless dead.
   virtual StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) = 0;
@@ -531,6 +534,9 @@ class PlanStore {
   }
   // Plans in `state`, oldest created first.
   virtual StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) = 0;
+  // How many plans are in `state`, counted up to `cap` (cap means cap or
+  // more), without reading them: a metrics scrape's gauge.
+  virtual StatusOr<size_t> CountByState(const std::string& state, size_t cap) = 0;
   // Plans in `state`, newest created first, `limit` per page; `cursor` is
   // the previous page's next_cursor ("" for the first). InvalidArgument
   // (field "query:cursor") for a cursor this store did not make.
@@ -776,6 +782,9 @@ class EscalationStore {
   virtual StatusOr<Escalation> OpenByKey(const std::string& decision_key) = 0;
   // Newest first; `state` empty: all.
   virtual StatusOr<std::vector<Escalation>> List(const std::string& state, size_t limit) = 0;
+  // How many escalations are open, counted up to `cap` (cap means cap or
+  // more), without reading them: a metrics scrape's gauge.
+  virtual StatusOr<size_t> CountOpen(size_t cap) = 0;
   // open -> resolved (compare-and-set); FailedPrecondition unless open.
   virtual StatusOr<Escalation> Resolve(const std::string& escalation_id,
                                        const std::string& decision_id, const std::string& actor,

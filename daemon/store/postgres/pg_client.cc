@@ -445,6 +445,16 @@ StatusOr<int64_t> Pool::ServerNowMillis() {
 }
 
 // A text-format array literal of `values` ("{"a","b\"c"}").
+StatusOr<size_t> CountRows(Pool& pool, std::string_view from_where, std::vector<Param> params,
+                           size_t cap) {
+  params.insert(params.begin(), P(static_cast<uint64_t>(cap)));
+  ASSIGN_OR_RETURN(Result r, pool.Exec("SELECT count(*) FROM (SELECT 1 FROM " +
+                                           std::string(from_where) + " LIMIT $1) AS capped",
+                                       params));
+  if (r.rows() != 1) return Internal("a count returned no row");
+  return static_cast<size_t>(r.i64(0, 0));
+}
+
 std::string ArrayLiteral(const std::vector<std::string>& values) {
   std::string out = "{";
   for (size_t i = 0; i < values.size(); ++i) {

@@ -175,4 +175,10 @@ std::string QuoteIdent(std::string_view name);
 // `$n::text[]` parameter.
 std::string ArrayLiteral(const std::vector<std::string>& values);
 
+// How many rows `from_where` ("table WHERE ...", whose own parameters are
+// $2 on, `params`) holds, counted up to `cap` ($1): the database stops at
+// `cap` rows instead of counting them all.
+StatusOr<size_t> CountRows(Pool& pool, std::string_view from_where, std::vector<Param> params,
+                           size_t cap);
+
 }  // namespace idem::pg

@@ -96,6 +96,10 @@ class PgEscalationStore final : public EscalationStore {
     return out;
   }
 
+  StatusOr<size_t> CountOpen(size_t cap) override {
+    return CountRows(ctx_.pool, "escalations WHERE state = 'open'", {}, cap);
+  }
+
   StatusOr<Escalation> Resolve(const std::string& escalation_id, const std::string& decision_id,
                                const std::string& actor, int64_t now_ms) override {
     ASSIGN_OR_RETURN(Escalation current, Get(escalation_id));

@@ -472,6 +472,10 @@ class PgJournal final : public Journal {
     return List("WHERE state = 'dead' ORDER BY updated_at_ms, work_id LIMIT $1", {Limit(limit)});
   }
 
+  StatusOr<size_t> CountDeadLetters(size_t cap) override {
+    return CountRows(ctx_.pool, "journal WHERE state = 'dead'", {}, cap);
+  }
+
   StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) override {
     if (Status fp = Failpoints::Hit("store.write"); !fp.ok()) return WriteFailed(fp);
     int64_t started = NowMicros();

@@ -171,6 +171,10 @@ class PgPlanStore final : public PlanStore {
     return Decode(r);
   }
 
+  StatusOr<size_t> CountByState(const std::string& state, size_t cap) override {
+    return CountRows(ctx_.pool, "plans WHERE state = $2", {P(state)}, cap);
+  }
+
   StatusOr<PlanPage> List(const std::string& state, size_t limit,
                           const std::string& cursor) override {
     PlanPage page;

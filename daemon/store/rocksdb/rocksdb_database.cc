@@ -816,6 +816,20 @@ StatusOr<std::vector<std::string>> RocksDatabase::ExpiredIndexKeys(Family index,
   return keys;
 }
 
+StatusOr<size_t> RocksDatabase::CountKeys(Family f, std::string_view prefix, size_t cap,
+                                          std::string_view what) {
+  size_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> it = NewIterator(f, {});
+  for (it->Seek(rocksdb::Slice(prefix.data(), prefix.size()));
+       it->Valid() && n < cap &&
+       it->key().starts_with(rocksdb::Slice(prefix.data(), prefix.size()));
+       it->Next()) {
+    ++n;
+  }
+  RETURN_IF_ERROR(IteratorStatus(*it, "counting " + std::string(what)));
+  return n;
+}
+
 Status RocksDatabase::IndexOnce(Family source, Family index, std::string_view marker,
                                 std::string_view what, const IndexEntryOf& entry_of) {
   ASSIGN_OR_RETURN(std::optional<std::string> indexed, Get(Family::kMeta, std::string(marker)));

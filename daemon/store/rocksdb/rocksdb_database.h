@@ -202,6 +202,10 @@ class RocksDatabase {
   StatusOr<std::vector<std::string>> ExpiredIndexKeys(Family index, int64_t now_ms, size_t limit,
                                                       std::string_view what);
 
+  // How many keys of family `f` start with `prefix`, counted up to `cap`;
+  // reads keys only (an index's entries, never the records they name).
+  StatusOr<size_t> CountKeys(Family f, std::string_view prefix, size_t cap, std::string_view what);
+
   // For a store written before index family `index` existed: unless meta
   // key `marker` is set, reads every record of `source` once, writes the
   // index entry `entry_of` returns for it (nullopt: none), then sets the

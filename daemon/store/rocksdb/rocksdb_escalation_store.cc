@@ -96,6 +96,10 @@ StatusOr<std::vector<Escalation>> RocksEscalationStore::List(const std::string& 
   return out;
 }
 
+StatusOr<size_t> RocksEscalationStore::CountOpen(size_t cap) {
+  return db_.CountKeys(Family::kEscalationsOpen, "", cap, "open escalations");
+}
+
 StatusOr<Escalation> RocksEscalationStore::Resolve(const std::string& escalation_id,
                                                    const std::string& decision_id,
                                                    const std::string& actor, int64_t now_ms) {

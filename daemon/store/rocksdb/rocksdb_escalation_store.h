@@ -36,6 +36,7 @@ class RocksEscalationStore final : public EscalationStore {
   StatusOr<Escalation> Get(const std::string& escalation_id) override;
   StatusOr<Escalation> OpenByKey(const std::string& decision_key) override;
   StatusOr<std::vector<Escalation>> List(const std::string& state, size_t limit) override;
+  StatusOr<size_t> CountOpen(size_t cap) override;
   StatusOr<Escalation> Resolve(const std::string& escalation_id, const std::string& decision_id,
                                const std::string& actor, int64_t now_ms) override;
   StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) override;

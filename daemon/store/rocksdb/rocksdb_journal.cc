@@ -482,6 +482,10 @@ StatusOr<std::vector<WorkItem>> RocksJournal::DeadLetters(size_t limit) {
   return ScanIndex(Family::kJournalDead, "", limit);
 }
 
+StatusOr<size_t> RocksJournal::CountDeadLetters(size_t cap) {
+  return db_.CountKeys(Family::kJournalDead, "", cap, "dead letters");
+}
+
 StatusOr<std::vector<WorkItem>> RocksJournal::ByRun(const std::string& run_id, size_t limit,
                                                     const RunPosition& after) {
   if (run_id.empty()) return InvalidArgument("run_id is empty", "/run_id");

@@ -69,6 +69,7 @@ class RocksJournal final : public Journal {
   StatusOr<std::vector<WorkItem>> Due(int64_t now_ms, size_t n,
                                       const std::vector<std::string>& skip_kinds) override;
   StatusOr<std::vector<WorkItem>> DeadLetters(size_t limit) override;
+  StatusOr<size_t> CountDeadLetters(size_t cap) override;
   StatusOr<WorkItem> Requeue(const std::string& work_id, int64_t now_ms) override;
   using Journal::ByRun;
   StatusOr<std::vector<WorkItem>> ByRun(const std::string& run_id, size_t limit,

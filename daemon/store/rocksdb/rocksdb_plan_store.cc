@@ -133,6 +133,10 @@ StatusOr<std::vector<Plan>> RocksPlanStore::ByState(const std::string& state, si
   return out;
 }
 
+StatusOr<size_t> RocksPlanStore::CountByState(const std::string& state, size_t cap) {
+  return db_.CountKeys(Family::kPlansByState, LengthPrefixed(state), cap, "plans");
+}
+
 StatusOr<PlanPage> RocksPlanStore::List(const std::string& state, size_t limit,
                                         const std::string& cursor) {
   PlanPage page;

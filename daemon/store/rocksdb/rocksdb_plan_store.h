@@ -30,6 +30,7 @@ class RocksPlanStore final : public PlanStore {
   StatusOr<Plan> Get(const std::string& plan_id) override;
   StatusOr<Plan> Change(const std::string& plan_id, const PlanChange& change) override;
   StatusOr<std::vector<Plan>> ByState(const std::string& state, size_t limit) override;
+  StatusOr<size_t> CountByState(const std::string& state, size_t cap) override;
   StatusOr<PlanPage> List(const std::string& state, size_t limit,
                           const std::string& cursor) override;
   StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) override;

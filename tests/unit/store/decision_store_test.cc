@@ -456,6 +456,13 @@ TEST_CASE("open escalations are listed newest first without reading the resolved
   CHECK(open->at(0).escalation_id == "esc_open_b");
   CHECK(open->at(1).escalation_id == "esc_open_a");
   CHECK(reads <= 4);
+  // Counted from the open index alone: no record read.
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kEnableCount);
+  rocksdb::get_perf_context()->Reset();
+  CHECK(s.CountOpen(100).value() == 2);
+  CHECK(s.CountOpen(1).value() == 1);
+  CHECK(rocksdb::get_perf_context()->get_from_memtable_count == 0);
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kDisable);
   // One of them, the newest.
   StatusOr<std::vector<Escalation>> one = s.List("open", 1);
   REQUIRE(one.ok());

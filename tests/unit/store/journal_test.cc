@@ -226,6 +226,10 @@ TEST_CASE("fail with no attempts left makes the work dead") {
   std::vector<WorkItem> dlq = j.DeadLetters(10).value();
   REQUIRE(dlq.size() == 1);
   CHECK(dlq[0].work_id == "w1");
+  CHECK(j.CountDeadLetters(10).value() == 1);
+  CHECK(j.CountDeadLetters(0).value() == 0);  // counted up to the cap
+  REQUIRE(j.Requeue("w1", kT0 + 1).ok());
+  CHECK(j.CountDeadLetters(10).value() == 0);
 }
 
 TEST_CASE(

@@ -81,6 +81,12 @@ TEST_CASE("ByState lists plans in a state, oldest first, following transitions")
   CHECK(approved[0].plan_id == "plan_b");
   CHECK(s.ByState("proposed", 1)->size() == 1);
   CHECK(s.ByState("applied", 10)->empty());
+  // Counted the same way, up to a cap.
+  CHECK(s.CountByState("proposed", 10).value() == 2);
+  CHECK(s.CountByState("approved", 10).value() == 1);
+  CHECK(s.CountByState("applied", 10).value() == 0);
+  CHECK(s.CountByState("proposed", 1).value() == 1);
+  CHECK(s.CountByState("propose", 10).value() == 0);  // a state, not a prefix of one
 }
 
 TEST_CASE("the sweep deletes plans finished before the cutoff and keeps the rest") {
