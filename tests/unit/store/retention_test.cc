@@ -200,14 +200,17 @@ TEST_CASE("without_a_plan_rule_a_swept_decision_leaves_its_plan") {
   CHECK(store->plans().Get("plan_0").ok());
 }
 
+bool TakeAndGiveBack(Mutex& mu) {
+  if (!mu.TryLock()) return false;
+  mu.Unlock();
+  return true;
+}
+
 // Whether another thread could take `mu` now (a thread may not try a
 // mutex it holds).
-bool FreeForOthers(Mutex& mu) NO_THREAD_SAFETY_ANALYSIS {
+bool FreeForOthers(Mutex& mu) {
   bool free = false;
-  std::thread([&] {
-    free = mu.TryLock();
-    if (free) mu.Unlock();
-  }).join();
+  std::thread([&] { free = TakeAndGiveBack(mu); }).join();
   return free;
 }
 
