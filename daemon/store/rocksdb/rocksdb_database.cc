@@ -834,26 +834,26 @@ Status RocksDatabase::IndexOnce(Family source, Family index, std::string_view ma
                                 std::string_view what, const IndexEntryOf& entry_of) {
   ASSIGN_OR_RETURN(std::optional<std::string> indexed, Get(Family::kMeta, std::string(marker)));
   if (indexed) return Status::Ok();
-  std::vector<std::string> entries;
+  // Written 1,000 entries at a time while reading: memory stays bounded
+  // however many records an older store holds.
+  constexpr int kPerWrite = 1'000;
+  auto batch = std::make_unique<RecordBatch>(*this);
+  int staged = 0;
   std::unique_ptr<rocksdb::Iterator> it = NewIterator(source, {});
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(it->value().ToString(), what));
     ASSIGN_OR_RETURN(std::optional<std::string> entry,
                      entry_of(std::string_view(it->key().data(), it->key().size()), j));
-    if (entry) entries.push_back(std::move(*entry));
+    if (!entry) continue;
+    batch->Put(index, *entry, "");
+    if (++staged % kPerWrite == 0) {
+      RETURN_IF_ERROR(Commit(*batch, /*durable=*/false));
+      batch = std::make_unique<RecordBatch>(*this);
+    }
   }
   RETURN_IF_ERROR(IteratorStatus(*it, "indexing " + std::string(what) + "s"));
-  constexpr size_t kPerWrite = 1'000;
-  for (size_t from = 0; from < entries.size(); from += kPerWrite) {
-    RecordBatch batch(*this);
-    for (size_t i = from; i < std::min(entries.size(), from + kPerWrite); ++i) {
-      batch.Put(index, entries[i], "");
-    }
-    RETURN_IF_ERROR(Commit(batch, /*durable=*/false));
-  }
-  RecordBatch batch(*this);  // after the entries, which it makes durable
-  batch.Put(Family::kMeta, marker, "1");
-  return Commit(batch, /*durable=*/true);
+  batch->Put(Family::kMeta, marker, "1");  // after the entries, which it makes durable
+  return Commit(*batch, /*durable=*/true);
 }
 
 size_t RocksDatabase::StripeOf(Family f, std::string_view key) {

@@ -220,15 +220,15 @@ TEST_CASE("a store from before the lease expiry index has its leases indexed onc
   TempDir dir;
   {
     auto store = OpenStore(dir.path());
-    AcquireNumbered(store->leases(), "old", 3, 1'000);
+    AcquireNumbered(store->leases(), "old", 2'500, 1'000);  // past one write of the indexing
     AcquireNumbered(store->leases(), "live", 2, 3'600'000);
   }
   // As an older idem left it: no index entries and no marker.
   CHECK(testing::ForgetIndex(dir.path(), rocks::Family::kLeasesExpiry,
-                             rocks::RocksLeaseStore::kIndexedMarker) == 5);
+                             rocks::RocksLeaseStore::kIndexedMarker) == 2'502);
   {
     auto store = OpenStore(dir.path());
-    CHECK(store->leases().SweepExpired(kT0 + 1'000, 100).value() == 3);
+    CHECK(store->leases().SweepExpired(kT0 + 1'000, 100'000).value() == 2'500);
     CHECK(store->leases().Get("live00001", kT0 + 1'000).ok());
   }
   CHECK(RawKeys(dir.path(), "leases_expiry").size() == 2);
