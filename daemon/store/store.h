@@ -542,9 +542,9 @@ class PlanStore {
   // (field "query:cursor") for a cursor this store did not make.
   virtual StatusOr<PlanPage> List(const std::string& state, size_t limit,
                                   const std::string& cursor) = 0;
-  // Deletes plans in a final state (applied, rejected, expired) last changed
-  // at or before cutoff_ms, looking at up to `limit` created by then;
-  // returns how many it deleted.
+  // Deletes up to `limit` plans in a final state (applied, rejected,
+  // expired) last changed at or before cutoff_ms, however many plans
+  // created before them finished after it; returns how many it deleted.
   virtual StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) = 0;
   // The plan of a decision (plan_id, decision_id) whose window is over.
   struct DecisionPlan {

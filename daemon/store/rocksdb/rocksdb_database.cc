@@ -89,6 +89,8 @@ std::string_view ColumnFamilyName(Family f) {
       return "leases_expiry";
     case Family::kEscalationsResolved:
       return "escalations_resolved";
+    case Family::kPlansFinished:
+      return "plans_finished";
     case Family::kCount:
       break;
   }

@@ -79,6 +79,7 @@ enum class Family : int {
   kDecisionTraces,       // decision_id -> the decision's whole trace JSON (cold)
   kLeasesExpiry,         // BE8(expires_at) | name -> ""  (every lease)
   kEscalationsResolved,  // BE8(resolved_at) | escalation_id -> ""  (resolved ones)
+  kPlansFinished,        // BE8(updated_at) | plan_id -> ""  (applied, rejected, expired)
   kCount,
 };
 
@@ -102,6 +103,7 @@ inline constexpr Family kScanOnlyFamilies[] = {Family::kDecisionsByTime,
                                                Family::kDecisionsExpiry,
                                                Family::kLeasesExpiry,
                                                Family::kEscalationsResolved,
+                                               Family::kPlansFinished,
                                                Family::kOutbox,
                                                Family::kTraces,
                                                Family::kTracesByTime};

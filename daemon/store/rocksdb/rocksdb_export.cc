@@ -34,8 +34,9 @@ using rocks::RocksDatabase;
 constexpr std::string_view kAuditHeadKey = "audit.head";
 constexpr std::string_view kCursorPrefix = "outbox.cursor/";
 constexpr std::string_view kEngineOnlyKeys[] = {
-    "store.instance_id",   "store.write_probe",     "idem_keys.in_progress_indexed",
-    "traces.swept_before", "leases.expiry_indexed", "escalations.resolved_indexed"};
+    "store.instance_id",     "store.write_probe",     "idem_keys.in_progress_indexed",
+    "traces.swept_before",   "leases.expiry_indexed", "escalations.resolved_indexed",
+    "plans.finished_indexed"};
 
 std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
 

@@ -13,6 +13,15 @@ std::string StateIndexKey(const Plan& p) {
   return LengthPrefixed(p.state) + BigEndian8(p.created_at_ms) + p.plan_id;
 }
 
+bool Finished(const std::string& state) {
+  return state == "applied" || state == "rejected" || state == "expired";
+}
+
+// Its key in "plans_finished": when its window starts.
+std::string FinishedKey(const Plan& p) {
+  return BigEndian8(static_cast<uint64_t>(std::max<int64_t>(p.updated_at_ms, 0))) + p.plan_id;
+}
+
 // The outbox event's data for a plan entering its state.
 Json OutboxData(const Plan& p, const std::string& from, const std::string& actor) {
   Json data = {{"plan_id", p.plan_id}, {"state", p.state}, {"origin", p.origin}};
@@ -64,6 +73,7 @@ Status RocksPlanStore::Put(const Plan& plan, const AuditEvent* audit) {
       [&plan](RecordBatch& batch) {
         batch.PutJson(Family::kPlans, plan.plan_id, plan.ToJson());
         batch.Put(Family::kPlansByState, StateIndexKey(plan), "");
+        if (Finished(plan.state)) batch.Put(Family::kPlansFinished, FinishedKey(plan), "");
         batch.AddOutboxEvent("plan." + plan.state, plan.plan_id,
                              std::max(plan.updated_at_ms, plan.created_at_ms),
                              OutboxData(plan, "", plan.created_by));
@@ -103,6 +113,8 @@ StatusOr<Plan> RocksPlanStore::Change(const std::string& plan_id, const PlanChan
           batch.Delete(Family::kPlansByState, StateIndexKey(before));
           batch.Put(Family::kPlansByState, StateIndexKey(next), "");
         }
+        if (Finished(before.state)) batch.Delete(Family::kPlansFinished, FinishedKey(before));
+        if (Finished(next.state)) batch.Put(Family::kPlansFinished, FinishedKey(next), "");
         batch.PutJson(Family::kPlans, plan_id, next.ToJson());
         if (change.from != change.to) {
           batch.AddOutboxEvent("plan." + change.to, plan_id, change.now_ms,
@@ -181,36 +193,26 @@ StatusOr<PlanPage> RocksPlanStore::List(const std::string& state, size_t limit,
 
 StatusOr<size_t> RocksPlanStore::SweepFinished(int64_t cutoff_ms, size_t limit) {
   if (limit == 0 || cutoff_ms < 0) return size_t{0};
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> candidates,
+      db_.ExpiredIndexKeys(Family::kPlansFinished, cutoff_ms, limit, "finished plans"));
   size_t swept = 0;
   ChunkedSweep sweep(db_);
-  for (const std::string state : {"applied", "rejected", "expired"}) {
-    const std::string prefix = LengthPrefixed(state);
-    std::vector<std::string> candidates;
-    {
-      // Oldest created first; a plan last changed after the cutoff was
-      // created no later than that, so stop at plans created after it.
-      std::string upper = prefix + BigEndian8(cutoff_ms + 1);
-      rocksdb::Slice upper_slice(upper);
-      rocksdb::ReadOptions ro;
-      ro.iterate_upper_bound = &upper_slice;
-      std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kPlansByState, ro);
-      for (it->Seek(prefix); it->Valid() && candidates.size() < limit; it->Next()) {
-        candidates.push_back(it->key().ToString());
-      }
-      RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning plans"));
-    }
-    for (const std::string& index_key : candidates) {
-      if (index_key.size() <= prefix.size() + 8) continue;
-      const std::string plan_id = index_key.substr(prefix.size() + 8);
-      RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kPlans, plan_id)));
-      ASSIGN_OR_RETURN(std::optional<Plan> p, Load(plan_id));
-      if (!p || p->state != state || p->updated_at_ms > cutoff_ms) continue;
+  for (const std::string& index_key : candidates) {
+    if (index_key.size() <= 8) continue;
+    const std::string plan_id = index_key.substr(8);
+    RETURN_IF_ERROR(sweep.Lock(db_.LockFor(Family::kPlans, plan_id)));
+    ASSIGN_OR_RETURN(std::optional<Plan> p, Load(plan_id));
+    // Under the stripe a Change of it waits for this chunk's write; an
+    // entry no longer its plan's (gone, or changed since) goes alone.
+    sweep.batch().Delete(Family::kPlansFinished, index_key);
+    if (p && Finished(p->state) && FinishedKey(*p) == index_key) {
       sweep.batch().Delete(Family::kPlans, plan_id);
-      sweep.batch().Delete(Family::kPlansByState, index_key);
+      sweep.batch().Delete(Family::kPlansByState, StateIndexKey(*p));
       // Losing a sweep in a crash only brings back a finished plan.
       ++swept;
-      RETURN_IF_ERROR(sweep.Next());
     }
+    RETURN_IF_ERROR(sweep.Next());
   }
   RETURN_IF_ERROR(sweep.Flush());
   return swept;
@@ -232,6 +234,15 @@ StatusOr<size_t> RocksPlanStore::DeleteProposed(const std::vector<DecisionPlan>&
   }
   RETURN_IF_ERROR(sweep.Flush());
   return deleted;
+}
+
+Status RocksPlanStore::IndexLegacyFinished(RocksDatabase& db) {
+  return db.IndexOnce(Family::kPlans, Family::kPlansFinished, kIndexedMarker, "plan",
+                      [](std::string_view, const Json& j) -> StatusOr<std::optional<std::string>> {
+                        ASSIGN_OR_RETURN(Plan p, Plan::FromJson(j));
+                        if (!Finished(p.state)) return std::optional<std::string>();
+                        return std::optional<std::string>(FinishedKey(p));
+                      });
 }
 
 }  // namespace idem::rocks

@@ -2,9 +2,13 @@
 //
 // Family "plans" holds plan_id -> Plan JSON; "plans_by_state" indexes
 // LP(state) | BE8(created_at) | plan_id so ByState reads one range, oldest
-// first (List reads it backwards, newest first). Put and Change hold the
-// plan_id's lock stripe, then (with an audit event) the audit log's lock:
-// the plan and its audit event are one atomic write.
+// first (List reads it backwards, newest first); "plans_finished"
+// (BE8(updated_at) | plan_id) lists the applied, rejected and expired ones
+// in the order their windows end, so a sweep reads only what is past its
+// window, however many plans finished later were created before them.
+// Put and Change hold the plan_id's lock stripe, then (with an audit
+// event) the audit log's lock: the plan and its audit event are one atomic
+// write.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -35,6 +39,11 @@ class RocksPlanStore final : public PlanStore {
                           const std::string& cursor) override;
   StatusOr<size_t> SweepFinished(int64_t cutoff_ms, size_t limit) override;
   StatusOr<size_t> DeleteProposed(const std::vector<DecisionPlan>& plans) override;
+
+  // A store written before "plans_finished": lists its finished plans
+  // there once (RocksDatabase::IndexOnce). Called when the store opens.
+  static Status IndexLegacyFinished(RocksDatabase& db);
+  static constexpr char kIndexedMarker[] = "plans.finished_indexed";
 
  private:
   StatusOr<std::optional<Plan>> Load(const std::string& plan_id,

@@ -88,6 +88,7 @@ StatusOr<std::unique_ptr<Store>> OpenRocksStore(const StoreOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<rocks::RocksAuditLog> audit, rocks::RocksAuditLog::Create(*db));
   RETURN_IF_ERROR(rocks::RocksLeaseStore::IndexLegacyLeases(*db));
   RETURN_IF_ERROR(rocks::RocksEscalationStore::IndexLegacyResolved(*db));
+  RETURN_IF_ERROR(rocks::RocksPlanStore::IndexLegacyFinished(*db));
   ASSIGN_OR_RETURN(std::string instance_id, InstanceId(*db));
   return std::unique_ptr<Store>(
       new RocksStore(std::move(db), std::move(audit), std::move(instance_id)));

@@ -16,6 +16,7 @@ namespace idem {
 namespace {
 
 using testing::OpenStore;
+using testing::RawKeys;
 using testing::TempDir;
 
 constexpr int64_t kT0 = 1'700'000'000'000;
@@ -288,15 +289,6 @@ TEST_CASE("the in-memory decision cache stays within its byte budget, large deci
 }
 
 // Keys left in a family of a closed store.
-std::vector<std::string> RawKeys(const std::string& path, const std::string& family) {
-  std::vector<std::string> keys;
-  testing::WithRawDb(path, [&](rocksdb::DB& db, auto& cf) {
-    std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, cf.at(family)));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
-  });
-  return keys;
-}
-
 TEST_CASE(
     "the sweep deletes decisions past their window, superseded ones too, and keeps the rest") {
   TempDir dir;

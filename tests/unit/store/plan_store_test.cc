@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "daemon/core/crypto.h"
+#include "daemon/store/rocksdb/rocksdb_plan_store.h"
 #include "daemon/store/store.h"
 #include "tests/unit/store/store_test_util.h"
 
@@ -11,6 +12,7 @@ namespace idem {
 namespace {
 
 using testing::OpenStore;
+using testing::RawKeys;
 using testing::TempDir;
 
 constexpr int64_t kT0 = 1'700'000'000'000;
@@ -112,6 +114,69 @@ TEST_CASE("the sweep deletes plans finished before the cutoff and keeps the rest
   CHECK(s.SweepFinished(kT0 + 10'000, 100).value() == 1);
   CHECK(s.ByState("applied", 10)->empty());
   CHECK(s.ByState("proposed", 10)->size() == 1);
+}
+
+TEST_CASE("the sweep finds plans finished before the cutoff behind older ones finished after it") {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    PlanStore& s = store->plans();
+    // Created first, finished last: a page's worth that stays.
+    for (int i = 0; i < 5; ++i) {
+      const std::string id = "plan_long_" + std::to_string(i);
+      REQUIRE(s.Put(MakePlan(id, kT0)).ok());
+      REQUIRE(s.Transition(id, "proposed", "applied", "a", "", kT0 + 500).ok());
+    }
+    for (int i = 0; i < 3; ++i) {
+      const std::string id = "plan_quick_" + std::to_string(i);
+      REQUIRE(s.Put(MakePlan(id, kT0 + 1)).ok());
+      REQUIRE(
+          s.Transition(id, "proposed", i == 2 ? "rejected" : "applied", "a", "", kT0 + 10).ok());
+    }
+    Plan copied = MakePlan("plan_copied", kT0 + 2);  // as `idem store copy` writes one
+    copied.state = "expired";
+    copied.updated_at_ms = kT0 + 20;
+    REQUIRE(s.Put(copied).ok());
+    CHECK(s.SweepFinished(kT0 + 100, 5).value() == 4);
+    CHECK(s.SweepFinished(kT0 + 100, 5).value() == 0);
+    CHECK(s.Get("plan_quick_0").status().code() == Code::kNotFound);
+    CHECK(s.Get("plan_copied").status().code() == Code::kNotFound);
+    CHECK(s.Get("plan_long_4")->state == "applied");
+    CHECK(s.SweepFinished(kT0 + 500, 2).value() == 2);  // oldest finished first, `limit` a call
+    CHECK(s.SweepFinished(kT0 + 500, 5).value() == 3);
+    CHECK(s.ByState("applied", 10)->empty());
+  }
+  if (testing::OnPostgres()) return;  // RocksDB's index families below
+  CHECK(RawKeys(dir.path(), "plans").empty());
+  CHECK(RawKeys(dir.path(), "plans_by_state").empty());
+  CHECK(RawKeys(dir.path(), "plans_finished").empty());
+}
+
+// RocksDB's "plans_finished" index and its upgrade path.
+TEST_CASE("a store from before the finished-plan index has them indexed once, then swept" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path());
+    PlanStore& s = store->plans();
+    for (int i = 0; i < 3; ++i) {
+      const std::string id = "plan_" + std::to_string(i);
+      REQUIRE(s.Put(MakePlan(id, kT0)).ok());
+      REQUIRE(s.Transition(id, "proposed", "applied", "a", "", kT0 + 10 * i).ok());
+    }
+    REQUIRE(s.Put(MakePlan("plan_open", kT0)).ok());
+    REQUIRE(s.Transition("plan_open", "proposed", "approved", "a", "", kT0).ok());
+  }
+  // As an older idem left it: no index entries and no marker.
+  CHECK(testing::ForgetIndex(dir.path(), rocks::Family::kPlansFinished,
+                             rocks::RocksPlanStore::kIndexedMarker) == 3);
+  {
+    auto store = OpenStore(dir.path());
+    CHECK(store->plans().SweepFinished(kT0 + 10, 100).value() == 2);  // finished by then
+    CHECK(store->plans().Get("plan_2")->state == "applied");
+    CHECK(store->plans().Get("plan_open")->state == "approved");
+  }
+  CHECK(RawKeys(dir.path(), "plans_finished").size() == 1);  // plan_2's
 }
 
 }  // namespace

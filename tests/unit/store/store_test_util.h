@@ -117,6 +117,16 @@ inline void WithRawDb(
   delete raw;
 }
 
+// The keys of RocksDB family `family` of the store at `path`, in order.
+inline std::vector<std::string> RawKeys(const std::string& path, const std::string& family) {
+  std::vector<std::string> keys;
+  WithRawDb(path, [&](rocksdb::DB& db, auto& cf) {
+    std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, cf.at(family)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
+  });
+  return keys;
+}
+
 // Makes a RocksDB store at `path` look as an older idem left it, before
 // index family `index` existed: deletes its every entry and the meta
 // `marker` that says it was built. Returns how many entries there were.
