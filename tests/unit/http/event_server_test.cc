@@ -1256,15 +1256,39 @@ TEST_CASE("a connection past max_connections gets 503 and is closed") {
   CHECK(ok->status == 200);
 }
 
+// Sends 4 MiB of empty lines, far past head + body limits (4 KiB + 1 KiB
+// here), or until the server closes. False if it closed before 64 KiB.
+bool SendBlankLines(Client& c) {
+  std::string crlf;
+  for (int i = 0; i < (32 << 10); ++i) crlf += "\r\n";
+  for (int i = 0; i < 64; ++i) {
+    if (!c.Send(crlf)) return i > 0;
+  }
+  return true;
+}
+
+// Starts a request's head, then sends a byte every 200 ms for up to 5 s
+// while waiting for the answer.
+std::optional<Reply> TrickleUntilAnswered(Client& c) {
+  if (!c.Send("GET /slow HTTP/1.1\r\nHost: test\r\nX-Pad: ")) return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::thread trickle([&] {
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!c.Send("a")) return;  // closed by the server
+      std::this_thread::sleep_for(200ms);
+    }
+  });
+  std::optional<Reply> r = c.Read();
+  trickle.join();
+  return r;
+}
+
 TEST_CASE("endless blank lines on one connection are refused, not buffered") {
   Running s(EchoCallbacks());
   Client c(s.port());
   REQUIRE(c.ok());
-  // 4 MiB of empty lines: far past head + body limits (4 KiB + 1 KiB here).
   // The server stops buffering, answers 400, and drops the rest it reads.
-  std::string crlf;
-  for (int i = 0; i < (32 << 10); ++i) crlf += "\r\n";
-  for (int i = 0; i < 64; ++i) REQUIRE(c.Send(crlf));
+  REQUIRE(SendBlankLines(c));
   std::optional<Reply> r = c.Read();
   REQUIRE(r);
   CHECK(r->status == 400);
@@ -1276,20 +1300,38 @@ TEST_CASE("a request trickling in byte by byte gets 408 once request_timeout_s h
   Running s(EchoCallbacks(), o);
   Client c(s.port());
   REQUIRE(c.ok());
-  const std::string head = "GET /slow HTTP/1.1\r\nHost: test\r\nX-Pad: ";
-  REQUIRE(c.Send(head));
-  std::optional<Reply> r;
-  auto deadline = std::chrono::steady_clock::now() + 5s;
-  std::thread trickle([&] {
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (!c.Send("a")) return;  // closed by the server
-      std::this_thread::sleep_for(200ms);
-    }
-  });
-  r = c.Read();
-  trickle.join();
+  std::optional<Reply> r = TrickleUntilAnswered(c);
   REQUIRE(r);
   CHECK(r->status == 408);
+}
+
+TEST_CASE("a client on the Unix socket is held to the same limits as one on the TCP port") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  EventServerOptions o = UnixOptions(path);
+  o.max_connections = 3;
+  o.request_timeout_s = 1;
+  Running s(EchoCallbacks(), o);
+  // max_connections counts both listeners' connections together.
+  Client tcp(s.port()), trickling(path), flooding(path);
+  REQUIRE((tcp.ok() && trickling.ok() && flooding.ok()));
+  CHECK(Echoes(tcp, "/tcp"));
+  Client shed(path);
+  REQUIRE(shed.ok());
+  std::optional<Reply> refused = shed.Read();
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  CHECK(shed.Closed(/*reset_ok=*/true));
+  // Endless blank lines: refused, not buffered.
+  REQUIRE(SendBlankLines(flooding));
+  std::optional<Reply> flooded = flooding.Read();
+  REQUIRE(flooded);
+  CHECK(flooded->status == 400);
+  // A request trickling in byte by byte: 408 once request_timeout_s passed.
+  std::optional<Reply> slow = TrickleUntilAnswered(trickling);
+  REQUIRE(slow);
+  CHECK(slow->status == 408);
+  CHECK(s.server().stats().shed_connections == 1);
 }
 
 TEST_CASE("Drain answers queued requests 503, lets the running one finish, and refuses new ones") {
