@@ -34,7 +34,6 @@
 // its seed, its counts, and the first failures of each kind
 // (IDEM_HOSTILE_VERBOSE=1: also each operation's first answer). Exit code 0
 // when every answer passes, 1 otherwise.
-import {spawn} from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -42,11 +41,12 @@ import os from 'node:os';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
 
+import {startDaemon, stopDaemon, waitReady, logTail} from './daemon.mjs';
+
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const binary = path.resolve(process.argv[2] || path.join(root, 'build/idem'));
 const logDir = process.argv[3] ? path.resolve(process.argv[3]) : '';
 const seed = parseInt(process.env.IDEM_HOSTILE_SEED || '1', 10);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // ------------------------------------------------------------ randomness
 let state = seed >>> 0 || 1;
@@ -156,32 +156,6 @@ inbox:
   const file = path.join(dir, 'idem.yaml');
   fs.writeFileSync(file, text);
   return file;
-}
-
-function startDaemon(dir) {
-  const portFile = path.join(dir, 'port');
-  const log = fs.openSync(path.join(dir, 'daemon.log'), 'w');
-  const child = spawn(binary, ['serve', '--config', writeConfig(dir), '--listen',
-                               '127.0.0.1:0', '--data', path.join(dir, 'data'), '--port-file', portFile],
-                      {stdio: ['ignore', log, log], cwd: root, env: {...process.env, ...secrets}});
-  const exit = new Promise((r) => child.on('exit', (code, signal) => r({code, signal})));
-  return {child, exit, portFile};
-}
-
-async function waitReady(d, dir) {
-  const end = Date.now() + 120000;
-  while (Date.now() < end) {
-    const p = fs.existsSync(d.portFile) ? parseInt(fs.readFileSync(d.portFile, 'utf8'), 10) : 0;
-    if (p > 0) {
-      port = p;
-      const r = await send('GET', '/readyz');
-      if (r.status === 200) return;
-    }
-    if (d.child.exitCode !== null) break;
-    await sleep(50);
-  }
-  throw new Error('the daemon did not become ready: ' +
-                  fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8').slice(-2000));
 }
 
 // ------------------------------------------------------------ bodies
@@ -789,11 +763,12 @@ async function main() {
   selfCheck();
   if (logDir) logFile = path.join(logDir, `responses-hostile-${process.pid}.jsonl`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-hostile-'));
-  const d = startDaemon(dir);
+  const d = startDaemon({binary, config: writeConfig(dir), workDir: dir, cwd: root,
+                         env: {...process.env, ...secrets}});
   const started = Date.now();
   let code = 1;
   try {
-    await waitReady(d, dir);
+    port = Number(new URL(await waitReady(d, {probe: '/readyz', timeoutMs: 120000})).port);
     spec = JSON.parse((await send('GET', '/openapi.json')).body);
     const ids = await setUp();
     const ops = operations();
@@ -808,11 +783,10 @@ async function main() {
     await pool(tasks, 8);
     const ready = await send('GET', '/readyz');
     if (ready.status !== 200) fail('not ready at the end', `/readyz answered ${ready.status ?? ready.error}`);
-    d.child.kill('SIGTERM');
-    const exit = await Promise.race([d.exit, sleep(30000).then(() => ({code: 'timeout'}))]);
+    const exit = await stopDaemon(d, {timeoutMs: 30000});
     if (exit.code !== 0) {
       fail('unclean stop', `SIGTERM: exit ${exit.code} signal ${exit.signal}; log tail:\n` +
-           fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8').slice(-3000));
+           logTail(d, 3000));
     }
     const counts = [...statuses.entries()].sort((a, b) => a[0] - b[0]).map(([s, n]) => `${s}: ${n}`).join(', ');
     console.log(`hostile client (seed ${seed}): ${ops.length} operations, ${tasks.length} requests, ` +
@@ -830,7 +804,7 @@ async function main() {
   } catch (e) {
     console.log('FAIL: ' + (e.stack || e));
   } finally {
-    if (d.child.exitCode === null) d.child.kill('SIGKILL');
+    if (!d.exited) d.proc.kill('SIGKILL');
     if (code === 0) fs.rmSync(dir, {recursive: true, force: true});
     else console.log(`daemon log and store kept in ${dir}`);
   }

@@ -8,12 +8,14 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, writeFileSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import assert from 'node:assert/strict';
+
+import { startDaemon, stopDaemon, waitReady } from './daemon.mjs';
 
 const idem = process.argv[2];
 if (!idem) throw new Error('usage: node mcp_sdk.mjs path/to/idem');
@@ -127,16 +129,9 @@ ${step('id_ticket', `${dir}/lab.schema.json`)}actions:
     window: 24h
     on_duplicate: return_original
 `);
-const portFile = join(dir, 'port');
-const daemon = spawn(idem, ['serve', '--config', join(dir, 'idem.yaml'), '--port-file', portFile,
-  '--log-level', 'warn'], { stdio: ['ignore', 'inherit', 'inherit'] });
-let port = 0;
-for (let i = 0; i < 200 && !port; i++) {
-  await new Promise((r) => setTimeout(r, 50));
-  if (existsSync(portFile)) port = Number(readFileSync(portFile, 'utf8').trim()) || 0;
-}
-assert.ok(port, 'the daemon did not start');
-const base = `http://127.0.0.1:${port}`;
+const daemon = startDaemon({ binary: idem, config: join(dir, 'idem.yaml'), workDir: dir,
+  data: false, listen: false, inherit: true, args: ['--log-level', 'warn'] });
+const base = await waitReady(daemon);
 
 let failed = false;
 try {
@@ -373,9 +368,8 @@ try {
   failed = true;
   console.error('mcp_sdk: FAILED:', e);
 } finally {
-  daemon.kill('SIGTERM');
   effector.close();
-  const code = await new Promise((r) => daemon.once('exit', (c) => r(c)));
+  const { code } = await stopDaemon(daemon);
   if (code !== 0) {
     // A clean stop exits 0 (under AddressSanitizer a leak makes it non-zero).
     failed = true;

@@ -8,13 +8,15 @@
 //
 // Usage: node tests/e2e/metrics_scrape.mjs path/to/idem
 import parsePrometheusTextFormat from 'parse-prometheus-text-format';
-import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import assert from 'node:assert/strict';
+
+import { startDaemon, stopDaemon, waitReady } from './daemon.mjs';
 
 const idem = process.argv[2];
 if (!idem) throw new Error('usage: node metrics_scrape.mjs path/to/idem');
@@ -94,18 +96,9 @@ outbox:
   subscribers:
     hook: {url: "${effectorUrl}/events"}
 `);
-const portFile = join(dir, 'port');
-const daemon = spawn(idem, ['serve', '--config', join(dir, 'idem.yaml'), '--port-file', portFile,
-  '--log-level', 'warn'], { stdio: ['ignore', 'inherit', 'inherit'] });
-let port = 0;
-let exited = false;
-daemon.once('exit', () => (exited = true));
-for (let i = 0; i < 1200 && !port && !exited; i++) {
-  await new Promise((r) => setTimeout(r, 50));
-  if (existsSync(portFile)) port = Number(readFileSync(portFile, 'utf8').trim()) || 0;
-}
-assert.ok(port, 'the daemon did not start');
-const base = `http://127.0.0.1:${port}`;
+const daemon = startDaemon({ binary: idem, config: join(dir, 'idem.yaml'), workDir: dir,
+  data: false, listen: false, inherit: true, args: ['--log-level', 'warn'] });
+const base = await waitReady(daemon);
 
 // Parsed twice: as served (families, types, histograms), and with every
 // histogram retyped untyped, so each of its _bucket/_sum/_count samples is a
@@ -230,9 +223,8 @@ try {
   failed = true;
   console.error('metrics_scrape: FAILED:', e);
 } finally {
-  daemon.kill('SIGTERM');
   effector.close();
-  const code = await new Promise((r) => daemon.once('exit', (c) => r(c)));
+  const { code } = await stopDaemon(daemon);
   if (code !== 0) {
     failed = true;
     console.error(`metrics_scrape: FAILED: the daemon exited with ${code} after SIGTERM`);

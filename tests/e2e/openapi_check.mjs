@@ -25,44 +25,27 @@
 // of each kind printed). IDEM_OPENAPI_VERBOSE=1 lists every (operation,
 // status) seen; IDEM_OPENAPI_SCHEMA_DIR=schemas/api checks against the
 // schema files as edited, without rebuilding the daemon.
-import {spawn} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
 import Ajv2020 from 'ajv/dist/2020.js';
 
+import {startDaemon, waitReady} from './daemon.mjs';
+
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const binary = path.resolve(process.argv[2] || path.join(root, 'build/idem'));
 const logDir = path.resolve(process.argv[3] || path.join(root, 'build/responses'));
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // ------------------------------------------------------------ the spec
 async function fetchSpec() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-openapi-'));
-  const portFile = path.join(dir, 'port');
-  const log = fs.openSync(path.join(dir, 'daemon.log'), 'w');
-  const daemon = spawn(binary, ['serve', '--config', path.join(root, 'config/idem.yaml'), '--listen',
-                                '127.0.0.1:0', '--data', path.join(dir, 'data'), '--port-file', portFile],
-                       {stdio: ['ignore', log, log], cwd: root});
-  let exited = false;
-  daemon.on('exit', () => { exited = true; });
+  const d = startDaemon({binary, config: path.join(root, 'config/idem.yaml'), workDir: dir, cwd: root});
   try {
-    const end = Date.now() + 60000;
-    while (Date.now() < end && !exited) {
-      const port = fs.existsSync(portFile) ? parseInt(fs.readFileSync(portFile, 'utf8'), 10) : 0;
-      if (port > 0) {
-        try {
-          const res = await fetch(`http://127.0.0.1:${port}/openapi.json`);
-          if (res.status === 200) return await res.json();
-        } catch { /* not up yet */ }
-      }
-      await sleep(50);
-    }
-    throw new Error('the daemon did not serve /openapi.json: ' +
-                    fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8').slice(-2000));
+    const res = await fetch(await waitReady(d, {probe: '/openapi.json'}) + '/openapi.json');
+    return await res.json();
   } finally {
-    daemon.kill('SIGKILL');
+    d.proc.kill('SIGKILL');
     fs.rmSync(dir, {recursive: true, force: true});
   }
 }

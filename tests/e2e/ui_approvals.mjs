@@ -21,7 +21,6 @@
 // Screenshots go to build/e2e-artifacts/ (IDEM_E2E_ARTIFACTS overrides);
 // IDEM_UPDATE_DOCS_IMG=1 also copies the queue to docs/img/ui-queue.png.
 // Exit code 0 when every check passed, 1 otherwise.
-import {spawn} from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -29,6 +28,8 @@ import os from 'node:os';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
 import {chromium} from 'playwright-core';
+
+import {logTail, startDaemon, stopDaemon, waitReady} from './daemon.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const binary = path.resolve(process.argv[2] || path.join(root, 'build/idem'));
@@ -134,33 +135,7 @@ actions:
 `;
 fs.writeFileSync(path.join(dir, 'idem.yaml'), config);
 
-// `idem serve` on `configPath`, its store, port file and log in `workDir`.
-function spawnDaemon(configPath, workDir) {
-  const d = {portFile: path.join(workDir, 'port'), logPath: path.join(workDir, 'daemon.log'), exited: null};
-  const log = fs.openSync(d.logPath, 'w');
-  d.proc = spawn(binary, ['serve', '--config', configPath, '--listen', '127.0.0.1:0',
-                          '--data', path.join(workDir, 'data'), '--port-file', d.portFile],
-                 {stdio: ['ignore', log, log]});
-  d.proc.on('exit', (code, sig) => { d.exited = {code, sig}; });
-  return d;
-}
-// Its URL, once it serves /healthz.
-async function baseOf(d) {
-  const port = await until('the daemon port file', () => {
-    if (d.exited) throw new Error('the daemon exited: ' + fs.readFileSync(d.logPath, 'utf8'));
-    try { return Number(fs.readFileSync(d.portFile, 'utf8').trim()) || null; } catch { return null; }
-  }, 20000);
-  const base = `http://127.0.0.1:${port}`;
-  await until('/healthz', async () => (await fetch(base + '/healthz').catch(() => null))?.ok, 20000);
-  return base;
-}
-async function stopDaemon(d) {
-  if (!d || d.exited) return;
-  d.proc.kill('SIGTERM');
-  await until('the daemon to stop', () => d.exited, 10000).catch(() => d.proc.kill('SIGKILL'));
-}
-
-const daemon = spawnDaemon(path.join(dir, 'idem.yaml'), dir);
+const daemon = startDaemon({binary, config: path.join(dir, 'idem.yaml'), workDir: dir});
 let openDaemon = null;
 let browser = null;
 async function cleanup() {
@@ -171,7 +146,7 @@ async function cleanup() {
 }
 
 async function main() {
-  const base = await baseOf(daemon);
+  const base = await waitReady(daemon, {timeoutMs: 40000});
 
   const call = async (method, p, token, body, headers = {}) => {
     const res = await fetch(base + p, {
@@ -500,8 +475,8 @@ async function main() {
   // asks for nothing and says who may act.
   const openDir = path.join(dir, 'open');
   fs.mkdirSync(openDir);
-  openDaemon = spawnDaemon(path.join(root, 'config/idem.yaml'), openDir);
-  const openBase = await baseOf(openDaemon);
+  openDaemon = startDaemon({binary, config: path.join(root, 'config/idem.yaml'), workDir: openDir});
+  const openBase = await waitReady(openDaemon, {timeoutMs: 40000});
   const refund = await fetch(openBase + '/v1/actions/refund', {
     method: 'POST',
     headers: {'Content-Type': 'application/json', 'Idempotency-Key': '"ui-e2e-open"'},
@@ -539,7 +514,7 @@ try {
   failures++;
   console.log('FAIL ' + (e.stack || e));
   for (const d of [daemon, openDaemon]) {
-    try { console.log('daemon log (tail):\n' + fs.readFileSync(d.logPath, 'utf8').split('\n').slice(-30).join('\n')); } catch {}
+    if (d) console.log('daemon log (tail):\n' + logTail(d, 4000));
   }
 } finally {
   await cleanup();
