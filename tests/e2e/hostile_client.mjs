@@ -2,7 +2,8 @@
 // daemon's own /openapi.json, builds a plausible request for each operation
 // (real ids from a set-up phase, bodies from the request schemas, the
 // known step and action kinds of config/idem.yaml), and then sends
-// hundreds of variations of each over raw sockets: the request chunked and
+// hundreds of variations of each over raw sockets (half of them to the
+// daemon's Unix socket, half to its TCP port): the request chunked and
 // with Expect: 100-continue; bodies with a member removed, of the wrong
 // type, out of its bounds, random, deeply nested, invalid UTF-8,
 // truncated, not JSON, with a wrong or missing Content-Type; odd path
@@ -60,9 +61,12 @@ const pick = (xs) => xs[Math.floor(rand() * xs.length)];
 
 // ------------------------------------------------------------ raw HTTP/1.1
 let port = 0;
+let socketPath = '';  // the daemon's Unix socket: half the requests go there
+const viaTransport = {tcp: 0, unix: 0};
 // Sends `head` lines and `body` (a Buffer or string) on a new connection
 // with Connection: close, and reads the whole answer. Resolves
-// {status, headers, body} or {error}.
+// {status, headers, body} or {error}. Every answer must pass the same
+// checks whichever of the daemon's listeners took the connection.
 // With `chunked`, the body goes in chunks of random sizes (RFC 9112 7.1).
 function send(method, target, {headers = {}, body = null, chunked = false} = {}) {
   return new Promise((resolve) => {
@@ -83,7 +87,9 @@ function send(method, target, {headers = {}, body = null, chunked = false} = {})
     } else if (body !== null) {
       head += `Content-Length: ${payload.length}\r\n`;
     }
-    const sock = net.connect(port, '127.0.0.1');
+    const unix = socketPath !== '' && rand() < 0.5;
+    viaTransport[unix ? 'unix' : 'tcp']++;
+    const sock = unix ? net.connect(socketPath) : net.connect(port, '127.0.0.1');
     const chunks = [];
     let settled = false;
     const done = (r) => { if (!settled) { settled = true; clearTimeout(timer); sock.destroy(); resolve(r); } };
@@ -764,11 +770,13 @@ async function main() {
   if (logDir) logFile = path.join(logDir, `responses-hostile-${process.pid}.jsonl`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-hostile-'));
   const d = startDaemon({binary, config: writeConfig(dir), workDir: dir, cwd: root,
-                         env: {...process.env, ...secrets}});
+                         env: {...process.env, ...secrets},
+                         args: ['--unix-socket', path.join(dir, 'idem.sock')]});
   const started = Date.now();
   let code = 1;
   try {
     port = Number(new URL(await waitReady(d, {probe: '/readyz', timeoutMs: 120000})).port);
+    socketPath = path.join(dir, 'idem.sock');
     spec = JSON.parse((await send('GET', '/openapi.json')).body);
     const ids = await setUp();
     const ops = operations();
@@ -789,7 +797,8 @@ async function main() {
            logTail(d, 3000));
     }
     const counts = [...statuses.entries()].sort((a, b) => a[0] - b[0]).map(([s, n]) => `${s}: ${n}`).join(', ');
-    console.log(`hostile client (seed ${seed}): ${ops.length} operations, ${tasks.length} requests, ` +
+    console.log(`hostile client (seed ${seed}): ${ops.length} operations, ${tasks.length} requests ` +
+                `(connections: ${viaTransport.tcp} TCP, ${viaTransport.unix} Unix socket), ` +
                 `${answers} answers in ${((Date.now() - started) / 1000).toFixed(1)} s (${counts}); ` +
                 `${pointerChecks} refusals of one broken member checked for its pointer`);
     if (failures.size === 0) {
