@@ -20,6 +20,7 @@ const std::vector<Migration>& Migrations() {
     m->push_back(Migration{2, "decision traces apart", std::string(kSchemaDecisionTraces)});
     m->push_back(Migration{3, "run members", std::string(kSchemaRunMembers)});
     m->push_back(Migration{4, "journal call ids", std::string(kSchemaJournalCallId)});
+    m->push_back(Migration{5, "finished plans by finish time", std::string(kSchemaPlansFinished)});
     return m;
   }();
   return *all;

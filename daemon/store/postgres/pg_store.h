@@ -68,6 +68,7 @@ extern const std::string_view kSchemaTraces;
 extern const std::string_view kSchemaDecisionTraces;  // 2
 extern const std::string_view kSchemaRunMembers;      // 3
 extern const std::string_view kSchemaJournalCallId;   // 4
+extern const std::string_view kSchemaPlansFinished;   // 5
 
 struct Migration {
   int version;

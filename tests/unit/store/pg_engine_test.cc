@@ -83,7 +83,8 @@ TEST_SUITE("postgres") {
   }
 
   TEST_CASE(
-      "a schema of migration 1 gains the decision trace column, run members and work call ids") {
+      "a schema of migration 1 gains the decision trace column, run members, work call ids and "
+      "the finished-plan index") {
     TempDir dir;
     const std::string schema = PgSchemaFor(dir.path());
     auto pool = PoolFor(schema);
@@ -92,10 +93,16 @@ TEST_SUITE("postgres") {
     REQUIRE(pool->Exec("ALTER TABLE decisions DROP COLUMN trace").ok());
     REQUIRE(pool->Exec("DROP TABLE journal_run_members").ok());
     REQUIRE(pool->Exec("ALTER TABLE journal DROP COLUMN call_id").ok());
+    REQUIRE(pool->Exec("DROP INDEX plans_finished").ok());
     REQUIRE(pool->Exec("DELETE FROM schema_migrations WHERE version >= 2").ok());
     auto applied = pg::Migrate(*pool);
     REQUIRE_MESSAGE(applied.ok(), applied.status().ToString());
-    CHECK(*applied == std::vector<int>{2, 3, 4});
+    CHECK(*applied == std::vector<int>{2, 3, 4, 5});
+    auto index = pool->Exec(
+        "SELECT count(*) FROM pg_indexes"
+        " WHERE schemaname = current_schema() AND indexname = 'plans_finished'");
+    REQUIRE(index.ok());
+    CHECK(index->i64(0, 0) == 1);
 
     PgStoreOptions o;
     o.conninfo = PgConninfo();
