@@ -17,9 +17,12 @@
 // --by-thread: under each row, the daemon's CPU per operation by thread
 // role (event loops, group-commit writer, trace log, RocksDB's flushes and
 // compactions), read from /proc, with no profiler; the load generator's
-// own CPU per operation, which shares the machine; and the store writes
-// (group-commit DB::Write calls) per operation with their mean time, read
-// from the daemon's /metrics.
+// own CPU per operation, which shares the machine; both split into user
+// and system time; the CPU per operation of everything but the event
+// loops' own (user) code, and the rate that alone would allow on this
+// machine's cores at that row's batching (the ceiling no work on the loops'
+// code can lift); and the store writes (group-commit DB::Write calls) per
+// operation with their mean time, read from the daemon's /metrics.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -107,26 +110,54 @@ int main(int argc, char** argv) {
   auto measured = [&](const char* name, int conns, const std::function<LoadResult()>& load) {
     if (!only.empty() && std::string(name).find(only) == std::string::npos) return LoadResult{};
     const double cpu_before = daemon.CpuMillis();
-    const auto threads_before = daemon.CpuMillisByThread();
-    const double self_before = BenchDaemon::ProcCpuMillis("/proc/self/stat");
+    const auto threads_before = daemon.CpuByThread();
+    const auto self_before = BenchDaemon::ProcCpu("/proc/self/stat");
     const StoreWrites writes_before = by_thread ? ReadStoreWrites(port) : StoreWrites{};
     LoadResult r = load();
-    const double self_used = BenchDaemon::ProcCpuMillis("/proc/self/stat") - self_before;
+    const auto self_after = BenchDaemon::ProcCpu("/proc/self/stat");
     const StoreWrites writes_after = by_thread ? ReadStoreWrites(port) : StoreWrites{};
     Row(name, conns, r, daemon.CpuMillis() - cpu_before);
     if (by_thread && r.requests > 0) {
+      const double ops = static_cast<double>(r.requests);
+      auto per_op = [ops](double ms) { return ms * 1000.0 / ops; };
       std::vector<std::pair<double, std::string>> parts;
-      for (const auto& [thread, ms] : daemon.CpuMillisByThread()) {
+      double user_us = 0, system_us = 0, loops_user_us = 0;
+      for (const auto& [thread, cpu] : daemon.CpuByThread()) {
         auto before = threads_before.find(thread);
-        const double used = ms - (before == threads_before.end() ? 0 : before->second);
-        const double us_per_op = used * 1000.0 / static_cast<double>(r.requests);
-        if (us_per_op >= 0.05) parts.emplace_back(us_per_op, thread);
+        const BenchDaemon::Cpu was =
+            before == threads_before.end() ? BenchDaemon::Cpu{} : before->second;
+        const double user = per_op(cpu.user_ms - was.user_ms);
+        const double system = per_op(cpu.system_ms - was.system_ms);
+        user_us += user;
+        system_us += system;
+        if (thread == "idem-loop") loops_user_us = user;
+        if (user + system >= 0.05) parts.emplace_back(user + system, thread);
       }
       std::sort(parts.rbegin(), parts.rend());
       std::printf("    cpu us/op by thread:");
       for (const auto& [us, thread] : parts) std::printf(" %s %.1f", thread.c_str(), us);
       // The load generator shares the machine: what it takes is not the daemon's.
-      std::printf(" (load generator %.1f)\n", self_used * 1000.0 / static_cast<double>(r.requests));
+      BenchDaemon::Cpu self;
+      if (self_before && self_after) {
+        self = {self_after->user_ms - self_before->user_ms,
+                self_after->system_ms - self_before->system_ms};
+      }
+      std::printf(" (load generator %.1f)\n", per_op(self.total()));
+      // The kernel's share (system calls, the loopback's delivery, fsync)
+      // and what is left once the event loops' own code is taken out: the
+      // most this row could reach on this machine if that code cost nothing.
+      const double rest_us = user_us + system_us - loops_user_us + per_op(self.total());
+      std::printf(
+          "    cpu us/op: daemon user %.1f, system %.1f; load generator user %.1f, "
+          "system %.1f\n",
+          user_us, system_us, per_op(self.user_ms), per_op(self.system_ms));
+      if (rest_us > 0) {
+        std::printf(
+            "    all but the event loops' user time: %.1f us/op, at most %.0f ops/s on "
+            "%u cores\n",
+            rest_us, std::thread::hardware_concurrency() * 1e6 / rest_us,
+            std::thread::hardware_concurrency());
+      }
       // How well the group commit shares its writes: DB::Write calls per
       // operation and how long each took (fsync included).
       const double writes = writes_after.count - writes_before.count;

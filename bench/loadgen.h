@@ -26,6 +26,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -351,12 +352,21 @@ struct BenchDaemon {
   // than operations per second.
   double CpuMillis() const { return ProcCpuMillis("/proc/" + std::to_string(pid) + "/stat"); }
 
-  // utime + stime of a /proc/.../stat file in milliseconds, -1 if unreadable.
-  static double ProcCpuMillis(const std::string& path) {
+  // CPU time of a process or thread in milliseconds, split as the kernel
+  // counts it: in our code and the libraries' (user) and in system calls,
+  // page faults and the interrupts taken while it ran (system).
+  struct Cpu {
+    double user_ms = 0;
+    double system_ms = 0;
+    double total() const { return user_ms + system_ms; }
+  };
+
+  // utime and stime of a /proc/.../stat file; nullopt if unreadable.
+  static std::optional<Cpu> ProcCpu(const std::string& path) {
     std::ifstream in(path);
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     size_t close = stat.rfind(')');  // the command name may hold spaces
-    if (close == std::string::npos) return -1;
+    if (close == std::string::npos) return std::nullopt;
     std::vector<std::string> fields;
     size_t at = close + 2;
     while (at < stat.size() && fields.size() < 13) {
@@ -365,26 +375,40 @@ struct BenchDaemon {
       fields.push_back(stat.substr(at, space - at));
       at = space + 1;
     }
-    if (fields.size() < 13) return -1;  // fields 14 and 15: utime, stime in ticks
-    const double ticks = std::atof(fields[11].c_str()) + std::atof(fields[12].c_str());
-    return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    if (fields.size() < 13) return std::nullopt;  // fields 14 and 15: utime, stime in ticks
+    const double ms_per_tick = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    return Cpu{std::atof(fields[11].c_str()) * ms_per_tick,
+               std::atof(fields[12].c_str()) * ms_per_tick};
   }
 
-  // CPU time (user + system) by thread name so far, in milliseconds: the
-  // daemon names its threads by role (idem-loop, idem-commit, idem-trace,
-  // ...; RocksDB's are rocksdb:high and rocksdb:low). Threads that have
-  // exited are not counted.
-  std::map<std::string, double> CpuMillisByThread() const {
-    std::map<std::string, double> out;
+  // utime + stime of a /proc/.../stat file in milliseconds, -1 if unreadable.
+  static double ProcCpuMillis(const std::string& path) {
+    std::optional<Cpu> cpu = ProcCpu(path);
+    return cpu ? cpu->total() : -1;
+  }
+
+  // CPU time by thread name so far: the daemon names its threads by role
+  // (idem-loop, idem-commit, idem-trace, ...; RocksDB's are rocksdb:high
+  // and rocksdb:low). Threads that have exited are not counted.
+  std::map<std::string, Cpu> CpuByThread() const {
+    std::map<std::string, Cpu> out;
     std::error_code ec;
     const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
     for (const auto& task : std::filesystem::directory_iterator(task_dir, ec)) {
-      const double ms = ProcCpuMillis(task.path().string() + "/stat");
+      std::optional<Cpu> cpu = ProcCpu(task.path().string() + "/stat");
       std::ifstream comm(task.path().string() + "/comm");
       std::string name;
-      if (ms < 0 || !std::getline(comm, name)) continue;
-      out[name] += ms;
+      if (!cpu || !std::getline(comm, name)) continue;
+      out[name].user_ms += cpu->user_ms;
+      out[name].system_ms += cpu->system_ms;
     }
+    return out;
+  }
+
+  // The same, user + system, in milliseconds.
+  std::map<std::string, double> CpuMillisByThread() const {
+    std::map<std::string, double> out;
+    for (const auto& [name, cpu] : CpuByThread()) out[name] = cpu.total();
     return out;
   }
 

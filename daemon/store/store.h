@@ -789,9 +789,9 @@ class EscalationStore {
   virtual StatusOr<Escalation> Resolve(const std::string& escalation_id,
                                        const std::string& decision_id, const std::string& actor,
                                        int64_t now_ms) = 0;
-  // Deletes resolved escalations resolved at or before cutoff_ms, looking at
-  // up to `limit` of those created by then (open ones stay); returns how
-  // many it deleted.
+  // Deletes up to `limit` escalations resolved at or before cutoff_ms (open
+  // ones stay), however many created before them were resolved after it;
+  // returns how many it deleted.
   virtual StatusOr<size_t> SweepResolved(int64_t cutoff_ms, size_t limit) = 0;
 };
 
