@@ -72,6 +72,11 @@ struct StoreConfig {
   // Disk for the trace index (one entry per request); past it the oldest
   // entries go, a table file at a time.
   int64_t trace_budget_mb = 256;
+  // Both engines: how long resolved escalations, finished plans (applied,
+  // rejected, expired) and trace entries are kept after they finish, for
+  // people to look back at; then the sweeper deletes them. 0: forever
+  // (trace entries are still bounded by trace_budget_mb on rocksdb).
+  int64_t finished_retention_ms = 30LL * 24 * 3600 * 1000;
   // --- postgres: any number of daemons on one database and schema
   // The NAME of the environment variable holding the libpq URL (the URL may
   // hold a password, so it is never in the file and never logged). Empty,

@@ -271,6 +271,10 @@ class Resolver {
                         "_, at most 63 characters");
     }
     s.pool_size = node.value("pool_size", s.pool_size);
+    if (node.contains("finished_retention")) {
+      ASSIGN_OR_RETURN(s.finished_retention_ms,
+                       Duration("/store/finished_retention", node["finished_retention"], true));
+    }
     if (node.contains("statement_timeout")) {
       ASSIGN_OR_RETURN(s.statement_timeout_ms,
                        Duration("/store/statement_timeout", node["statement_timeout"], false));

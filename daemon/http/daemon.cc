@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <limits>
 
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
@@ -24,9 +25,12 @@ constexpr int kApplyWorkers = 4;
 // postgres: decisions kept in memory to answer reads while the database is
 // unreachable (daemon/http/decision_fallback.h).
 constexpr size_t kRememberedDecisions = 4096;
-// Resolved escalations and finished plans are history once their decision
-// and work exist; kept this long for people to look back at, then swept.
-constexpr int64_t kFinishedRecordRetentionMs = 30LL * 24 * 3600 * 1000;
+// Resolved escalations, finished plans and trace entries are history once
+// their decision and work exist; kept store.finished_retention for people to
+// look back at, then swept. Below 0: kept (forever).
+static int64_t FinishedCutoff(const StoreConfig& store, int64_t now_ms) {
+  return store.finished_retention_ms == 0 ? -1 : now_ms - store.finished_retention_ms;
+}
 // The scheduler wakes every second for approval timeouts; the sweeps run
 // every 30 passes, reconciliation every 20 sweeps (10 min).
 constexpr int kSweepEveryPasses = 30;
@@ -218,7 +222,10 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
     so.sync = d->config_.store.sync;
     so.min_free_bytes = static_cast<uint64_t>(d->config_.store.min_free_mb) << 20;
     so.trace_budget_bytes = static_cast<uint64_t>(d->config_.store.trace_budget_mb) << 20;
-    so.trace_retention_ms = kFinishedRecordRetentionMs;  // as the sweep below
+    // As the sweep below; forever leaves only the trace budget.
+    so.trace_retention_ms = d->config_.store.finished_retention_ms == 0
+                                ? std::numeric_limits<int64_t>::max()
+                                : d->config_.store.finished_retention_ms;
     so.on_write_micros = on_write;
     store_name = so.path;
     auto store = OpenRocksStore(so);
@@ -381,7 +388,7 @@ void Daemon::SweepLoop() {
     }
     RetentionPass retention;
     retention.now_ms = clock_->NowMillis();
-    retention.finished_cutoff_ms = retention.now_ms - kFinishedRecordRetentionMs;
+    retention.finished_cutoff_ms = FinishedCutoff(config_.store, retention.now_ms);
     retention.monotonic_ms = [] {
       return std::chrono::duration_cast<std::chrono::milliseconds>(
                  std::chrono::steady_clock::now().time_since_epoch())

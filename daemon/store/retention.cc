@@ -35,11 +35,16 @@ RetentionCounts SweepRetention(Store& store, const RetentionPass& pass) {
        },
        &counts.decisions},
       {[&](size_t n) { return store.leases().SweepExpired(now, n); }, &counts.leases},
-      {[&](size_t n) { return store.escalations().SweepResolved(cutoff, n); }, &counts.escalations},
-      {[&](size_t n) { return store.plans().SweepFinished(cutoff, n); }, &counts.plans},
-      // Trace entries live as long as the finished records they point at.
-      {[&](size_t n) { return store.traces().SweepBefore(cutoff, n); }, &counts.traces},
   };
+  if (cutoff >= 0) {
+    families.push_back({[&](size_t n) { return store.escalations().SweepResolved(cutoff, n); },
+                        &counts.escalations});
+    families.push_back(
+        {[&](size_t n) { return store.plans().SweepFinished(cutoff, n); }, &counts.plans});
+    // Trace entries live as long as the finished records they point at.
+    families.push_back(
+        {[&](size_t n) { return store.traces().SweepBefore(cutoff, n); }, &counts.traces});
+  }
   if (pass.outbox) {
     families.push_back({[&](size_t n) { return pass.outbox(now, n); }, &counts.outbox_events});
   }

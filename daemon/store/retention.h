@@ -36,8 +36,10 @@
 namespace idem {
 
 struct RetentionPass {
-  int64_t now_ms = 0;                     // what has expired: windows ending at or before it
-  int64_t finished_cutoff_ms = 0;         // plans, escalations, traces finished before it go
+  int64_t now_ms = 0;  // what has expired: windows ending at or before it
+  // Resolved escalations, finished plans and trace entries at or before it
+  // go; below 0 they are all kept (store.finished_retention: forever).
+  int64_t finished_cutoff_ms = 0;
   size_t page = 10'000;                   // records per Sweep* call
   int64_t budget_ms = 2'000;              // after the first round, at most this long
   std::function<int64_t()> monotonic_ms;  // the budget's clock

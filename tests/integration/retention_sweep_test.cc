@@ -3,8 +3,10 @@
 // decide of the same input makes and proposes both again.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/harness.h"
 
@@ -16,7 +18,8 @@ const char* kRules = R"(default:
 )";
 
 // The step's decisions last one second; `note` runs nowhere (client work).
-std::string Config(const TempDir& dir) {
+// `finished_retention`: store.finished_retention, when given.
+std::string Config(const TempDir& dir, const std::string& finished_retention = "") {
   std::string path = WriteTestConfig(dir, kRules,
                                      "    plan: {pointer: /actions}\n"
                                      "actions:\n"
@@ -31,6 +34,12 @@ std::string Config(const TempDir& dir) {
   const std::string forever = "      window: forever\n";
   REQUIRE(yaml.find(forever) != std::string::npos);
   yaml.replace(yaml.find(forever), forever.size(), "      window: 1s\n");
+  if (!finished_retention.empty()) {
+    const std::string engine = "  engine: rocksdb\n";
+    REQUIRE(yaml.find(engine) != std::string::npos);
+    yaml.replace(yaml.find(engine), engine.size(),
+                 engine + "  finished_retention: " + finished_retention + "\n");
+  }
   return dir.File("idem.yaml", yaml);
 }
 
@@ -46,6 +55,34 @@ Json Decide(httplib::Client& c) {
 int PlanStatus(httplib::Client& c, const std::string& plan_id) {
   auto r = c.Get(("/v1/plans/" + plan_id).c_str());
   return r ? r->status : 0;
+}
+
+// A daemon with store.finished_retention `retention`: decides, rejects the
+// plan, and waits until the sweeper has taken the decision (its window is
+// 1 s), which it does in a pass that also sweeps finished plans. Returns
+// the plan's id.
+std::string RejectAndWaitForASweep(DaemonProcess& daemon) {
+  auto c = daemon.Client();
+  Json decided = Decide(*c);
+  const std::string plan = decided["plan"]["plan_id"];
+  auto rejected = c->Post(("/v1/plans/" + plan + "/reject").c_str(), R"({"reason":"not this one"})",
+                          "application/json");
+  REQUIRE(rejected);
+  REQUIRE_MESSAGE(rejected->status == 200, rejected->body);
+  const std::string decision = decided["decision_id"];
+  REQUIRE(WaitFor([&] { return c->Get(("/v1/decisions/" + decision).c_str())->status == 404; },
+                  15'000));
+  return plan;
+}
+
+std::unique_ptr<DaemonProcess> StartSweepingEverySecond(const TempDir& dir,
+                                                        const std::string& retention) {
+  DaemonArgs args{Config(dir, retention), dir.path() + "/data", {}, {}};
+  args.env["IDEM_FAILPOINTS"] = "daemon.sweep_every_second=error";
+  std::string err;
+  auto daemon = DaemonProcess::Start(args, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  return daemon;
 }
 
 }  // namespace
@@ -77,6 +114,26 @@ TEST_CASE("a_decision_past_its_window_is_swept_with_the_plan_nobody_acted_on") {
   CHECK(again["decision_id"] != decision);
   CHECK(again["plan"]["state"] == "proposed");
   CHECK(PlanStatus(*c, again["plan"]["plan_id"]) == 200);
+}
+
+TEST_CASE("a_rejected_plan_is_swept_once_store_finished_retention_has_passed") {
+  TempDir dir;
+  auto daemon = StartSweepingEverySecond(dir, "2s");
+  auto c = daemon->Client();
+  const std::string plan = RejectAndWaitForASweep(*daemon);
+  CHECK(WaitFor([&] { return PlanStatus(*c, plan) == 404; }, 15'000));
+  CHECK(MetricValue(*c, "idem_retention_swept_total{kind=\"plans\"}") >= 1);
+}
+
+TEST_CASE("with_store_finished_retention_forever_a_rejected_plan_outlives_every_sweep") {
+  TempDir dir;
+  auto daemon = StartSweepingEverySecond(dir, "forever");
+  auto c = daemon->Client();
+  const std::string plan = RejectAndWaitForASweep(*daemon);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2'500));  // two more passes
+  REQUIRE(PlanStatus(*c, plan) == 200);
+  CHECK(Json::parse(c->Get(("/v1/plans/" + plan).c_str())->body)["state"] == "rejected");
+  CHECK(MetricValue(*c, "idem_retention_swept_total{kind=\"plans\"}") == 0);
 }
 
 }  // namespace idem::testing

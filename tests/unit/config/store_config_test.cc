@@ -128,5 +128,26 @@ TEST_CASE("store_trace_budget_mb_is_read_and_bounded") {
   CHECK(on_postgres.status().field() == "/store/trace_budget_mb");
 }
 
+TEST_CASE("store_finished_retention_is_read_on_both_engines_and_forever_keeps_finished_records") {
+  StoreConfigDir dir;
+  CHECK(dir.Load("store:\n  sync: true\n")->store.finished_retention_ms ==
+        30LL * 24 * 3600 * 1000);  // the default
+  auto days = dir.Load("store:\n  finished_retention: 90d\n");
+  REQUIRE_MESSAGE(days.ok(), days.status().ToString());
+  CHECK(days->store.finished_retention_ms == 90LL * 24 * 3600 * 1000);
+  auto on_postgres = dir.Load("store:\n  engine: postgres\n  finished_retention: 12h\n");
+  REQUIRE_MESSAGE(on_postgres.ok(), on_postgres.status().ToString());
+  CHECK(on_postgres->store.finished_retention_ms == 12LL * 3600 * 1000);
+  auto forever = dir.Load("store:\n  finished_retention: forever\n");
+  REQUIRE_MESSAGE(forever.ok(), forever.status().ToString());
+  CHECK(forever->store.finished_retention_ms == 0);
+  for (const char* bad : {"0s", "soon", "-1d"}) {
+    CAPTURE(bad);
+    auto wrong = dir.Load(std::string("store:\n  finished_retention: ") + bad + "\n");
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(wrong.status().field() == "/store/finished_retention");
+  }
+}
+
 }  // namespace
 }  // namespace idem

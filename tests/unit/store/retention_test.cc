@@ -49,6 +49,18 @@ RetentionPass PassAt(int64_t now_ms, size_t page) {
   return pass;
 }
 
+// A plan of `decision_id` in `state`, created and last changed at kT0.
+Plan PlanAt(const std::string& plan_id, const std::string& decision_id, const char* state) {
+  Plan p;
+  p.plan_id = plan_id;
+  p.decision_id = decision_id;
+  p.state = state;
+  p.actions = Json::array({Json{{"kind", "send_reply"}}});
+  p.created_at_ms = kT0;
+  p.updated_at_ms = kT0;
+  return p;
+}
+
 TEST_CASE("one_sweep_pass_deletes_a_backlog_of_many_pages_in_every_family") {
   TempDir dir;
   auto store = OpenStore(dir.path());
@@ -161,14 +173,7 @@ TEST_CASE("a_swept_decision_takes_its_plan_if_no_one_has_acted_on_it") {
   Fill(*store, 3, 0);  // dec_0..dec_2 over at kT0 + 1,000; dec_-1 lives on
   auto plan_of = [](const std::string& decision_id) { return "plan_" + decision_id.substr(4); };
   for (const char* id : {"dec_0", "dec_1", "dec_2", "dec_-1"}) {
-    Plan p;
-    p.plan_id = plan_of(id);
-    p.decision_id = id;
-    p.state = "proposed";
-    p.actions = Json::array({Json{{"kind", "send_reply"}}});
-    p.created_at_ms = kT0;
-    p.updated_at_ms = kT0;
-    REQUIRE(store->plans().Put(p).ok());
+    REQUIRE(store->plans().Put(PlanAt(plan_of(id), id, "proposed")).ok());
   }
   // An operator approved dec_1's plan: it stays, whatever its decision.
   REQUIRE(store->plans().Transition("plan_1", "proposed", "approved", "op", "", kT0 + 1).ok());
@@ -187,17 +192,55 @@ TEST_CASE("without_a_plan_rule_a_swept_decision_leaves_its_plan") {
   TempDir dir;
   auto store = OpenStore(dir.path());
   Fill(*store, 1, 0);
-  Plan p;
-  p.plan_id = "plan_0";
-  p.decision_id = "dec_0";
-  p.state = "proposed";
-  p.created_at_ms = kT0;
-  p.updated_at_ms = kT0;
-  REQUIRE(store->plans().Put(p).ok());
+  REQUIRE(store->plans().Put(PlanAt("plan_0", "dec_0", "proposed")).ok());
   const RetentionCounts swept = SweepRetention(*store, PassAt(kT0 + 1'000, 100));
   CHECK(swept.decisions == 1);
   CHECK(swept.plans == 0);
   CHECK(store->plans().Get("plan_0").ok());
+}
+
+// An applied plan, a resolved escalation and a trace entry, all finished at kT0.
+void FillFinished(Store& store, const std::string& trace_id) {
+  REQUIRE(store.plans().Put(PlanAt("plan_done", "dec_done", "applied")).ok());
+  Escalation e;
+  e.escalation_id = "esc_done";
+  e.decision_key = "key-done";
+  e.step = "t";
+  e.created_at_ms = kT0;
+  REQUIRE(store.escalations().Put(e).ok());
+  REQUIRE(store.escalations().Resolve("esc_done", "dec_done", "human", kT0).ok());
+  REQUIRE(
+      store.traces().Add(TraceEntry{.trace_id = trace_id, .at_ms = kT0, .type = "request"}).ok());
+  REQUIRE(store.traces().Flush().ok());
+}
+
+TEST_CASE("finished_records_are_kept_by_a_pass_that_keeps_them_forever_and_go_past_a_cutoff") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  const std::string trace(32, 'c');
+  FillFinished(*store, trace);
+  const int64_t years_later = kT0 + 3LL * 365 * 24 * 3600 * 1000;
+  RetentionPass forever = PassAt(years_later, 100);
+  forever.finished_cutoff_ms = -1;  // store.finished_retention: forever
+  const RetentionCounts kept = SweepRetention(*store, forever);
+  CHECK(kept.first_error.ok());
+  CHECK(kept.plans == 0);
+  CHECK(kept.escalations == 0);
+  CHECK(kept.traces == 0);
+  CHECK(store->plans().Get("plan_done")->state == "applied");
+  CHECK(store->escalations().Get("esc_done")->state == "resolved");
+  CHECK(store->traces().List(trace, 10)->size() == 1);
+
+  // A cutoff just past them: each goes (the trace entry is no longer listed).
+  RetentionPass past = PassAt(years_later, 100);
+  past.finished_cutoff_ms = kT0;
+  const RetentionCounts swept = SweepRetention(*store, past);
+  CHECK(swept.first_error.ok());
+  CHECK(swept.plans == 1);
+  CHECK(swept.escalations == 1);
+  CHECK(store->plans().Get("plan_done").status().code() == Code::kNotFound);
+  CHECK(store->escalations().Get("esc_done").status().code() == Code::kNotFound);
+  CHECK(store->traces().List(trace, 10)->empty());
 }
 
 bool TakeAndGiveBack(Mutex& mu) {
