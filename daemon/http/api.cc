@@ -72,11 +72,10 @@ StatusOr<std::optional<Json>> PlanOf(const ApiDeps& deps, const Decision& d,
 }
 
 // The gauges that count store records (dead letters, plans by state, open
-// escalations). A scrape never scans the store without bound: the counts
-// come from index scans of at most kCap keys each (never the records:
-// loading 10,000 plans per state took a scrape's RSS up by 7-13 MB, the
-// peaks bench_soak found), redone when a scrape finds them older than
-// kMaxAgeMs, so scrapes cost at most a handful of bounded scans every few
+// escalations), and the store's memory and disk. A scrape never scans the store without bound: the
+// counts come from index scans of at most kCap keys each (never the records: loading 10,000 plans
+// per state took a scrape's RSS up by 7-13 MB, the peaks bench_soak found), redone when a scrape
+// finds them older than kMaxAgeMs, so scrapes cost at most a handful of bounded scans every few
 // seconds. A count at kCap means "kCap or more".
 class StoreGauges {
  public:
@@ -98,6 +97,17 @@ class StoreGauges {
     }
     for (const Store::MemoryPart& part : deps_.store.MemoryUsage()) {
       m.store_memory.Declare({part.name}).Set(static_cast<int64_t>(part.bytes));
+    }
+    // Sizes that cannot be read keep the last ones read.
+    if (StatusOr<std::vector<Store::MemoryPart>> disk = deps_.store.DiskUsage(); disk.ok()) {
+      for (const Store::MemoryPart& part : *disk) {
+        m.store_disk.Declare({part.name}).Set(static_cast<int64_t>(part.bytes));
+      }
+    } else {
+      m.store_errors.Inc();
+    }
+    if (std::optional<uint64_t> free_bytes = deps_.store.DiskFreeBytes()) {
+      m.store_disk_free.Declare({}).Set(static_cast<int64_t>(*free_bytes));
     }
     SetCount(m.escalations_open_count, deps_.store.escalations().CountOpen(kCap));
   }

@@ -348,6 +348,16 @@ struct Metrics {
                              "Memory the store holds in this process, by part (memtables, "
                              "block_cache, block_cache_pinned, table_readers, decision_cache).",
                              {"part"}};
+  Family<Gauge> store_disk{"idem_store_disk_bytes",
+                           "What the store takes on disk, by part (rocksdb: each column family's "
+                           "table files, wal, other; postgres: each table with its indexes); the "
+                           "parts add up to the store's size.",
+                           {"part"}};
+  // Declared once read (never on postgres, whose disk is the server's).
+  Family<Gauge> store_disk_free{"idem_store_disk_free_bytes",
+                                "Free bytes on the filesystem under the store (rocksdb); writes "
+                                "are refused below store.min_free_mb.",
+                                {}};
   Family<Gauge> dead_letters{
       "idem_dead_letters", "Dead work items (bounded count, see README).", {}};
   Family<Gauge> plans_by_state{

@@ -946,6 +946,18 @@ class Store {
     uint64_t bytes = 0;
   };
   virtual std::vector<MemoryPart> MemoryUsage() { return {}; }
+  // What the store takes on disk, in bytes, by part; the parts add up to
+  // the store's size. RocksDB: each column family's live table files, by
+  // the family's name; "wal", the write-ahead log; "other", the rest of the
+  // folder (manifest, options, RocksDB's own log, files it has yet to
+  // delete). PostgreSQL: each table of the schema, with its indexes and
+  // TOAST. Reads the folder or asks the database: for a /metrics scrape
+  // every few seconds, not a request path. Thread-safe.
+  virtual StatusOr<std::vector<MemoryPart>> DiskUsage() { return std::vector<MemoryPart>{}; }
+  // Free bytes on the filesystem under the store (store.min_free_mb is
+  // measured against it); nullopt when it cannot be read, or the disk is
+  // the database server's (postgres).
+  virtual std::optional<uint64_t> DiskFreeBytes() { return std::nullopt; }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.

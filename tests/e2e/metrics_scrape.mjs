@@ -9,7 +9,7 @@
 // Usage: node tests/e2e/metrics_scrape.mjs path/to/idem
 import parsePrometheusTextFormat from 'parse-prometheus-text-format';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readFileSync, rmSync, statfsSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
@@ -218,6 +218,18 @@ try {
   }
   assert.ok(value(later, 'idem_store_memory_bytes', { part: 'block_cache_pinned' }) <=
     value(later, 'idem_store_memory_bytes', { part: 'block_cache' }));
+  // Where the store's disk is: the writes above are in the WAL; every
+  // family has its series; the free space is the filesystem's, as statfs
+  // reads it (10% apart at most: other processes write too).
+  assert.ok(value(later, 'idem_store_disk_bytes', { part: 'wal' }) > 0, 'WAL bytes reported');
+  for (const part of ['decisions', 'journal', 'other']) {
+    assert.ok((later.samples.get('idem_store_disk_bytes') || [])
+      .some((m) => labelKey(m.labels) === labelKey({ part })), `${part} disk reported`);
+  }
+  const fs = statfsSync(join(dir, 'data'));
+  const free = fs.bavail * fs.bsize;
+  const reported = value(later, 'idem_store_disk_free_bytes');
+  assert.ok(Math.abs(reported - free) <= free / 10, `free bytes ${reported} against ${free}`);
   console.log('metrics_scrape: all checks passed');
 } catch (e) {
   failed = true;

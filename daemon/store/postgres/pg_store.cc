@@ -1,6 +1,7 @@
 // OpenPostgresStore: one pool shared by every PostgreSQL domain store.
 #include "daemon/store/postgres/pg_store.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -48,6 +49,20 @@ class PgStore final : public Store {
     return r.ok() ? Status::Ok() : r.status();
   }
   StatusOr<int64_t> ClockMillis() override { return pool_->ServerNowMillis(); }
+  StatusOr<std::vector<MemoryPart>> DiskUsage() override {
+    // The schema's tables (the connections' search_path), each with its
+    // indexes and TOAST.
+    ASSIGN_OR_RETURN(pg::Result r,
+                     pool_->Exec("SELECT c.relname, pg_total_relation_size(c.oid)"
+                                 " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                                 " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')"
+                                 " ORDER BY c.relname"));
+    std::vector<MemoryPart> parts;
+    for (int i = 0; i < r.rows(); ++i) {
+      parts.push_back({r.str(i, 0), static_cast<uint64_t>(std::max<int64_t>(0, r.i64(i, 1)))});
+    }
+    return parts;
+  }
 
  private:
   std::unique_ptr<pg::Pool> pool_;  // first: destroyed last

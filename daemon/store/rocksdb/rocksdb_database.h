@@ -238,6 +238,12 @@ class RocksDatabase {
   Status WriteHealth() const;
   // RocksDB's memory by part (store.h, Store::MemoryUsage), from its properties.
   std::vector<std::pair<std::string, uint64_t>> MemoryUsage() const;
+  // The store's disk by part (store.h, Store::DiskUsage): each family's live
+  // table files from RocksDB's properties, the WAL and the rest of the
+  // folder from a walk of it.
+  StatusOr<std::vector<std::pair<std::string, uint64_t>>> DiskUsage();
+  // Free bytes on the store's filesystem (nullopt when statvfs fails).
+  std::optional<uint64_t> FreeBytes() const;
 
   // The outbox sequence. Every seq <= the watermark is committed or will
   // never be (its write failed or its batch was dropped); readers serve only
@@ -266,8 +272,6 @@ class RocksDatabase {
   // unless the writes since the last look could have used up the headroom
   // it saw.
   rocksdb::Status AdmitWrite(size_t bytes);
-  // Free bytes on the store's filesystem (nullopt when statvfs fails).
-  std::optional<uint64_t> FreeBytes() const;
 
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;

@@ -51,6 +51,13 @@ class RocksStore final : public Store {
     parts.push_back({"decision_cache", decisions_.CachedBytes()});
     return parts;
   }
+  StatusOr<std::vector<MemoryPart>> DiskUsage() override {
+    ASSIGN_OR_RETURN(auto usage, db_->DiskUsage());
+    std::vector<MemoryPart> parts;
+    for (auto& [name, bytes] : usage) parts.push_back({std::move(name), bytes});
+    return parts;
+  }
+  std::optional<uint64_t> DiskFreeBytes() override { return db_->FreeBytes(); }
 
  private:
   // Declared first: destroyed last, after every store that refers to it.

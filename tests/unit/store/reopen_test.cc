@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -240,6 +241,68 @@ TEST_CASE("the_rocksdb_store_reports_its_memory_by_part" * doctest::test_suite("
   CHECK(bytes("decision_cache") > 4096);
   CHECK(bytes("block_cache_pinned") <= bytes("block_cache"));
   bytes("table_readers");
+}
+
+// The size of each part, by name, from Store::DiskUsage.
+std::map<std::string, uint64_t> DiskParts(Store& store) {
+  StatusOr<std::vector<Store::MemoryPart>> parts = store.DiskUsage();
+  REQUIRE_MESSAGE(parts.ok(), parts.status().ToString());
+  std::map<std::string, uint64_t> out;
+  for (const Store::MemoryPart& p : *parts) {
+    CHECK_MESSAGE(out.emplace(p.name, p.bytes).second, "part named twice: " << p.name);
+  }
+  return out;
+}
+
+void PutDecisions(Store& store, int n) {
+  for (int i = 0; i < n; ++i) {
+    Decision d;
+    d.decision_id = "dec_" + std::to_string(i);
+    d.decision_key = "key-" + std::to_string(i);
+    d.step = "t";
+    d.output = Json{{"text", std::string(512, 'x')}};
+    REQUIRE(store.decisions().PutIfAbsent(d, kT0).ok());
+  }
+}
+
+TEST_CASE("the_rocksdb_store_reports_its_disk_by_family_and_the_parts_add_up_to_its_folder" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path(), /*sync=*/true);
+    PutDecisions(*store, 200);
+    const std::map<std::string, uint64_t> open = DiskParts(*store);
+    CHECK(open.at("wal") > 200 * 512);  // the writes, not yet in any table
+    CHECK(open.at("decisions") == 0);
+    CHECK(open.contains("journal"));
+    CHECK(open.contains("other"));
+    REQUIRE(store->DiskFreeBytes().has_value());
+    CHECK(*store->DiskFreeBytes() > 0);
+  }
+  // A clean close flushed them into the decisions family's tables.
+  auto store = OpenStore(dir.path());
+  const std::map<std::string, uint64_t> reopened = DiskParts(*store);
+  CHECK(reopened.at("decisions") > 0);
+  uint64_t parts = 0, folder = 0;
+  for (const auto& [name, bytes] : reopened) parts += bytes;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (f.is_regular_file()) folder += f.file_size();
+  }
+  CHECK(parts == folder);
+}
+
+TEST_CASE("the_postgres_store_reports_its_disk_by_table" * doctest::test_suite("postgres")) {
+  if (!testing::OnPostgres()) return;
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  PutDecisions(*store, 20);
+  const std::map<std::string, uint64_t> tables = DiskParts(*store);
+  for (const char* table : {"decisions", "journal", "plans", "traces", "outbox"}) {
+    CAPTURE(table);
+    CHECK(tables.contains(table));
+  }
+  CHECK(tables.at("decisions") > 0);
+  CHECK_FALSE(store->DiskFreeBytes().has_value());  // the server's disk, not ours
 }
 
 TEST_CASE("a_store_another_process_holds_is_refused_with_a_message_that_says_what_to_do") {
