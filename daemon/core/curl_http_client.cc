@@ -105,9 +105,21 @@ std::string Trim(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
+struct HeaderState {
+  HttpHeaders* headers;
+  size_t bytes = 0;  // every line so far, interim answers' included
+  bool too_large = false;
+};
+
 size_t OnHeader(char* data, size_t size, size_t count, void* user) {
-  auto* headers = static_cast<HttpHeaders*>(user);
+  auto* state = static_cast<HeaderState*>(user);
+  HttpHeaders* headers = state->headers;
   size_t n = size * count;
+  state->bytes += n;
+  if (state->bytes > kMaxResponseHeaderBytes) {
+    state->too_large = true;
+    return 0;  // makes curl abort with CURLE_WRITE_ERROR
+  }
   std::string_view line(data, n);
   if (line.starts_with("HTTP/")) {
     // A new status line: an interim 1xx response ended; start over.
@@ -218,6 +230,7 @@ class CurlHttpClient final : public HttpClient {
 
     HttpResponse response;
     WriteState write{&response.body, request.max_response_bytes, request.truncate_response};
+    HeaderState header_state{&response.headers};
     char errbuf[CURL_ERROR_SIZE];
     errbuf[0] = '\0';
 
@@ -238,7 +251,7 @@ class CurlHttpClient final : public HttpClient {
     curl.easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
     curl.easy_setopt(h, CURLOPT_WRITEDATA, &write);
     curl.easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
-    curl.easy_setopt(h, CURLOPT_HEADERDATA, &response.headers);
+    curl.easy_setopt(h, CURLOPT_HEADERDATA, &header_state);
     curl.easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
     if (request.cancel != nullptr) {
       curl.easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
@@ -271,6 +284,9 @@ class CurlHttpClient final : public HttpClient {
       } else if (rc == CURLE_WRITE_ERROR && write.too_large) {
         error = ResourceExhausted(what + ": response body larger than " +
                                   std::to_string(request.max_response_bytes) + " bytes");
+      } else if (rc == CURLE_WRITE_ERROR && header_state.too_large) {
+        error = ResourceExhausted(what + ": response headers larger than " +
+                                  std::to_string(kMaxResponseHeaderBytes) + " bytes");
       } else {
         error = StatusFromCurl(curl, rc, what, errbuf);
       }

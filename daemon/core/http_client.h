@@ -12,7 +12,9 @@
 //   Unavailable, not retryable    TLS certificate verification failed;
 //   ResourceExhausted             the response body exceeded
 //                                 max_response_bytes (unless
-//                                 truncate_response);
+//                                 truncate_response), or its header
+//                                 lines, interim (1xx) answers' included,
+//                                 kMaxResponseHeaderBytes;
 //   Unavailable, retryable        the request's `cancel` was set;
 //   InvalidArgument               malformed URL, unsupported scheme or
 //                                 method, a header containing CR or LF.
@@ -42,6 +44,11 @@
 namespace idem {
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+// The most header bytes (status lines and header lines as received) one
+// exchange takes: a server that sends endless headers is cut off there,
+// whatever libcurl's own limit is.
+inline constexpr size_t kMaxResponseHeaderBytes = 64u << 10;
 
 struct HttpRequest {
   std::string method = "POST";  // GET, POST, PUT, PATCH, DELETE or HEAD

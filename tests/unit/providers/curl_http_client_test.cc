@@ -169,6 +169,35 @@ TEST_CASE("a body above max_response_bytes is ResourceExhausted") {
   CHECK_FALSE(response.status().retryable());
 }
 
+// `n` headers of about 1 KiB each, named apart.
+FakeReply WithKibHeaders(FakeReply reply, int n) {
+  for (int i = 0; i < n; ++i)
+    reply = reply.WithHeader("X-Filler-" + std::to_string(i), std::string(1'000, 'h'));
+  return reply;
+}
+
+TEST_CASE("response headers past kMaxResponseHeaderBytes are ResourceExhausted") {
+  auto server = FakeProviderServer::Start();
+  REQUIRE(server);
+  auto http = MakeCurlHttpClient();
+  // 32 KiB of headers is an answer; 96 KiB is cut off, whatever libcurl's
+  // own limit (300 KiB since 8.3) lets through.
+  server->Enqueue(WithKibHeaders(FakeReply::Output({{"ok", true}}), 32));
+  auto fine = http->Send(Post(*server));
+  REQUIRE_MESSAGE(fine.ok(), fine.status().ToString());
+  CHECK(fine->status == 200);
+  CHECK(fine->FindHeader("x-filler-31") != nullptr);
+  server->Enqueue(WithKibHeaders(FakeReply::Output({{"ok", true}}), 96));
+  auto cut = http->Send(Post(*server));
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.status().code() == Code::kResourceExhausted);
+  CHECK_FALSE(cut.status().retryable());
+  CHECK(cut.status().message().find("headers") != std::string::npos);
+  // The client goes on: the next exchange is whole.
+  server->Enqueue(FakeReply::Output({{"ok", true}}));
+  CHECK(http->Send(Post(*server)).ok());
+}
+
 TEST_CASE("bad requests are rejected before anything is sent") {
   auto server = FakeProviderServer::Start();
   REQUIRE(server);
