@@ -72,11 +72,13 @@ StatusOr<std::optional<Json>> PlanOf(const ApiDeps& deps, const Decision& d,
 }
 
 // The gauges that count store records (dead letters, plans by state, open
-// escalations), and the store's memory and disk. A scrape never scans the store without bound: the
-// counts come from index scans of at most kCap keys each (never the records: loading 10,000 plans
-// per state took a scrape's RSS up by 7-13 MB, the peaks bench_soak found), redone when a scrape
-// finds them older than kMaxAgeMs, so scrapes cost at most a handful of bounded scans every few
-// seconds. A count at kCap means "kCap or more".
+// escalations), and the store's memory and disk. A scrape never scans the
+// store without bound: the counts come from index scans of at most kCap
+// keys each (never the records: loading 10,000 plans per state took a
+// scrape's RSS up by 7-13 MB, the peaks bench_soak found), redone when a
+// scrape finds them older than kMaxAgeMs, so scrapes cost at most a
+// handful of bounded scans every few seconds. A count at kCap means "kCap
+// or more".
 class StoreGauges {
  public:
   static constexpr size_t kCap = 10'000;
