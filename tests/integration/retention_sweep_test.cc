@@ -8,7 +8,9 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/store/rocksdb/rocksdb_plan_store.h"
 #include "tests/integration/harness.h"
+#include "tests/unit/store/forget_index.h"
 
 namespace idem::testing {
 namespace {
@@ -134,6 +136,45 @@ TEST_CASE("with_store_finished_retention_forever_a_rejected_plan_outlives_every_
   REQUIRE(PlanStatus(*c, plan) == 200);
   CHECK(Json::parse(c->Get(("/v1/plans/" + plan).c_str())->body)["state"] == "rejected");
   CHECK(MetricValue(*c, "idem_retention_swept_total{kind=\"plans\"}") == 0);
+}
+
+// A store from before the finished-plan index: the daemon's first start
+// indexes it, says so in its log, and sweeps by it; later starts do not.
+TEST_CASE("an_older_store_is_indexed_once_at_start_and_the_log_says_so") {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  // The harness appends each start's output to one log: what this start wrote.
+  auto log_file = [&] {
+    std::ifstream in(data + ".log");
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  auto start = [&] {
+    const size_t before = log_file().size();
+    auto daemon = StartSweepingEverySecond(dir, "");
+    return std::pair(std::move(daemon), log_file().substr(before));
+  };
+  {
+    auto [daemon, log] = start();
+    RejectAndWaitForASweep(*daemon);
+    CHECK(log.find("store.indexing") == std::string::npos);  // a new store
+    REQUIRE(daemon->Stop() == 0);
+  }
+  REQUIRE(ForgetIndex(data, rocks::Family::kPlansFinished, rocks::RocksPlanStore::kIndexedMarker) ==
+          1);
+  {
+    auto [daemon, log] = start();
+    const size_t indexing = log.find(R"("event":"store.indexing")");
+    REQUIRE_MESSAGE(indexing != std::string::npos, log);
+    CHECK(log.find(R"("index":"plans_finished")", indexing) != std::string::npos);
+    const size_t indexed = log.find(R"("event":"store.indexed")");
+    REQUIRE_MESSAGE(indexed != std::string::npos, log);
+    CHECK(log.find(R"("indexed":1)", indexed) != std::string::npos);
+    REQUIRE(daemon->Stop() == 0);
+  }
+  auto [daemon, log] = start();
+  CHECK_MESSAGE(log.find("store.indexing") == std::string::npos, log);
 }
 
 }  // namespace idem::testing

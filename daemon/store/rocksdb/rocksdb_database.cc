@@ -23,6 +23,7 @@
 #include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
+#include "daemon/obs/log.h"
 #include "daemon/store/record_codec.h"
 
 namespace idem::rocks {
@@ -873,9 +874,18 @@ Status RocksDatabase::IndexOnce(Family source, Family index, std::string_view ma
   // however many records an older store holds.
   constexpr int kPerWrite = 1'000;
   auto batch = std::make_unique<RecordBatch>(*this);
-  int staged = 0;
+  int64_t read = 0, staged = 0;
+  const auto started = std::chrono::steady_clock::now();
   std::unique_ptr<rocksdb::Iterator> it = NewIterator(source, {});
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+  it->SeekToFirst();
+  // An older store's first start takes longer by this (about 4.5 s for 1M
+  // plans): say why, before and after. A new store has nothing to read.
+  if (it->Valid()) {
+    LogEvent(LogLevel::kInfo, "store.indexing",
+             {{"index", ColumnFamilyName(index)}, {"records", std::string(what) + "s"}});
+  }
+  for (; it->Valid(); it->Next()) {
+    ++read;
     ASSIGN_OR_RETURN(Json j, store_internal::DecodeJson(it->value().ToString(), what));
     ASSIGN_OR_RETURN(std::optional<std::string> entry,
                      entry_of(std::string_view(it->key().data(), it->key().size()), j));
@@ -888,7 +898,17 @@ Status RocksDatabase::IndexOnce(Family source, Family index, std::string_view ma
   }
   RETURN_IF_ERROR(IteratorStatus(*it, "indexing " + std::string(what) + "s"));
   batch->Put(Family::kMeta, marker, "1");  // after the entries, which it makes durable
-  return Commit(*batch, /*durable=*/true);
+  RETURN_IF_ERROR(Commit(*batch, /*durable=*/true));
+  if (read > 0) {
+    LogEvent(LogLevel::kInfo, "store.indexed",
+             {{"index", ColumnFamilyName(index)},
+              {"read", read},
+              {"indexed", staged},
+              {"ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - started)
+                         .count()}});
+  }
+  return Status::Ok();
 }
 
 size_t RocksDatabase::StripeOf(Family f, std::string_view key) {

@@ -18,6 +18,7 @@
 #include "daemon/store/postgres/pg_client.h"
 #include "daemon/store/rocksdb/rocksdb_database.h"
 #include "daemon/store/store.h"
+#include "tests/unit/store/forget_index.h"
 
 namespace idem::testing {
 
@@ -125,23 +126,6 @@ inline std::vector<std::string> RawKeys(const std::string& path, const std::stri
     for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
   });
   return keys;
-}
-
-// Makes a RocksDB store at `path` look as an older idem left it, before
-// index family `index` existed: deletes its every entry and the meta
-// `marker` that says it was built. Returns how many entries there were.
-inline int ForgetIndex(const std::string& path, rocks::Family index, const char* marker) {
-  auto db = rocks::RocksDatabase::Open(StoreOptions{path, false});
-  REQUIRE(db.ok());
-  rocks::RecordBatch batch(**db);
-  std::unique_ptr<rocksdb::Iterator> it = (*db)->NewIterator(index, {});
-  int entries = 0;
-  for (it->SeekToFirst(); it->Valid(); it->Next(), ++entries) {
-    batch.Delete(index, it->key().ToString());
-  }
-  batch.Delete(rocks::Family::kMeta, marker);
-  REQUIRE((*db)->Commit(batch, false).ok());
-  return entries;
 }
 
 // A decision of step "triage" under `key`, its output naming its id.
