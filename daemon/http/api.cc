@@ -97,12 +97,12 @@ class StoreGauges {
     for (const char* state : kPlanStates) {
       SetCount(m.plans_by_state.Declare({state}), deps_.store.plans().CountByState(state, kCap));
     }
-    for (const Store::MemoryPart& part : deps_.store.MemoryUsage()) {
+    for (const Store::SizePart& part : deps_.store.MemoryUsage()) {
       m.store_memory.Declare({part.name}).Set(static_cast<int64_t>(part.bytes));
     }
     // Sizes that cannot be read keep the last ones read.
-    if (StatusOr<std::vector<Store::MemoryPart>> disk = deps_.store.DiskUsage(); disk.ok()) {
-      for (const Store::MemoryPart& part : *disk) {
+    if (StatusOr<std::vector<Store::SizePart>> disk = deps_.store.DiskUsage(); disk.ok()) {
+      for (const Store::SizePart& part : *disk) {
         m.store_disk.Declare({part.name}).Set(static_cast<int64_t>(part.bytes));
       }
     } else {

@@ -124,8 +124,8 @@ class FallbackStore final : public Store {
   Status WriteHealth() const override { return inner_->WriteHealth(); }
   StatusOr<int64_t> ClockMillis() override { return inner_->ClockMillis(); }
   bool shared() const override { return inner_->shared(); }
-  std::vector<MemoryPart> MemoryUsage() override { return inner_->MemoryUsage(); }
-  StatusOr<std::vector<MemoryPart>> DiskUsage() override { return inner_->DiskUsage(); }
+  std::vector<SizePart> MemoryUsage() override { return inner_->MemoryUsage(); }
+  StatusOr<std::vector<SizePart>> DiskUsage() override { return inner_->DiskUsage(); }
   std::optional<uint64_t> DiskFreeBytes() override { return inner_->DiskFreeBytes(); }
 
  private:

@@ -937,15 +937,16 @@ class Store {
   // memory of hits) can go stale, and background work is shared through
   // named leases. RocksDB: false (one process owns the folder).
   virtual bool shared() const { return false; }
+  // A size in bytes, by named part: what MemoryUsage and DiskUsage report.
+  struct SizePart {
+    std::string name;
+    uint64_t bytes = 0;
+  };
   // What the engine holds in this process's memory, in bytes, by part
   // (RocksDB: "memtables", "block_cache" (of it "block_cache_pinned"),
   // "table_readers", "decision_cache"); empty when the engine keeps nothing
   // of note (postgres). Cheap enough for every /metrics scrape; thread-safe.
-  struct MemoryPart {
-    std::string name;
-    uint64_t bytes = 0;
-  };
-  virtual std::vector<MemoryPart> MemoryUsage() { return {}; }
+  virtual std::vector<SizePart> MemoryUsage() { return {}; }
   // What the store takes on disk, in bytes, by part; the parts add up to
   // the store's size. RocksDB: each column family's live table files, by
   // the family's name; "wal", the write-ahead log; "other", the rest of the
@@ -953,7 +954,7 @@ class Store {
   // delete). PostgreSQL: each table of the schema, with its indexes and
   // TOAST. Reads the folder or asks the database: for a /metrics scrape
   // every few seconds, not a request path. Thread-safe.
-  virtual StatusOr<std::vector<MemoryPart>> DiskUsage() { return std::vector<MemoryPart>{}; }
+  virtual StatusOr<std::vector<SizePart>> DiskUsage() { return std::vector<SizePart>{}; }
   // Free bytes on the filesystem under the store (store.min_free_mb is
   // measured against it); nullopt when it cannot be read, or the disk is
   // the database server's (postgres).

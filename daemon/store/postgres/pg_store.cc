@@ -49,7 +49,7 @@ class PgStore final : public Store {
     return r.ok() ? Status::Ok() : r.status();
   }
   StatusOr<int64_t> ClockMillis() override { return pool_->ServerNowMillis(); }
-  StatusOr<std::vector<MemoryPart>> DiskUsage() override {
+  StatusOr<std::vector<SizePart>> DiskUsage() override {
     // The schema's tables (the connections' search_path), each with its
     // indexes and TOAST.
     ASSIGN_OR_RETURN(pg::Result r,
@@ -57,7 +57,7 @@ class PgStore final : public Store {
                                  " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                                  " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')"
                                  " ORDER BY c.relname"));
-    std::vector<MemoryPart> parts;
+    std::vector<SizePart> parts;
     for (int i = 0; i < r.rows(); ++i) {
       parts.push_back({r.str(i, 0), static_cast<uint64_t>(std::max<int64_t>(0, r.i64(i, 1)))});
     }

@@ -45,15 +45,15 @@ class RocksStore final : public Store {
   OutboxStore& outbox() override { return outbox_; }
   TraceIndex& traces() override { return traces_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
-  std::vector<MemoryPart> MemoryUsage() override {
-    std::vector<MemoryPart> parts;
+  std::vector<SizePart> MemoryUsage() override {
+    std::vector<SizePart> parts;
     for (const auto& [name, bytes] : db_->MemoryUsage()) parts.push_back({name, bytes});
     parts.push_back({"decision_cache", decisions_.CachedBytes()});
     return parts;
   }
-  StatusOr<std::vector<MemoryPart>> DiskUsage() override {
+  StatusOr<std::vector<SizePart>> DiskUsage() override {
     ASSIGN_OR_RETURN(auto usage, db_->DiskUsage());
-    std::vector<MemoryPart> parts;
+    std::vector<SizePart> parts;
     for (auto& [name, bytes] : usage) parts.push_back({std::move(name), bytes});
     return parts;
   }

@@ -224,7 +224,7 @@ TEST_CASE("the_rocksdb_store_reports_its_memory_by_part" * doctest::test_suite("
   TempDir dir;
   auto store = OpenStore(dir.path());
   auto bytes = [&](const std::string& name) -> uint64_t {
-    for (const Store::MemoryPart& p : store->MemoryUsage()) {
+    for (const Store::SizePart& p : store->MemoryUsage()) {
       if (p.name == name) return p.bytes;
     }
     FAIL("no part " << name);
@@ -247,10 +247,10 @@ TEST_CASE("the_rocksdb_store_reports_its_memory_by_part" * doctest::test_suite("
 
 // The size of each part, by name, from Store::DiskUsage.
 std::map<std::string, uint64_t> DiskParts(Store& store) {
-  StatusOr<std::vector<Store::MemoryPart>> parts = store.DiskUsage();
+  StatusOr<std::vector<Store::SizePart>> parts = store.DiskUsage();
   REQUIRE_MESSAGE(parts.ok(), parts.status().ToString());
   std::map<std::string, uint64_t> out;
-  for (const Store::MemoryPart& p : *parts) {
+  for (const Store::SizePart& p : *parts) {
     CHECK_MESSAGE(out.emplace(p.name, p.bytes).second, "part named twice: " << p.name);
   }
   return out;
