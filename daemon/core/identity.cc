@@ -179,15 +179,14 @@ Status CheckExactIntegersAt(const Json& value, std::string& path) {
       return Status::Ok();
     }
     case Json::value_t::number_float: {
-      // A double JCS writes as an integer of 2^53 or more (below 1e21 it has
-      // no exponent) is one: an integer literal past 64 bits arrives as a
-      // double (123456789012345678901 and ...999 are one double, one key),
-      // and 1e16 would come back from the stored material as an integer
-      // that an import then refuses.
+      // Every double of magnitude 2^53 or more is an integer, and no longer
+      // one apart from the next: 10000000000000000000001 (past 64 bits, it
+      // arrives as a double), 1e22 and 1.00000000000000001e22 are one
+      // double, one key. Below 1e21 JCS writes it without an exponent, so
+      // 1e16 would also come back from the stored material as an integer
+      // that an import then refuses. Smaller doubles keep their fraction.
       const double d = std::fabs(value.get<Json::number_float_t>());
-      if (std::isfinite(d) && std::trunc(d) == d && d >= static_cast<double>(kLimit) && d < 1e21) {
-        break;
-      }
+      if (std::isfinite(d) && d >= static_cast<double>(kLimit)) break;
       return Status::Ok();
     }
     case Json::value_t::object:
@@ -212,8 +211,8 @@ Status CheckExactIntegersAt(const Json& value, std::string& path) {
       return Status::Ok();
   }
   return InvalidArgument(
-      "an integer beyond 2^53 cannot be told apart from its neighbours once canonicalized "
-      "(JCS numbers are doubles); send it as a string",
+      "a number of magnitude 2^53 or more cannot be told apart from its neighbours once "
+      "canonicalized (JCS numbers are doubles); send it as a string",
       path);
 }
 

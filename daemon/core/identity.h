@@ -13,9 +13,10 @@
 //
 // Numbers: JCS writes every number as an IEEE double, so two integers
 // beyond 2^53 can canonicalize to the same text. Key material (the input)
-// and identities holding an integer with |n| >= 2^53 are refused with
-// InvalidArgument whose field() points at the number; send it as a string.
-// Floats are taken as the doubles they are.
+// and identities holding a number with |n| >= 2^53 (an integer, or a double:
+// every double that large is an integer) are refused with InvalidArgument
+// whose field() points at the number; send it as a string. Smaller floats
+// are taken as the doubles they are.
 //
 // Normalizers (declared per step / action kind):
 //   drop          member names dropped at any depth ("received_at"), or JSON
@@ -70,10 +71,11 @@ inline constexpr int kDecisionKeyVersion = 2;
 StatusOr<std::string> ComputePromptHash(std::string_view template_text, std::string_view system,
                                         const Json& tools);
 
-// OK unless `value` holds an integer that a double cannot hold exactly
-// (|n| >= 2^53), or a double that JCS writes as such an integer (an
-// integral value from 2^53 to 1e21: an integer literal past 64 bits, 1e16);
-// then InvalidArgument naming `where` + the number's pointer.
+// OK unless `value` holds a number of magnitude 2^53 or more: an integer a
+// double cannot hold exactly, or a double (every double that large is an
+// integer with neighbours more than 1 apart: an integer literal past 64
+// bits, 1e16, 1e22); then InvalidArgument naming `where` + the number's
+// pointer.
 Status CheckExactIntegers(const Json& value, const std::string& where);
 
 struct DecisionKeyParts {

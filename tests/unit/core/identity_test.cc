@@ -169,7 +169,8 @@ TEST_CASE("a non-finite temperature or input number is refused with its field") 
   CHECK(ki.status().field() == "/input/x/0");
 }
 
-TEST_CASE("an input integer beyond 2^53 is refused with its pointer, as a string it keys") {
+TEST_CASE(
+    "an input number of magnitude 2^53 or more is refused with its pointer, as a string it keys") {
   // 2^53 + 1 and 2^53 are one double: they would share a decision.
   for (const char* text :
        {R"({"order":{"ids":[1,9007199254740993]}})", R"({"order":{"ids":[1,9007199254740992]}})",
@@ -178,7 +179,12 @@ TEST_CASE("an input integer beyond 2^53 is refused with its pointer, as a string
         // Past 64 bits the literal is read as a double: ...901 and ...999
         // would be one key. And 1e16 comes back from JCS as an integer.
         R"({"order":{"ids":[1,123456789012345678901]}})", R"({"order":{"ids":[1,1e16]}})",
-        R"({"order":{"ids":[1,-1.5e20]}})"}) {
+        R"({"order":{"ids":[1,-1.5e20]}})",
+        // From 1e21 JCS writes an exponent, but the doubles are no closer:
+        // 10000000000000000000001, 1e22 and 1.00000000000000001e22 are one.
+        R"({"order":{"ids":[1,10000000000000000000001]}})", R"({"order":{"ids":[1,1e21]}})",
+        R"({"order":{"ids":[1,1e22]}})", R"({"order":{"ids":[1,-1.5e300]}})",
+        R"({"order":{"ids":[1,10000000000000000000001.5]}})"}) {
     CAPTURE(text);
     DecisionKeyParts p = BaseParts();
     p.input = Json::parse(text);
@@ -192,10 +198,11 @@ TEST_CASE("an input integer beyond 2^53 is refused with its pointer, as a string
   DecisionKeyParts b = BaseParts();
   b.input = Json::parse(R"({"id":"9007199254740992"})");
   CHECK(DecisionKey(a) != DecisionKey(b));
-  // The largest exact integers and floats are fine.
+  // The largest exact integers, and floats below 2^53, are fine.
   DecisionKeyParts edge = BaseParts();
-  edge.input = Json::parse(
-      R"({"a":9007199254740991,"b":-9007199254740991,"c":1e300,"d":0.5,"e":1e21,"f":8.5e15})");
+  edge.input =
+      Json::parse(R"({"a":9007199254740991,"b":-9007199254740991,"c":9007199254740991.0,"d":0.5,)"
+                  R"("e":-4503599627370495.5,"f":8.5e15,"g":1e-300})");
   CHECK(ComputeDecisionKey(edge).ok());
 }
 
