@@ -135,11 +135,11 @@ std::string RenderCost(const Json& body, const Style& style) {
               Table::Cell(Usd(c.value("saved_usd", 0.0)), Color::kGreen)});
   };
   for (const Json& item : body.value("items", Json::array())) {
-    row(item.value(by, ""), item, Color::kNone);
+    // A model name is whatever a replay's caller sent: Str makes it Printable.
+    row(Str(item, by.c_str()), item, Color::kNone);
   }
   row("TOTAL", body.value("total", Json::object()), Color::kBold);
-  return style.Paint(body.value("from_day", "") + " .. " + body.value("to_day", "") + " (UTC)",
-                     Color::kDim) +
+  return style.Paint(Str(body, "from_day") + " .. " + Str(body, "to_day") + " (UTC)", Color::kDim) +
          "\n" + t.Render(style);
 }
 

@@ -156,7 +156,9 @@ void Table::SetMaxWidth(size_t column, size_t max) {
 
 void Table::AddRow(std::vector<Cell> cells) {
   cells.resize(headers_.size(), Cell(""));
-  for (size_t i = 0; i < cells.size(); ++i) cells[i].text = Truncate(cells[i].text, max_[i]);
+  for (size_t i = 0; i < cells.size(); ++i) {
+    cells[i].text = Truncate(Printable(cells[i].text), max_[i]);
+  }
   rows_.push_back(std::move(cells));
 }
 

@@ -62,7 +62,9 @@ class Table {
     Cell(const char* t) : text(t) {}             // NOLINT
     Cell(std::string t, Color c) : text(std::move(t)), color(c) {}
   };
-  // Missing cells are empty; extra cells are dropped.
+  // Missing cells are empty; extra cells are dropped. Every cell is shown
+  // as Printable makes it (its text may be another caller's), so a cell
+  // cannot carry its own escapes: colour it with Cell::color.
   void AddRow(std::vector<Cell> cells);
   size_t rows() const { return rows_.size(); }
   // Every line ends with '\n'.

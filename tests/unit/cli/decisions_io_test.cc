@@ -200,6 +200,24 @@ TEST_CASE("the cost table lists each group and the total") {
   CHECK(text.find("1200") != std::string::npos);
 }
 
+TEST_CASE("the cost table shows a model name's control characters escaped") {
+  // Any caller may replay with a model of its choosing; the operator's
+  // terminal must not take its bytes as commands (clear the screen here).
+  Json body = {
+      {"by", "model"},
+      {"from_day", "2025-11-01\x1b]0;t\x07"},
+      {"to_day", "2025-11-30"},
+      {"items", Json::array({{{"model", std::string("a\0b\x1b[2J\xc2\x9b", 9)}, {"calls", 1}}})},
+      {"total", {{"calls", 1}}}};
+  std::string text = RenderCost(body, Style{});
+  CAPTURE(text);
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find('\0') == std::string::npos);
+  CHECK(text.find("\xc2\x9b") == std::string::npos);
+  CHECK(text.find("a\\x00b\\x1b[2J\\x9b") != std::string::npos);
+  CHECK(text.find("2025-11-01\\x1b]0;t\\x07 .. 2025-11-30") != std::string::npos);
+}
+
 TEST_CASE("idem cost refuses a bad --since before asking the daemon") {
   FakeHttp http;
   http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> { return HttpResponse{}; };

@@ -53,6 +53,17 @@ TEST_CASE("long cells are cut with an ellipsis and kept on one line") {
   CHECK(t.Render(Style{}) == "A\n0123\u2026\n");
 }
 
+TEST_CASE("a cell's control characters are shown escaped, whoever built the row") {
+  Table t({"A", "B"});
+  t.AddRow({"x\x1b[2Jy",
+            {"\xe2\x80\xae"
+             "evil",
+             Color::kRed}});
+  CHECK(t.Render(Style{}) ==
+        "A          B\n"
+        "x\\x1b[2Jy  \\u202eevil\n");
+}
+
 TEST_CASE("missing cells are empty and trailing spaces are trimmed") {
   Table t({"A", "B", "C"});
   t.AddRow({"1"});
