@@ -1,5 +1,7 @@
 #include "daemon/http/api.h"
 
+#include <strings.h>
+
 #include <charconv>
 #include <memory>
 #include <set>
@@ -472,27 +474,27 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         return RouteResponse{200, std::move(body), {}};
       }});
 
-  routes.push_back(
-      Route{.method = "GET",
-            .pattern = "/v1/decisions",
-            .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
-            .responses = {{200, "decision.list"}, {400, "problem"}},
-            .roles = {"agent", "operator"},
-            .query = {TextDoc("step", "only this step's decisions"),
-                      OneOfDoc("status", kDecisionStatuses, "only decisions in this status"),
-                      CursorDoc(), LimitDoc(kDecisionsPage)},
-            .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
-              ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kDecisionsPage));
-              ASSIGN_OR_RETURN(std::string status, OneOfParam(ctx, "status", kDecisionStatuses));
-              ASSIGN_OR_RETURN(DecisionPage page,
-                               deps.store.decisions().List(QueryParam(ctx, "step"), status,
-                                                           QueryParam(ctx, "cursor"), limit));
-              Json items = Json::array();
-              for (const auto& d : page.items) items.push_back(DecisionSummary(d));
-              Json body = {{"items", items}};
-              if (!page.next_cursor.empty()) body["next_cursor"] = page.next_cursor;
-              return RouteResponse{200, std::move(body), {}};
-            }});
+  routes.push_back(Route{
+      .method = "GET",
+      .pattern = "/v1/decisions",
+      .summary = "Decisions, newest first (?step=&status=&cursor=&limit=).",
+      .responses = {{200, "decision.list"}, {400, "problem"}, {404, "problem"}},
+      .roles = {"agent", "operator"},
+      .query = {TextDoc("step", "only this step's decisions (404 for one not configured)"),
+                OneOfDoc("status", kDecisionStatuses, "only decisions in this status"), CursorDoc(),
+                LimitDoc(kDecisionsPage)},
+      .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
+        ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kDecisionsPage));
+        ASSIGN_OR_RETURN(std::string status, OneOfParam(ctx, "status", kDecisionStatuses));
+        ASSIGN_OR_RETURN(std::string step, ConfiguredParam(ctx, "step", deps.config.steps, "step"));
+        ASSIGN_OR_RETURN(DecisionPage page, deps.store.decisions().List(
+                                                step, status, QueryParam(ctx, "cursor"), limit));
+        Json items = Json::array();
+        for (const auto& d : page.items) items.push_back(DecisionSummary(d));
+        Json body = {{"items", items}};
+        if (!page.next_cursor.empty()) body["next_cursor"] = page.next_cursor;
+        return RouteResponse{200, std::move(body), {}};
+      }});
 
   routes.push_back(Route{
       .method = "GET",
@@ -544,6 +546,14 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         std::string actor = ctx.caller;
         if (deps.config.auth.tokens.empty() && actor == "anonymous") {
           actor = ctx.body.value("actor", "anonymous");
+          // "idem" is the daemon's own hand (a refresh closing an
+          // escalation): a human's answer must not pass for it in the
+          // audit trail. strcasecmp also stops at a NUL ("idem\u0000x").
+          if (strcasecmp(actor.c_str(), "idem") == 0) {
+            return InvalidArgument(
+                "'idem' is reserved: it is the daemon itself in the audit trail; name the human",
+                "/actor");
+          }
         }
         ASSIGN_OR_RETURN(Decision d,
                          deps.decide.ResolveEscalation(ctx.params[0], ctx.body["output"], actor,

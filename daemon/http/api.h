@@ -113,5 +113,23 @@ std::string QueryParam(const RequestContext& ctx, const std::string& name);
 // mistyped value would otherwise match nothing and read as "none".
 StatusOr<std::string> OneOfParam(const RequestContext& ctx, const std::string& name,
                                  std::span<const char* const> allowed);
+// The query parameter `name` naming something of the config ("" when
+// absent): InvalidArgument when present but empty (it is not "all"), and
+// NotFound (pointer query:NAME) when `configured` holds no such `what`
+// (a mistyped step would otherwise list nothing and read as "none").
+template <typename Map>
+StatusOr<std::string> ConfiguredParam(const RequestContext& ctx, const std::string& name,
+                                      const Map& configured, const std::string& what) {
+  auto it = ctx.query.find(name);
+  if (it == ctx.query.end()) return std::string();
+  if (it->second.empty()) {
+    return InvalidArgument(name + " is empty; leave it out for all", "query:" + name);
+  }
+  if (!configured.contains(it->second)) {
+    return Status(Code::kNotFound, "no " + what + " named '" + it->second + "' in the config",
+                  "query:" + name);
+  }
+  return it->second;
+}
 
 }  // namespace idem

@@ -157,18 +157,18 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .summary = "Decisions as JSON Lines (application/x-ndjson), one per line with key material "
                  "and trace, newest first (?step=&since=ms&cursor=&limit=); the next page's "
                  "cursor is in the Idem-Next-Cursor header.",
-      .responses = {{200, ""}, {400, "problem"}},
+      .responses = {{200, ""}, {400, "problem"}, {404, "problem"}},
       .media = {{200, {{"application/x-ndjson", ""}}}},
       .roles = {"operator"},
-      .query = {TextDoc("step", "only this step's decisions"),
+      .query = {TextDoc("step", "only this step's decisions (404 for one not configured)"),
                 MillisDoc("since", "only decisions created at or after this time"), CursorDoc(),
                 LimitDoc(kExportPage)},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kExportPage));
         ASSIGN_OR_RETURN(int64_t since, MillisParam(ctx, "since", 0));
+        ASSIGN_OR_RETURN(std::string step, ConfiguredParam(ctx, "step", deps.config.steps, "step"));
         ASSIGN_OR_RETURN(DecisionPage page,
-                         deps.store.decisions().List(QueryParam(ctx, "step"), "",
-                                                     QueryParam(ctx, "cursor"), limit));
+                         deps.store.decisions().List(step, "", QueryParam(ctx, "cursor"), limit));
         std::string body;
         bool older = false;  // newest first: past `since`, nothing newer follows
         for (const Decision& d : page.items) {

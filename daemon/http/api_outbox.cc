@@ -118,10 +118,9 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
                 LimitDoc(kOutboxPage), CursorDoc()},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
-        const std::string subscriber = QueryParam(ctx, "subscriber");
-        if (!subscriber.empty() && !deps.config.outbox.subscribers.contains(subscriber)) {
-          return Status(Code::kNotFound, "no outbox subscriber " + subscriber, "query:subscriber");
-        }
+        ASSIGN_OR_RETURN(std::string subscriber,
+                         ConfiguredParam(ctx, "subscriber", deps.config.outbox.subscribers,
+                                         "outbox subscriber"));
         ASSIGN_OR_RETURN(uint64_t after, SeqText(QueryParam(ctx, "cursor"), "query:cursor", true));
         ASSIGN_OR_RETURN(std::vector<OutboxDeadLetter> dead,
                          deps.store.outbox().DeadLetters(subscriber, after, limit));

@@ -141,6 +141,21 @@ Status CheckLeaseName(const std::string& name) {
   return Status::Ok();
 }
 
+// A caller's run_id (claims, actions, runs): none that starts "plan_",
+// the run a plan's actions are applied under (its plan id), so that a run of
+// the caller's cannot mix its items, counts and dead letters into a plan's.
+Status CheckCallersRunId(const Json& body) {
+  auto it = body.find("run_id");
+  if (it == body.end() || !it->is_string()) return Status::Ok();
+  if (it->get_ref<const std::string&>().rfind("plan_", 0) == 0) {
+    return InvalidArgument(
+        "run ids that start with plan_ are the daemon's own (a plan's actions run under the "
+        "plan's id); choose another",
+        "/run_id");
+  }
+  return Status::Ok();
+}
+
 StatusOr<int64_t> DurationField(const Json& body, const std::string& name, int64_t def, int64_t max,
                                 int64_t min = 1) {
   if (!body.contains(name)) return def;
@@ -274,6 +289,7 @@ struct ClaimRoute {
   // and then claims with the approved args.
   std::optional<StatusOr<RouteResponse>> gate(RequestContext& ctx) const {
     auto kit = config.actions.find(ctx.body.value("kind", ""));
+    if (Status run = CheckCallersRunId(ctx.body); !run.ok()) return StatusOr<RouteResponse>(run);
     if (kit == config.actions.end()) return std::nullopt;  // prepare names the unknown kind
     if (Status args = CheckClaimArgs(kit->second, ctx.body); !args.ok()) {
       return StatusOr<RouteResponse>(args);
@@ -679,6 +695,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
         ASSIGN_OR_RETURN(const ActionConfig* kind,
                          FindKind(deps.config, ctx.params[0], "path:kind"));
         RETURN_IF_ERROR(deps.plans.CheckArgs(*kind, ctx.body["args"], "/args"));
+        RETURN_IF_ERROR(CheckCallersRunId(ctx.body));
         const std::string call_id = CallId(ctx.caller, ctx.idempotency_key);
         ASSIGN_OR_RETURN(Gate gate,
                          deps.plans.GateAction(*kind, ctx.body["args"], "action", ctx.caller,
@@ -712,6 +729,7 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         const std::string run_id = ctx.body["run_id"];
+        RETURN_IF_ERROR(CheckCallersRunId(ctx.body));
         ASSIGN_OR_RETURN(const ActionConfig* kind,
                          FindKind(deps.config, ctx.body["kind"].get<std::string>(), "/kind"));
         if (kind->effector.empty()) {

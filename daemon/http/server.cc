@@ -510,6 +510,9 @@ const Route* HttpServer::Find(const http1::Request& req, std::vector<std::string
     if (!MatchPath(*r, req.path, &params)) continue;
     if (r->method == req.method || (head && r->method == "GET")) return r;
     params.clear();
+    // A route that only documents its own 405 (GET /mcp: no server stream)
+    // is not a method the path takes.
+    if (r->responses.size() == 1 && r->responses.begin()->first == 405) continue;
     auto add = [&allow](std::string_view m) {
       if (allow.find(m) != std::string::npos) return;
       if (!allow.empty()) allow += ", ";

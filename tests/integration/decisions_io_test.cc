@@ -184,9 +184,15 @@ TEST_CASE("an export pages with Idem-Next-Cursor and filters by step and since")
   CHECK(Lines(second->body).size() == 1);
   CHECK(!second->has_header("Idem-Next-Cursor"));
 
+  // The step filter: the configured step's decisions; a step the config
+  // does not have is a 404 (not an empty export that reads as "none").
+  auto this_step = c->Get("/v1/decisions/export?step=triage_ticket");
+  REQUIRE(this_step);
+  CHECK(Lines(this_step->body).size() == 3);
   auto other_step = c->Get("/v1/decisions/export?step=nope");
   REQUIRE(other_step);
-  CHECK(other_step->body.empty());
+  CHECK(other_step->status == 404);
+  CHECK(Json::parse(other_step->body)["pointer"] == "query:step");
   auto future = c->Get("/v1/decisions/export?since=99999999999999");
   REQUIRE(future);
   CHECK(future->body.empty());

@@ -75,6 +75,22 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(invalid->status == 400);
   CHECK(Json::parse(invalid->body)["pointer"] == "/output/priority");
 
+  // Without tokens the body names the human, but never as the daemon (a
+  // refresh closes escalations as "idem") nor as nobody; the escalation
+  // stays open.
+  for (const char* actor : {R"("idem")", R"("IDem")", R"("idem\u0000x")", R"("")"}) {
+    CAPTURE(actor);
+    auto spoof = c->Post(
+        ("/v1/escalations/" + id + "/resolve").c_str(),
+        std::string(
+            R"({"output":{"category":"refund","priority":"high","summary":"s","actions":[]},)") +
+            R"("actor":)" + actor + "}",
+        "application/json");
+    CHECK(spoof->status == 400);
+    CHECK(Json::parse(spoof->body)["pointer"] == "/actor");
+  }
+  CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].size() == 1);
+
   auto resolved = c->Post(
       ("/v1/escalations/" + id + "/resolve").c_str(),
       R"({"output":{"category":"refund","priority":"high","summary":"refund approved by ops","actions":[]},"actor":"alice"})",
@@ -104,8 +120,9 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   // A mistyped filter is refused, not answered "nothing" (it matched no record).
   // An empty one (?state=) too: it is not "all" (README, API walkthrough).
   for (const char* path :
-       {"/v1/escalations?state=opne", "/v1/decisions?status=escalated", "/v1/escalations?state=",
-        "/v1/decisions?status=", "/v1/plans?state=", "/v1/stats/cost?by="}) {
+       {"/v1/escalations?state=opne", "/v1/decisions?status=escalated",
+        "/v1/escalations?state=", "/v1/decisions?status=", "/v1/plans?state=", "/v1/stats/cost?by=",
+        "/v1/decisions?step=", "/v1/decisions/export?step="}) {
     INFO(path);
     auto typo = c->Get(path);
     REQUIRE(typo);
@@ -117,6 +134,20 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(Json::parse(c->Get("/v1/escalations?state=opne")->body)["detail"] ==
         "state must be one of open, resolved");
   CHECK(c->Get("/v1/decisions?status=decided")->status == 200);
+  // A step the config does not have is a 404, not an empty list that reads
+  // as "this step decided nothing"; the configured step lists its decision.
+  for (const char* path : {"/v1/decisions?step=triage_tikcet", "/v1/decisions/export?step=nope"}) {
+    INFO(path);
+    auto unknown = c->Get(path);
+    REQUIRE(unknown);
+    CHECK(unknown->status == 404);
+    CHECK(Json::parse(unknown->body)["pointer"] == "query:step");
+  }
+  CHECK(Json::parse(c->Get("/v1/decisions?step=triage_ticket")->body)["items"].size() == 1);
+  auto exported = c->Get("/v1/decisions/export?step=triage_ticket");
+  REQUIRE(exported);
+  CHECK(exported->status == 200);
+  CHECK(exported->body.find(dec["decision_id"].get<std::string>()) != std::string::npos);
 }
 
 TEST_CASE(

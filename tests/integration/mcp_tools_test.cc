@@ -323,6 +323,12 @@ TEST_CASE("HEAD /mcp is answered as GET: 405 with Allow and no body") {
   CHECK(head->get_header_value("Allow") == "POST, DELETE");
   CHECK(head->get_header_value("Allow") == get->get_header_value("Allow"));
   CHECK(head->body.empty());
+  // Another method's 405 names the same methods: not GET and HEAD, which
+  // answer 405 themselves.
+  auto put = f.client->Put("/mcp", "{}", "application/json");
+  REQUIRE(put);
+  CHECK(put->status == 405);
+  CHECK(put->get_header_value("Allow") == "POST, DELETE");
 }
 
 }  // namespace idem::testing

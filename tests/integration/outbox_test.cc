@@ -178,6 +178,15 @@ TEST_CASE("outbox: a failing subscriber's event goes to its dead letters, and it
   CHECK(dead["items"][0]["event"]["key"] == first);
   CHECK(dead["items"][0]["attempts"] == 2);
   CHECK(dead["items"][0]["state"] == "dead");
+  // ?subscriber= empty is not "all", and a mistyped name is not "none".
+  auto empty = c->Get("/v1/outbox/dead-letters?subscriber=");
+  REQUIRE(empty);
+  CHECK(empty->status == 400);
+  CHECK(Json::parse(empty->body)["pointer"] == "query:subscriber");
+  auto typo = c->Get("/v1/outbox/dead-letters?subscriber=hokk");
+  REQUIRE(typo);
+  CHECK(typo->status == 404);
+  CHECK(Json::parse(typo->body)["pointer"] == "query:subscriber");
 
   // The subscriber moved on: the next event arrives.
   std::string second = Complete(*c, "INV-2");

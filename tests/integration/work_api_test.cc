@@ -672,6 +672,36 @@ TEST_CASE("runs require an Idempotency-Key, since they execute effects") {
   CHECK(J(r)["pointer"] == "header:Idempotency-Key");
 }
 
+TEST_CASE("a caller's run_id cannot take a plan's, whose run lists the plan's actions") {
+  Fixture f;
+  auto run = f.Post("/v1/runs",
+                    {{"run_id", "plan_60c5"},
+                     {"kind", "send_invoice"},
+                     {"items", Json::array({{{"invoice_id", "1"}}})}},
+                    "\"run-plan\"");
+  REQUIRE(run);
+  CHECK(run->status == 400);
+  CHECK(J(run)["pointer"] == "/run_id");
+  auto action = f.Post("/v1/actions/send_invoice",
+                       {{"args", {{"invoice_id", "2"}}}, {"run_id", "plan_60c5"}}, "\"act-plan\"");
+  REQUIRE(action);
+  CHECK(action->status == 400);
+  CHECK(J(action)["pointer"] == "/run_id");
+  auto claim = f.Post(
+      "/v1/work/claim",
+      {{"kind", "send_invoice"}, {"identity", {{"invoice_id", "3"}}}, {"run_id", "plan_60c5"}});
+  REQUIRE(claim);
+  CHECK(claim->status == 400);
+  CHECK(J(claim)["pointer"] == "/run_id");
+  // Nothing was claimed under it; a run_id that merely contains plan_ is fine.
+  CHECK(f.client->Get("/v1/runs/plan_60c5")->status == 404);
+  auto own = f.Post("/v1/work/claim", {{"kind", "send_invoice"},
+                                       {"identity", {{"invoice_id", "3"}}},
+                                       {"run_id", "nightly-plan_60c5"}});
+  REQUIRE(own);
+  CHECK(own->status == 201);
+}
+
 TEST_CASE("a duration in seconds too large to scale is refused with its field, not wrapped") {
   Fixture f;
   // 2305843009213693960 s * 1000 wraps to 8000 ms in 64 bits.
