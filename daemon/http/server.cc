@@ -545,7 +545,12 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
   for (size_t i = 0; i < req.HeaderCount("tracestate") && i < kMaxTracestateMembers; ++i) {
     tracestate += (tracestate.empty() ? "" : ",") + req.HeaderValue("tracestate", i);
   }
-  ctx.trace = TraceContext::FromHeaders(req.HeaderValue("traceparent"), tracestate, ctx.request_id);
+  // Two traceparent headers name no one parent: the request starts a new
+  // trace, as for an invalid one (W3C Trace Context's test suite,
+  // test_traceparent_duplicated).
+  const std::string traceparent =
+      req.HeaderCount("traceparent") == 1 ? req.HeaderValue("traceparent") : std::string();
+  ctx.trace = TraceContext::FromHeaders(traceparent, tracestate, ctx.request_id);
   res.SetHeader("traceresponse",
                 FormatTraceparent(ctx.trace.trace_id, ctx.trace.span_id, ctx.trace.flags));
 

@@ -784,6 +784,14 @@ struct PlanEngine::Impl {
         return InvalidArgument("an edit's path points into an action's args: /<index>/args/...",
                                at + "/path");
       }
+      // RFC 6901: a '~' is the start of ~0 ('~') or ~1 ('/'), nothing else.
+      for (size_t t = path.find('~'); t != std::string::npos; t = path.find('~', t + 1)) {
+        if (t + 1 >= path.size() || (path[t + 1] != '0' && path[t + 1] != '1')) {
+          return InvalidArgument("an edit's path writes '~' as ~0 and '/' as ~1 (RFC 6901); " +
+                                     path + " has a '~' followed by neither",
+                                 at + "/path");
+        }
+      }
       size_t index = std::stoul(m[1].str());
       if (index >= out.size()) {
         return InvalidArgument("the plan has no action " + m[1].str(), at + "/path");

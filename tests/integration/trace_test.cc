@@ -262,6 +262,19 @@ TEST_CASE("an_invalid_traceparent_starts_a_new_trace_instead_of_failing_the_requ
   CHECK(t->status == 200);
   CHECK(f.Get("/v1/traces/not-a-trace")->status == 400);
   CHECK(f.Get(std::string("/v1/traces/") + kTrace)->status == 404);
+
+  // Two valid traceparents name no one parent: neither trace is joined.
+  const std::string other = "4bf92f3577b34da6a3ce929d0e0e4737";
+  auto twice =
+      f.Post("/v1/work/claim", {{"kind", "ship"}, {"identity", {{"parcel", "P-2"}}}}, kAgent,
+             {{"traceparent", std::string("00-") + kTrace + "-00f067aa0ba902b7-01"},
+              {"traceparent", "00-" + other + "-00f067aa0ba902b7-01"}});
+  REQUIRE(twice);
+  CHECK(twice->status == 201);
+  const std::string fresh = TraceOf(twice->get_header_value("traceresponse"));
+  CHECK(ValidTraceId(fresh));
+  CHECK(fresh != kTrace);
+  CHECK(fresh != other);
 }
 
 TEST_CASE("every_request_leaves_one_json_access_line_without_secrets") {

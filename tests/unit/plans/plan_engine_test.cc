@@ -359,6 +359,14 @@ TEST_CASE("a rejection of only blanks and an edit path into a string are refused
   CHECK(into_string.status().field() == "/edits/0/path");
   CHECK(into_string.status().message().find("json.exception") == std::string::npos);
   CHECK(into_string.status().message().find("/0/args/memo/0") != std::string::npos);
+  // A '~' that is neither ~0 nor ~1 is named as such, not as a wrong place.
+  for (const char* bad : {"/0/args/a~2", "/0/args/a~", "/0/args/~x/b"}) {
+    CAPTURE(bad);
+    auto escape =
+        h.Plans().Approve(p.plan_id, "op-1", "", Json::array({{{"path", bad}, {"value", 1}}}), "r");
+    CHECK(escape.status().field() == "/edits/0/path");
+    CHECK(escape.status().message().find("~0") != std::string::npos);
+  }
   CHECK(h.store_->plans().Get(p.plan_id)->state == "awaiting_approval");
 }
 
