@@ -168,6 +168,17 @@ constexpr size_t kMaxImportLinesPerRequest = 10'000;
 // "7d"). InvalidArgument otherwise.
 StatusOr<int64_t> ParseTimeArg(const std::string& arg, int64_t now_ms);
 
+// The longest line `idem decisions import` reads: no daemon takes a body
+// past 1 GiB (server.max_body_bytes), and no record needs a line near this.
+constexpr size_t kMaxImportLineBytes = 64u << 20;
+
+// The JSON Lines of `path` ("-": stdin) for an import. InvalidArgument
+// naming the file when it cannot be read, is a folder, or holds a line
+// longer than max_line_bytes (/dev/zero is one endless line: refused once
+// it passes the limit, not read until memory runs out).
+StatusOr<std::string> ReadImportFile(const std::string& path,
+                                     size_t max_line_bytes = kMaxImportLineBytes);
+
 // JSON Lines cut into requests of at most max_bytes and max_lines lines
 // each, at line ends (a longer line is a request of its own); first_lines[i]
 // is the 1-based line number in `text` where batch i starts.

@@ -1,8 +1,14 @@
 // `idem decisions export|import` and `idem cost` (cli.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -89,6 +95,45 @@ StatusOr<int64_t> ParseTimeArg(const std::string& arg, int64_t now_ms) {
   return InvalidArgument("'" + arg +
                          "' is not a time: milliseconds since the epoch, a date (2026-11-30) or "
                          "a duration back from now (90m, 24h, 7d)");
+}
+
+StatusOr<std::string> ReadImportFile(const std::string& path, size_t max_line_bytes) {
+  const std::string name = path == "-" ? "stdin" : path;
+  const int fd = path == "-" ? STDIN_FILENO : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return InvalidArgument("cannot read " + name + ": " + std::strerror(errno));
+  struct stat st {};
+  Status error;
+  std::string text;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    error = InvalidArgument("cannot read " + name + ": it is a folder, not a file");
+  }
+  size_t line_bytes = 0;  // of the line being read, so far
+  size_t line_no = 1;
+  char buf[64 * 1024];
+  while (error.ok()) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      error = InvalidArgument("cannot read " + name + ": " + std::strerror(errno));
+      break;
+    }
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buf[i] == '\n') {
+        line_bytes = 0;
+        ++line_no;
+      } else if (++line_bytes > max_line_bytes) {
+        error =
+            InvalidArgument(name + ": line " + std::to_string(line_no) + " is longer than " +
+                            std::to_string(max_line_bytes) + " bytes, more than an import takes");
+        break;
+      }
+    }
+    if (error.ok()) text.append(buf, static_cast<size_t>(n));
+  }
+  if (path != "-") close(fd);
+  if (!error.ok()) return error;
+  return text;
 }
 
 std::vector<std::string> SplitLines(const std::string& text, size_t max_bytes,

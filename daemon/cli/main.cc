@@ -25,6 +25,7 @@
 #include "daemon/apply/work_identity.h"
 #include "daemon/cli/cli.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/file_read.h"
 #include "daemon/core/http_client.h"
 #include "daemon/core/json.h"
 #include "daemon/core/version.h"
@@ -54,8 +55,10 @@ namespace {
 // an effector's attempt can take longer (Serve).
 constexpr int64_t kStopGraceMs = 5'000;
 
-std::string ReadStdin() {
-  return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+// Stdin, at most `max_bytes` of it: `idem canon < /dev/zero` or a folder
+// given as stdin is an error, not all memory or an empty document.
+StatusOr<std::string> ReadStdin(size_t max_bytes) {
+  return ReadDescriptorAtMost(STDIN_FILENO, max_bytes, "stdin");
 }
 
 int Fail(const Status& s) {
@@ -232,7 +235,9 @@ int Canon() {
   JsonLimits limits;
   limits.max_bytes = 64 << 20;
   limits.max_depth = 512;
-  auto parsed = ParseJson(ReadStdin(), limits);
+  StatusOr<std::string> text = ReadStdin(limits.max_bytes);
+  if (!text.ok()) return Fail(text.status());
+  auto parsed = ParseJson(*text, limits);
   if (!parsed.ok()) return Fail(parsed.status());
   auto canon = CanonicalJson(*parsed);
   if (!canon.ok()) return Fail(canon.status());
@@ -244,7 +249,9 @@ int Canon() {
 int Key(const std::string& config_path, const std::string& step, const std::string& kind) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail(config.status());
-  auto input = ParseJson(ReadStdin());
+  StatusOr<std::string> text = ReadStdin(JsonLimits{}.max_bytes);
+  if (!text.ok()) return Fail(text.status());
+  auto input = ParseJson(*text);
   if (!input.ok()) return Fail(input.status());
   if (!step.empty()) {
     auto sit = config->steps.find(step);
@@ -543,18 +550,12 @@ int main(int argc, char** argv) {
       }
       return cli::DecisionsExport(api, out, stdout, export_step, since_ms);
     }
-    std::string text;
-    if (import_file == "-") {
-      text = ReadStdin();
-    } else {
-      std::ifstream in(import_file, std::ios::binary);
-      if (!in) {
-        std::fprintf(stderr, "idem: cannot read %s\n", import_file.c_str());
-        return cli::kExitUsage;
-      }
-      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    StatusOr<std::string> text = cli::ReadImportFile(import_file);
+    if (!text.ok()) {
+      std::fprintf(stderr, "idem: %s\n", text.status().message().c_str());
+      return cli::kExitUsage;
     }
-    return cli::DecisionsImport(api, out, text, import_batch_kib * 1024);
+    return cli::DecisionsImport(api, out, *text, import_batch_kib * 1024);
   }
 
   const bool client_command = dlq->parsed() || work->parsed() || decision->parsed() ||

@@ -21,6 +21,7 @@
 #include "daemon/config/config.h"
 #include "daemon/config/yaml_document.h"
 #include "daemon/core/crypto.h"
+#include "daemon/core/file_read.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/json.h"
 #include "daemon/core/json_schema.h"
@@ -89,13 +90,10 @@ bool IsSqlName(const std::string& name) {
   return true;
 }
 
+// A prompt template or a JSON Schema file the config names: at most 4 MiB,
+// however large the file says it is (/dev/zero says 0).
 StatusOr<std::string> ReadFileText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument(std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return InvalidArgument(std::strerror(errno));
-  return text.str();
+  return ReadFileAtMost(path, kMaxSchemaFileBytes, "");
 }
 
 std::string JoinWords(const std::vector<std::string>& words) {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/file_read.h"
 #include "daemon/core/json.h"
 
 namespace idem {
@@ -409,10 +410,10 @@ StatusOr<YamlDocument> ReadYamlFile(const std::string& path, std::string display
                            " bytes; a config file may hold at most " + std::to_string(kMaxBytes) +
                            " (4 MiB)");
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return InvalidArgument(display_name + ": cannot read: " + std::strerror(errno));
-  return ParseYaml(text.str(), std::move(display_name));
+  // The size above is the file's word for it: /dev/zero, a pipe or a /proc
+  // file say 0 and read without end, so the read itself stops at the limit.
+  ASSIGN_OR_RETURN(std::string text, ReadFileAtMost(path, kMaxBytes, display_name));
+  return ParseYaml(text, std::move(display_name));
 }
 
 }  // namespace idem

@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <stdlib.h>
 
 #include <cstdio>
 #include <functional>
@@ -91,6 +92,36 @@ TEST_CASE("an import is cut into requests of at most the daemon's line count too
   REQUIRE(batches.size() == 2);
   CHECK(batches[1] == "{}\n");
   CHECK(first == std::vector<size_t>{1, 10'001});
+}
+
+TEST_CASE("an import file is read whole; a folder or an endless line is refused") {
+  char tmpl[] = "/tmp/idem-import-XXXXXX";
+  const std::string folder = mkdtemp(tmpl);
+  const std::string file = folder + "/d.jsonl";
+  std::FILE* f = std::fopen(file.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs("{\"a\":1}\n{\"b\":2}\n", f);
+  std::fclose(f);
+  StatusOr<std::string> text = ReadImportFile(file);
+  REQUIRE(text.ok());
+  CHECK(*text == "{\"a\":1}\n{\"b\":2}\n");
+  // A line may be as long as the limit, not longer; the error names it.
+  CHECK(ReadImportFile(file, 7).ok());
+  StatusOr<std::string> long_line = ReadImportFile(file, 6);
+  REQUIRE_FALSE(long_line.ok());
+  CHECK(long_line.status().message() == file +
+                                            ": line 1 is longer than 6 bytes, more than an "
+                                            "import takes");
+  // A folder read as a file used to abort the CLI (an uncaught exception).
+  StatusOr<std::string> dir = ReadImportFile(folder);
+  REQUIRE_FALSE(dir.ok());
+  CHECK(dir.status().message() == "cannot read " + folder + ": it is a folder, not a file");
+  // /dev/zero is one endless line: refused at the limit, not read on.
+  StatusOr<std::string> zero = ReadImportFile("/dev/zero", 1 << 20);
+  REQUIRE_FALSE(zero.ok());
+  CHECK(zero.status().message().find("line 1 is longer than 1048576 bytes") != std::string::npos);
+  std::remove(file.c_str());
+  std::remove(folder.c_str());
 }
 
 TEST_CASE("decisions import sends JSON Lines and reports the file's line numbers") {
