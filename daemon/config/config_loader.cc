@@ -594,6 +594,12 @@ class Resolver {
     s.fallback = node.value("fallback", Json::array());
     for (size_t i = 0; i < s.fallback.size(); ++i) {
       const Json& f = s.fallback[i];
+      // Escalating ends the decide: a model after it would never be asked.
+      if (f == "escalate" && i + 1 < s.fallback.size()) {
+        return doc_.Error(at + "/fallback/" + std::to_string(i + 1),
+                          "nothing after escalate is tried (a human answers from there); put "
+                          "escalate last");
+      }
       if (f.is_object() && f.contains("provider")) {
         RETURN_IF_ERROR(
             CheckProvider(at + "/fallback/" + std::to_string(i) + "/provider", f["provider"]));

@@ -45,7 +45,10 @@ RateLimiter::Verdict RateLimiter::Take(const std::string& caller, int64_t now_ms
     b->tokens -= 1.0;
     return {};
   }
-  const double missing_ms = (1.0 - b->tokens) / per_ms_;
+  // Clamped before the cast (a double past int64 is undefined behaviour):
+  // the config's slowest rate waits 1,000 s; a day is past anything real.
+  constexpr double kMaxWaitMs = 86'400'000.0;
+  const double missing_ms = std::min((1.0 - b->tokens) / per_ms_, kMaxWaitMs);
   return {false, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(missing_ms)))};
 }
 

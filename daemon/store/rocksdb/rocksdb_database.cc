@@ -269,9 +269,12 @@ Status RocksDatabase::Translate(const rocksdb::Status& s, std::string_view what)
   if (s.ok()) return Status::Ok();
   std::string msg = "store: " + std::string(what) + ": " + s.ToString();
   // A retry can help after an I/O error, a lock held by another process that
-  // goes away, or a busy/timed-out write; not after corruption or misuse.
-  bool retryable = !(s.IsCorruption() || s.IsNotSupported() || s.IsInvalidArgument());
-  return Unavailable(std::move(msg), retryable);
+  // goes away, or a busy/timed-out write; not after corruption or misuse,
+  // which are 500s: a 503 would tell clients and balancers to wait it out.
+  if (s.IsCorruption() || s.IsNotSupported() || s.IsInvalidArgument()) {
+    return Internal(std::move(msg));
+  }
+  return Unavailable(std::move(msg), true);
 }
 
 StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions& options) {

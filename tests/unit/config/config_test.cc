@@ -233,6 +233,13 @@ TEST_CASE("a config path that is a folder is refused, not read as an empty confi
   CHECK(config.status().message().find(folder + ": is a folder, not a file") == 0);
 }
 
+TEST_CASE("a config that never ends is refused at 4 MiB, not read until memory runs out") {
+  // /dev/zero reports 0 bytes: only a bounded read stops it.
+  auto config = LoadConfig("/dev/zero");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() == "/dev/zero: larger than 4 MiB, the most that is read");
+}
+
 TEST_CASE("a_missing_relative_config_path_says_which_folder_it_was_looked_for_in") {
   // `idem serve` from outside the checkout looks for config/idem.yaml there.
   auto config = LoadConfig("no-such-folder/idem.yaml");
@@ -331,6 +338,19 @@ TEST_CASE("a fallback naming an undeclared provider is an error") {
   auto config = dir.Load(yaml);
   REQUIRE_FALSE(config.ok());
   CHECK(config.status().field() == "/steps/triage/fallback/0/provider");
+}
+
+TEST_CASE("a fallback model after escalate, which would never be asked, is an error") {
+  ConfigDir dir;
+  std::string yaml = kMinimal;
+  yaml.insert(yaml.find("actions:"), "    fallback: [escalate, {model: big}]\n");
+  auto config = dir.Load(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().field() == "/steps/triage/fallback/1");
+  CHECK(config.status().message().find("escalate last") != std::string::npos);
+  yaml = kMinimal;
+  yaml.insert(yaml.find("actions:"), "    fallback: [{model: big}, escalate]\n");
+  CHECK(dir.Load(yaml).ok());
 }
 
 TEST_CASE("a malformed duration is an error describing the expected form") {
@@ -740,6 +760,15 @@ TEST_CASE("server.rate_limit refuses a rate of zero, a burst below one and a mis
   auto config = dir.Load("server:\n  rate_limit: {requests_per_s: 0}\n");
   REQUIRE_FALSE(config.ok());
   CHECK(config.status().message().find("/server/rate_limit/requests_per_s") != std::string::npos);
+  // Slower than one request in 1,000 s is a typo, not a rate (1e-300 made
+  // the wait overflow and told callers to retry in 1 s).
+  for (const char* tiny : {"0.0009", "1e-300"}) {
+    CAPTURE(tiny);
+    config = dir.Load(std::string("server:\n  rate_limit: {requests_per_s: ") + tiny + "}\n");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message().find("/server/rate_limit/requests_per_s") != std::string::npos);
+  }
+  CHECK(dir.Load("server:\n  rate_limit: {requests_per_s: 0.001}\n").ok());
 
   config = dir.Load("server:\n  rate_limit: {requests_per_s: 5, burst: 0}\n");
   REQUIRE_FALSE(config.ok());

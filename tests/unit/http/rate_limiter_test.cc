@@ -26,6 +26,12 @@ TEST_CASE("the retry hint counts the fraction of a token already refilled") {
   CHECK(limiter.Take("a", 300).retry_after_ms == 700);
 }
 
+TEST_CASE("a rate too slow to wait for gives a day's wait, not an overflowed one") {
+  RateLimiter limiter(/*per_second=*/1e-300, /*burst=*/1);
+  CHECK(limiter.Take("a", 0).allowed);
+  CHECK(limiter.Take("a", 0).retry_after_ms == 86'400'000);
+}
+
 TEST_CASE("an idle caller's bucket refills only up to the burst") {
   RateLimiter limiter(/*per_second=*/10, /*burst=*/2);
   CHECK(limiter.Take("a", 0).allowed);

@@ -359,5 +359,38 @@ TEST_CASE("a_store_another_process_holds_is_refused_with_a_message_that_says_wha
   CHECK(OpenRocksStore(options).ok());  // free again once the holder is gone
 }
 
+TEST_CASE("a_corrupted_table_file_is_an_internal_error_not_a_retryable_outage" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  {
+    auto store = OpenStore(dir.path(), /*sync=*/true);
+    Decision d;
+    d.decision_id = "dec_1";
+    d.decision_key = "key-a";
+    d.step = "triage";
+    d.output = Json{{"summary", std::string(64 << 10, 'x')}};
+    REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+  }  // a clean stop flushes the record into a table file
+  // Flip bytes in the middle of every table file: a checksum no longer
+  // matches, as after a bad sector or a torn copy.
+  int corrupted = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() != ".sst" || e.file_size() < 4096) continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(e.file_size() / 3));
+    f.write("\xde\xad\xbe\xef\xde\xad\xbe\xef", 8);
+    ++corrupted;
+  }
+  REQUIRE(corrupted > 0);
+  StatusOr<std::unique_ptr<Store>> store = OpenRocksStore(StoreOptions{dir.path(), true, 0});
+  REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+  StatusOr<Decision> got = (*store)->decisions().Get("dec_1");
+  REQUIRE_FALSE(got.ok());
+  CAPTURE(got.status().ToString());
+  // Retrying cannot mend it: 500, not 503, and the message says what.
+  CHECK(got.status().code() == Code::kInternal);
+  CHECK(got.status().message().find("Corruption") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace idem
