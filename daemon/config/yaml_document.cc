@@ -95,7 +95,9 @@ std::optional<Json> ParseInt(std::string_view s) {
 }
 
 // YAML 1.2 core schema floats, without .inf / .nan (JSON has neither).
-std::optional<double> ParseFloat(std::string_view s) {
+// `out_of_range`, when given, is set for a float literal past a double
+// (1e400), which is then nullopt as well.
+std::optional<double> ParseFloat(std::string_view s, bool* out_of_range = nullptr) {
   std::string_view body = s;
   bool negative = false;
   if (!body.empty() && (body[0] == '-' || body[0] == '+')) {
@@ -110,6 +112,9 @@ std::optional<double> ParseFloat(std::string_view s) {
   if (text.back() == '.') text.push_back('0');
   double value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (out_of_range != nullptr) {
+    *out_of_range = ec == std::errc::result_out_of_range && ptr == text.data() + text.size();
+  }
   if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
   return negative ? -value : value;
 }
@@ -221,8 +226,9 @@ class Converter {
       out = std::move(*i);
       return Status::Ok();
     }
+    bool out_of_range = false;
     if (tag == kTagFloat) {
-      auto f = ParseFloat(text);
+      auto f = ParseFloat(text, &out_of_range);
       if (!f) return doc_.Error(pointer, "'" + text + "' is not a finite number");
       out = *f;
       return Status::Ok();
@@ -237,10 +243,15 @@ class Converter {
       out = *b;
     } else if (auto i = ParseInt(text)) {
       out = std::move(*i);
-    } else if (auto f = ParseFloat(text)) {
+    } else if (auto f = ParseFloat(text, &out_of_range)) {
       out = *f;
     } else if (IsInfOrNan(text)) {
       return doc_.Error(pointer, "'" + text + "' cannot be represented in JSON; quote it");
+    } else if (out_of_range) {
+      // Read as text it would fail as "not a string" somewhere else.
+      return doc_.Error(pointer, "'" + text +
+                                     "' is a number out of a double's range (about 1.8e308, "
+                                     "or below 4.9e-324); quote it to mean text");
     } else {
       out = text;
     }

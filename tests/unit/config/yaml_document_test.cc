@@ -118,6 +118,18 @@ TEST_CASE("infinities and NaN are refused because JSON cannot hold them") {
   CHECK(doc.status().field() == "/a");
 }
 
+TEST_CASE("a number past a double is refused as such, not read as text") {
+  // Read as the string "1e400", temperature: 1e400 was "must be number, not string".
+  for (const char* text : {"a: 1e400\n", "a: -2.5e999\n"}) {
+    CAPTURE(text);
+    auto doc = ParseYaml(text, "t.yaml");
+    REQUIRE_FALSE(doc.ok());
+    CHECK(doc.status().field() == "/a");
+    CHECK(doc.status().message().find("out of a double's range") != std::string::npos);
+  }
+  CHECK(MustParse("a: \"1e400\"\nb: 1e308\n").value == Json({{"a", "1e400"}, {"b", 1e308}}));
+}
+
 // Found by tests/fuzz/fuzz_config: a config string with a stray byte made
 // the JSON Schema check (valijson's minLength) read past a table.
 TEST_CASE("a value or a key that is not valid UTF-8 is refused with its place") {
