@@ -1,6 +1,5 @@
 // `idem decisions export|import` and `idem cost` (cli.h).
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "daemon/cli/cli.h"
+#include "daemon/core/file_read.h"
 #include "daemon/core/http_client.h"
 
 namespace idem::cli {
@@ -101,37 +101,28 @@ StatusOr<std::string> ReadImportFile(const std::string& path, size_t max_line_by
   const std::string name = path == "-" ? "stdin" : path;
   const int fd = path == "-" ? STDIN_FILENO : open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return InvalidArgument("cannot read " + name + ": " + std::strerror(errno));
-  struct stat st {};
   Status error;
   std::string text;
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    error = InvalidArgument("cannot read " + name + ": it is a folder, not a file");
-  }
+  if (IsFolder(fd)) error = InvalidArgument("cannot read " + name + ": it is a folder, not a file");
   size_t line_bytes = 0;  // of the line being read, so far
   size_t line_no = 1;
-  char buf[64 * 1024];
-  while (error.ok()) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      error = InvalidArgument("cannot read " + name + ": " + std::strerror(errno));
-      break;
-    }
-    for (ssize_t i = 0; i < n; ++i) {
-      if (buf[i] == '\n') {
+  Status read = !error.ok() ? Status::Ok() : ReadChunks(fd, [&](std::string_view chunk) {
+    for (char c : chunk) {
+      if (c == '\n') {
         line_bytes = 0;
         ++line_no;
       } else if (++line_bytes > max_line_bytes) {
         error =
             InvalidArgument(name + ": line " + std::to_string(line_no) + " is longer than " +
                             std::to_string(max_line_bytes) + " bytes, more than an import takes");
-        break;
+        return false;
       }
     }
-    if (error.ok()) text.append(buf, static_cast<size_t>(n));
-  }
+    text.append(chunk);
+    return true;
+  });
   if (path != "-") close(fd);
+  if (!read.ok()) return InvalidArgument("cannot read " + name + ": " + read.message());
   if (!error.ok()) return error;
   return text;
 }

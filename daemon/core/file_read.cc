@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -19,29 +18,37 @@ std::string Bytes(size_t n) {
 
 }  // namespace
 
-StatusOr<std::string> ReadDescriptorAtMost(int fd, size_t max_bytes, const std::string& name) {
-  const std::string what = name.empty() ? "" : name + ": ";
+bool IsFolder(int fd) {
   struct stat st {};
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    return InvalidArgument(what + "is a folder, not a file");
-  }
-  std::string out;
-  // A regular file's size is a good first guess; the limit holds anyway.
-  if (S_ISREG(st.st_mode) && st.st_size > 0) {
-    out.reserve(std::min<size_t>(static_cast<size_t>(st.st_size), max_bytes) + 1);
-  }
+  return fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+Status ReadChunks(int fd, const std::function<bool(std::string_view)>& each) {
   char buf[64 * 1024];
   while (true) {
     const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0) break;
+    if (n == 0) return Status::Ok();
     if (n < 0) {
       if (errno == EINTR) continue;
-      return InvalidArgument(what + "cannot read: " + std::strerror(errno));
+      return InvalidArgument(std::strerror(errno));
     }
-    if (out.size() + static_cast<size_t>(n) > max_bytes) {
-      return InvalidArgument(what + "larger than " + Bytes(max_bytes) + ", the most that is read");
-    }
-    out.append(buf, static_cast<size_t>(n));
+    if (!each(std::string_view(buf, static_cast<size_t>(n)))) return Status::Ok();
+  }
+}
+
+StatusOr<std::string> ReadDescriptorAtMost(int fd, size_t max_bytes, const std::string& name) {
+  const std::string what = name.empty() ? "" : name + ": ";
+  if (IsFolder(fd)) return InvalidArgument(what + "is a folder, not a file");
+  std::string out;
+  bool over = false;
+  Status read = ReadChunks(fd, [&](std::string_view chunk) {
+    over = out.size() + chunk.size() > max_bytes;
+    if (!over) out.append(chunk);
+    return !over;
+  });
+  if (!read.ok()) return InvalidArgument(what + "cannot read: " + read.message());
+  if (over) {
+    return InvalidArgument(what + "larger than " + Bytes(max_bytes) + ", the most that is read");
   }
   return out;
 }

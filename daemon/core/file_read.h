@@ -13,11 +13,21 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "daemon/core/status.h"
 
 namespace idem {
+
+// True when `fd` is a folder (which reads as nothing, or EISDIR).
+bool IsFolder(int fd);
+
+// Reads `fd` to its end, handing each chunk read to `each`, which returns
+// false to stop there (the caller keeps its own reason). OK at the end or
+// once stopped; InvalidArgument with the errno text when a read fails.
+Status ReadChunks(int fd, const std::function<bool(std::string_view)>& each);
 
 // The bytes of the file at `path`, at most `max_bytes` of them.
 StatusOr<std::string> ReadFileAtMost(const std::string& path, size_t max_bytes,
