@@ -254,6 +254,9 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                                         RequestContext&) -> StatusOr<RouteResponse> {
                            gauges->RefreshIfStale();
                            deps.metrics.trace_entries_dropped.Mirror(deps.store.traces().dropped());
+                           if (std::optional<uint64_t> n = deps.store.Corruptions()) {
+                             deps.metrics.store_corruptions.Declare({}).Mirror(*n);
+                           }
                            return RouteResponse{200, deps.metrics.RenderPrometheus(), {}};
                          }});
 

@@ -285,6 +285,7 @@ std::string Metrics::RenderPrometheus() const {
   store_memory.Render(out);
   store_disk.Render(out);
   store_disk_free.Render(out);
+  store_corruptions.Render(out);
   IDEM_METRIC(effector_calls, "Calls to effectors.");
   IDEM_METRIC(plans_proposed, "Plans made that need no approval.");
   IDEM_METRIC(plans_awaiting_approval, "Plans made that wait for a human's approval.");

@@ -358,6 +358,12 @@ struct Metrics {
                                 "Free bytes on the filesystem under the store (rocksdb); writes "
                                 "are refused below store.min_free_mb.",
                                 {}};
+  // Declared once read (never on postgres, which reports damage its own way).
+  Family<Counter> store_corruptions{
+      "idem_store_corruptions_total",
+      "Reads and writes that met damaged data in the store (rocksdb: a checksum mismatch, a "
+      "truncated file; background flushes and compactions included), each answered 500.",
+      {}};
   Family<Gauge> dead_letters{
       "idem_dead_letters", "Dead work items (bounded count, see README).", {}};
   Family<Gauge> plans_by_state{

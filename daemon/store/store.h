@@ -959,6 +959,13 @@ class Store {
   // measured against it); nullopt when it cannot be read, or the disk is
   // the database server's (postgres).
   virtual std::optional<uint64_t> DiskFreeBytes() { return std::nullopt; }
+  // How many reads and writes this process met that the engine reported as
+  // damaged data (RocksDB's Corruption: a checksum mismatch, a truncated
+  // table file; its flushes and compactions included), since the store
+  // opened. Each was answered Internal (500). nullopt when the engine
+  // reports damage its own way (postgres: its log and
+  // pg_stat_database.checksum_failures). Cheap; thread-safe.
+  virtual std::optional<uint64_t> Corruptions() const { return std::nullopt; }
 };
 
 // Opens (creating if needed) the RocksDB store at options.path.

@@ -230,6 +230,9 @@ try {
   const free = fs.bavail * fs.bsize;
   const reported = value(later, 'idem_store_disk_free_bytes');
   assert.ok(Math.abs(reported - free) <= free / 10, `free bytes ${reported} against ${free}`);
+  // A healthy store has met no damaged data (the count is there to alert on).
+  assert.ok(later.samples.has('idem_store_corruptions_total'), 'the corruption count is rendered');
+  assert.equal(value(later, 'idem_store_corruptions_total'), 0);
   console.log('metrics_scrape: all checks passed');
 } catch (e) {
   failed = true;

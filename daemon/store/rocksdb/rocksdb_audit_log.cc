@@ -43,7 +43,7 @@ StatusOr<std::unique_ptr<RocksAuditLog>> RocksAuditLog::Create(RocksDatabase& db
     log->last_hash_ = last.hash;
     log->head_missing_ = true;
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "reading the audit head"));
+  RETURN_IF_ERROR(db.IteratorStatus(*it, "reading the audit head"));
   return log;
 }
 
@@ -76,7 +76,7 @@ StatusOr<std::vector<AuditEvent>> RocksAuditLog::Scan(uint64_t from_seq, size_t 
     ASSIGN_OR_RETURN(AuditEvent e, DecodeEvent(it->value()));
     out.push_back(std::move(e));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning the audit log"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "scanning the audit log"));
   return out;
 }
 
@@ -112,7 +112,7 @@ StatusOr<AuditVerification> RocksAuditLog::Check() {
     }
     check.Add(*e);
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "verifying the audit log"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "verifying the audit log"));
   check.Finish(v.head_seq, v.head_hash);
   v.ok = check.ok();
   v.checked = check.checked();

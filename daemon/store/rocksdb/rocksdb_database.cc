@@ -203,6 +203,7 @@ class RocksDatabase::ErrorListener : public rocksdb::EventListener {
   explicit ErrorListener(RocksDatabase& db) : db_(db) {}
   void OnBackgroundError(rocksdb::BackgroundErrorReason, rocksdb::Status* error) override {
     if (error != nullptr && !error->ok() && !error->IsShutdownInProgress()) {
+      if (error->IsCorruption()) db_.NoteCorruption("background work (flush, compaction)", *error);
       db_.NoteWriteFailure(error->ToString());
     }
   }
@@ -248,7 +249,7 @@ void RecordBatch::AddOutboxEventText(const std::string& type, const std::string&
 
 void RecordBatch::Put(Family f, std::string_view key, std::string_view value) {
   rocksdb::Status s = batch_.Put(db_.handle(f), ToSlice(key), ToSlice(value));
-  if (!s.ok() && status_.ok()) status_ = RocksDatabase::Translate(s, "staging a write");
+  if (!s.ok() && status_.ok()) status_ = db_.Translate(s, "staging a write");
 }
 
 void RecordBatch::PutJson(Family f, std::string_view key, const Json& j) {
@@ -262,7 +263,7 @@ void RecordBatch::PutJson(Family f, std::string_view key, const Json& j) {
 
 void RecordBatch::Delete(Family f, std::string_view key) {
   rocksdb::Status s = batch_.Delete(db_.handle(f), ToSlice(key));
-  if (!s.ok() && status_.ok()) status_ = RocksDatabase::Translate(s, "staging a delete");
+  if (!s.ok() && status_.ok()) status_ = db_.Translate(s, "staging a delete");
 }
 
 Status RocksDatabase::Translate(const rocksdb::Status& s, std::string_view what) {
@@ -271,10 +272,35 @@ Status RocksDatabase::Translate(const rocksdb::Status& s, std::string_view what)
   // A retry can help after an I/O error, a lock held by another process that
   // goes away, or a busy/timed-out write; not after corruption or misuse,
   // which are 500s: a 503 would tell clients and balancers to wait it out.
+  if (s.IsCorruption()) NoteCorruption(what, s);
   if (s.IsCorruption() || s.IsNotSupported() || s.IsInvalidArgument()) {
     return Internal(std::move(msg));
   }
   return Unavailable(std::move(msg), true);
+}
+
+void RocksDatabase::NoteCorruption(std::string_view what, const rocksdb::Status& s) {
+  constexpr int64_t kLogIntervalMs = 60'000;
+  const uint64_t seen = corruptions_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = corruption_logged_ms_.load(std::memory_order_relaxed);
+  // One thread per interval wins the line; a damaged block read by every
+  // request must not turn the log into a copy of the request rate.
+  if (last != INT64_MIN && now - last < kLogIntervalMs) return;
+  if (!corruption_logged_ms_.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  const uint64_t before = corruptions_logged_.exchange(seen, std::memory_order_relaxed);
+  LogEvent(LogLevel::kError, "store.corruption",
+           {{"what", ValidUtf8Text(what)},
+            {"error", ValidUtf8Text(s.ToString())},
+            {"path", ValidUtf8Text(options_.path)},
+            {"corruptions", seen},
+            {"since_last_line", seen - std::min(before, seen)},
+            {"hint",
+             "the store has damaged data (a checksum mismatch, a truncated file): requests "
+             "that read it answer 500. RocksDB's LOG in the store folder names the file; "
+             "restore the folder from a backup"}});
 }
 
 StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions& options) {
@@ -472,7 +498,7 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
                            "store copy): stop it, or give this one another --data folder",
                        true);
   }
-  if (!s.ok()) return Translate(s, "opening " + options.path);
+  if (!s.ok()) return self->Translate(s, "opening " + options.path);
   self->db_.reset(raw);
 
   // Missing families are created in one call: one OPTIONS file rewrite for
@@ -492,7 +518,7 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     handles.insert(handles.end(), created.begin(), created.end());
     if (!s.ok()) {
       self->other_handles_ = std::move(handles);  // closed by the destructor
-      return Translate(s, "creating column families in " + options.path);
+      return self->Translate(s, "creating column families in " + options.path);
     }
   }
   for (rocksdb::ColumnFamilyHandle* h : handles) {
@@ -520,7 +546,7 @@ StatusOr<std::unique_ptr<RocksDatabase>> RocksDatabase::Open(const StoreOptions&
     std::unique_ptr<rocksdb::Iterator> it = self->NewIterator(Family::kOutbox, {});
     it->SeekToLast();
     if (it->Valid()) last = ReadBigEndian8(std::string_view(it->key().data(), it->key().size()));
-    RETURN_IF_ERROR(IteratorStatus(*it, "reading the outbox"));
+    RETURN_IF_ERROR(self->IteratorStatus(*it, "reading the outbox"));
     ASSIGN_OR_RETURN(std::optional<std::string> swept, self->Get(Family::kMeta, kOutboxSweptKey));
     if (swept) last = std::max(last, ReadBigEndian8(*swept));
     MutexLock lock(self->outbox_mu_);

@@ -197,7 +197,7 @@ class RocksDatabase {
                                                              std::function<void()> on_done);
   std::unique_ptr<rocksdb::Iterator> NewIterator(Family f, const rocksdb::ReadOptions& ro);
   // Iterator errors surface only through status(); call after the loop.
-  static Status IteratorStatus(const rocksdb::Iterator& it, std::string_view what);
+  Status IteratorStatus(const rocksdb::Iterator& it, std::string_view what);
 
   // Up to `limit` keys of an expiry index (BE8(expires_at) | record key)
   // whose time is <= now_ms, oldest first. `what` names it in errors.
@@ -231,7 +231,16 @@ class RocksDatabase {
   const StoreOptions& options() const { return options_; }
   rocksdb::ColumnFamilyHandle* handle(Family f) { return handles_[static_cast<int>(f)]; }
 
-  static Status Translate(const rocksdb::Status& s, std::string_view what);
+  // rocksdb::Status -> idem::Status, "store: <what>: <RocksDB's words>".
+  // Corruption, NotSupported and InvalidArgument are Internal (500: no wait
+  // mends them); everything else is Unavailable and retryable. A Corruption
+  // (a checksum mismatch, a truncated table file) is also counted in
+  // corruptions() and logged at error level as store.corruption: the first
+  // one at once, then at most one line a minute carrying the count.
+  Status Translate(const rocksdb::Status& s, std::string_view what);
+  // The Corruption statuses met since the database opened: reads, writes
+  // and RocksDB's background work (flushes, compactions).
+  uint64_t corruptions() const { return corruptions_.load(std::memory_order_relaxed); }
 
   // OK while writes succeed; Unavailable (retryable), naming the last write
   // error, from a failed write until a write succeeds again.
@@ -264,6 +273,7 @@ class RocksDatabase {
   // not the batch's own fault marks writes failing, a success clears it.
   void NoteWrite(const rocksdb::Status& s);
   void NoteWriteFailure(const std::string& error);
+  void NoteCorruption(std::string_view what, const rocksdb::Status& s);
   // The recovery thread: while writes fail, Resume and probe once a second.
   void RecoveryLoop();
   void TryRecover();
@@ -287,6 +297,10 @@ class RocksDatabase {
   std::condition_variable health_cv_;
   std::thread recovery_;
   std::atomic<bool> recovering_{false};  // the recovery thread is inside TryRecover
+  std::atomic<uint64_t> corruptions_{0};
+  std::atomic<int64_t> corruption_logged_ms_{
+      INT64_MIN};                                // steady clock; the last store.corruption line
+  std::atomic<uint64_t> corruptions_logged_{0};  // corruptions_ when that line was written
 
   Mutex space_mu_;
   int64_t space_checked_ms_ GUARDED_BY(space_mu_) = 0;

@@ -274,7 +274,7 @@ StatusOr<DecisionPage> RocksDecisionStore::List(const std::string& step, const s
     last_position.assign(position);
     page.items.push_back(std::move(d));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing decisions"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "listing decisions"));
   return page;
 }
 

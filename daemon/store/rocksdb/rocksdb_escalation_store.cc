@@ -69,7 +69,7 @@ StatusOr<std::vector<Escalation>> RocksEscalationStore::List(const std::string& 
       ASSIGN_OR_RETURN(std::optional<Escalation> e, Load(it->value().ToString(), snapshot.get()));
       if (e && e->state == "open") out.push_back(std::move(*e));
     }
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing open escalations"));
+    RETURN_IF_ERROR(db_.IteratorStatus(*it, "listing open escalations"));
     // The time index's order: newest first, then by id.
     std::sort(out.begin(), out.end(), [](const Escalation& a, const Escalation& b) {
       if (a.created_at_ms != b.created_at_ms) return a.created_at_ms > b.created_at_ms;
@@ -92,7 +92,7 @@ StatusOr<std::vector<Escalation>> RocksEscalationStore::List(const std::string& 
       ++skipped;
     }
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing escalations"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "listing escalations"));
   return out;
 }
 

@@ -75,7 +75,7 @@ Status ForEach(RocksDatabase& db, const rocksdb::Snapshot* snap, Family f, std::
                         ", key \"" + PrintableKey(View(it->key())) + "\")");
     }
   }
-  return RocksDatabase::IteratorStatus(*it, what);
+  return db.IteratorStatus(*it, what);
 }
 
 // A family of JSON records, each decoded with `decode`.

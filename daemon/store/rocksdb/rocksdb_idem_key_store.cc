@@ -207,7 +207,7 @@ StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {
   if (indexed) {
     std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemInProgress, {});
     for (it->SeekToFirst(); it->Valid(); it->Next()) orphans.push_back(it->key().ToString());
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning idempotency keys in progress"));
+    RETURN_IF_ERROR(db_.IteratorStatus(*it, "scanning idempotency keys in progress"));
   } else {
     std::unique_ptr<rocksdb::Iterator> it = db_.NewIterator(Family::kIdemKeys, {});
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -216,7 +216,7 @@ StatusOr<size_t> RocksIdemKeyStore::ReleaseOwnInProgress() {
       ASSIGN_OR_RETURN(IdemRecord r, store_internal::IdemRecordFromJson(j));
       if (r.state == IdemRecord::State::kInProgress) orphans.push_back(it->key().ToString());
     }
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning idempotency keys"));
+    RETURN_IF_ERROR(db_.IteratorStatus(*it, "scanning idempotency keys"));
   }
   size_t released = 0;
   for (const std::string& record_key : orphans) {

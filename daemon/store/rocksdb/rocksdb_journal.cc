@@ -151,7 +151,8 @@ namespace {
 class RocksPendingOps final : public Journal::PendingOps {
  public:
   explicit RocksPendingOps(RocksDatabase& db, RocksJournal& journal, size_t n)
-      : journal(journal),
+      : db(db),
+        journal(journal),
         batch(db),
         results(n, StatusOr<JournalOpResult>(Internal("op not decided"))) {}
   ~RocksPendingOps() override { Settle(); }
@@ -166,7 +167,7 @@ class RocksPendingOps final : public Journal::PendingOps {
     settled = true;
     Status written = staged;
     if (written.ok() && ticket != nullptr) {
-      written = RocksDatabase::Translate(ticket->Wait(), "writing");
+      written = db.Translate(ticket->Wait(), "writing");
     }
     // Still under the stripes: what each written work_id now holds.
     for (auto& [work_id, item] : staged_items) {
@@ -183,6 +184,7 @@ class RocksPendingOps final : public Journal::PendingOps {
     }
   }
 
+  RocksDatabase& db;
   RocksJournal& journal;
   RecordBatch batch;
   std::vector<StatusOr<JournalOpResult>> results;
@@ -448,7 +450,7 @@ StatusOr<std::vector<WorkItem>> RocksJournal::Due(int64_t now_ms, size_t n,
                (w->state == WorkState::kRunning && w->locked_until_ms <= now_ms);
     if (due) out.push_back(Scrubbed(std::move(*w)));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning due work"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "scanning due work"));
   return out;
 }
 
@@ -474,7 +476,7 @@ StatusOr<std::vector<WorkItem>> RocksJournal::ScanIndex(Family f, const std::str
     ASSIGN_OR_RETURN(std::optional<WorkItem> w, Load(work_id, snapshot.get()));
     if (w) out.push_back(Scrubbed(std::move(*w)));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning the journal"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "scanning the journal"));
   return out;
 }
 

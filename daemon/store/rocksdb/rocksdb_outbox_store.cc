@@ -33,7 +33,7 @@ StatusOr<std::vector<OutboxEvent>> RocksOutboxStore::After(uint64_t after, size_
     ASSIGN_OR_RETURN(OutboxEvent e, OutboxEvent::FromJson(j));
     out.push_back(std::move(e));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "reading the outbox"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "reading the outbox"));
   return out;
 }
 
@@ -94,7 +94,7 @@ StatusOr<std::vector<OutboxDeadLetter>> RocksOutboxStore::DeadLetters(const std:
     ASSIGN_OR_RETURN(OutboxDeadLetter d, OutboxDeadLetter::FromJson(j));
     if (d.event.seq > after_seq) out.push_back(std::move(d));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing outbox dead letters"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "listing outbox dead letters"));
   if (subscriber.empty()) {
     std::stable_sort(out.begin(), out.end(),
                      [](const auto& a, const auto& b) { return a.event.seq < b.event.seq; });
@@ -170,7 +170,7 @@ StatusOr<size_t> RocksOutboxStore::Sweep(uint64_t through_seq, int64_t cutoff_ms
     batch.Delete(Family::kOutbox, std::string(it->key().data(), it->key().size()));
     ++swept;
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "sweeping the outbox"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "sweeping the outbox"));
   if (swept == 0) return swept;
   {
     // Seqs are never reused: the next open continues after the highest one deleted.

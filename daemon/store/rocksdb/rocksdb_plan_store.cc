@@ -141,7 +141,7 @@ StatusOr<std::vector<Plan>> RocksPlanStore::ByState(const std::string& state, si
                      Load(std::string(key.substr(prefix.size() + 8)), snapshot.get()));
     if (p) out.push_back(std::move(*p));
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing plans"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "listing plans"));
   return out;
 }
 
@@ -187,7 +187,7 @@ StatusOr<PlanPage> RocksPlanStore::List(const std::string& state, size_t limit,
     if (p) page.items.push_back(std::move(*p));
     last = std::string(key);
   }
-  RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "listing plans"));
+  RETURN_IF_ERROR(db_.IteratorStatus(*it, "listing plans"));
   return page;
 }
 

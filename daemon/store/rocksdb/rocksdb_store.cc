@@ -45,6 +45,7 @@ class RocksStore final : public Store {
   OutboxStore& outbox() override { return outbox_; }
   TraceIndex& traces() override { return traces_; }
   Status WriteHealth() const override { return db_->WriteHealth(); }
+  std::optional<uint64_t> Corruptions() const override { return db_->corruptions(); }
   std::vector<SizePart> MemoryUsage() override {
     std::vector<SizePart> parts;
     for (const auto& [name, bytes] : db_->MemoryUsage()) parts.push_back({name, bytes});

@@ -177,7 +177,7 @@ StatusOr<size_t> RocksTraceIndex::PruneLog() {
                          static_cast<int64_t>(f->file_creation_time) + retention_s < now_s;
     if (!over_budget && !expired) break;
     rocksdb::Status s = db_.raw().DeleteFile(f->relative_filename);
-    if (!s.ok()) return RocksDatabase::Translate(s, "dropping the oldest trace log file");
+    if (!s.ok()) return db_.Translate(s, "dropping the oldest trace log file");
     total -= f->size;
     ++dropped;
   }
@@ -210,7 +210,7 @@ StatusOr<std::vector<TraceEntry>> RocksTraceIndex::List(const std::string& trace
       if (e.at_ms <= hidden_through) continue;
       out.push_back(std::move(e));
     }
-    RETURN_IF_ERROR(RocksDatabase::IteratorStatus(*it, "scanning traces"));
+    RETURN_IF_ERROR(db_.IteratorStatus(*it, "scanning traces"));
   }
   return out;
 }

@@ -15,6 +15,7 @@
 
 #include "tests/fakes/fake_telegram.h"
 #include "tests/unit/apply/apply_test_util.h"
+#include "tests/unit/stderr_capture.h"
 
 namespace idem::testing {
 namespace {
@@ -23,41 +24,6 @@ constexpr char kToken[] = "123456789:AAF-secret-bot-token_xyz";
 constexpr char kTokenEnv[] = "IDEM_TEST_TG_TOKEN";
 constexpr char kHookEnv[] = "IDEM_TEST_HOOK_TOKEN";
 constexpr char kHookSecret[] = "hook-secret-value-42";
-
-// Captures what the process writes to stderr (the structured logs).
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    saved_ = dup(2);
-    char tmpl[] = "/tmp/idem-notify-stderr-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    path_ = tmpl;
-    dup2(fd_, 2);
-  }
-  ~StderrCapture() { Finish(); }
-  std::string Finish() {
-    if (saved_ >= 0) {
-      std::fflush(stderr);
-      dup2(saved_, 2);
-      close(saved_);
-      close(fd_);
-      saved_ = -1;
-      std::ifstream in(path_);
-      std::stringstream text;
-      text << in.rdbuf();
-      text_ = text.str();
-      unlink(path_.c_str());
-    }
-    return text_;
-  }
-
- private:
-  int saved_ = -1;
-  int fd_ = -1;
-  std::string path_;
-  std::string text_;
-};
 
 // An apply harness whose engine also runs the notification kinds.
 class NotifyHarness {

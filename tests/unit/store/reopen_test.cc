@@ -11,10 +11,12 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "daemon/store/store.h"
+#include "tests/unit/stderr_capture.h"
 #include "tests/unit/store/store_test_util.h"
 
 namespace idem {
@@ -359,17 +361,22 @@ TEST_CASE("a_store_another_process_holds_is_refused_with_a_message_that_says_wha
   CHECK(OpenRocksStore(options).ok());  // free again once the holder is gone
 }
 
+// Stores decision "dec_1" whose output is a summary of `summary_bytes`.
+void PutDecision(Store& store, size_t summary_bytes) {
+  Decision d;
+  d.decision_id = "dec_1";
+  d.decision_key = "key-a";
+  d.step = "triage";
+  d.output = Json{{"summary", std::string(summary_bytes, 'x')}};
+  REQUIRE(store.decisions().PutIfAbsent(d, kT0).ok());
+}
+
 TEST_CASE("a_corrupted_table_file_is_an_internal_error_not_a_retryable_outage" *
           doctest::test_suite("rocksdb")) {
   TempDir dir;
   {
     auto store = OpenStore(dir.path(), /*sync=*/true);
-    Decision d;
-    d.decision_id = "dec_1";
-    d.decision_key = "key-a";
-    d.step = "triage";
-    d.output = Json{{"summary", std::string(64 << 10, 'x')}};
-    REQUIRE(store->decisions().PutIfAbsent(d, kT0).ok());
+    PutDecision(*store, 64 << 10);
   }  // a clean stop flushes the record into a table file
   // Flip bytes in the middle of every table file: a checksum no longer
   // matches, as after a bad sector or a torn copy.
@@ -384,12 +391,38 @@ TEST_CASE("a_corrupted_table_file_is_an_internal_error_not_a_retryable_outage" *
   REQUIRE(corrupted > 0);
   StatusOr<std::unique_ptr<Store>> store = OpenRocksStore(StoreOptions{dir.path(), true, 0});
   REQUIRE_MESSAGE(store.ok(), store.status().ToString());
+  CHECK((*store)->Corruptions() == std::optional<uint64_t>(0));
+  testing::StderrCapture logs;
   StatusOr<Decision> got = (*store)->decisions().Get("dec_1");
   REQUIRE_FALSE(got.ok());
   CAPTURE(got.status().ToString());
   // Retrying cannot mend it: 500, not 503, and the message says what.
   CHECK(got.status().code() == Code::kInternal);
   CHECK(got.status().message().find("Corruption") != std::string::npos);
+  // The operator hears of it before a client does: a count for alerts, and
+  // one error line, not one per read of the damaged block.
+  CHECK_FALSE((*store)->decisions().Get("dec_1").ok());
+  CHECK((*store)->Corruptions() == std::optional<uint64_t>(2));
+  const std::string text = logs.Finish();
+  CAPTURE(text);
+  size_t lines = 0;
+  for (size_t at = text.find("\"store.corruption\""); at != std::string::npos;
+       at = text.find("\"store.corruption\"", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines == 1);
+  CHECK(text.find("\"level\":\"error\"") != std::string::npos);
+  CHECK(text.find("reading decisions") != std::string::npos);
+}
+
+TEST_CASE("a_store_without_damage_counts_no_corruption_after_reads_writes_and_errors" *
+          doctest::test_suite("rocksdb")) {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*sync=*/true);
+  PutDecision(*store, 16);
+  CHECK(store->decisions().Get("dec_1").ok());
+  CHECK(store->decisions().Get("dec_missing").status().code() == Code::kNotFound);
+  CHECK(store->Corruptions() == std::optional<uint64_t>(0));
 }
 
 }  // namespace
