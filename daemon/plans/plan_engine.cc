@@ -612,12 +612,15 @@ struct PlanEngine::Impl {
   // decision `by` superseded: rejected, by `actor`, without the holds a
   // human's rejection leaves (the new decision's plan may run the same
   // work). `p` becomes the plan as stored afterwards; the error for a
-  // caller who wanted it to run.
-  Status RetireSuperseded(Plan& p, const std::string& by, const std::string& actor) {
+  // caller who wanted it to run. `moved`, if given, says whether this call
+  // made the change (false: another call moved the plan first).
+  Status RetireSuperseded(Plan& p, const std::string& by, const std::string& actor,
+                          bool* moved = nullptr) {
     const std::string reason = "superseded: decision " + by + " now answers the input of " +
                                p.decision_id + " (a promote, or a new decide of that input); " +
                                "its plan is " + PlanEngine::DecisionPlanId(by);
     auto retired = MarkRejected(p, actor, reason, {{"reason", reason}, {"superseded_by", by}});
+    if (moved != nullptr) *moved = retired.ok();
     if (retired.ok()) {
       p = std::move(retired).value();
     } else if (retired.status().code() == Code::kFailedPrecondition) {
@@ -1238,10 +1241,15 @@ StatusOr<std::string> PlanEngine::RetireSupersededPlan(const std::string& decisi
     if (plan.status().code() == Code::kNotFound) return std::string();
     return plan.status();
   }
-  Status current = m.CheckCurrent(*plan, actor);
-  if (current.ok()) return std::string();
-  if (current.code() != Code::kFailedPrecondition) return current;
-  return plan->state == "rejected" ? plan->plan_id : std::string();
+  if (!IsState(*plan, {"proposed", "awaiting_approval"})) return std::string();
+  ASSIGN_OR_RETURN(std::string by, m.SupersededBy(*plan));
+  if (by.empty()) return std::string();
+  // Only the call that retired it says so: of two promotes at once, the
+  // one that found it already moved retired nothing.
+  bool moved = false;
+  Status retired = m.RetireSuperseded(*plan, by, actor, &moved);
+  if (!retired.ok() && retired.code() != Code::kFailedPrecondition) return retired;
+  return moved ? plan->plan_id : std::string();
 }
 
 bool PlanEngine::Watch(const std::string& plan_id, uint64_t seen, int64_t seen_updated_at_ms,

@@ -163,7 +163,8 @@ class PlanEngine {
   // with FailedPrecondition and move it to rejected (by "idem", reason
   // "superseded: ..."), leaving no holds on its work. This does the same
   // at once for `decision_id`'s plan (the promote, by `actor`): the
-  // retired plan's id, or "" when there was nothing to retire.
+  // retired plan's id, or "" when there was nothing to retire (of calls at
+  // once for one plan, only the one that retired it returns its id).
   StatusOr<std::string> RetireSupersededPlan(const std::string& decision_id,
                                              const std::string& actor);
 

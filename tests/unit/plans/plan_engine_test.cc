@@ -578,6 +578,46 @@ TEST_CASE(
   CHECK(h.Plans().RetireSupersededPlan(d.decision_id, "op-1")->empty());
 }
 
+TEST_CASE("of promotes at once retiring one plan, exactly one says it retired it") {
+  PlanHarness h;
+  h.Kind("refund", Always(3'600'000, "expire"));
+  h.TriageStep();
+  for (int round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    Decision d = PlanHarness::OneAction('c', "refund", {{"id", "r-" + std::to_string(round)}});
+    d.decision_id = "dec_" + std::to_string(1000 + round) + std::string(28, 'c');
+    d.decision_key = std::to_string(1000 + round) + std::string(60, 'e');
+    REQUIRE(h.store_->decisions().PutIfAbsent(d, h.clock_.NowMillis()).ok());
+    auto plan = h.Plans().ProposeFromDecision(d, "agent-1");
+    REQUIRE(plan.ok());
+    Decision promoted = d;
+    promoted.decision_id = "dec_" + std::to_string(1000 + round) + std::string(28, 'd');
+    REQUIRE(h.store_->decisions().Replace(promoted).ok());
+    constexpr int kCallers = 4;
+    std::atomic<int> ready{0};
+    std::vector<StatusOr<std::string>> got(kCallers, std::string());
+    std::vector<std::thread> callers;
+    for (int i = 0; i < kCallers; ++i) {
+      callers.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (ready.load() < kCallers) std::this_thread::yield();
+        got[i] = h.Plans().RetireSupersededPlan(d.decision_id, "op-" + std::to_string(i));
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    int said_retired = 0;
+    for (const auto& g : got) {
+      REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+      if (!g->empty()) {
+        CHECK(*g == plan->plan_id);
+        ++said_retired;
+      }
+    }
+    CHECK(said_retired == 1);
+    CHECK(h.store_->plans().Get(plan->plan_id)->state == "rejected");
+  }
+}
+
 TEST_CASE(
     "an approval covers one execution: once the approved work's window is over, the same identity "
     "waits for a new approval of its own args") {
