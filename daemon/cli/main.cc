@@ -132,7 +132,7 @@ int Serve(const DaemonOptions& options, const std::string& port_file) {
 
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) return Fail(daemon.status());
-  const std::string url = "http://" + (*daemon)->host() + ":" + std::to_string((*daemon)->port());
+  const std::string url = HttpUrl((*daemon)->host(), (*daemon)->port());
   if (!port_file.empty()) {
     // A supervisor waits for this file: one that cannot be written fails
     // the start, rather than leaving it waiting for ever.

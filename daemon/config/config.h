@@ -123,6 +123,10 @@ struct AuthConfig {
 // config error, so a typo cannot silently lock a caller out.
 inline constexpr std::string_view kAuthRoles[] = {"agent", "operator", "admin"};
 
+// The shortest idempotency.lease: renewed every third of it by a store
+// write, a lease only a few writes long would lapse under a running request.
+inline constexpr int64_t kMinIdempotencyLeaseMs = 100;
+
 struct IdempotencyConfig {
   int64_t window_ms = 24LL * 3600 * 1000;           // default Idempotency-Key window
   int64_t lease_ms = 60'000;                        // an in_progress key is taken over after this
@@ -318,6 +322,9 @@ Status LocateConfigError(const Config& config, Status status);
 // "host:port" (an IPv6 host in brackets) -> host and port. InvalidArgument
 // (field /server/listen) when malformed or the port is above 65535.
 StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen);
+// The daemon's URL for a bound host and port: "http://127.0.0.1:7411", an
+// IPv6 literal in brackets (RFC 3986 3.2.2): "http://[::1]:7411".
+std::string HttpUrl(const std::string& host, int port);
 
 // Parses "250ms", "30s", "5m", "24h", "7d" or "forever" (0) into milliseconds.
 // InvalidArgument beyond 36500d, so now + duration never overflows.

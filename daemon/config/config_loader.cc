@@ -350,6 +350,14 @@ class Resolver {
     }
     if (node.contains("lease")) {
       ASSIGN_OR_RETURN(c.lease_ms, Duration("/idempotency/lease", node["lease"], false));
+      // The lease is renewed every third of it by a store write: a lease a
+      // few writes long lapses while its request still runs, and a second
+      // request with the key would run beside the first.
+      if (c.lease_ms < kMinIdempotencyLeaseMs) {
+        return doc_.Error("/idempotency/lease",
+                          "must be at least 100ms: the key's lease is renewed every third of it "
+                          "by a store write, and a shorter one lapses while its request runs");
+      }
     }
     if (node.contains("routes")) {
       for (const auto& [route, window] : node["routes"].items()) {

@@ -81,6 +81,11 @@ StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
   return std::make_pair(host, port);
 }
 
+std::string HttpUrl(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return "http://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 StatusOr<int64_t> ParseDuration(const std::string& text) {
   if (text == "forever") return int64_t{0};
   size_t digits = 0;

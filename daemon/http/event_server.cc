@@ -112,13 +112,17 @@ class EventServer::WorkerPool {
   }
   ~WorkerPool() { Stop(); }
 
-  // False (the task is not taken) when every worker is busy and max_queue
-  // tasks already wait, or when the pool is stopping.
+  // False (the task is not taken) when every worker is busy, no more may
+  // start, and max_queue tasks already wait; or when the pool is stopping.
   bool Submit(Task& task) {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_ || rejecting_) return false;
     if (idle_.empty()) {
-      if (tasks_.size() >= max_queue_) return false;
+      // The queue is for tasks that wait for a busy worker; a task that a
+      // worker yet to start (or starting) will take does not count in it.
+      const int running_threads = static_cast<int>(threads_.size()) - starting_;
+      const size_t unstarted = static_cast<size_t>(std::max(0, max_threads_ - running_threads));
+      if (tasks_.size() >= max_queue_ + unstarted) return false;
       tasks_.push_back(std::move(task));
       // Each queued task has a thread on its way, up to the limit.
       if (static_cast<size_t>(starting_) < tasks_.size() &&
@@ -349,7 +353,7 @@ class EventServer::Loop {
               bool keep_alive = false, const http1::Request* request = nullptr) {
     http1::Response res;
     res.status = 503;
-    server_.callbacks_.error_handler(503, why, res, request);
+    server_.callbacks_.error_handler(503, why, {}, res, request);
     res.SetHeader("Retry-After", "1");
     Complete(id, std::move(res), keep_alive, minor_version);
   }
@@ -541,10 +545,10 @@ class EventServer::Loop {
     server_.Refused(Refusal::kConnectionShed);
     http1::Response res;
     res.status = 503;
-    server_.callbacks_.error_handler(503, "too many open connections", res, nullptr);
+    server_.callbacks_.error_handler(503, "too many open connections", {}, res, nullptr);
     res.SetHeader("Retry-After", "1");
     std::string out;
-    http1::SerializeResponse(res, /*keep_alive=*/false, 1, out);
+    http1::SerializeResponse(res, /*keep_alive=*/false, 1, out, /*head_request=*/false, Date());
     ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n;  // best effort: the socket buffer of a new connection has room
     ::close(fd);
@@ -688,7 +692,7 @@ class EventServer::Loop {
         return;
       }
       if (r.status == http1::ParseStatus::kError) {
-        RefuseAndClose(c, r.error_status, r.error);
+        RefuseAndClose(c, r.error_status, r.error, r.error_field);
         return;
       }
       c->in.erase(0, r.consumed);
@@ -754,7 +758,7 @@ class EventServer::Loop {
                const http1::Request* request) {
     http1::Response res;
     res.status = status;
-    server_.callbacks_.error_handler(status, why, res, request);
+    server_.callbacks_.error_handler(status, why, {}, res, request);
     res.SetHeader("Retry-After", "1");
     const bool keep = !server_.draining_.load(std::memory_order_acquire);
     return AnswerHere(c, res, keep, minor);
@@ -853,7 +857,7 @@ class EventServer::Loop {
             "the server stopped before this request's handler finished (server.drain_timeout); "
             "whether it took effect is unknown: retry with the same Idempotency-Key after the "
             "restart",
-            res,
+            {}, res,
             c->busy_request != nullptr && !c->busy_request->method.empty() ? c->busy_request.get()
                                                                            : nullptr);
         res.SetHeader("Retry-After", "1");
@@ -972,10 +976,10 @@ class EventServer::Loop {
   }
 
   // A refused request: its answer, then the connection closes.
-  void RefuseAndClose(Conn* c, int status, const std::string& why) {
+  void RefuseAndClose(Conn* c, int status, const std::string& why, std::string_view field = {}) {
     http1::Response res;
     res.status = status;
-    server_.callbacks_.error_handler(status, why, res, nullptr);
+    server_.callbacks_.error_handler(status, why, field, res, nullptr);
     c->in.clear();
     c->state = State::kClosing;
     Queue(c, res, /*keep_alive=*/false, 1);
@@ -987,11 +991,14 @@ class EventServer::Loop {
     for (auto& [id, c] : conns_) {
       const int64_t limit =
           c->state == State::kDraining ? kDrainSeconds : server_.options_.idle_timeout_s;
-      if (c->state != State::kBusy && now - c->last_active > limit) {
+      // A request begun and not whole in time gets its 408, whether it
+      // trickles in (slowloris) or stalled: checked before the idle
+      // timeout, which would close it without a word.
+      if (c->state == State::kReading && !c->in.empty() && c->request_started != 0 &&
+          now - c->request_started > server_.options_.request_timeout_s) {
+        slow.push_back(id);
+      } else if (c->state != State::kBusy && now - c->last_active > limit) {
         idle.push_back(c.get());
-      } else if (c->state == State::kReading && !c->in.empty() && c->request_started != 0 &&
-                 now - c->request_started > server_.options_.request_timeout_s) {
-        slow.push_back(id);  // a request trickling in (slowloris): 408
       }
     }
     for (Conn* c : idle) Close(c);
@@ -1246,6 +1253,16 @@ bool EventServer::Drain(int64_t timeout_ms) {
   if (!running_.load(std::memory_order_acquire) || workers_ == nullptr) return true;
   draining_.store(true, std::memory_order_release);
   for (auto& loop : loops_) loop->Wake();  // stop watching the listening socket
+  // Stop listening, not only accepting: a connection the kernel took into
+  // the backlog would wait unanswered until the process ends. Shut down, a
+  // listening socket refuses new connections (ECONNREFUSED) and resets the
+  // ones in its backlog, so a client retries elsewhere or later at once.
+  // The Unix socket's file goes too (ENOENT), if it is still this server's.
+  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (unix_socket_.fd >= 0) {
+    ::shutdown(unix_socket_.fd, SHUT_RDWR);
+    UnlinkOwnSocket();
+  }
   for (WorkerPool::Task& t : workers_->RejectQueued()) {
     t.loop->Reject(t.conn_id, t.request.minor_version, "the server is shutting down",
                    /*keep_alive=*/false, &t.request);
@@ -1287,14 +1304,18 @@ void EventServer::Stop() {
   listen_fd_ = -1;
   if (unix_socket_.fd >= 0) {
     ::close(unix_socket_.fd);
-    // Only the socket this server bound: a later daemon may have replaced it.
-    struct stat st {};
-    if (lstat(unix_socket_.path.c_str(), &st) == 0 && st.st_dev == unix_socket_.dev &&
-        st.st_ino == unix_socket_.ino) {
-      unlink(unix_socket_.path.c_str());
-    }
+    UnlinkOwnSocket();
   }
   unix_socket_ = UnixSocket{};
+}
+
+void EventServer::UnlinkOwnSocket() {
+  // Only the socket this server bound: a later daemon may have replaced it.
+  struct stat st {};
+  if (lstat(unix_socket_.path.c_str(), &st) == 0 && st.st_dev == unix_socket_.dev &&
+      st.st_ino == unix_socket_.ino) {
+    unlink(unix_socket_.path.c_str());
+  }
 }
 
 }  // namespace idem

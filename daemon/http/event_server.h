@@ -50,8 +50,10 @@
 //     back to the pool, the connection stays busy (it reads no further
 //     request, and is not timed out as idle), and the answer is built on a
 //     worker when the handler's Resume is called;
-//   - Drain(timeout) stops accepting, answers queued and parked requests and
-//     new ones on open connections 503 (Retry-After, then close), and waits up to
+//   - Drain(timeout) stops listening (a new connection is refused at once,
+//     TCP and Unix socket, whose file it removes), answers queued and parked
+//     requests and new ones on open connections 503 (Retry-After, then
+//     close), and waits up to
 //     `timeout` for the handlers already running, whose answers still go
 //     out; Stop() then closes every connection, and returns after handlers
 //     still running have finished (their answers are dropped).
@@ -169,10 +171,12 @@ class EventServer {
   // The same, able to park the request (used instead of Handler when set).
   using DeferringHandler = std::function<void(const http1::Request&, http1::Response&, Deferral&)>;
   // Builds the answer to a framing error or a refusal (status from
-  // http1.h); `request` is the request refused when it was read whole (a
-  // full queue, a drain), else null.
-  using ErrorHandler = std::function<void(int status, const std::string& message, http1::Response&,
-                                          const http1::Request* request)>;
+  // http1.h); `field` names the header at fault ("header:Host"), if one is;
+  // `request` is the request refused when it was read whole (a full queue,
+  // a drain), else null.
+  using ErrorHandler =
+      std::function<void(int status, const std::string& message, std::string_view field,
+                         http1::Response&, const http1::Request* request)>;
 
   // What the server refused, for metrics (called on a loop thread).
   enum class Refusal { kConnectionShed, kQueueFull, kAcceptPaused };
@@ -221,6 +225,8 @@ class EventServer {
   struct Parking;
   class WorkerDeferral;
 
+  // Removes the Unix socket's file if it is still the one this server bound.
+  void UnlinkOwnSocket();
   // Deferral::Resume's work: the parked request `token` answered by
   // `answer` on a worker (or refused when no worker can take it).
   static void ResumeParked(const std::shared_ptr<Parking>& parking, uint64_t token,

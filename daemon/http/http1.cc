@@ -25,11 +25,12 @@ bool ListHas(std::string_view value, std::string_view token) {
   return false;
 }
 
-ParseResult Error(int status, std::string message) {
+ParseResult Error(int status, std::string message, std::string field = {}) {
   ParseResult r;
   r.status = ParseStatus::kError;
   r.error_status = status;
   r.error = std::move(message);
+  r.error_field = std::move(field);
   return r;
 }
 
@@ -382,9 +383,9 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
   // more than one (which one names the target would be up to each hop), is
   // a 400. An HTTP/1.0 request may leave Host out.
   const size_t hosts = req.HeaderCount("Host");
-  if (hosts > 1) return Error(400, "more than one Host header field");
+  if (hosts > 1) return Error(400, "more than one Host header field", "header:Host");
   if (hosts == 0 && req.minor_version == 1) {
-    return Error(400, "an HTTP/1.1 request needs a Host header field");
+    return Error(400, "an HTTP/1.1 request needs a Host header field", "header:Host");
   }
 
   // Connection persistence (RFC 9112 9.3).
@@ -400,7 +401,8 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
   size_t te_count = req.HeaderCount("Transfer-Encoding");
   size_t cl_count = req.HeaderCount("Content-Length");
   if (te_count > 0 && cl_count > 0) {
-    return Error(400, "both Transfer-Encoding and Content-Length are present");
+    return Error(400, "both Transfer-Encoding and Content-Length are present",
+                 "header:Transfer-Encoding");
   }
   // RFC 9110 10.1.1: an HTTP/1.0 request's 100-continue expectation is ignored.
   const bool expects_continue =
@@ -427,15 +429,17 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     // RFC 9112 6.3: chunked not last means the body has no known end: 400
     // and close. Chunked applied twice (RFC 9112 7) is as malformed.
     if (codings.empty() || !NameEquals(codings.back(), "chunked")) {
-      return Error(400, "chunked is not the final transfer coding");
+      return Error(400, "chunked is not the final transfer coding", "header:Transfer-Encoding");
     }
     if (codings.size() > 1) {
       for (size_t i = 0; i + 1 < codings.size(); ++i) {
         if (NameEquals(codings[i], "chunked")) {
-          return Error(400, "the chunked transfer coding is applied more than once");
+          return Error(400, "the chunked transfer coding is applied more than once",
+                       "header:Transfer-Encoding");
         }
       }
-      return Error(501, "only the chunked transfer coding is supported");
+      return Error(501, "only the chunked transfer coding is supported",
+                   "header:Transfer-Encoding");
     }
     size_t used = 0;
     size_t need = 0;
@@ -465,9 +469,11 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
       uint64_t n = 0;
       auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
       if (v.empty() || ec != std::errc() || ptr != v.data() + v.size()) {
-        return Error(400, "malformed Content-Length");
+        return Error(400, "malformed Content-Length", "header:Content-Length");
       }
-      if (i > 0 && n != length) return Error(400, "conflicting Content-Length fields");
+      if (i > 0 && n != length) {
+        return Error(400, "conflicting Content-Length fields", "header:Content-Length");
+      }
       length = n;
     }
     if (length > limits.max_body_bytes) {

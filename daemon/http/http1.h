@@ -105,7 +105,8 @@ struct ParseResult {
   // byte at a time costs linear, not quadratic, work).
   size_t head_scanned = 0;
   int error_status = 0;
-  std::string error;  // what was wrong, for the problem body
+  std::string error;        // what was wrong, for the problem body
+  std::string error_field;  // where, when one header is at fault: "header:Host"
 };
 
 // Parses one request from the start of `in`. Call again with more input

@@ -350,7 +350,7 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
                                              std::max(1, sc.rate_limit.burst));
   }
   EventServerOptions options;
-  options.workers = std::max(2, sc.threads);
+  options.workers = sc.threads;
   // Two loops keep both cores busy while one of them waits for a batch's fsync.
   options.loops = 2;
   options.limits.max_body_bytes = sc.max_body_bytes;
@@ -387,8 +387,8 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
         break;
     }
   };
-  callbacks.error_handler = [this](int status, const std::string& message, http1::Response& res,
-                                   const http1::Request* req) {
+  callbacks.error_handler = [this](int status, const std::string& message, std::string_view field,
+                                   http1::Response& res, const http1::Request* req) {
     // A request refused whole (a full queue, a drain) counts under its
     // route and keeps the id it came with; one that did not parse has
     // neither. Either way it gets its access line, so the request_id in
@@ -407,7 +407,7 @@ HttpServer::HttpServer(ServerDeps deps, std::vector<Route> routes,
         params.clear();
       }
     }
-    Fail(res, StatusForRefusal(status, message), rid, status);
+    Fail(res, StatusForRefusal(status, message).WithField(std::string(field)), rid, status);
     MetricsFor(route).Count(status);
     if (AccessLogEnabled()) {
       LogAccess({{"method", req != nullptr ? req->method : ""},

@@ -58,6 +58,43 @@ bool Healthy(const DaemonProcess& d) {
   return r && r->status == 200;
 }
 
+// Everything the daemon answers to `bytes` on a new connection, until it closes.
+std::string RawExchange(int port, const std::string& bytes) {
+  const int fd = RawConnect(port);
+  REQUIRE(fd >= 0);
+  REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(bytes.size()));
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+    out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+TEST_CASE("a request refused for a header names it in the problem's pointer") {
+  TempDir dir;
+  auto daemon = StartPlainDaemon(dir);
+  const std::pair<std::string, std::string> cases[] = {
+      {"GET /v1/dead-letters HTTP/1.1\r\nConnection: close\r\n\r\n", "header:Host"},
+      {"GET /v1/dead-letters HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\n\r\n",
+       "header:Host"},
+      {"POST /v1/decide HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1x\r\n\r\n",
+       "header:Content-Length"},
+      {"POST /v1/decide HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n"
+       "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+       "header:Transfer-Encoding"},
+  };
+  for (const auto& [request, pointer] : cases) {
+    CAPTURE(request);
+    const std::string answer = RawExchange(daemon->port(), request);
+    CHECK(answer.starts_with("HTTP/1.1 400 "));
+    CHECK(answer.find("\"pointer\":\"" + pointer + "\"") != std::string::npos);
+  }
+}
+
 TEST_CASE("the serving process keeps its name and runs on its allocator with its settings") {
   TempDir dir;
   auto daemon = StartPlainDaemon(dir);
@@ -252,6 +289,31 @@ TEST_CASE("handler threads start as requests need them, up to server.threads") {
   CHECK(ThreadsNamed(daemon->pid(), "idem-handler") == 6);
   for (auto& h : held) CHECK(h.get() == 200);
   CHECK(ThreadsNamed(daemon->pid(), "idem-handler") == 6);
+}
+
+TEST_CASE("server.threads is how many requests run at once, with no queue as with one") {
+  TempDir dir;
+  // threads: 1 runs one request at a time (it ran two); max_queue: 0 still
+  // lets every handler thread serve (it stopped at the two that start
+  // with the daemon).
+  auto one = StartSlowDecideDaemon(dir, 1500, "  threads: 1\n  max_queue: 0\n");
+  std::future<int> held = SlowDecide(*one, 0);
+  WaitFor([&] { return ThreadsNamed(one->pid(), "idem-handler") == 1; }, 5'000);
+  std::this_thread::sleep_for(200ms);
+  CHECK(SlowDecide(*one, 1).get() == 503);
+  CHECK(held.get() == 200);
+  one.reset();
+
+  TempDir dir4;
+  auto four = StartSlowDecideDaemon(dir4, 1500, "  threads: 4\n  max_queue: 0\n");
+  std::vector<std::future<int>> four_held;
+  for (int i = 0; i < 4; ++i) {
+    four_held.push_back(SlowDecide(*four, i));
+    std::this_thread::sleep_for(100ms);
+  }
+  std::this_thread::sleep_for(200ms);
+  CHECK(SlowDecide(*four, 9).get() == 503);  // the fifth finds all four busy
+  for (auto& h : four_held) CHECK(h.get() == 200);
 }
 
 TEST_CASE(

@@ -179,6 +179,33 @@ TEST_CASE("a missing config file is an error naming it") {
   CHECK(config.status().message().find("/nonexistent/idem.yaml: cannot read") == 0);
 }
 
+TEST_CASE("the daemon's URL puts an IPv6 listen host in brackets, as a URL must") {
+  auto v6 = ParseListen("[::1]:7411");
+  REQUIRE(v6.ok());
+  CHECK(HttpUrl(v6->first, v6->second) == "http://[::1]:7411");
+  auto v4 = ParseListen("127.0.0.1:7411");
+  REQUIRE(v4.ok());
+  CHECK(HttpUrl(v4->first, v4->second) == "http://127.0.0.1:7411");
+  CHECK(HttpUrl("localhost", 80) == "http://localhost:80");
+}
+
+TEST_CASE("an idempotency lease too short to be renewed in time is a config error") {
+  // Renewed every third of it by a store write: 1ms would lapse while its
+  // request runs, and a second request with the key would run beside it.
+  for (const char* lease : {"1ms", "99ms"}) {
+    CAPTURE(lease);
+    ConfigDir dir;
+    auto config = dir.Load(std::string("store: {}\nidempotency:\n  lease: ") + lease + "\n");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().field() == "/idempotency/lease");
+    CHECK(config.status().message().find("at least 100ms") != std::string::npos);
+  }
+  ConfigDir dir;
+  auto config = dir.Load("store: {}\nidempotency:\n  lease: 100ms\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->idempotency.lease_ms == 100);
+}
+
 TEST_CASE("a listen address that is not host:port is a config error with its file and line") {
   for (const char* listen : {"127.0.0.1:99999", "localhost", "127.0.0.1:http"}) {
     CAPTURE(listen);

@@ -1154,6 +1154,40 @@ TEST_CASE("a request past a full handler queue gets 503 with Retry-After at once
   CHECK(again->status == 200);
 }
 
+TEST_CASE("with no queue every worker still serves: max_queue 0 refuses only past the workers") {
+  // Workers start as requests need them; a request that a worker yet to
+  // start will take is not waiting for a busy one, so it is not refused.
+  Gate gate;
+  EventServerOptions o = TestOptions();
+  o.workers = 4;
+  o.max_queue = 0;
+  Running s(gate.Callbacks(), o);
+  struct OpenOnExit {  // a failed REQUIRE must not leave handlers blocked in Stop
+    Gate& gate;
+    ~OpenOnExit() { gate.Open(); }
+  } open_on_exit{gate};
+  std::vector<std::unique_ptr<Client>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<Client>(s.port()));
+    REQUIRE(held.back()->ok());
+    REQUIRE(held.back()->Send(Get("/h" + std::to_string(i))));
+    REQUIRE(gate.WaitStarted(i + 1));
+  }
+  Client refused(s.port());
+  REQUIRE(refused.ok());
+  REQUIRE(refused.Send(Get("/past")));
+  std::optional<Reply> r = refused.Read();
+  REQUIRE(r);
+  CHECK(r->status == 503);
+  CHECK(s.server().stats().queue_full == 1);
+  gate.Open();
+  for (int i = 0; i < 4; ++i) {
+    std::optional<Reply> a = held[i]->Read();
+    REQUIRE(a);
+    CHECK(a->body == "passed /h" + std::to_string(i));
+  }
+}
+
 TEST_CASE("a HEAD refused for a full handler queue gets its 503 without a body") {
   Gate gate;
   Running s(gate.Callbacks(), OneWorker(/*max_queue=*/1));
@@ -1243,6 +1277,7 @@ TEST_CASE("a connection past max_connections gets 503 and is closed") {
   REQUIRE(r);
   CHECK(r->status == 503);
   CHECK(r->Header("Retry-After") == "1");
+  CHECK(r->Header("Date").ends_with(" GMT"));  // every answer carries Date (RFC 9110 6.6.1)
   CHECK(c.Closed(/*reset_ok=*/true));
   CHECK(s.server().stats().shed_connections == 1);
   // Once one closes there is room again.
@@ -1303,6 +1338,26 @@ TEST_CASE("a request trickling in byte by byte gets 408 once request_timeout_s h
   std::optional<Reply> r = TrickleUntilAnswered(c);
   REQUIRE(r);
   CHECK(r->status == 408);
+}
+
+TEST_CASE("a request that stalls halfway gets 408, not a silent close, when both timeouts agree") {
+  // The daemon's own settings: idle and request timeouts alike. A stalled
+  // request is idle too; the 408 must win, or the client never hears why.
+  EventServerOptions o = TestOptions();
+  o.request_timeout_s = 1;
+  o.idle_timeout_s = 1;
+  Running s(EchoCallbacks(), o);
+  for (const std::string& part : {std::string("GET /x HTTP/1.1\r\nHost: a\r\n"),
+                                  std::string("POST /x HTTP/1.1\r\nHost: a\r\n"
+                                              "Content-Length: 10\r\n\r\n12345")}) {
+    CAPTURE(part);
+    Client c(s.port());
+    REQUIRE(c.ok());
+    REQUIRE(c.Send(part));
+    std::optional<Reply> r = c.Read();  // nothing more is sent
+    REQUIRE(r);
+    CHECK(r->status == 408);
+  }
 }
 
 TEST_CASE("a client on the Unix socket is held to the same limits as one on the TCP port") {
@@ -1369,6 +1424,39 @@ TEST_CASE("Drain answers queued requests 503, lets the running one finish, and r
   REQUIRE(late);
   CHECK(late->status == 503);
   CHECK(gate.started.load() == 2);
+  s.server().Stop();
+}
+
+TEST_CASE("once Drain begins a new connection is refused at once, on TCP and the Unix socket") {
+  SocketDir dir;
+  const std::string path = dir.path + "/idem.sock";
+  Gate gate;
+  EventServerOptions o = UnixOptions(path);
+  o.workers = 1;
+  Running s(gate.Callbacks(), o);
+  Client running(s.port());
+  REQUIRE(running.ok());
+  REQUIRE(running.Send(Get("/a")));
+  REQUIRE(gate.WaitStarted(1));  // a handler runs, so the drain lasts
+  std::thread drainer([&] { s.server().Drain(/*timeout_ms=*/3000); });
+  // Not left waiting in a backlog until the process ends: refused.
+  auto refused = [](auto make) {
+    for (int i = 0; i < 200; ++i) {
+      auto c = make();
+      if (!c->ok()) return c->connect_errno();
+      std::this_thread::sleep_for(5ms);  // the drain has not begun yet
+    }
+    return 0;
+  };
+  CHECK(refused([&] { return std::make_unique<Client>(s.port()); }) == ECONNREFUSED);
+  const int unix_errno = refused([&] { return std::make_unique<Client>(path); });
+  CHECK((unix_errno == ENOENT || unix_errno == ECONNREFUSED));
+  CHECK_FALSE(std::filesystem::exists(path));
+  gate.Open();
+  std::optional<Reply> a = running.Read();
+  REQUIRE(a);
+  CHECK(a->body == "passed /a");  // the running handler's answer still goes out
+  drainer.join();
   s.server().Stop();
 }
 

@@ -226,9 +226,11 @@ inline void EchoHandler(const http1::Request& req, http1::Response& res) {
   res.SetContent(req.method + " " + req.path + " " + req.body, "text/plain");
 }
 
-inline void ErrorBody(int status, const std::string& message, http1::Response& res,
-                      const http1::Request* /*request*/) {
-  res.SetContent("error " + std::to_string(status) + ": " + message, "text/plain");
+inline void ErrorBody(int status, const std::string& message, std::string_view field,
+                      http1::Response& res, const http1::Request* /*request*/) {
+  res.SetContent("error " + std::to_string(status) + ": " + message +
+                     (field.empty() ? "" : " at " + std::string(field)),
+                 "text/plain");
 }
 
 inline EventServer::Callbacks EchoCallbacks(BatchLane* lane = nullptr) {
