@@ -1055,6 +1055,30 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
   if (!approved) RETURN_IF_ERROR(begin());
   // applying, applied, partially_failed: submitting again redoes nothing.
   bool all_done = true;
+  // Two actions of one plan that name one unit of work (their identity
+  // fields match) with other args: the journal runs the work once, with
+  // the first one's args, and the second would report that effect as its
+  // own. It is not run, and says so.
+  std::map<std::string, size_t> first_of_work;
+  auto twin = [&](size_t i, const Json& a) -> Status {
+    auto kit = m.config.actions.find(KindOf(a));
+    if (kit == m.config.actions.end()) return Status::Ok();
+    auto id = ActionWorkId(kit->second, a.value("args", Json::object()));
+    if (!id.ok()) return Status::Ok();  // Submit names what is missing
+    auto [first, fresh] = first_of_work.emplace(id->key, i);
+    if (fresh) return Status::Ok();
+    const Json& other = out.plan.actions[first->second];
+    if (other.value("args", Json::object()) == a.value("args", Json::object())) {
+      return Status::Ok();  // the same effect asked twice: done once, both say so
+    }
+    return Status(Code::kFailedPrecondition,
+                  "action " + std::to_string(i) + " names the same unit of work as action " +
+                      std::to_string(first->second) +
+                      " (its identity fields match) with other args: a "
+                      "unit of work runs once, with action " +
+                      std::to_string(first->second) + "'s args, so this one was not run",
+                  "/actions/" + std::to_string(i) + "/args");
+  };
   for (size_t i = 0; i < out.plan.actions.size(); ++i) {
     const Json& a = out.plan.actions[i];
     PlanActionResult r;
@@ -1085,6 +1109,8 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
                    out.plan.decision_id.empty() ? Status::Ok() : m.HeldElsewhere(a, plan_id);
                !held.ok()) {
       r.outcome = held;
+    } else if (Status same = twin(i, a); !same.ok()) {
+      r.outcome = same;
     } else {
       // A gated call's work stays in its run (GateAction wrote it; a
       // model's output does not choose one).

@@ -549,6 +549,35 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "two actions of one plan on one unit of work with other args: the first runs, the second "
+    "says it was not run") {
+  PlanHarness h;
+  h.Kind("refund", Always(3'600'000, "expire"));
+  h.TriageStep();
+  Decision d = PlanHarness::OneAction('t', "refund", {{"id", "D-3"}, {"amount", 500}});
+  d.decision_key = std::string(64, '7');
+  d.output["actions"].push_back({{"kind", "refund"}, {"args", {{"id", "D-3"}, {"amount", 700}}}});
+  d.output["actions"].push_back({{"kind", "refund"}, {"args", {{"id", "D-3"}, {"amount", 500}}}});
+  REQUIRE(h.store_->decisions().PutIfAbsent(d, h.clock_.NowMillis()).ok());
+  auto plan = h.Plans().ProposeFromDecision(d, "agent-1");
+  REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+  auto ran = h.Plans().Approve(plan->plan_id, "op-1", "", Json(), "r-1");
+  REQUIRE_MESSAGE(ran.ok(), ran.status().ToString());
+  REQUIRE(ran->actions.size() == 3);
+  CHECK(ran->actions[0].outcome.ok());
+  // The 700 would have reported the 500's effect as its own.
+  REQUIRE_FALSE(ran->actions[1].outcome.ok());
+  CHECK(ran->actions[1].outcome.status().code() == Code::kFailedPrecondition);
+  CHECK(ran->actions[1].outcome.status().message().find("same unit of work as action 0") !=
+        std::string::npos);
+  CHECK(ran->actions[1].outcome.status().field() == "/actions/1/args");
+  // The very same effect asked twice is done once, and both say so.
+  CHECK(ran->actions[2].outcome.ok());
+  CHECK(h.fake().stats().raw_calls == 1);
+  CHECK(ran->plan.state == "partially_failed");
+}
+
+TEST_CASE(
     "a promote retires the original decision's waiting plan at once, and only a waiting one") {
   PlanHarness h;
   h.Kind("refund", Always(3'600'000, "expire"));
