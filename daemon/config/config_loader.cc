@@ -207,6 +207,13 @@ class Resolver {
       }
       s.unix_socket_mode = static_cast<int>(
           std::strtol(node["unix_socket_mode"].get<std::string>().c_str(), nullptr, 8));
+      // Connecting takes write permission on the socket file: without the
+      // owner's, the daemon's own user (its CLI, its supervisor) is shut out.
+      if ((s.unix_socket_mode & 0200) == 0) {
+        return doc_.Error("/server/unix_socket_mode",
+                          "must let the daemon's own user connect (the owner's write bit, as in "
+                          "\"0600\")");
+      }
     }
     s.threads = node.value("threads", s.threads);
     s.max_body_bytes = node.value("max_body_bytes", s.max_body_bytes);

@@ -30,12 +30,12 @@ enum class KeyPolicy { kNone, kOptional, kRequired };
 struct RequestContext {
   std::string method;
   std::string path;
-  std::string caller;                          // auth token name, or "anonymous"
-  std::string request_id;                      // X-Request-Id (accepted or generated)
-  std::vector<std::string> params;             // path parameters, in pattern order
-  std::map<std::string, std::string> query;    // query parameters (last wins)
-  Json body;                                   // parsed body (null when none)
-  std::string idempotency_key;                 // "" when absent
+  std::string caller;                        // auth token name, or "anonymous"
+  std::string request_id;                    // X-Request-Id (accepted or generated)
+  std::vector<std::string> params;           // path parameters, in pattern order
+  std::map<std::string, std::string> query;  // query parameters (each at most once: 400 otherwise)
+  Json body;                                 // parsed body (null when none)
+  std::string idempotency_key;               // "" when absent
   std::map<std::string, std::string> headers;  // the route's request_headers (lower-case names)
   std::string raw_body;                        // Route::raw_body routes only: the bytes as sent
   int64_t op_now_ms = 0;  // a journal lane's op: the time it was prepared for (its now_ms)

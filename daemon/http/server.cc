@@ -689,7 +689,14 @@ bool HttpServer::Admit(const Route& route, const http1::Request& req, http1::Res
     }
   }
 
-  for (const auto& [k, v] : req.query) ctx.query[k] = v;
+  for (const auto& [k, v] : req.query) {
+    // A parameter sent twice (?state=a&state=b): one of them would filter
+    // silently, and a proxy in front might take the other.
+    if (!ctx.query.emplace(k, v).second) {
+      Fail(res, InvalidArgument("send one " + k + " parameter", "query:" + k), ctx.request_id);
+      return false;
+    }
+  }
   for (const std::string& h : route.request_headers) {
     // A header the route reads (an inbox's event id or signature) sent
     // twice: a proxy and this daemon might each take another one.

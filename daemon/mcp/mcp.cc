@@ -200,7 +200,12 @@ struct McpProtocol::Impl {
     if (!params.is_object()) return RpcError(id, -32602, "params must be an object");
 
     if (method == "initialize") {
-      const Json asked_json = params.value("protocolVersion", Json(""));
+      // Required by the specification's InitializeRequest: the version the
+      // client speaks (an unknown one is answered with ours).
+      if (!params.contains("protocolVersion")) {
+        return RpcError(id, -32602, "params.protocolVersion is required");
+      }
+      const Json& asked_json = params["protocolVersion"];
       if (!asked_json.is_string()) {
         return RpcError(id, -32602, "params.protocolVersion must be a string");
       }

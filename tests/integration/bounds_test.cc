@@ -125,6 +125,16 @@ TEST_CASE("outbox event and dead-letter pages are at most 1000: limit=1001 is 40
   }
 }
 
+TEST_CASE("a query parameter sent twice is 400 at query:NAME, not one of them filtering") {
+  TempDir dir;
+  Daemon d(dir, WriteTestConfig(dir, kRules), "data");
+  CheckRefused(d.client->Get("/v1/plans?state=awaiting_approval&state=applied"), "query:state");
+  CheckRefused(d.client->Get("/v1/decisions/export?limit=5&limit=5"), "query:limit");
+  auto once = d.client->Get("/v1/plans?state=applied&limit=5");
+  REQUIRE(once);
+  CHECK(once->status == 200);
+}
+
 TEST_CASE("plan pages are at most 500 and a plan long poll at most 60 s: past them 400") {
   TempDir dir;
   Daemon d(dir, WriteTestConfig(dir, kRules), "data");

@@ -154,6 +154,20 @@ TEST_CASE("a bulk replay of 1,000 decisions with a second prompt version summari
     CHECK(bad_day->status == 400);
   }
   CHECK(c->Get("/v1/replays/rpl_nope")->status == 404);
+  // An empty model, provider or prompt version is no choice: refused, not
+  // taken as "the recorded one" (leave it out for that).
+  for (const char* field : {"model", "provider", "prompt_version"}) {
+    CAPTURE(field);
+    const std::string body = R"({"step":"triage_ticket",")" + std::string(field) + R"(":""})";
+    auto empty = c->Post("/v1/replays", body, "application/json");
+    REQUIRE(empty);
+    CHECK(empty->status == 400);
+    CHECK(Json::parse(empty->body)["pointer"] == "/" + std::string(field));
+    auto one = c->Post("/v1/decisions/dec_" + std::string(32, '0') + "/replay",
+                       R"({")" + std::string(field) + R"(":""})", "application/json");
+    REQUIRE(one);
+    CHECK(one->status == 400);
+  }
 
   // The bulk replay of every decision of the step (1,000 recorded + the
   // fresh one), since a date before all of them.

@@ -237,7 +237,10 @@ TEST_CASE("a Unix socket path too long for sun_path, or a bad mode, is a config 
   REQUIRE_FALSE(too_long.ok());
   CHECK(too_long.status().field() == "/server/unix_socket");
   CHECK(too_long.status().message().find("at most 107") != std::string::npos);
-  for (const char* mode : {"\"0999\"", "\"rw\"", "660", "\"06600\""}) {
+  // Octal that is not a mode, and modes that shut the daemon's own user
+  // out (connecting takes the owner's write bit).
+  for (const char* mode :
+       {"\"0999\"", "\"rw\"", "660", "\"06600\"", "\"0000\"", "\"0400\"", "\"0060\""}) {
     CAPTURE(mode);
     auto bad = dir.Load(kMinimal +
                         "server:\n  unix_socket: /tmp/i.sock\n  unix_socket_mode: " + mode + "\n");

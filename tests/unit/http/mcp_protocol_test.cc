@@ -94,6 +94,15 @@ TEST_CASE("initialize issues a session and negotiates a supported protocol versi
   McpHttpResponse other =
       f.mcp.Handle(Post(Rpc(1, "initialize", {{"protocolVersion", "1999-01-01"}})), 0);
   CHECK(Json::parse(other.body)["result"]["protocolVersion"] == kMcpLatestVersion);
+  // No version at all is no initialize (the specification requires one):
+  // -32602, and no session is opened.
+  for (const Json& params : {Json::object(), Json{{"capabilities", Json::object()}}}) {
+    CAPTURE(params.dump());
+    McpHttpResponse none = f.mcp.Handle(Post(Rpc(1, "initialize", params)), 0);
+    Json answer = Json::parse(none.body);
+    CHECK(answer["error"]["code"] == -32602);
+    CHECK(SessionOf(none).empty());
+  }
 }
 
 TEST_CASE("requests after initialize need a live session") {
