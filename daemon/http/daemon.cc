@@ -173,7 +173,12 @@ Status Daemon::Init(std::unique_ptr<Daemon>& d, const DaemonOptions& options, En
     const std::filesystem::path abs = std::filesystem::absolute(options.unix_socket_override, ec);
     d->config_.server.unix_socket = ec ? options.unix_socket_override : abs.string();
   }
-  ASSIGN_OR_RETURN(auto listen, ParseListen(d->config_.server.listen));
+  auto parsed_listen = ParseListen(d->config_.server.listen);
+  if (!parsed_listen.ok() && !options.listen_override.empty()) {
+    // The flag's value, not the config's line: no file position to blame.
+    return InvalidArgument("--listen: " + parsed_listen.status().message());
+  }
+  ASSIGN_OR_RETURN(auto listen, std::move(parsed_listen));
   for (const auto& [name, src] : d->config_.inbox) {
     if (src.signature_header.empty() && !IsLoopbackHost(listen.first)) {
       return Status(Code::kFailedPrecondition,

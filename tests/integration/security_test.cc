@@ -156,6 +156,19 @@ TEST_CASE("listening beyond loopback without tokens is a start-up error; with to
   CHECK(f.client->Get("/v1/decisions")->status == 401);
 }
 
+TEST_CASE("a --listen that is not host:port is blamed on the flag, not on a config line") {
+  TempDir dir;
+  std::string config = WriteTestConfig(dir, kRules);
+  DaemonArgs args{config, dir.path() + "/data", {}, {}};
+  args.listen = dir.path() + "/x.sock";
+  std::string err;
+  auto refused = DaemonProcess::Start(args, &err);
+  CHECK(refused == nullptr);
+  CAPTURE(err);
+  CHECK(err.find("--listen: ") != std::string::npos);
+  CHECK(err.find(".yaml:") == std::string::npos);
+}
+
 // The 1-based line of the first line of `path` that holds `text`, or 0.
 int LineHolding(const std::string& path, const std::string& text) {
   std::ifstream in(path);
