@@ -463,16 +463,29 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           // they still wait, would run their own actions beside the new
           // decision's: they are retired now (and would be refused at
           // their approval anyway, should this fail).
+          // A plan already approved (or running, or run) is not retired:
+          // its actions ran or run, and the operator who promoted should
+          // know that the new decision's plan, once approved, acts again.
           Json retired_ids = Json::array();
+          Json started = Json::array();
           for (const std::string& id : {original.decision_id, displaced}) {
             if (id.empty()) continue;
             auto retired = deps.plans.RetireSupersededPlan(id, ctx.caller);
-            if (retired.ok() && !retired->empty()) retired_ids.push_back(*retired);
+            if (retired.ok() && !retired->empty()) {
+              retired_ids.push_back(*retired);
+              continue;
+            }
+            auto plan = deps.store.plans().Get(PlanEngine::DecisionPlanId(id));
+            if (plan.ok() && (plan->state == "approved" || plan->state == "applying" ||
+                              plan->state == "applied" || plan->state == "partially_failed")) {
+              started.push_back({{"plan_id", plan->plan_id}, {"state", plan->state}});
+            }
           }
           if (!retired_ids.empty()) {
             body["retired_plan_id"] = retired_ids[0];
             body["retired_plan_ids"] = std::move(retired_ids);
           }
+          if (!started.empty()) body["started_plans"] = std::move(started);
         }
         return RouteResponse{200, std::move(body), {}};
       }});

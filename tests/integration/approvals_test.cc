@@ -635,6 +635,32 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a promote after the original's plan was approved retires nothing and names that plan as "
+    "started, so the operator knows its actions ran") {
+  Fixture f;
+  const Json decide = {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-RAN"}}}};
+  auto d = f.Post("/v1/decide", decide, kAgent);
+  REQUIRE(d->status == 200);
+  const std::string old_plan = J(d)["plan"]["plan_id"];
+  const std::string old_id = J(d)["decision_id"];
+  auto approved = f.Post("/v1/plans/" + old_plan + "/approve", Json::object(), kOperator2);
+  REQUIRE(approved);
+  REQUIRE_MESSAGE(approved->status == 200, approved->body);
+  REQUIRE(f.Effects() == 1);
+  const std::string ran_state = J(f.Get("/v1/plans/" + old_plan))["state"];
+
+  auto promoted = f.Post("/v1/decisions/" + old_id + "/replay", {{"promote", true}}, kOperator);
+  REQUIRE(promoted);
+  REQUIRE_MESSAGE(promoted->status == 200, promoted->body);
+  CHECK(J(promoted)["promoted"] == true);
+  CHECK_FALSE(J(promoted).contains("retired_plan_ids"));
+  CHECK(J(promoted)["started_plans"] ==
+        Json::array({{{"plan_id", old_plan}, {"state", ran_state}}}));
+  CHECK(J(f.Get("/v1/plans/" + old_plan))["state"] == ran_state);
+  CHECK(f.Effects() == 1);
+}
+
+TEST_CASE(
     "a promote of an older decision's replay also retires the plan of the decision the key "
     "answered with until then, and names the key it stored under") {
   Fixture f;
