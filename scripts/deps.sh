@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config clang-format git curl
   libssl-dev libcurl4-openssl-dev nlohmann-json3-dev libvalijson-dev librocksdb-dev
   libspdlog-dev doctest-dev libcpp-httplib-dev libcli11-dev libyaml-cpp-dev
-  libkainjow-mustache-dev libpq-dev libjemalloc-dev
+  libkainjow-mustache-dev libpq-dev libjemalloc-dev libpcre2-dev
 )
 # The clang build (-Wthread-safety), the libFuzzer targets and the browser
 # test of the operator page (tests/e2e/ui_approvals.mjs drives Debian's chromium).

@@ -8,11 +8,16 @@
 
 #include <charconv>
 #include <exception>
+#include <new>
+#include <optional>
 #include <regex>
 #include <string_view>
 #include <utility>
 
 #include "daemon/core/json.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -185,7 +190,206 @@ class DirectCheck {
 struct JsonSchema::Compiled {
   valijson::Schema schema;
   std::unique_ptr<DirectCheck> direct;  // null: valijson alone
+  // The schema has patternProperties, which valijson matches with
+  // std::regex: keys longer than kMaxPatternKeyBytes are refused first.
+  bool pattern_properties = false;
+  Json prepared;  // the schema as given to valijson (ForValijson)
 };
+
+namespace {
+
+// libstdc++'s std::regex matches by recursion, a few hundred bytes of stack
+// per character: a 20,000-character string under "pattern": "^[a-z]+$"
+// overflowed a handler thread's 8 MiB stack and killed the daemon, and a
+// backtracking pattern can run for ever. So "pattern" is checked with
+// PCRE2 instead (its backtracking lives on the heap, under a heap and a
+// match limit), with ECMAScript's spelling of \u escapes and of "$".
+class SafeRegex {
+ public:
+  static StatusOr<std::shared_ptr<const SafeRegex>> Compile(const std::string& pattern) {
+    int code = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_compile_context* cc = pcre2_compile_context_create(nullptr);
+    if (cc == nullptr) return Internal("out of memory compiling a regular expression");
+    pcre2_set_compile_extra_options(cc, PCRE2_EXTRA_ALT_BSUX);
+    pcre2_code* re =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_ALT_BSUX | PCRE2_DOLLAR_ENDONLY, &code, &offset, cc);
+    pcre2_compile_context_free(cc);
+    if (re == nullptr) {
+      PCRE2_UCHAR text[256];
+      pcre2_get_error_message(code, text, sizeof(text));
+      return InvalidArgument("invalid regular expression in schema: " +
+                             std::string(reinterpret_cast<const char*>(text)) + " at offset " +
+                             std::to_string(offset));
+    }
+    auto out = std::shared_ptr<SafeRegex>(new SafeRegex());
+    out->code_ = re;
+    out->match_ = pcre2_match_context_create(nullptr);
+    if (out->match_ == nullptr) return Internal("out of memory compiling a regular expression");
+    pcre2_set_match_limit(out->match_, kMatchLimit);
+    pcre2_set_heap_limit(out->match_, kHeapLimitKib);
+    return std::shared_ptr<const SafeRegex>(std::move(out));
+  }
+  ~SafeRegex() {
+    pcre2_match_context_free(match_);
+    pcre2_code_free(code_);
+  }
+
+  // 1: `text` has a match, 0: it has none, -1: it could not be told within
+  // the limits (or `text` is not UTF-8).
+  int Search(std::string_view text) const {
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    if (md == nullptr) return -1;
+    const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0, 0,
+                               md, match_);
+    pcre2_match_data_free(md);
+    if (rc >= 0) return 1;
+    return rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
+  }
+
+ private:
+  // Per value checked: 10 million backtracking steps (about 150 ms on the
+  // slowest pattern measured; ^[a-z]+$ fails a 1 MB string in 11 ms), and
+  // 64 MiB of heap for them (a repeated group keeps a frame per repeat:
+  // ^([a-z]|[0-9])*$ matches 100,000 characters in it, not 1,000,000).
+  static constexpr uint32_t kMatchLimit = 10'000'000;
+  static constexpr uint32_t kHeapLimitKib = 64 * 1024;
+  SafeRegex() = default;
+  pcre2_code* code_ = nullptr;
+  pcre2_match_context* match_ = nullptr;
+};
+
+constexpr std::string_view kPatternKeyword = "x-idem-pattern";
+constexpr std::string_view kFormatKeyword = "x-idem-format";
+constexpr size_t kMaxPatternKeyBytes = 1024;
+
+// "pattern", checked by SafeRegex (valijson calls it for every value the
+// keyword applies to; a non-string passes, as the keyword says).
+class PatternConstraint final : public valijson::constraints::PolyConstraint {
+ public:
+  explicit PatternConstraint(std::shared_ptr<const SafeRegex> re) : re_(std::move(re)) {}
+  bool validate(const valijson::adapters::Adapter& target, const std::vector<std::string>& context,
+                valijson::ValidationResults* results) const override {
+    if (!target.isString()) return true;
+    const int found = re_->Search(target.asString());
+    if (found == 1) return true;
+    if (results != nullptr) {
+      results->pushError(context, found == 0
+                                      ? "Failed to match regex specified by 'pattern' constraint."
+                                      : "could not be matched against the schema's pattern "
+                                        "within its limits (it backtracks too much on this value)");
+    }
+    return false;
+  }
+
+ private:
+  Constraint* cloneInto(void* where) const override { return new (where) PatternConstraint(*this); }
+  size_t sizeOf() const override { return sizeof(PatternConstraint); }
+  std::shared_ptr<const SafeRegex> re_;
+};
+
+class PatternBuilder final : public valijson::ConstraintBuilder {
+ public:
+  valijson::constraints::Constraint* make(const valijson::adapters::Adapter& value) const override {
+    auto re = SafeRegex::Compile(value.asString());
+    if (!re.ok()) throw std::runtime_error(re.status().message());
+    return new PatternConstraint(std::move(re).value());
+  }
+};
+
+// RFC 3339's full-date, full-time and date-time, read by hand: valijson
+// matches them with std::regex, whose recursion a long run of digits
+// (a year or a fraction 100,000 digits long) took past the stack.
+class DateTimeReader {
+ public:
+  explicit DateTimeReader(std::string_view s) : s_(s) {}
+  bool Date() {
+    int year = 0, month = 0, day = 0;
+    if (!Digits(4, &year) || !Char("-") || !Digits(2, &month) || !Char("-") || !Digits(2, &day)) {
+      return false;
+    }
+    static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (month < 1 || month > 12 || day < 1 || day > kDays[month - 1]) return false;
+    const bool leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    return month != 2 || day <= 28 || leap;
+  }
+  bool Time() {
+    int hour = 0, minute = 0, second = 0;
+    if (!Digits(2, &hour) || !Char(":") || !Digits(2, &minute) || !Char(":") ||
+        !Digits(2, &second) || hour > 23 || minute > 59 || second > 60) {
+      return false;
+    }
+    if (Char(".")) {
+      int unused = 0;
+      if (!Digits(1, &unused)) return false;
+      while (pos_ < s_.size() && IsDigit(s_[pos_])) ++pos_;
+    }
+    if (Char("Zz")) return true;
+    int oh = 0, om = 0;
+    return Char("+-") && Digits(2, &oh) && Char(":") && Digits(2, &om) && oh <= 23 && om <= 59;
+  }
+  bool Separator() { return Char("Tt"); }
+  bool AtEnd() const { return pos_ == s_.size(); }
+
+ private:
+  static bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+  bool Digits(int n, int* out) {
+    *out = 0;
+    for (int i = 0; i < n; ++i, ++pos_) {
+      if (pos_ >= s_.size() || !IsDigit(s_[pos_])) return false;
+      *out = *out * 10 + (s_[pos_] - '0');
+    }
+    return true;
+  }
+  bool Char(std::string_view any_of) {
+    if (pos_ >= s_.size() || any_of.find(s_[pos_]) == std::string_view::npos) return false;
+    ++pos_;
+    return true;
+  }
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+// "format": "date" | "time" | "date-time" (the ones valijson checks).
+class FormatConstraint final : public valijson::constraints::PolyConstraint {
+ public:
+  explicit FormatConstraint(std::string format) : format_(std::move(format)) {}
+  bool validate(const valijson::adapters::Adapter& target, const std::vector<std::string>& context,
+                valijson::ValidationResults* results) const override {
+    if (!target.isString()) return true;
+    const std::string text = target.asString();
+    DateTimeReader r(text);
+    bool ok = false;
+    if (format_ == "date") {
+      ok = r.Date() && r.AtEnd();
+    } else if (format_ == "time") {
+      ok = r.Time() && r.AtEnd();
+    } else {
+      ok = r.Date() && r.Separator() && r.Time() && r.AtEnd();
+    }
+    if (!ok && results != nullptr) results->pushError(context, "must be an RFC 3339 " + format_);
+    return ok;
+  }
+
+ private:
+  Constraint* cloneInto(void* where) const override { return new (where) FormatConstraint(*this); }
+  size_t sizeOf() const override { return sizeof(FormatConstraint); }
+  std::string format_;
+};
+
+class FormatBuilder final : public valijson::ConstraintBuilder {
+ public:
+  valijson::constraints::Constraint* make(const valijson::adapters::Adapter& value) const override {
+    return new FormatConstraint(value.asString());
+  }
+};
+
+bool IsCheckedFormat(const Json& v) {
+  return v.is_string() && (v == "date" || v == "time" || v == "date-time");
+}
+
+}  // namespace
 
 namespace {
 
@@ -588,12 +792,8 @@ Status CheckPatterns(const Json& node, const std::string& where) {
     for (auto it = node.begin(); it != node.end(); ++it) {
       const std::string here = where + "/" + JsonPointerToken(it.key());
       if (it.key() == "pattern" && it->is_string()) {
-        try {
-          std::regex re(it->get<std::string>(), std::regex::ECMAScript);
-        } catch (const std::regex_error& e) {
-          return InvalidArgument("invalid regular expression in schema: " + std::string(e.what()),
-                                 here);
-        }
+        auto re = SafeRegex::Compile(it->get<std::string>());
+        if (!re.ok()) return re.status().WithField(here);
       } else if (it.key() == "patternProperties" && it->is_object()) {
         for (auto p = it->begin(); p != it->end(); ++p) {
           try {
@@ -623,6 +823,49 @@ Status CheckPatterns(const Json& node, const std::string& where) {
   return Status::Ok();
 }
 
+// The schema as valijson is given it: "pattern" and the formats it would
+// match with std::regex become keywords of ours (PatternConstraint,
+// FormatConstraint), at the places CheckPatterns reads as keywords.
+Json ForValijson(const Json& node, bool* pattern_properties) {
+  if (node.is_array()) {
+    Json out = Json::array();
+    for (const Json& v : node) out.push_back(ForValijson(v, pattern_properties));
+    return out;
+  }
+  if (!node.is_object()) return node;
+  Json out = Json::object();
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "pattern" && it->is_string()) {
+      out[std::string(kPatternKeyword)] = *it;
+    } else if (k == "format" && IsCheckedFormat(*it)) {
+      out[std::string(kFormatKeyword)] = *it;
+    } else if (k == "enum" || k == "const" || k == "default" || k == "examples") {
+      out[k] = *it;
+    } else {
+      if (k == "patternProperties") *pattern_properties = true;
+      out[k] = ForValijson(*it, pattern_properties);
+    }
+  }
+  return out;
+}
+
+// The first object key in `doc` longer than kMaxPatternKeyBytes, as a pointer.
+std::optional<std::string> LongKey(const Json& doc, const std::string& at) {
+  if (doc.is_object()) {
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      const std::string here = at + "/" + JsonPointerToken(it.key());
+      if (it.key().size() > kMaxPatternKeyBytes) return here;
+      if (auto found = LongKey(*it, here)) return found;
+    }
+  } else if (doc.is_array()) {
+    for (size_t i = 0; i < doc.size(); ++i) {
+      if (auto found = LongKey(doc[i], at + "/" + std::to_string(i))) return found;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 JsonSchema::JsonSchema(Json schema, std::unique_ptr<Compiled> compiled)
@@ -639,7 +882,10 @@ StatusOr<std::unique_ptr<JsonSchema>> JsonSchema::Create(const Json& schema) {
   auto compiled = std::make_unique<Compiled>();
   try {
     valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
-    valijson::adapters::NlohmannJsonAdapter adapter(schema);
+    parser.addConstraintBuilder(std::string(kPatternKeyword), new PatternBuilder());
+    parser.addConstraintBuilder(std::string(kFormatKeyword), new FormatBuilder());
+    compiled->prepared = ForValijson(schema, &compiled->pattern_properties);
+    valijson::adapters::NlohmannJsonAdapter adapter(compiled->prepared);
     parser.populateSchema(adapter, compiled->schema);
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("invalid JSON Schema: ") + e.what());
@@ -688,6 +934,12 @@ bool JsonSchema::DirectlyAccepts(const Json& doc) const {
 
 std::vector<SchemaError> JsonSchema::Errors(const Json& doc) const {
   if (DirectlyAccepts(doc)) return {};
+  if (compiled_->pattern_properties) {
+    if (std::optional<std::string> at = LongKey(doc, "")) {
+      return {SchemaError{*at, "a key longer than " + std::to_string(kMaxPatternKeyBytes) +
+                                   " bytes, more than patternProperties are matched against"}};
+    }
+  }
   valijson::ValidationResults results;
   try {
     // A Validator caches compiled regexes in a plain map, so each call gets

@@ -15,8 +15,14 @@
 //   {"/steps/triage/prompt", "missing required key 'version'"}
 // Errors that only repeat a deeper failure ("failed to validate property x")
 // are left out, so each entry is one thing to fix. The reasons are written
-// for people; do not parse them. `format` keywords are not checked
-// (valijson 1.0 does not), so "email-like" belongs to the value checks.
+// for people; do not parse them. Of the `format` keywords, only "date",
+// "time" and "date-time" are checked (RFC 3339, read by hand), so
+// "email-like" belongs to the value checks. `pattern` is matched by PCRE2
+// as ECMAScript would (unanchored, `$` only at the very end, \uXXXX),
+// within 10 million backtracking steps and 64 MiB per value: a value past
+// them fails the check with that reason. A schema with patternProperties
+// refuses any key longer than 1,024 bytes (valijson matches keys with
+// std::regex, whose recursion a long key would take past the stack).
 //
 // Thread-safety: a JsonSchema is immutable after Create; Validate and Errors
 // may be called concurrently from any number of threads on one instance.

@@ -187,6 +187,107 @@ TEST_CASE("a malformed schema is InvalidArgument, not an exception") {
   }
 }
 
+TEST_CASE(
+    "a long string is checked against a pattern without exhausting the stack (std::regex "
+    "recursed per character and killed the daemon at 20,000)") {
+  // A repeated group keeps a frame per repeat on the heap: 100,000 of them
+  // fit in the limit (the length that crashed the daemon).
+  for (auto [pattern, length] : {std::pair<const char*, size_t>{"^[a-z]+$", 1'000'000},
+                                 std::pair<const char*, size_t>{"^([a-z]|[0-9])*$", 100'000}}) {
+    CAPTURE(pattern);
+    auto schema = MustCreate({{"type", "string"}, {"pattern", pattern}});
+    const std::string long_text(length, 'a');
+    CHECK(schema->Errors(long_text).empty());
+    auto errors = schema->Errors(long_text + "!");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].message == std::string("must match ") + pattern);
+  }
+  // Past the heap limit: refused, with the reason.
+  auto group = MustCreate({{"type", "string"}, {"pattern", "^([a-z]|[0-9])*$"}});
+  auto errors = group->Errors(std::string(1'000'000, 'a'));
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].message.find("within its limits") != std::string::npos);
+}
+
+TEST_CASE("a pattern reads as ECMAScript: unanchored, $ only at the very end, \\u escapes") {
+  auto search = MustCreate({{"type", "string"}, {"pattern", "b+"}});
+  CHECK(search->Errors("abbc").empty());
+  CHECK_FALSE(search->Errors("ac").empty());
+  auto whole = MustCreate({{"type", "string"}, {"pattern", "^[a-z]+$"}});
+  CHECK_FALSE(whole->Errors("abc\n").empty());
+  auto escaped = MustCreate({{"type", "string"}, {"pattern", "^\\u0041\\u00e9$"}});
+  CHECK(escaped->Errors("A\xc3\xa9").empty());
+  CHECK_FALSE(escaped->Errors("Ae").empty());
+  // A non-string is not the keyword's to judge.
+  CHECK(MustCreate({{"pattern", "^a$"}})->Errors(5).empty());
+}
+
+TEST_CASE("a pattern that backtracks without end on a value is refused quickly, not run for ever") {
+  auto schema = MustCreate({{"type", "string"}, {"pattern", "^(a+)+$"}});
+  auto errors = schema->Errors(std::string(100, 'a') + "!");
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].message.find("backtracks too much") != std::string::npos);
+}
+
+TEST_CASE("a pattern the regular expression engine cannot compile names its place in the schema") {
+  auto created = JsonSchema::Create(
+      Json::parse(R"({"type": "object", "properties": {"code": {"pattern": "a(b"}}})"));
+  REQUIRE_FALSE(created.ok());
+  CHECK(created.status().code() == Code::kInvalidArgument);
+  CHECK(created.status().field() == "/properties/code/pattern");
+  // A property named pattern, or a value listing the word, is no pattern.
+  MustCreate(Json::parse(
+      R"({"properties": {"pattern": {"type": "string"}}, "enum": [{"pattern": "("}]})"));
+}
+
+TEST_CASE("date, time and date-time formats follow RFC 3339, and a long value is no danger") {
+  struct Case {
+    const char* format;
+    std::string value;
+    bool valid;
+  };
+  const std::vector<Case> cases = {
+      {"date", "2024-02-29", true},
+      {"date", "2023-02-29", false},
+      {"date", "2024-04-31", false},
+      {"date", "2024-13-01", false},
+      {"date", "24-01-01", false},
+      {"date", "2024-01-01x", false},
+      {"date", std::string(100'000, '9') + "-01-01", false},
+      {"time", "23:59:60Z", true},
+      {"time", "16:52:45.123+02:00", true},
+      {"time", "16:52:45z", true},
+      {"time", "24:00:00Z", false},
+      {"time", "16:52:45", false},
+      {"time", "16:52:45.Z", false},
+      {"time", "16:52:45." + std::string(100'000, '0') + "Z", true},
+      {"date-time", "2022-07-18T16:52:45Z", true},
+      {"date-time", "2022-07-18t16:52:45-05:30", true},
+      {"date-time", "2022-07-18 16:52:45Z", false},
+      {"date-time", "2022-07-18T16:52:45+24:00", false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.format);
+    CAPTURE(c.value.substr(0, 40));
+    auto schema = MustCreate({{"type", "string"}, {"format", c.format}});
+    auto errors = schema->Errors(c.value);
+    CHECK(errors.empty() == c.valid);
+    if (!errors.empty()) CHECK(errors[0].message == std::string("must be an RFC 3339 ") + c.format);
+  }
+}
+
+TEST_CASE("a key too long to match against patternProperties is refused at its pointer") {
+  auto schema = MustCreate(
+      Json::parse(R"({"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}})"));
+  CHECK(schema->Errors({{"abc", 1}}).empty());
+  const std::string key(1025, 'a');
+  auto errors = schema->Errors({{"inner", {{key, 1}}}});
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].pointer == "/inner/" + key);
+  CHECK(errors[0].message.find("patternProperties") != std::string::npos);
+  CHECK(schema->Errors({{std::string(1024, 'a'), 1}}).empty());
+}
+
 TEST_CASE("one schema validates from many threads at once") {
   auto schema = MustCreate(Json::parse(R"({"type": "object", "properties":
       {"id": {"type": "string", "pattern": "^t-[0-9]+$"}}, "required": ["id"]})"));
