@@ -289,7 +289,12 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                            TraceDetail({{"step", r.escalation.step}, {"cache", CacheName(r)}}));
           Json body = EscalationSummary(r.escalation);
           body["cache"] = CacheName(r);
-          return RouteResponse{200, std::move(body), {}};
+          RouteResponse escalated{200, std::move(body), {}};
+          // No model answered (an outage): a repeat asks again, and so does
+          // a retry with the request's Idempotency-Key, instead of being
+          // shown this escalation, resolved since, for the key's window.
+          escalated.transient = r.escalation.context.value("provider_outage", false);
+          return escalated;
         }
         RecordTraceEvent("decision", r.decision.decision_id,
                          TraceDetail({{"step", r.decision.step},

@@ -272,4 +272,45 @@ default:
   CHECK(Json::parse(c->Get("/v1/escalations?state=open")->body)["items"].size() == 1);
 }
 
+TEST_CASE(
+    "an outage's escalation is not stored under the request's Idempotency-Key: the retry with "
+    "the key asks again and gets the decision") {
+  TempDir dir;
+  const char* rules = R"(rules:
+  - match: {input: {text: {contains: blip}}}
+    fail: {code: unavailable, message: provider down}
+    times: 2
+  - match: {input: {text: {contains: prose}}}
+    output: 'I would rather chat about it.'
+default:
+  output: '{"category":"question","priority":"low","summary":"a question","actions":[]}'
+)";
+  std::string config = EscalatingConfig(dir, rules);
+  std::string err;
+  auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  auto c = d->Client();
+  auto decide = [&c](const std::string& text, const std::string& key) {
+    Json body = {{"step", "triage_ticket"}, {"input", {{"ticket_id", "89"}, {"text", text}}}};
+    auto r = c->Post("/v1/decide", {{"Idempotency-Key", "\"" + key + "\""}}, body.dump(),
+                     "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    return std::make_pair(Json::parse(r->body), r->has_header("Idempotent-Replayed"));
+  };
+  const auto first = decide("blip", "k-outage");
+  REQUIRE(first.first["status"] == "escalated");
+  REQUIRE(first.first["context"]["provider_outage"] == true);
+  const auto retry = decide("blip", "k-outage");
+  CHECK_FALSE(retry.second);
+  CHECK(retry.first["status"] == "decided");
+  // An escalation about the model's answers is final: the key replays it.
+  const auto prose = decide("prose", "k-prose");
+  REQUIRE(prose.first["status"] == "escalated");
+  REQUIRE(prose.first["context"]["provider_outage"] == false);
+  const auto replayed = decide("prose", "k-prose");
+  CHECK(replayed.second);
+  CHECK(replayed.first["escalation_id"] == prose.first["escalation_id"]);
+}
+
 }  // namespace idem::testing
