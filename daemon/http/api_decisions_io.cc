@@ -107,7 +107,13 @@ Status CheckIdFree(const Decision& d, const StatusOr<Decision>& known, PlanStore
   return Status::Ok();
 }
 
-Status CheckImported(const Decision& d, const DecideEngine& decide) {
+// How far ahead of this daemon's clock an imported decision may say it was
+// made (another machine's clock): the outbox event it writes carries that
+// time, and retention sweeps events in time order, so one decision dated
+// years ahead held every later event for years.
+constexpr int64_t kImportClockSkewMs = 5 * 60 * 1000;
+
+Status CheckImported(const Decision& d, const DecideEngine& decide, int64_t now_ms) {
   if (!IsDecisionId(d.decision_id)) {
     return InvalidArgument("decision_id must be dec_ and 32 lower-case hex digits", "/decision_id");
   }
@@ -144,6 +150,12 @@ Status CheckImported(const Decision& d, const DecideEngine& decide) {
   }
   if (d.created_at_ms < 0 || d.expires_at_ms < 0) {
     return InvalidArgument("times must be non-negative", "/created_at_ms");
+  }
+  if (d.created_at_ms > now_ms + kImportClockSkewMs) {
+    return InvalidArgument(
+        "created_at_ms is more than 5 minutes ahead of this daemon's clock: a decision cannot "
+        "have been made in the future",
+        "/created_at_ms");
   }
   return Status::Ok();
 }
@@ -230,7 +242,7 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
           StatusOr<Decision> d =
               parsed.ok() ? ImportedDecision(*parsed) : StatusOr<Decision>(parsed.status());
           if (d.ok()) verdict["decision_id"] = d->decision_id;
-          Status valid = d.ok() ? CheckImported(*d, deps.decide) : d.status();
+          Status valid = d.ok() ? CheckImported(*d, deps.decide, now) : d.status();
           StatusOr<Decision> known = valid.ok() ? deps.store.decisions().Get(d->decision_id)
                                                 : StatusOr<Decision>(NotFound(""));
           if (!known.ok() && known.status().code() != Code::kNotFound) return known.status();

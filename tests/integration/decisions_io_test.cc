@@ -248,8 +248,8 @@ TEST_CASE("an import refuses a line whose key material was edited and imports th
 }
 
 TEST_CASE(
-    "an import refuses a prompt version its material contradicts and an output its step "
-    "would refuse") {
+    "an import refuses a prompt version its material contradicts, an output its step would "
+    "refuse and a decision dated ahead of the daemon's clock") {
   TempDir dir;
   const std::string config = WriteTestConfig(dir, kRules);
   std::map<std::string, Json> recorded;
@@ -261,16 +261,20 @@ TEST_CASE(
   null_output["output"] = nullptr;
   Json off_schema = lines[2];
   off_schema["output"] = {{"hello", 1}};
-  const std::string body =
-      other_version.dump() + "\n" + null_output.dump() + "\n" + off_schema.dump() + "\n";
+  // Dated a year ahead: its outbox event would hold retention back a year.
+  Json future = lines[0];
+  future["created_at_ms"] = future["created_at_ms"].get<int64_t>() + 365LL * 86'400'000;
+  const std::string body = other_version.dump() + "\n" + null_output.dump() + "\n" +
+                           off_schema.dump() + "\n" + future.dump() + "\n";
 
   auto imported = ImportIntoFreshStore(dir, config, body);  // no structured binding: clang 14
   std::unique_ptr<DaemonProcess>& fresh = imported.first;   // cannot capture one in INFO
   const Json& result = imported.second;
   auto c = fresh->Client();
   INFO(result.dump());
-  CHECK(result["refused"] == 3);
+  CHECK(result["refused"] == 4);
   CHECK(result["results"][0]["field"] == "/prompt_version");
+  CHECK(result["results"][3]["field"] == "/created_at_ms");
   // Lines sent as a form or as text/plain (what a page may post cross-site
   // without a preflight) are 415, judged and stored nowhere.
   for (const char* type : {"text/plain", "application/x-www-form-urlencoded"}) {
