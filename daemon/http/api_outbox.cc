@@ -34,8 +34,11 @@ StatusOr<uint64_t> SeqText(const std::string& v, const std::string& field, bool 
 // bare seq (0, or one kept from before cursors named their store). One of
 // another store (a reset folder, another environment) is refused: its seq
 // means nothing here, and a consumer that kept it would skip events.
-StatusOr<uint64_t> CursorText(const std::string& v, const std::string& store_id) {
+// `named`: the cursor names its store, so this API returned it (a bare 0
+// is a reader starting; "<id>:0" is one that has read an empty store).
+StatusOr<uint64_t> CursorText(const std::string& v, const std::string& store_id, bool* named) {
   const size_t colon = v.find(':');
+  *named = colon != std::string::npos;
   if (colon == std::string::npos) return SeqText(v, "query:after", true);
   if (v.compare(0, colon, store_id) != 0) {
     return Status(Code::kFailedPrecondition,
@@ -66,12 +69,13 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         ASSIGN_OR_RETURN(std::optional<std::string> store_id, deps.store.meta().Get(kStoreIdKey));
         const std::string id = store_id.value_or("");
-        ASSIGN_OR_RETURN(uint64_t after, CursorText(QueryParam(ctx, "after"), id));
+        bool named = false;
+        ASSIGN_OR_RETURN(uint64_t after, CursorText(QueryParam(ctx, "after"), id, &named));
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
         // Retention waits for the configured subscribers, not for pullers:
         // a cursor below what it deleted would skip those events unseen.
         ASSIGN_OR_RETURN(uint64_t swept, deps.store.outbox().SweptThrough());
-        if (after > 0 && after < swept) {
+        if ((after > 0 || named) && after < swept) {
           return Status(Code::kFailedPrecondition,
                         "events after this cursor, up to seq " + std::to_string(swept) +
                             ", were deleted by retention (outbox.retention) before this reader "
@@ -99,7 +103,9 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         }
         Json items = Json::array();
         for (const OutboxEvent& e : events) items.push_back(e.ToJson());
-        const uint64_t next = events.empty() ? after : events.back().seq;
+        // An empty page: on from what retention deleted, if that is further
+        // (those events are gone for every reader; later ones still come).
+        const uint64_t next = events.empty() ? std::max(after, swept) : events.back().seq;
         return RouteResponse{200,
                              {{"items", std::move(items)},
                               {"next_cursor", (id.empty() ? "" : id + ":") + std::to_string(next)}},

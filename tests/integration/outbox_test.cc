@@ -280,6 +280,10 @@ TEST_CASE("outbox: a puller's cursor that retention passed is refused, not answe
   auto daemon = DaemonProcess::Start(Args(config, dir, "daemon.sweep_every_second=error"), &err);
   REQUIRE_MESSAGE(daemon != nullptr, err);
   auto c = daemon->Client();
+  // A puller whose first read found the store empty: its cursor is at 0.
+  const Json empty = Get(*c, "/v1/events?after=0");
+  REQUIRE(empty["items"].empty());
+  const std::string first_cursor = empty["next_cursor"];
   Complete(*c, "INV-R1");
   const std::string cursor = Get(*c, "/v1/events?after=0")["next_cursor"];  // the puller's
   Complete(*c, "INV-R2");
@@ -289,6 +293,16 @@ TEST_CASE("outbox: a puller's cursor that retention passed is refused, not answe
   REQUIRE(WaitFor([&] { return Get(*c, "/v1/events?after=0")["items"].empty(); }, 10'000));
   const std::string detail = RefusedCursor(*c, "/v1/events?after=" + cursor);
   CHECK_MESSAGE(detail.find("deleted by retention") != std::string::npos, detail);
+  // The cursor of the empty store too: it has not seen INV-R1.
+  const std::string from_empty = RefusedCursor(*c, "/v1/events?after=" + first_cursor);
+  CHECK_MESSAGE(from_empty.find("deleted by retention") != std::string::npos, from_empty);
+  // A reader starting now (a bare 0) reads on from what is kept, and its
+  // cursor after an empty page is past what retention deleted: reading on
+  // from it is no gap.
+  const Json fresh = Get(*c, "/v1/events?after=0");
+  CHECK(fresh["items"].empty());
+  const std::string fresh_cursor = fresh["next_cursor"];
+  CHECK(Get(*c, "/v1/events?after=" + fresh_cursor)["items"].empty());
   // The cursor it names goes on from there.
   const std::string resume = detail.substr(detail.rfind("after=") + 6);
   CHECK(Get(*c, "/v1/events?after=" + resume)["items"].empty());
