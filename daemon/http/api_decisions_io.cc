@@ -261,13 +261,18 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
             // plan from it cannot be approved by its importer).
             d->trace["imported_by"] = ctx.caller;
             d->trace["imported_at_ms"] = now;
-            ASSIGN_OR_RETURN(Decision cached, deps.store.decisions().PutIfAbsent(*d, now));
-            if (cached.decision_id == d->decision_id) {
+            // Stored by this call, not only present: of two imports of one
+            // line at once, the other one says exists (and audits nothing).
+            bool stored = false;
+            ASSIGN_OR_RETURN(Decision cached, deps.store.decisions().PutIfAbsent(*d, now, &stored));
+            if (stored) {
               verdict["verdict"] = "imported";
               if (imported_ids.size() < kAuditedIds) imported_ids.push_back(d->decision_id);
             } else {
               verdict["verdict"] = "exists";
-              verdict["cached_decision_id"] = cached.decision_id;
+              if (cached.decision_id != d->decision_id) {
+                verdict["cached_decision_id"] = cached.decision_id;
+              }
             }
           }
           counts[verdict["verdict"].get<std::string>()]++;

@@ -82,8 +82,9 @@ class FallbackDecisions final : public DecisionStore {
     }
     return d;
   }
-  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) override {
-    StatusOr<Decision> stored = inner_.PutIfAbsent(d, now_ms);
+  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms,
+                                 bool* written = nullptr) override {
+    StatusOr<Decision> stored = inner_.PutIfAbsent(d, now_ms, written);
     if (stored.ok()) memory_.Remember(*stored, true);
     return stored;
   }

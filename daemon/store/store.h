@@ -84,8 +84,11 @@ class DecisionStore {
   virtual StatusOr<Decision> Get(const std::string& decision_id) = 0;
   // Stores `d` as the decision for d.decision_key unless a live one exists;
   // returns the one that is cached afterwards (`d`, or the existing one as
-  // GetByKey answers it).
-  virtual StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) = 0;
+  // GetByKey answers it). `stored`, if given, says whether this call wrote
+  // `d` (false when a decision was live under the key, `d` itself included
+  // when a concurrent call stored the same decision first).
+  virtual StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms,
+                                         bool* stored = nullptr) = 0;
   // Stores `d` and makes it the cached decision for its key (cache=refresh);
   // an older decision stays readable by id.
   virtual Status Replace(const Decision& d) = 0;

@@ -3,8 +3,10 @@
 // a recorded run offline; what deciding cost and what the cache saved.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/harness.h"
 
@@ -160,6 +162,46 @@ TEST_CASE(
                                        "application/x-ndjson");
   REQUIRE(refused);
   CHECK(Json::parse(refused->body)["refused"] == 1);
+}
+
+TEST_CASE(
+    "imports of one file at once store each decision once and report it imported once, "
+    "exists elsewhere") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kRules);
+  std::map<std::string, Json> recorded;
+  const std::string jsonl = RecordRun(dir, config, &recorded);
+  std::string err;
+  auto fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
+  REQUIRE_MESSAGE(fresh != nullptr, err);
+  for (int round = 0; round < 5; ++round) {
+    if (round > 0) {
+      // A store emptied again: the same decisions race in anew.
+      fresh.reset();
+      std::filesystem::remove_all(dir.path() + "/fresh");
+      fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
+      REQUIRE_MESSAGE(fresh != nullptr, err);
+    }
+    std::vector<Json> answers(4);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < answers.size(); ++i) {
+      threads.emplace_back([&, i] {
+        auto r = fresh->Client()->Post("/v1/decisions/import", jsonl, "application/x-ndjson");
+        if (r && r->status == 200) answers[i] = Json::parse(r->body);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    int64_t imported = 0;
+    int64_t exists = 0;
+    for (const Json& a : answers) {
+      REQUIRE(a.is_object());
+      imported += a["imported"].get<int64_t>();
+      exists += a["exists"].get<int64_t>();
+      for (const Json& r : a["results"]) CHECK_FALSE(r.contains("cached_decision_id"));
+    }
+    CHECK(imported == 3);
+    CHECK(exists == 3 * 3);
+  }
 }
 
 TEST_CASE("an export pages with Idem-Next-Cursor and filters by step and since") {

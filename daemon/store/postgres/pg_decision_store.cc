@@ -144,7 +144,9 @@ class PgDecisionStore final : public DecisionStore {
     return DecodeWhole(r, 0, 0, 1);
   }
 
-  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) override {
+  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms,
+                                 bool* stored_here = nullptr) override {
+    if (stored_here != nullptr) *stored_here = false;
     RETURN_IF_ERROR(Validate(d));
     // The hot path (a cache hit): one read, no transaction.
     {
@@ -168,7 +170,10 @@ class PgDecisionStore final : public DecisionStore {
       return Status::Ok();
     });
     RETURN_IF_ERROR(stored.status());
-    if (*stored) return d;
+    if (*stored) {
+      if (stored_here != nullptr) *stored_here = true;
+      return d;
+    }
     if (!winner) return Internal("storing decision " + d.decision_id + " found no decision");
     return std::move(*winner);
   }

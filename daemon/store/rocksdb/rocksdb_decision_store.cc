@@ -216,12 +216,15 @@ Status RocksDecisionStore::Store(const Decision& d) {
   return Status::Ok();
 }
 
-StatusOr<Decision> RocksDecisionStore::PutIfAbsent(const Decision& d, int64_t now_ms) {
+StatusOr<Decision> RocksDecisionStore::PutIfAbsent(const Decision& d, int64_t now_ms,
+                                                   bool* stored) {
+  if (stored != nullptr) *stored = false;
   RETURN_IF_ERROR(Validate(d));
   MutexLock lock(db_.LockFor(Family::kDecisionKeys, d.decision_key));
   ASSIGN_OR_RETURN(std::optional<Decision> current, Current(d.decision_key));
   if (current && Live(*current, now_ms)) return std::move(*current);
   RETURN_IF_ERROR(Store(d));
+  if (stored != nullptr) *stored = true;
   return d;
 }
 

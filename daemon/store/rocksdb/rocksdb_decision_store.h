@@ -42,7 +42,8 @@ class RocksDecisionStore final : public DecisionStore {
 
   StatusOr<Decision> GetByKey(const std::string& decision_key, int64_t now_ms) override;
   StatusOr<Decision> Get(const std::string& decision_id) override;
-  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) override;
+  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms,
+                                 bool* stored = nullptr) override;
   Status Replace(const Decision& d) override;
   StatusOr<DecisionPage> List(const std::string& step, const std::string& status,
                               const std::string& cursor, size_t limit) override;

@@ -54,9 +54,10 @@ class FlakyDecisions final : public DecisionStore {
     if (down) return Unavailable("database unreachable");
     return inner_.Get(id);
   }
-  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms) override {
+  StatusOr<Decision> PutIfAbsent(const Decision& d, int64_t now_ms,
+                                 bool* stored = nullptr) override {
     if (down) return Unavailable("database unreachable");
-    return inner_.PutIfAbsent(d, now_ms);
+    return inner_.PutIfAbsent(d, now_ms, stored);
   }
   Status Replace(const Decision& d) override {
     if (down) return Unavailable("database unreachable");

@@ -2,8 +2,10 @@
 #include <rocksdb/perf_context.h>
 #include <rocksdb/perf_level.h>
 
+#include <atomic>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/store/rocksdb/rocksdb_database.h"
@@ -52,6 +54,35 @@ TEST_CASE("PutIfAbsent stores the first decision and returns it to later callers
   CHECK(s.Get("dec_2").status().code() == Code::kNotFound);
   CHECK(s.GetByKey("key-a", kT0 + 2)->decision_id == "dec_1");
   CHECK(s.GetByKey("key-b", kT0 + 2).status().code() == Code::kNotFound);
+}
+
+TEST_CASE(
+    "of many PutIfAbsent calls of one decision at once, exactly one says it stored it (an "
+    "import's imported, the others' exists)") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  DecisionStore& s = store->decisions();
+  for (int round = 0; round < 20; ++round) {
+    const Decision d =
+        MakeDecision("dec_r" + std::to_string(round), "key-r" + std::to_string(round), "t", kT0);
+    std::atomic<int> stored_by{0};
+    std::atomic<int> errors{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&] {
+        bool stored = false;
+        StatusOr<Decision> got = s.PutIfAbsent(d, kT0, &stored);
+        if (!got.ok() || got->decision_id != d.decision_id) ++errors;
+        stored_by += stored;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    CHECK(errors.load() == 0);
+    CHECK(stored_by.load() == 1);
+  }
+  bool stored = true;
+  REQUIRE(s.PutIfAbsent(MakeDecision("dec_other", "key-r0", "t", kT0), kT0, &stored).ok());
+  CHECK_FALSE(stored);
 }
 
 TEST_CASE("Replace makes the new decision current while the old stays readable by id") {

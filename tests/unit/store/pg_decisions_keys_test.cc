@@ -180,18 +180,23 @@ TEST_SUITE("postgres") {
       Mutex mu;
       std::set<std::string> returned;
       std::atomic<int> errors{0};
+      std::atomic<int> stored_by{0};  // calls that say they wrote theirs
       Race(daemons, [&](Store& s, int i) {
+        bool stored = false;
         StatusOr<Decision> got = s.decisions().PutIfAbsent(
-            MakeDecision("dec_" + std::to_string(round) + "_" + std::to_string(i), key, kT0), kT0);
+            MakeDecision("dec_" + std::to_string(round) + "_" + std::to_string(i), key, kT0), kT0,
+            &stored);
         if (!got.ok()) {
           MESSAGE(got.status().ToString());
           ++errors;
           return;
         }
+        stored_by += stored;
         MutexLock lock(mu);
         returned.insert(got->decision_id);
       });
       CHECK(errors.load() == 0);
+      CHECK(stored_by.load() == 1);
       REQUIRE(returned.size() == 1);
       const std::string id = *returned.begin();
       for (auto& d : daemons) CHECK(d->decisions().GetByKey(key, kT0 + 1)->decision_id == id);
