@@ -294,6 +294,13 @@ int64_t RetryAfterMillis(const Status& status) {
   return v;
 }
 
+Status WithoutRetryMarker(const Status& status) {
+  if (RetryAfterMillis(status) == 0) return status;  // no marker (a provider's text has none)
+  std::string msg = status.message();
+  msg.erase(msg.rfind(kRetryMarker));
+  return Status(status.code(), std::move(msg), status.field(), status.retryable());
+}
+
 Status RefusalError(std::string_view upstream, std::string_view refusal_text) {
   std::string msg(upstream);
   msg += ": ";

@@ -111,6 +111,9 @@ nlohmann::json RedactAllIn(nlohmann::json value, const std::vector<std::string>&
 Status ToStatus(const UpstreamError& error);
 // The retry-after marker of a Status made by ToStatus, or 0.
 int64_t RetryAfterMillis(const Status& status);
+// `status` without its retry-after marker: what a caller, a trace or an
+// escalation is shown (read RetryAfterMillis first).
+Status WithoutRetryMarker(const Status& status);
 
 // Failures of a 200 answer. All are not retryable: the same request will
 // most likely get the same answer. Each message starts with a fixed prefix

@@ -695,12 +695,15 @@ class DecideEngineImpl final : public DecideEngine {
                        {"latency_ms", clock_.NowMillis() - t0}};
         if (!resp.ok()) {
           cand.metrics.errors[ProviderErrorClass(resp.status().code())]->Inc();
-          record["error"] = resp.status().ToString();
+          // The provider's Retry-After travels as a marker in the message
+          // (providers/errors.h): read, then kept out of what people see.
+          const int64_t retry_after_ms = RetryAfterMillis(resp.status());
+          last_error = WithoutRetryMarker(resp.status());
+          record["error"] = last_error.ToString();
+          if (retry_after_ms > 0) record["retry_after_ms"] = retry_after_ms;
           trace.push_back(record);
-          last_error = resp.status();
-          if (!resp.status().retryable()) break;  // next link of the chain
-          if (attempt < attempts)
-            BackOff(cfg, attempt, RetryAfterMillis(resp.status()), deadline_ms);
+          if (!last_error.retryable()) break;  // next link of the chain
+          if (attempt < attempts) BackOff(cfg, attempt, retry_after_ms, deadline_ms);
           continue;
         }
         model_answered = true;

@@ -185,6 +185,20 @@ TEST_CASE("the step's deadline holds however many retries are left") {
   CHECK(r.status().code() == Code::kUnavailable);
   CHECK(f.clock.NowMillis() - start <= 5'000);
   CHECK(f.primary->calls() < 20);
+  // The provider's hint is not in what the caller reads.
+}
+
+TEST_CASE("the provider's retry hint stays out of the error the caller reads") {
+  Fixture f;
+  f.step().attempts = 2;
+  f.Build();
+  f.primary->Push(RateLimited(100));
+  f.primary->Push(RateLimited(100));
+  auto r = f.Decide();
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().message());
+  CHECK(r.status().message().find("HTTP 429") != std::string::npos);
+  CHECK(r.status().message().find("retry_after_ms") == std::string::npos);
 }
 
 TEST_CASE("an invalid output is repaired with the exact errors and never cached") {

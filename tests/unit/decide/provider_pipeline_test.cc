@@ -214,6 +214,13 @@ TEST_CASE("provider pipeline: 429 with Retry-After is honoured, then decided") {
     CHECK(f.server->calls() == 2);
     CHECK(f.env.total_slept_ms() - before >= 2'000);
     f.CheckCachedValid(*r);
+    // The hint is the trace's own member, not a marker inside the error
+    // text people read.
+    const Json& first = r->decision.trace["attempts"][0];
+    CHECK(first["retry_after_ms"] == 2'000);
+    const std::string error = first["error"];
+    CHECK(error.find("429") != std::string::npos);
+    CHECK(error.find("retry_after_ms") == std::string::npos);
   }
 }
 
