@@ -108,9 +108,12 @@ StatusOr<ProviderResponse> ParseAnswer(std::string_view upstream, const HttpResp
 
   const Json* content = Find(*message, "content");
   const Json* tool_calls = Find(*message, "tool_calls");
-  if (content != nullptr && content->is_string()) {
+  const bool has_content = content != nullptr && content->is_string();
+  const bool has_calls = tool_calls != nullptr && tool_calls->is_array() && !tool_calls->empty();
+  // Some OpenAI-compatible servers send "content": "" beside the calls.
+  if (has_content && (!content->get_ref<const std::string&>().empty() || !has_calls)) {
     out.raw_text = content->get<std::string>();
-  } else if (tool_calls != nullptr && tool_calls->is_array() && !tool_calls->empty()) {
+  } else if (has_calls) {
     // The model called a tool instead of answering: hand the calls on
     // verbatim; validation against the output schema decides what happens.
     out.raw_text = DumpJson(*tool_calls);

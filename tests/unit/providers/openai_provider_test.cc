@@ -126,6 +126,29 @@ TEST_CASE_FIXTURE(OpenAiFixture, "output that is not JSON comes back verbatim wi
 }
 
 TEST_CASE_FIXTURE(OpenAiFixture,
+                  "tool calls beside an empty content are the raw text the decide engine judges") {
+  const Json calls = Json::array(
+      {{{"id", "call_1"},
+        {"type", "function"},
+        {"function", {{"name", "lookup_order"}, {"arguments", "{\"order_id\":\"A-1\"}"}}}}});
+  for (const Json& content : {Json(""), Json(nullptr)}) {
+    CAPTURE(content.dump());
+    const Json body = {
+        {"id", "chatcmpl-1"},
+        {"object", "chat.completion"},
+        {"choices",
+         {{{"index", 0},
+           {"message", {{"role", "assistant"}, {"content", content}, {"tool_calls", calls}}},
+           {"finish_reason", "tool_calls"}}}},
+        {"usage", {{"prompt_tokens", 10}, {"completion_tokens", 5}}}};
+    server->Enqueue(FakeReply::Raw(200, body.dump()));
+    auto result = provider->Complete(TriageRequest());
+    REQUIRE(result.ok());
+    CHECK(Json::parse(result->raw_text) == calls);
+  }
+}
+
+TEST_CASE_FIXTURE(OpenAiFixture,
                   "schema-violating output is returned for the decide engine to judge") {
   server->Enqueue(FakeReply::SchemaViolating());
   auto result = provider->Complete(TriageRequest());
