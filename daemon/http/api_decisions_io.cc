@@ -261,6 +261,9 @@ void AddDecisionIoRoutes(ApiDeps deps, std::vector<Route>& routes) {
             // plan from it cannot be approved by its importer).
             d->trace["imported_by"] = ctx.caller;
             d->trace["imported_at_ms"] = now;
+            // A promoter is a token of the daemon it was promoted on; a
+            // line naming one here could bar that token from the plan.
+            d->trace.erase("promoted_by");
             // Stored by this call, not only present: of two imports of one
             // line at once, the other one says exists (and audits nothing).
             bool stored = false;

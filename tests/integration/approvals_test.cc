@@ -246,7 +246,9 @@ TEST_CASE(
   CHECK(records[0].dump().find("O-24") != std::string::npos);
 }
 
-TEST_CASE("the operator who imported a decision cannot approve the plan made from it") {
+TEST_CASE(
+    "the operator who imported a decision cannot approve the plan made from it, and a promoter "
+    "the line names bars no one") {
   Fixture source;  // where the decision was made (another daemon, say staging)
   auto made = source.Post("/v1/decide",
                           {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-IMP"}}}}, kAgent);
@@ -254,10 +256,15 @@ TEST_CASE("the operator who imported a decision cannot approve the plan made fro
   auto exported = source.Get("/v1/decisions/export");
   REQUIRE(exported->status == 200);
 
+  // A line naming a promoter (a token of another daemon, or a forged one)
+  // bars no token here: the import drops it.
+  Json line = Json::parse(exported->body);
+  line["trace"]["promoted_by"] = "op-2";
+
   Fixture f;
   auto imported = f.client->Post("/v1/decisions/import",
                                  {{"Authorization", std::string("Bearer ") + kOperator}},
-                                 exported->body, "application/x-ndjson");
+                                 line.dump() + "\n", "application/x-ndjson");
   REQUIRE(imported->status == 200);
   CHECK(J(imported)["imported"] == 1);
   // The agent's decide is a cache hit on the imported decision: its plan
@@ -271,6 +278,7 @@ TEST_CASE("the operator who imported a decision cannot approve the plan made fro
   CHECK(plan["approval"]["decision_imported_by"] == "op-1");
   Json decision = J(f.Get("/v1/decisions/" + J(hit)["decision_id"].get<std::string>()));
   CHECK(decision["trace"]["imported_by"] == "op-1");
+  CHECK_FALSE(decision["trace"].contains("promoted_by"));
   auto own = f.Post("/v1/plans/" + plan_id + "/approve", Json::object(), kOperator);
   REQUIRE(own);
   CHECK(own->status == 403);
