@@ -204,6 +204,20 @@ int DecisionsExport(DaemonClient& api, const Output& o, std::FILE* sink, const s
   return kExitOk;
 }
 
+namespace {
+
+// "imported 3, exists 0, expired 0, refused 0"
+std::string ImportCounts(const Json& merged) {
+  std::string out;
+  for (const char* n : {"imported", "exists", "expired", "refused"}) {
+    if (!out.empty()) out += ", ";
+    out += std::string(n) + " " + std::to_string(merged.value(n, int64_t{0}));
+  }
+  return out;
+}
+
+}  // namespace
+
 int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
                     size_t max_request_bytes) {
   std::vector<size_t> first_lines;
@@ -215,8 +229,15 @@ int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
         api.CallText("POST", "/v1/decisions/import", batches[i], "application/x-ndjson");
     if (!a.ok()) return Unreachable(o, a.status());
     if (a->status != 200 || !a->body.is_object()) {
-      Write(o.err,
-            "idem: the batch from line " + std::to_string(first_lines[i]) + " was not imported\n");
+      std::string landed;
+      if (i > 0) {
+        // The batches before it did land: say what became of them, so a
+        // second run (which finds them as exists) is no surprise.
+        landed = "; lines 1-" + std::to_string(first_lines[i] - 1) +
+                 " were sent before it: " + ImportCounts(merged);
+      }
+      Write(o.err, "idem: the batch from line " + std::to_string(first_lines[i]) +
+                       " was not imported" + landed + "\n");
       return Refused(o, "decisions import", *a);
     }
     for (const char* n : {"imported", "exists", "expired", "refused"}) {
@@ -260,10 +281,7 @@ int DecisionsImport(DaemonClient& api, const Output& o, const std::string& text,
       Write(o.out, "(and " + std::to_string(not_stored - 20) + " more; --json lists them all)\n");
     }
   }
-  Write(o.out, "imported " + std::to_string(merged["imported"].get<int64_t>()) + ", exists " +
-                   std::to_string(merged["exists"].get<int64_t>()) + ", expired " +
-                   std::to_string(merged["expired"].get<int64_t>()) + ", refused " +
-                   std::to_string(merged["refused"].get<int64_t>()) + "\n");
+  Write(o.out, ImportCounts(merged) + "\n");
   return refused ? kExitUsage : kExitOk;
 }
 

@@ -204,6 +204,28 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a CLI import whose later batch the daemon refuses says what the batches before it did") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kRules);
+  std::map<std::string, Json> recorded;
+  std::vector<Json> lines = Lines(RecordRun(dir, config, &recorded));
+  REQUIRE(lines.size() == 3);
+  // Line 3 is longer than a request body may be (server.max_body_bytes, 1 MiB).
+  Json huge = lines[2];
+  huge["trace"]["padding"] = std::string(2 << 20, 'x');
+  const std::string file =
+      dir.File("huge.jsonl", lines[0].dump() + "\n" + lines[1].dump() + "\n" + huge.dump() + "\n");
+  std::string err;
+  auto fresh = DaemonProcess::Start({config, dir.path() + "/fresh", {}, {}}, &err);
+  REQUIRE_MESSAGE(fresh != nullptr, err);
+  CliResult cli = RunCli({"--url", Url(*fresh), "decisions", "import", "--batch-kib", "1", file},
+                         "", {{"NO_COLOR", "1"}});
+  INFO(cli.out, cli.err);
+  CHECK(cli.exit_code != 0);
+  CHECK(cli.err.find("the batch from line 3 was not imported; lines 1-2 were sent before it: "
+                     "imported 2, exists 0, expired 0, refused 0") != std::string::npos);
+}
+
 TEST_CASE("an export pages with Idem-Next-Cursor and filters by step and since") {
   TempDir dir;
   const std::string config = WriteTestConfig(dir, kRules);
