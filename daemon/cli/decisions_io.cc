@@ -193,7 +193,9 @@ int DecisionsExport(DaemonClient& api, const Output& o, std::FILE* sink, const s
     if (!a.ok()) return Unreachable(o, a.status());
     if (a->status != 200) return Refused(o, "decisions export", *a);
     for (char c : a->text) count += c == '\n';
-    Write(sink, a->text);
+    // The same JSON, with C1 controls (a terminal's CSI) escaped: an export
+    // printed to a terminal cannot drive it.
+    Write(sink, WithC1Escaped(a->text));
     cursor.clear();
     for (const auto& [name, value] : a->headers) {
       if (name == "idem-next-cursor") cursor = value;

@@ -226,6 +226,25 @@ TEST_CASE("a CLI import whose later batch the daemon refuses says what the batch
                      "imported 2, exists 0, expired 0, refused 0") != std::string::npos);
 }
 
+TEST_CASE("an export the CLI prints escapes C1 controls, and imports as the same decision") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kRules);
+  std::string err;
+  auto daemon = DaemonProcess::Start({config, dir.path() + "/record", {}, {}}, &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  // U+009B, a terminal's CSI in one character, in the input the decision keeps.
+  Json made =
+      J(daemon->Client()->Post("/v1/decide", DecideBody("T-\xc2\x9b[2J"), "application/json"));
+  REQUIRE(made["status"] == "decided");
+  CliResult exported = RunCli({"--url", Url(*daemon), "decisions", "export"});
+  REQUIRE_MESSAGE(exported.exit_code == 0, exported.err);
+  CHECK(exported.out.find("\xc2\x9b") == std::string::npos);
+  CHECK(exported.out.find("\\u009b") != std::string::npos);
+  auto imported = ImportIntoFreshStore(dir, config, exported.out);
+  CHECK(imported.second["imported"] == 1);
+  CHECK(imported.second["results"][0]["decision_id"] == made["decision_id"]);
+}
+
 TEST_CASE("an export pages with Idem-Next-Cursor and filters by step and since") {
   TempDir dir;
   const std::string config = WriteTestConfig(dir, kRules);
