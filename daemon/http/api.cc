@@ -320,7 +320,8 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
           if (*plan) body["plan"] = std::move(**plan);
         }
         double cost = r.decision.trace.value("cost_usd", 0.0);
-        if (r.cache_hit) {
+        // A joined request waited for another's call: it spent nothing.
+        if (r.cache_hit || r.joined) {
           body["saved_cost_usd"] = cost;  // what this answer would have cost again
         } else {
           body["cost_usd"] = cost;

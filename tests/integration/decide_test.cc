@@ -97,6 +97,7 @@ TEST_CASE("64 concurrent identical decides make exactly one provider call and on
   const std::string body =
       R"({"step":"triage_ticket","input":{"ticket_id":7,"text":"refund now"}})";
   std::atomic<int> ok{0};
+  std::atomic<int> spent{0};  // answers that say they cost (the one call's)
   std::vector<std::string> ids(64);
   std::vector<std::thread> threads;
   for (int i = 0; i < 64; ++i) {
@@ -104,7 +105,9 @@ TEST_CASE("64 concurrent identical decides make exactly one provider call and on
       auto c = f.daemon->Client();
       auto res = c->Post("/v1/decide", body, "application/json");
       if (res && res->status == 200) {
-        ids[i] = Json::parse(res->body)["decision_id"];
+        const Json answer = Json::parse(res->body);
+        ids[i] = answer["decision_id"];
+        spent += answer.contains("cost_usd");
         ok++;
       } else if (res) {
         MESSAGE("status " << res->status << " " << res->body);
@@ -115,6 +118,8 @@ TEST_CASE("64 concurrent identical decides make exactly one provider call and on
   }
   for (auto& t : threads) t.join();
   CHECK(ok == 64);
+  // A joined or cached answer saved the call; only the leader's spent it.
+  CHECK(spent == 1);
   for (const auto& id : ids) CHECK(id == ids[0]);
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == 1);
   auto list = f.client->Get("/v1/decisions?step=triage_ticket");
