@@ -221,8 +221,6 @@ class DecideEngineImpl final : public DecideEngine {
         return NotFound("no cached decision for this step and input (cache: only)");
       }
     }
-    step.cache_misses->Inc();
-
     // Single flight: the first miss for a key leads; identical misses wait.
     std::shared_ptr<Flight> flight;  // shared: the leader and every waiter hold it
     bool leader = false;
@@ -243,6 +241,9 @@ class DecideEngineImpl final : public DecideEngine {
         leader = true;
       }
     }
+    // Counted here, not before the second look: a request that look
+    // answered is a hit (Cached counted it), not a miss and a hit.
+    step.cache_misses->Inc();
 
     if (!leader) {
       metrics_.decide_single_flight_joined.Inc();

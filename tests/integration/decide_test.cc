@@ -120,6 +120,10 @@ TEST_CASE("64 concurrent identical decides make exactly one provider call and on
   CHECK(ok == 64);
   // A joined or cached answer saved the call; only the leader's spent it.
   CHECK(spent == 1);
+  // Each request is a hit or a miss, never both.
+  CHECK(MetricValue(*f.client, "idem_decide_cache_hits_total{step=\"triage_ticket\"}") +
+            MetricValue(*f.client, "idem_decide_cache_misses_total{step=\"triage_ticket\"}") ==
+        64);
   for (const auto& id : ids) CHECK(id == ids[0]);
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") == 1);
   auto list = f.client->Get("/v1/decisions?step=triage_ticket");
