@@ -123,6 +123,12 @@ struct AuthConfig {
 // config error, so a typo cannot silently lock a caller out.
 inline constexpr std::string_view kAuthRoles[] = {"agent", "operator", "admin"};
 
+// A caller name the daemon writes itself, in any case: "anonymous" (a
+// caller without a token), "idem" (the daemon) or "inbox:<source>" (an
+// inbox's events). No token and no Idem-Caller may take one: it would pass
+// for that actor in the audit trail and in the approver-separation checks.
+bool IsReservedCallerName(std::string_view name);
+
 // The shortest idempotency.lease: renewed every third of it by a store
 // write, a lease only a few writes long would lapse under a running request.
 inline constexpr int64_t kMinIdempotencyLeaseMs = 100;

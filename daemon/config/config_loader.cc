@@ -304,10 +304,7 @@ class Resolver {
       // The actors the daemon writes itself: a token by such a name would
       // pass for a caller without a token, or for the daemon, in the audit
       // trail and in the approver-separation checks.
-      std::string lower = token.name;
-      std::transform(lower.begin(), lower.end(), lower.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      if (lower == "anonymous" || lower == "idem") {
+      if (IsReservedCallerName(token.name)) {
         return doc_.Error("/auth/tokens/" + std::to_string(i) + "/name",
                           "'" + token.name +
                               "' is reserved: anonymous is a caller without a token and idem the "

@@ -1,4 +1,6 @@
 // Durations and the contract sentences `idem contracts` prints (R1-R3).
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <limits>
 
@@ -79,6 +81,13 @@ StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
     }
   }
   return std::make_pair(host, port);
+}
+
+bool IsReservedCallerName(std::string_view name) {
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower == "anonymous" || lower == "idem" || lower.rfind("inbox:", 0) == 0;
 }
 
 std::string HttpUrl(const std::string& host, int port) {

@@ -205,6 +205,12 @@ StatusOr<std::optional<std::string>> IdemCaller(const http1::Request& req) {
       return bad();
     }
   }
+  if (IsReservedCallerName(v)) {
+    return InvalidArgument("Idem-Caller '" + v +
+                               "' is reserved: anonymous, idem and inbox:<source> are the names "
+                               "the daemon writes itself in the audit trail",
+                           "header:Idem-Caller");
+  }
   return std::optional<std::string>(std::move(v));
 }
 

@@ -419,6 +419,14 @@ TEST_CASE("without auth, Idem-Caller gives each caller its own Idempotency-Key s
   auto bad = post("has space", kBodyA);
   CHECK(bad->status == 400);
   CHECK(J(bad)["pointer"] == "header:Idem-Caller");
+  // The names the daemon writes itself cannot be taken: a caller would pass
+  // for the daemon (or an inbox) in the audit trail and as a resolver.
+  for (const char* reserved : {"idem", "IDEM", "anonymous", "inbox:github"}) {
+    CAPTURE(reserved);
+    auto refused = post(reserved, kBodyA);
+    CHECK(refused->status == 400);
+    CHECK(J(refused)["pointer"] == "header:Idem-Caller");
+  }
 }
 
 TEST_CASE("with auth the token's name scopes keys and Idem-Caller is ignored") {
