@@ -802,9 +802,33 @@ struct PlanEngine::Impl {
       try {
         Json::json_pointer ptr(path);
         Json::json_pointer parent = ptr.parent_pointer();
-        if (path != "/" + m[1].str() + "/args" && !out.contains(parent)) {
-          return InvalidArgument("no such place in the action: " + parent.to_string(),
-                                 at + "/path");
+        if (path != "/" + m[1].str() + "/args") {
+          if (!out.contains(parent)) {
+            return InvalidArgument("no such place in the action: " + parent.to_string(),
+                                   at + "/path");
+          }
+          // Into an object or a list only (writing into a null would make
+          // it one), and in a list at an item or just past the last one:
+          // an index further on would fill the list with nulls up to it
+          // (one 57-byte edit made a list of two million).
+          const Json& holder = out.at(parent);
+          if (!holder.is_object() && !holder.is_array()) {
+            return InvalidArgument("no such place in the action: " + path + " goes into " +
+                                       parent.to_string() + ", which is not an object or a list",
+                                   at + "/path");
+          }
+          const std::string last = ptr.back();
+          if (holder.is_array() && last != "-" &&
+              (last.empty() || last.size() > 9 ||
+               last.find_first_not_of("0123456789") != std::string::npos ||
+               (last.size() > 1 && last[0] == '0') || std::stoul(last) > holder.size())) {
+            return InvalidArgument("in the list at " + parent.to_string() + " (" +
+                                       std::to_string(holder.size()) +
+                                       " items) an edit changes an item or adds one at its end "
+                                       "(index " +
+                                       std::to_string(holder.size()) + " or -)",
+                                   at + "/path");
+          }
         }
         out[ptr] = e["value"];
       } catch (const std::exception&) {

@@ -370,6 +370,31 @@ TEST_CASE("a rejection of only blanks and an edit path into a string are refused
   CHECK(h.store_->plans().Get(p.plan_id)->state == "awaiting_approval");
 }
 
+TEST_CASE(
+    "an edit changes a list's item or adds one at its end, never an index further on, and writes "
+    "into no null") {
+  PlanHarness h;
+  h.Kind("wire", Always(60'000, "expire"));
+  Plan p = h.Gated("wire", {{"id", "w-1"}, {"list", {1, 2}}, {"nothing", nullptr}});
+  // One short edit once made a list of two million nulls.
+  for (const char* far : {"/0/args/list/2000000", "/0/args/list/3", "/0/args/list/01",
+                          "/0/args/nothing/a", "/0/args/nothing/0"}) {
+    CAPTURE(far);
+    auto r =
+        h.Plans().Approve(p.plan_id, "op-1", "", Json::array({{{"path", far}, {"value", 9}}}), "r");
+    CHECK(r.status().code() == Code::kInvalidArgument);
+    CHECK(r.status().field() == "/edits/0/path");
+  }
+  CHECK(h.store_->plans().Get(p.plan_id)->state == "awaiting_approval");
+  auto ok = h.Plans().Approve(p.plan_id, "op-1", "",
+                              Json::array({{{"path", "/0/args/list/1"}, {"value", 7}},
+                                           {{"path", "/0/args/list/2"}, {"value", 8}},
+                                           {{"path", "/0/args/list/-"}, {"value", 9}}}),
+                              "r");
+  REQUIRE_MESSAGE(ok.ok(), ok.status().ToString());
+  CHECK(h.store_->plans().Get(p.plan_id)->actions[0]["args"]["list"] == Json({1, 7, 8, 9}));
+}
+
 TEST_CASE("an approval cannot edit its action into work whose own plan waits or was refused") {
   PlanHarness h;
   h.Kind("wire", Always(60'000, "expire"));
