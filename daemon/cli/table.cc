@@ -32,32 +32,54 @@ const char* Escape(Color c) {
 
 bool IsContinuation(unsigned char c) { return (c & 0xC0) == 0x80; }
 
-// The code point of the C1 control (U+0080-U+009F) or bidirectional
-// formatting character (U+061C, U+200E, U+200F, U+202A-U+202E,
-// U+2066-U+2069) whose UTF-8 starts at text[i], with its length in bytes;
-// 0 when none starts there.
+// Code points that hide or reorder text without showing themselves: the
+// C1 controls (U+0080-U+009F), Unicode's Default_Ignorable_Code_Point set
+// (soft hyphen, zero-width and joiner characters, bidi controls and
+// isolates, variation selectors, fillers, tags) and the format characters
+// (Cf) outside it ("O-1<U+00AD>000" read "O-1000").
+bool IsHidden(char32_t cp) {
+  static constexpr std::pair<char32_t, char32_t> kRanges[] = {
+      {0x0080, 0x009f},   {0x00ad, 0x00ad},   {0x034f, 0x034f},   {0x0600, 0x0605},
+      {0x061c, 0x061c},   {0x06dd, 0x06dd},   {0x070f, 0x070f},   {0x0890, 0x0891},
+      {0x08e2, 0x08e2},   {0x115f, 0x1160},   {0x17b4, 0x17b5},   {0x180b, 0x180f},
+      {0x200b, 0x200f},   {0x202a, 0x202e},   {0x2060, 0x206f},   {0x3164, 0x3164},
+      {0xfe00, 0xfe0f},   {0xfeff, 0xfeff},   {0xffa0, 0xffa0},   {0xfff0, 0xfffb},
+      {0x110bd, 0x110bd}, {0x110cd, 0x110cd}, {0x13430, 0x1343f}, {0x1bca0, 0x1bca3},
+      {0x1d173, 0x1d17a}, {0xe0000, 0xe0fff}};
+  for (const auto& [from, to] : kRanges) {
+    if (cp >= from && cp <= to) return true;
+  }
+  return false;
+}
+
+// The hidden code point (IsHidden) whose UTF-8 starts at text[i], with its
+// length in bytes; 0 when none starts there (or the bytes are not UTF-8).
 char32_t HiddenControlAt(std::string_view text, size_t i, size_t* length) {
   auto at = [&](size_t k) -> unsigned {
     return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u;
   };
   const unsigned c = at(0);
-  if (c == 0xc2 && at(1) >= 0x80 && at(1) <= 0x9f) {
-    *length = 2;
-    return at(1);
+  size_t n = 0;
+  char32_t cp = 0;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+    cp = c & 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    cp = c & 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
   }
-  if (c == 0xd8 && at(1) == 0x9c) {
-    *length = 2;
-    return 0x061c;
+  for (size_t k = 1; k < n; ++k) {
+    if (!IsContinuation(at(k))) return 0;
+    cp = cp << 6 | (at(k) & 0x3f);
   }
-  if (c == 0xe2 && IsContinuation(at(1)) && IsContinuation(at(2))) {
-    const char32_t cp = 0x2000 | (at(1) & 0x3f) << 6 | (at(2) & 0x3f);
-    if (cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
-        (cp >= 0x2066 && cp <= 0x2069)) {
-      *length = 3;
-      return cp;
-    }
-  }
-  return 0;
+  if (!IsHidden(cp)) return 0;
+  *length = n;
+  return cp;
 }
 
 // "\u" and four hex digits: the JSON escape of a code point below U+10000.
@@ -66,6 +88,13 @@ std::string UnicodeEscape(char32_t cp) {
   std::string out = "\\u";
   for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(cp >> shift) & 15];
   return out;
+}
+
+// JSON escapes of a code point: "\\uNNNN", or a surrogate pair above U+FFFF.
+std::string UnicodeEscapes(char32_t cp) {
+  if (cp < 0x10000) return UnicodeEscape(cp);
+  const char32_t v = cp - 0x10000;
+  return UnicodeEscape(0xd800 + (v >> 10)) + UnicodeEscape(0xdc00 + (v & 0x3ff));
 }
 
 }  // namespace
@@ -85,11 +114,11 @@ std::string Printable(std::string_view text) {
     if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
       show(c);
     } else if (char32_t hidden = HiddenControlAt(text, i, &length); hidden != 0) {
-      // C1 (two bytes in UTF-8) as \xNN, a bidi control as \uNNNN.
+      // C1 (two bytes in UTF-8) as \xNN, the others as \uNNNN.
       if (hidden <= 0x9f) {
         show(static_cast<unsigned char>(hidden));
       } else {
-        out += UnicodeEscape(hidden);
+        out += UnicodeEscapes(hidden);
       }
       i += length - 1;
     } else {
@@ -100,13 +129,15 @@ std::string Printable(std::string_view text) {
 }
 
 std::string WithC1Escaped(std::string json_text) {
-  size_t at = json_text.find_first_of("\xc2\xd8\xe2");
-  if (at == std::string::npos) return json_text;
+  const auto non_ascii = std::find_if(json_text.begin(), json_text.end(),
+                                      [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
+  if (non_ascii == json_text.end()) return json_text;
+  const size_t at = static_cast<size_t>(non_ascii - json_text.begin());
   std::string out = json_text.substr(0, at);
   for (size_t i = at; i < json_text.size(); ++i) {
     size_t length = 0;
     if (char32_t hidden = HiddenControlAt(json_text, i, &length); hidden != 0) {
-      out += UnicodeEscape(hidden);
+      out += UnicodeEscapes(hidden);
       i += length - 1;
     } else {
       out += json_text[i];

@@ -31,15 +31,18 @@ bool UseColor(std::FILE* stream);
 // C0 controls other than newline and tab, DEL and the C1 controls
 // (U+0080-U+009F) are shown as \xNN, so a field cannot move the cursor,
 // erase a line, set the window title or recolour what follows; the
-// bidirectional formatting characters (U+061C, U+200E, U+200F,
-// U+202A-U+202E, U+2066-U+2069) are shown as \uNNNN, so a field cannot
-// reorder what the operator reads (an "error" that shows "approved").
+// characters that hide or reorder text without showing themselves
+// (Unicode's Default_Ignorable_Code_Point set: bidi controls such as
+// U+202E, zero-width characters, the soft hyphen, variation selectors,
+// tags; and the other format characters) are shown as \uNNNN (a surrogate
+// pair above U+FFFF), so a field cannot reorder or hide what the operator
+// reads (an "error" that shows "approved", "O-1<U+00AD>000" as "O-1000").
 std::string Printable(std::string_view text);
 // `json_text` (a dump of JSON: C0 controls are escaped already) with its C1
 // controls (U+0080-U+009F, which a terminal may take as CSI and the like)
-// and bidirectional formatting characters (as Printable) written as JSON
-// escapes (\u0080-\u009f, \u202e...): still the same JSON, and as safe for
-// a terminal as Printable.
+// and the characters Printable shows as \uNNNN written as JSON escapes
+// (\u0080-\u009f, \u202e...): still the same JSON, and as safe for a
+// terminal as Printable.
 std::string WithC1Escaped(std::string json_text);
 
 // Code points in a UTF-8 string (a display width good enough for tables).

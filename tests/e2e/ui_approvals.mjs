@@ -318,6 +318,22 @@ async function main() {
         'the args editor holds the escape, which parses back to the same value');
   await call('POST', `/v1/plans/${bidi.body.plan_id}/reject`, OPERATOR, {reason: 'not a real order'});
 
+  // Characters that hide themselves: "O-1<soft hyphen>000" reads "O-1000",
+  // and tag characters (above U+FFFF) show nothing at all.
+  const hiddenId = 'O-1\u00ad000\u{E0030}\u2064';
+  const hidden = await call('POST', '/v1/actions/refund', AGENT,
+                            {args: {order_id: hiddenId, amount: 50, currency: 'EUR'}},
+                            {'Idempotency-Key': '"ui-e2e-hidden"'});
+  await page.goto(base + '/ui/#/plans/' + hidden.body.plan_id);
+  await page.waitForSelector('#approve');
+  const hiddenText = await page.textContent('main');
+  check(hiddenText.includes('O-1\\u00ad000\\udb40\\udc30\\u2064') &&
+            !hiddenText.includes('\u00ad') && !hiddenText.includes('\u{E0030}'),
+        'a soft hyphen, a tag character and an invisible operator are shown as escapes');
+  check(JSON.parse(await page.inputValue('#edit-args-0')).order_id === hiddenId,
+        'and the args editor parses back to the same value');
+  await call('POST', `/v1/plans/${hidden.body.plan_id}/reject`, OPERATOR, {reason: 'not a real order'});
+
   // Plan 4: an account number beyond 2^53, sent as raw JSON (JavaScript
   // cannot write it). Chromium has JSON.rawJSON: the page shows the account
   // exactly, an edit of it is sent exactly, and the diff tells the two

@@ -25,14 +25,18 @@ const stepCache = new Map();   // step name -> {name, provider, model, output_sc
 
 // ---------------------------------------------------------------- DOM helpers
 
-// Characters that reorder or hide text (bidi controls and isolates, zero
-// width characters, the byte order mark) and other controls, as \uXXXX:
-// "O-9<RLO>0001" would otherwise read "O-91000". In JSON text (only inside
-// strings) the escape is JSON's own, so what the editors hold parses back
-// to the same value. Line breaks and tabs stay.
-const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+// Characters that reorder or hide text, and other controls, as \uXXXX
+// (a surrogate pair above U+FFFF): Unicode's Default_Ignorable_Code_Point
+// set (bidi controls and isolates, zero width characters, the soft hyphen,
+// variation selectors, fillers, tags) and the format characters (Cf), as
+// the CLI shows them: "O-9<RLO>0001" would otherwise read "O-91000", and
+// "O-1<soft hyphen>000" "O-1000". In JSON text (only inside strings) the
+// escape is JSON's own, so what the editors hold parses back to the same
+// value. Line breaks and tabs stay.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\p{Cf}\p{Default_Ignorable_Code_Point}]/gu;
 function visible(s) {
-  return String(s).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
+  return String(s).replace(HIDDEN, c => Array.from(
+      {length: c.length}, (_, i) => '\\u' + c.charCodeAt(i).toString(16).padStart(4, '0')).join(''));
 }
 
 function h(tag, attrs, ...children) {

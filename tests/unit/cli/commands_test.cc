@@ -272,6 +272,22 @@ TEST_CASE("bidi controls an agent wrote cannot reorder what the operator reads")
   CHECK(Json::parse(json) == j);
 }
 
+TEST_CASE(
+    "characters that hide themselves (soft hyphen, zero width, variation selectors, tags) are "
+    "shown as escapes, in tables and in JSON") {
+  // "O-1<soft hyphen>000" reads "O-1000"; "O-1" and two tag digits, "O-1".
+  CHECK(Printable("O-1\u00ad000") == "O-1\\u00ad000");
+  CHECK(Printable("a\u200bb\u034fc\ufe0fd\u2064e\u180ef") ==
+        "a\\u200bb\\u034fc\\ufe0fd\\u2064e\\u180ef");
+  CHECK(Printable("O-1\U000E0030\U000E0030") == "O-1\\udb40\\udc30\\udb40\\udc30");
+  // Visible neighbours stay text: accents, CJK, emoji, the not sign.
+  CHECK(Printable("caf\u00e9 \u4e2d \U0001F600 \u00ac") == "caf\u00e9 \u4e2d \U0001F600 \u00ac");
+  const Json j = {{"order_id", "O-1\u00ad000\U000E0030"}};
+  const std::string json = JsonText(j, -1);
+  CHECK(json == "{\"order_id\":\"O-1\\u00ad000\\udb40\\udc30\"}");
+  CHECK(Json::parse(json) == j);
+}
+
 TEST_CASE("a record read prints its problem on stderr, or on stdout with --json for a pipe") {
   FakeHttp http;
   http.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
