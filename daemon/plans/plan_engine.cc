@@ -724,6 +724,41 @@ struct PlanEngine::Impl {
     }
   }
 
+  // A decision plan's approval-gated action that a client executes: the
+  // plan's verdict (approved by a human, or let through by the rule) is
+  // written as that work's gate plan, with the plan's args (an operator's
+  // edits included). The client's claim then finds its work let through,
+  // with those args, instead of opening an approval of its own with
+  // whatever args it brings. A work that has a gate plan keeps it.
+  void MirrorVerdict(const Plan& from, const Json& a, int64_t now) {
+    auto kit = config.actions.find(KindOf(a));
+    if (kit == config.actions.end() || !kit->second.approval) return;
+    auto work = ActionWorkId(kit->second, a.value("args", Json()));
+    if (!work.ok()) return;
+    const bool approved = !from.approved_by.empty();
+    const std::string note =
+        (approved ? "approved with plan " : "let through with plan ") + from.plan_id;
+    Plan gate;
+    gate.plan_id = GatePlanId(work->key);
+    gate.origin = "action";
+    gate.state = approved ? "approved" : "proposed";
+    gate.actions = Json::array({{{"kind", kit->first}, {"args", a.value("args", Json())}}});
+    gate.approval = {
+        {"required", approved},
+        {"reasons", Json::array({{{"index", 0}, {"kind", kit->first}, {"reason", note}}})}};
+    gate.created_by = from.created_by;
+    gate.approved_by = from.approved_by;
+    gate.history = Json::array({{{"from", "proposed"},
+                                 {"to", gate.state},
+                                 {"actor", approved ? from.approved_by : kSystemActor},
+                                 {"note", note},
+                                 {"at_ms", now}}});
+    gate.created_at_ms = now;
+    gate.updated_at_ms = now;
+    Status put = store.plans().Put(gate);  // AlreadyExists: the work has its own plan
+    if (put.ok()) Changed(gate.plan_id);
+  }
+
   // An edit that changes an action's identity makes it another unit of
   // work. When that work has a gate plan of its own still waiting for a
   // human, or refused by one, approving this plan must not run it: that
@@ -1117,6 +1152,7 @@ StatusOr<PlanApplyResult> PlanEngine::Apply(const std::string& id, const std::st
                                                              : ActionOutcomeKind::kBusy;
         r.outcome = ActionOutcome{k, *w};
       } else {
+        if (!out.plan.decision_id.empty()) m.MirrorVerdict(out.plan, a, m.clock.NowMillis());
         r.outcome = Status(Code::kFailedPrecondition,
                            "client-executed kind: waiting for a client to claim it with POST "
                            "/v1/work/claim");

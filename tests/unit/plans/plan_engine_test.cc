@@ -447,6 +447,31 @@ TEST_CASE(
   CHECK(h.store_->plans().Get(own.plan_id)->state == "awaiting_approval");
 }
 
+TEST_CASE(
+    "a decision plan's approval lets its client-executed action through with the approved "
+    "args: the client's claim opens no approval of its own") {
+  PlanHarness h;
+  h.TriageStep();
+  ActionConfig& note = h.AddKind("note", {"/id"}, Json());
+  note.effector = Json();  // executed by a client's claim
+  note.approval = Always(60'000, "expire");
+  Decision d = PlanHarness::OneAction('n', "note", {{"id", "n-1"}, {"amount", 50}});
+  auto plan = h.Plans().ProposeFromDecision(d, "agent-1");
+  REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+  REQUIRE(plan->state == "awaiting_approval");
+  auto approved = h.Plans().Approve(plan->plan_id, "op-1", "",
+                                    Json::array({{{"path", "/0/args/amount"}, {"value", 7}}}), "r");
+  REQUIRE_MESSAGE(approved.ok(), approved.status().ToString());
+  // The client claims with other args: it gets the approved ones, and no
+  // plan waits for a second approval.
+  auto gate = h.Plans().GateAction(h.config_.actions.at("note"), {{"id", "n-1"}, {"amount", 999}},
+                                   "claim", "agent-1");
+  REQUIRE_MESSAGE(gate.ok(), gate.status().ToString());
+  CHECK(gate->allowed);
+  CHECK(gate->args == Json{{"id", "n-1"}, {"amount", 7}});
+  CHECK(gate->plan.approved_by == "op-1");
+}
+
 TEST_CASE("a gate plan that waits again for a new call is notified again, once") {
   PlanHarness h;
   ApprovalPolicy p = Always(60'000, "expire");
