@@ -387,6 +387,11 @@ EffectAttempt HttpEffector::CreateRecord(const WorkItem& item, EffectContext* co
   if (config_.level == Level::kHeader) {
     // The work_id, on every attempt: a per-attempt key would make each retry new work.
     request.headers.emplace_back(config_.idempotency_header, item.work_id);
+  } else {
+    // No key the target could dedupe on: never a kept-alive connection,
+    // which libcurl would silently send the create down twice should it
+    // die after the target acted (check_then_act looked up first only once).
+    request.fresh_connection = true;
   }
   HttpResponse response;
   attempt = Exchange(request, &response);

@@ -242,6 +242,10 @@ class CurlHttpClient final : public HttpClient {
     curl.easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
     curl.easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
     curl.easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (request.fresh_connection) {
+      curl.easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+      curl.easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+    }
     curl.easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "");  // whatever curl can decode
     curl.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(std::max<int64_t>(1, request.connect_timeout_ms)));

@@ -65,6 +65,13 @@ struct HttpRequest {
   // When set (by another thread) while the exchange runs, it ends at once
   // with Unavailable (retryable) "cancelled"; may be null.
   const std::atomic<bool>* cancel = nullptr;
+  // A new connection, closed afterwards. libcurl sends a request again,
+  // unasked, when a kept-alive connection it reused dies before the first
+  // byte of the answer: the server may have acted on the first one (it
+  // crashed or reset after committing). A request that must reach the
+  // server at most once per call (an effect without an idempotency key)
+  // sets this, so a dead connection is an error the caller sees.
+  bool fresh_connection = false;
 };
 
 struct HttpResponse {

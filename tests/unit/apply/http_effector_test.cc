@@ -42,7 +42,51 @@ WorkItem Item(Json args, std::string work_id = "w1") {
   return w;
 }
 
+// Passes each request on to `inner`, keeping a copy.
+class RecordingHttp final : public HttpClient {
+ public:
+  explicit RecordingHttp(HttpClient& inner) : inner_(inner) {}
+  StatusOr<HttpResponse> Send(const HttpRequest& request) override {
+    sent.push_back(request);
+    return inner_.Send(request);
+  }
+  std::vector<HttpRequest> sent;
+
+ private:
+  HttpClient& inner_;
+};
+
 }  // namespace
+
+TEST_CASE(
+    "an effect without an idempotency key goes out on a fresh connection: libcurl would send it "
+    "again down a reused one that died after the target acted") {
+  ApplyHarness h;
+  struct Case {
+    const char* level;
+    bool fresh;
+  };
+  for (Case c : {Case{"header", false}, Case{"none", true}, Case{"check_then_act", true}}) {
+    CAPTURE(c.level);
+    Json http = {{"url", h.Url("/records")}, {"idempotency", c.level}};
+    if (std::string(c.level) == "check_then_act") {
+      http["lookup"] = {{"url", h.Url("/records?fingerprint={fingerprint}")}};
+    }
+    RecordingHttp recording(*h.http_);
+    auto effector = HttpEffector::Create(Kind(http), recording, h.env_);
+    REQUIRE(effector.ok());
+    RecordingContext context;
+    EffectAttempt done = (*effector)->Execute(Item({{"ticket_id", "T-1"}}, "fresh-1"), context);
+    REQUIRE_MESSAGE(done.status.ok(), done.status.ToString());
+    bool created = false;
+    for (const HttpRequest& r : recording.sent) {
+      // A lookup only reads: a repeat of it does no harm.
+      CHECK(r.fresh_connection == (r.method == "POST" && c.fresh));
+      created = created || r.method == "POST";
+    }
+    CHECK(created);
+  }
+}
 
 TEST_CASE("effector config errors name the offending key") {
   const std::string at = "/actions/send_reply/effector/http";

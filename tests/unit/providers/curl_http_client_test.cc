@@ -1,8 +1,14 @@
 // The libcurl HttpClient against the fake provider server (it lives with the
 // provider tests because it needs tests/fakes).
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -154,6 +160,119 @@ TEST_CASE("a connection cut mid-body is Unavailable and retryable") {
   // The client recovers: the next request opens a fresh connection.
   server->Enqueue(FakeReply::Output({{"ok", true}}));
   CHECK(http->Send(Post(*server)).ok());
+}
+
+// A server that answers every request "ok" on a kept-alive connection,
+// except one whose body is "die": that one it reads, counts and closes the
+// connection on without a byte of answer (a target that crashed, or reset,
+// after it acted).
+class DyingServer {
+ public:
+  DyingServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(fd_, 16) == 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~DyingServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/effect"; }
+  int dying_requests() const { return dying_.load(); }
+
+ private:
+  void Serve() {
+    std::vector<int> conns;
+    std::vector<std::string> bufs;
+    while (!stop_) {
+      std::vector<pollfd> fds = {{fd_, POLLIN, 0}};
+      for (int c : conns) fds.push_back({c, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        conns.push_back(::accept(fd_, nullptr, nullptr));
+        bufs.emplace_back();
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        const size_t k = i - 1;
+        char chunk[4096];
+        const ssize_t n = ::recv(conns[k], chunk, sizeof(chunk), 0);
+        bool close_it = n <= 0;
+        if (n > 0) bufs[k].append(chunk, static_cast<size_t>(n));
+        const size_t head = bufs[k].find("\r\n\r\n");
+        const size_t cl = bufs[k].find("Content-Length: ");
+        if (!close_it && head != std::string::npos && cl != std::string::npos) {
+          const size_t body_len = std::strtoul(bufs[k].c_str() + cl + 16, nullptr, 10);
+          if (bufs[k].size() >= head + 4 + body_len) {
+            const std::string body = bufs[k].substr(head + 4, body_len);
+            bufs[k].erase(0, head + 4 + body_len);
+            if (body == "die") {
+              ++dying_;
+              close_it = true;
+            } else {
+              const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+              (void)!::send(conns[k], ok.data(), ok.size(), MSG_NOSIGNAL);
+            }
+          }
+        }
+        if (close_it) {
+          ::close(conns[k]);
+          conns[k] = -1;
+        }
+      }
+      for (size_t k = conns.size(); k-- > 0;) {
+        if (conns[k] < 0) {
+          conns.erase(conns.begin() + static_cast<long>(k));
+          bufs.erase(bufs.begin() + static_cast<long>(k));
+        }
+      }
+    }
+    for (int c : conns) ::close(c);
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> dying_{0};
+  std::thread thread_;
+};
+
+TEST_CASE(
+    "a request on a fresh connection reaches the server once even when the connection dies "
+    "unanswered; libcurl sends one on a reused connection again") {
+  DyingServer server;
+  auto http = MakeCurlHttpClient();
+  auto request = [&](const std::string& body, bool fresh) {
+    HttpRequest r;
+    r.method = "POST";
+    r.url = server.url();
+    r.headers = {{"Content-Type", "text/plain"}};
+    r.body = body;
+    r.timeout_ms = 5'000;
+    r.fresh_connection = fresh;
+    return http->Send(r);
+  };
+  // A kept-alive connection in the pool, then a fresh-connection request
+  // that the server acts on and dies: it got there once, and the caller
+  // is told the exchange failed.
+  REQUIRE(request("warm", false).ok());
+  auto once = request("die", true);
+  CHECK_FALSE(once.ok());
+  CHECK(server.dying_requests() == 1);
+  // Why it matters: on the reused connection libcurl sends it again unasked.
+  REQUIRE(request("warm", false).ok());
+  (void)request("die", false);
+  MESSAGE("a reused connection's dying request reached the server " << server.dying_requests() - 1
+                                                                    << " time(s)");
+  CHECK(server.dying_requests() - 1 >= 1);
 }
 
 TEST_CASE("a body above max_response_bytes is ResourceExhausted") {
