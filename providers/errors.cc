@@ -240,7 +240,7 @@ nlohmann::json RedactAllIn(nlohmann::json value, const std::vector<std::string>&
 }
 
 UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse& response,
-                                  int64_t now_wall_ms, std::string_view secret) {
+                                  int64_t now_wall_ms, const std::vector<std::string>& secrets) {
   const int s = response.status;
   Code code = CodeForHttpStatus(s);
   bool retryable = IsRetryableHttpStatus(s);
@@ -260,10 +260,14 @@ UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse&
   std::string msg(upstream);
   msg += ": HTTP " + std::to_string(s);
   if (out_of_quota) msg += " (quota exhausted)";
-  if (!text.empty()) msg += ": " + CutUtf8(text, kMaxProviderTextBytes, "...");
+  // Redacted whole, then cut: the other way round, a secret the cut went
+  // through kept its first bytes.
+  if (!text.empty()) {
+    msg += ": " + CutUtf8(RedactAll(std::move(text), secrets), kMaxProviderTextBytes, "...");
+  }
   // The marker is ours alone: a provider cannot forge a retry hint.
   for (size_t p; (p = msg.find(kRetryMarker)) != std::string::npos;) msg.erase(p, 1);
-  msg = Redact(std::move(msg), secret);
+  msg = RedactAll(std::move(msg), secrets);
 
   UpstreamError out;
   out.status = Status(code, std::move(msg), {}, retryable);
@@ -368,10 +372,7 @@ StatusOr<HttpResponse> SendChecked(HttpClient& http, Env& env, std::string_view 
                   s.field(), s.retryable());
   }
   if (response->status >= 200 && response->status <= 299) return response;
-  UpstreamError e = ClassifyHttpFailure(upstream, *response, env.WallMillis());
-  e.status = Status(e.status.code(), RedactAll(e.status.message(), secrets), e.status.field(),
-                    e.status.retryable());
-  return ToStatus(e);
+  return ToStatus(ClassifyHttpFailure(upstream, *response, env.WallMillis(), secrets));
 }
 
 std::string SchemaNameForWire(std::string_view name) {

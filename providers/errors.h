@@ -76,10 +76,12 @@ Code CodeForHttpStatus(int http_status);
 bool IsRetryableHttpStatus(int http_status);
 
 // REQUIRES: response.status is not 2xx. `now_wall_ms` turns an HTTP-date
-// Retry-After into a delay. `secret` (may be empty) is redacted from the
-// message.
+// Retry-After into a delay. `secrets` are redacted from the upstream's text
+// before it is cut to 512 bytes (a cut would leave a secret's start that no
+// whole-secret redaction finds).
 UpstreamError ClassifyHttpFailure(std::string_view upstream, const HttpResponse& response,
-                                  int64_t now_wall_ms, std::string_view secret = {});
+                                  int64_t now_wall_ms,
+                                  const std::vector<std::string>& secrets = {});
 
 // The Retry-After delay in milliseconds from `retry-after-ms` or
 // `retry-after`; nullopt when absent or unparseable.

@@ -365,9 +365,9 @@ EffectAttempt HttpEffector::Exchange(const HttpRequest& request, HttpResponse* r
   bool ok = response->status >= 200 && response->status <= 299;
   for (int code : accepted) ok = ok || response->status == code;
   if (ok) return attempt;
-  UpstreamError error = ClassifyHttpFailure(upstream, *response, env_.WallMillis());
-  attempt.status = Status(error.status.code(), RedactSecrets(error.status.message()),
-                          error.status.field(), error.status.retryable());
+  UpstreamError error =
+      ClassifyHttpFailure(upstream, *response, env_.WallMillis(), config_.secrets);
+  attempt.status = error.status;
   attempt.retry_after_ms = error.retry_after_ms;
   return attempt;
 }

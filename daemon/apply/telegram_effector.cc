@@ -94,7 +94,7 @@ EffectAttempt TelegramEffector::Execute(const WorkItem& item, EffectContext&) {
   const HttpResponse& response = *sent;
   std::optional<Json> answer = ParseJsonBody(response.body);
   if (response.status < 200 || response.status > 299) {
-    UpstreamError error = ClassifyHttpFailure(upstream, response, env_.WallMillis(), token_);
+    UpstreamError error = ClassifyHttpFailure(upstream, response, env_.WallMillis(), {token_});
     std::string message = error.status.message();
     int64_t retry_after_ms = error.retry_after_ms;
     if (answer && answer->is_object()) {

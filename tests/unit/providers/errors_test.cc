@@ -113,12 +113,23 @@ TEST_CASE("the secret is redacted from provider messages") {
       "openai",
       Answer(401,
              Json{{"error", {{"message", "Incorrect API key provided: " + key + "."}}}}.dump()),
-      0, key);
+      0, {key});
   CHECK(e.status.code() == Code::kUnauthenticated);
   CHECK(e.status.message().find(key) == std::string::npos);
   CHECK(e.status.message().find("[redacted]") != std::string::npos);
   CHECK(Redact("a-key-a-key", "a-key") == "[redacted]-[redacted]");
   CHECK(Redact("abc", "ab") == "abc");  // too short to be a secret
+}
+
+TEST_CASE("a secret the 512-byte cut goes through is redacted whole first, not left half") {
+  const std::string token = "SeCrEtToKeN-1234567890ab";
+  // The target echoes the request's Authorization header past byte 495.
+  const std::string text = std::string(495, 'y') + " Bearer " + token;
+  for (const std::string& body : {Json{{"error", text}}.dump(), text.substr(400)}) {
+    CAPTURE(body.size());
+    auto e = ClassifyHttpFailure("effector", Answer(500, body), 0, {token});
+    CHECK(e.status.message().find("SeCrEt") == std::string::npos);
+  }
 }
 
 TEST_CASE("Retry-After: delta-seconds, HTTP-date and retry-after-ms") {
