@@ -69,11 +69,11 @@
 //
 // Failures: HttpClient's network errors as they are (retryable); non-2xx
 // answers classified by providers/errors.h (408, 409, 429, 5xx retryable,
-// other 4xx permanent, Retry-After honoured); a 2xx lookup answer that is
-// not JSON is retryable Unavailable. A failure's message never holds a
-// secret, even when the target's answer echoes the request: the `${VAR}`
-// header values and what UrlForMessages hides of the configured URLs (see
-// HttpEffectorConfig::secrets) show as "[redacted]".
+// other 4xx permanent, Retry-After honoured up to retry.cap); a 2xx lookup
+// answer that is not JSON is retryable Unavailable. A failure's message
+// never holds a secret, even when the target's answer echoes the request:
+// the `${VAR}` header values and what UrlForMessages hides of the
+// configured URLs (see HttpEffectorConfig::secrets) show as "[redacted]".
 //
 // Failpoint: apply.after_lookup (check_then_act: the lookup found nothing,
 // the create has not been sent).
