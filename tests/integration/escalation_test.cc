@@ -197,27 +197,41 @@ default:
   CHECK(after["decision_id"] == decided["decision_id"]);
 }
 
+namespace {
+
+// Scripted rules for the outage tests: an input whose text holds `word`
+// finds the provider down twice, then gets `then` (a rule's tail), and
+// every other input a valid question.
+std::string DownTwice(const std::string& word) {
+  return "  - match: {input: {text: {contains: " + word +
+         "}}}\n"
+         "    fail: {code: unavailable, message: provider down}\n"
+         "    times: 2\n";
+}
+constexpr const char* kProse = "    output: 'I would rather chat about it.'\n";
+constexpr const char* kQuestionByDefault =
+    "default:\n"
+    "  output: '{\"category\":\"question\",\"priority\":\"low\",\"summary\":\"a "
+    "question\",\"actions\":[]}'\n";
+
+std::unique_ptr<DaemonProcess> StartEscalating(TempDir& dir, const std::string& rules) {
+  std::string err;
+  auto d = DaemonProcess::Start(
+      {EscalatingConfig(dir, rules.c_str()), dir.path() + "/data", {}, {}}, &err);
+  REQUIRE_MESSAGE(d != nullptr, err);
+  return d;
+}
+
+}  // namespace
+
 TEST_CASE(
     "an escalation because no model answered (the provider was down) is not the input's "
     "answer: the next decide asks again, and its decision closes the escalation") {
   TempDir dir;
   // "blip": down twice, then answers. "bad": down twice, then prose, always.
-  const char* rules = R"(rules:
-  - match: {input: {text: {contains: blip}}}
-    fail: {code: unavailable, message: provider down}
-    times: 2
-  - match: {input: {text: {contains: bad}}}
-    fail: {code: unavailable, message: provider down}
-    times: 2
-  - match: {input: {text: {contains: bad}}}
-    output: 'I would rather chat about it.'
-default:
-  output: '{"category":"question","priority":"low","summary":"a question","actions":[]}'
-)";
-  std::string config = EscalatingConfig(dir, rules);
-  std::string err;
-  auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(d != nullptr, err);
+  auto d = StartEscalating(dir, "rules:\n" + DownTwice("blip") + DownTwice("bad") +
+                                    "  - match: {input: {text: {contains: bad}}}\n" + kProse +
+                                    kQuestionByDefault);
   auto c = d->Client();
   // No structured bindings below: clang 14 cannot capture one in doctest's lambdas.
   struct Answer {
@@ -276,19 +290,9 @@ TEST_CASE(
     "an outage's escalation is not stored under the request's Idempotency-Key: the retry with "
     "the key asks again and gets the decision") {
   TempDir dir;
-  const char* rules = R"(rules:
-  - match: {input: {text: {contains: blip}}}
-    fail: {code: unavailable, message: provider down}
-    times: 2
-  - match: {input: {text: {contains: prose}}}
-    output: 'I would rather chat about it.'
-default:
-  output: '{"category":"question","priority":"low","summary":"a question","actions":[]}'
-)";
-  std::string config = EscalatingConfig(dir, rules);
-  std::string err;
-  auto d = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
-  REQUIRE_MESSAGE(d != nullptr, err);
+  auto d = StartEscalating(dir, "rules:\n" + DownTwice("blip") +
+                                    "  - match: {input: {text: {contains: prose}}}\n" + kProse +
+                                    kQuestionByDefault);
   auto c = d->Client();
   auto decide = [&c](const std::string& text, const std::string& key) {
     Json body = {{"step", "triage_ticket"}, {"input", {{"ticket_id", "89"}, {"text", text}}}};
