@@ -7,6 +7,8 @@
 #include <ctime>
 #include <utility>
 
+#include "daemon/core/hidden_text.h"
+
 namespace idem::cli {
 namespace {
 
@@ -32,71 +34,6 @@ const char* Escape(Color c) {
 
 bool IsContinuation(unsigned char c) { return (c & 0xC0) == 0x80; }
 
-// Code points that hide or reorder text without showing themselves: the
-// C1 controls (U+0080-U+009F), Unicode's Default_Ignorable_Code_Point set
-// (soft hyphen, zero-width and joiner characters, bidi controls and
-// isolates, variation selectors, fillers, tags) and the format characters
-// (Cf) outside it ("O-1<U+00AD>000" read "O-1000").
-bool IsHidden(char32_t cp) {
-  static constexpr std::pair<char32_t, char32_t> kRanges[] = {
-      {0x0080, 0x009f},   {0x00ad, 0x00ad},   {0x034f, 0x034f},   {0x0600, 0x0605},
-      {0x061c, 0x061c},   {0x06dd, 0x06dd},   {0x070f, 0x070f},   {0x0890, 0x0891},
-      {0x08e2, 0x08e2},   {0x115f, 0x1160},   {0x17b4, 0x17b5},   {0x180b, 0x180f},
-      {0x200b, 0x200f},   {0x202a, 0x202e},   {0x2060, 0x206f},   {0x3164, 0x3164},
-      {0xfe00, 0xfe0f},   {0xfeff, 0xfeff},   {0xffa0, 0xffa0},   {0xfff0, 0xfffb},
-      {0x110bd, 0x110bd}, {0x110cd, 0x110cd}, {0x13430, 0x1343f}, {0x1bca0, 0x1bca3},
-      {0x1d173, 0x1d17a}, {0xe0000, 0xe0fff}};
-  for (const auto& [from, to] : kRanges) {
-    if (cp >= from && cp <= to) return true;
-  }
-  return false;
-}
-
-// The hidden code point (IsHidden) whose UTF-8 starts at text[i], with its
-// length in bytes; 0 when none starts there (or the bytes are not UTF-8).
-char32_t HiddenControlAt(std::string_view text, size_t i, size_t* length) {
-  auto at = [&](size_t k) -> unsigned {
-    return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u;
-  };
-  const unsigned c = at(0);
-  size_t n = 0;
-  char32_t cp = 0;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-    cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k < n; ++k) {
-    if (!IsContinuation(at(k))) return 0;
-    cp = cp << 6 | (at(k) & 0x3f);
-  }
-  if (!IsHidden(cp)) return 0;
-  *length = n;
-  return cp;
-}
-
-// "\u" and four hex digits: the JSON escape of a code point below U+10000.
-std::string UnicodeEscape(char32_t cp) {
-  static const char* kHex = "0123456789abcdef";
-  std::string out = "\\u";
-  for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(cp >> shift) & 15];
-  return out;
-}
-
-// JSON escapes of a code point: "\\uNNNN", or a surrogate pair above U+FFFF.
-std::string UnicodeEscapes(char32_t cp) {
-  if (cp < 0x10000) return UnicodeEscape(cp);
-  const char32_t v = cp - 0x10000;
-  return UnicodeEscape(0xd800 + (v >> 10)) + UnicodeEscape(0xdc00 + (v & 0x3ff));
-}
-
 }  // namespace
 
 std::string Printable(std::string_view text) {
@@ -113,12 +50,12 @@ std::string Printable(std::string_view text) {
     size_t length = 0;
     if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
       show(c);
-    } else if (char32_t hidden = HiddenControlAt(text, i, &length); hidden != 0) {
+    } else if (char32_t hidden = HiddenCodePointAt(text, i, &length); hidden != 0) {
       // C1 (two bytes in UTF-8) as \xNN, the others as \uNNNN.
       if (hidden <= 0x9f) {
         show(static_cast<unsigned char>(hidden));
       } else {
-        out += UnicodeEscapes(hidden);
+        out += JsonUnicodeEscapes(hidden);
       }
       i += length - 1;
     } else {
@@ -129,21 +66,7 @@ std::string Printable(std::string_view text) {
 }
 
 std::string WithC1Escaped(std::string json_text) {
-  const auto non_ascii = std::find_if(json_text.begin(), json_text.end(),
-                                      [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
-  if (non_ascii == json_text.end()) return json_text;
-  const size_t at = static_cast<size_t>(non_ascii - json_text.begin());
-  std::string out = json_text.substr(0, at);
-  for (size_t i = at; i < json_text.size(); ++i) {
-    size_t length = 0;
-    if (char32_t hidden = HiddenControlAt(json_text, i, &length); hidden != 0) {
-      out += UnicodeEscapes(hidden);
-      i += length - 1;
-    } else {
-      out += json_text[i];
-    }
-  }
-  return out;
+  return EscapeHiddenInJson(std::move(json_text));
 }
 
 std::string Style::Paint(std::string_view text, Color c) const {

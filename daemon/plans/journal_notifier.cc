@@ -5,6 +5,7 @@
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/env_vars.h"
+#include "daemon/core/hidden_text.h"
 #include "daemon/core/json.h"
 #include "daemon/obs/log.h"
 #include "daemon/obs/trace.h"
@@ -56,9 +57,12 @@ std::string ActionLines(const Json& detail) {
   for (const Json& a : *it) {
     if (shown == kMaxTextActions) break;
     ++shown;
-    std::string args = a.is_object() && a.contains("args")
-                           ? a["args"].dump(-1, ' ', false, Json::error_handler_t::replace)
-                           : "{}";
+    // Shown as the operator page and the CLI show it: a character that
+    // hides or reorders text is an escape ("O-1<U+00AD>000" is no O-1000).
+    std::string args =
+        a.is_object() && a.contains("args")
+            ? EscapeHiddenInJson(a["args"].dump(-1, ' ', false, Json::error_handler_t::replace))
+            : "{}";
     out += "\n- " + ActionKind(a).value_or("?") + " " + CutUtf8(args, kMaxTextArgsBytes, "...");
   }
   if (it->size() > shown) out += "\n(and " + std::to_string(it->size() - shown) + " more)";

@@ -298,6 +298,21 @@ TEST_CASE("a long reason is cut so that the telegram text stays within the Bot A
   CHECK(text.find("idem approve plan_long") != std::string::npos);  // the command survives
 }
 
+TEST_CASE("a plan's telegram text shows a character that hides or reorders text as an escape") {
+  Notification n = Approval("plan_hidden");
+  // "O-1<soft hyphen>000" would read O-1000; "<RLO>" would reorder the rest.
+  n.detail = {
+      {"plan_id", "plan_hidden"},
+      {"actions",
+       Json::array({Json{{"kind", "refund"},
+                         {"args", {{"order_id", "O-1\u00ad000"}, {"memo", "\u202eok"}}}}})}};
+  std::string text = JournalNotifier::TelegramText(n);
+  CHECK_MESSAGE(text.find("O-1\\u00ad000") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("\\u202eok") != std::string::npos, text);
+  CHECK(text.find("\u00ad") == std::string::npos);
+  CHECK(text.find("\u202e") == std::string::npos);
+}
+
 TEST_CASE("a plan's telegram text says what each action would do, cut to the Bot API limit") {
   Notification n = Approval("plan_acts");
   n.detail = {{"plan_id", "plan_acts"},
