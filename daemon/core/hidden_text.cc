@@ -1,7 +1,10 @@
 #include "daemon/core/hidden_text.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
+
+#include "daemon/core/json.h"
 
 namespace idem {
 
@@ -38,31 +41,12 @@ std::string UnicodeEscape(char32_t cp) {
 }  // namespace
 
 char32_t HiddenCodePointAt(std::string_view text, size_t i, size_t* length) {
-  auto at = [&](size_t k) -> unsigned {
-    return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u;
-  };
-  const unsigned c = at(0);
-  size_t n = 0;
-  char32_t cp = 0;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-    cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k < n; ++k) {
-    if ((at(k) & 0xC0) != 0x80) return 0;
-    cp = cp << 6 | (at(k) & 0x3f);
-  }
-  if (!IsHiddenCodePoint(cp)) return 0;
-  *length = n;
-  return cp;
+  if (i >= text.size() || static_cast<unsigned char>(text[i]) < 0x80) return 0;
+  size_t next = i;
+  const std::optional<char32_t> cp = DecodeUtf8(text, next);
+  if (!cp || !IsHiddenCodePoint(*cp)) return 0;
+  *length = next - i;
+  return *cp;
 }
 
 std::string JsonUnicodeEscapes(char32_t cp) {

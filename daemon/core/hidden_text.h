@@ -13,10 +13,11 @@ namespace idem {
 
 // The code point that hides or reorders text without showing itself whose
 // UTF-8 starts at text[i], with its length in bytes; 0 when none starts
-// there (or the bytes are not UTF-8). Hidden: the C1 controls
-// (U+0080-U+009F), Unicode's Default_Ignorable_Code_Point set (bidi
-// controls such as U+202E, zero-width characters, the soft hyphen,
-// variation selectors, fillers, tags) and the other format characters (Cf).
+// there (or the bytes are not well-formed UTF-8, as DecodeUtf8 reads it).
+// Hidden: the C1 controls (U+0080-U+009F), Unicode's
+// Default_Ignorable_Code_Point set (bidi controls such as U+202E,
+// zero-width characters, the soft hyphen, variation selectors, fillers,
+// tags) and the other format characters (Cf).
 char32_t HiddenCodePointAt(std::string_view text, size_t i, size_t* length);
 // The JSON escape of a code point: "\\uNNNN", a surrogate pair above U+FFFF.
 std::string JsonUnicodeEscapes(char32_t cp);

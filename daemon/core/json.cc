@@ -15,45 +15,6 @@
 namespace idem {
 namespace {
 
-// Decodes one well-formed UTF-8 sequence (Unicode Table 3-7: no overlong
-// forms, no encoded surrogates, nothing above U+10FFFF) starting at `pos`.
-// Returns the code point and advances `pos`, or nullopt leaving `pos` alone.
-std::optional<char32_t> DecodeUtf8(std::string_view s, size_t& pos) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char b0 = byte(pos);
-  if (b0 < 0x80) {
-    ++pos;
-    return b0;
-  }
-  size_t len;
-  char32_t cp;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-    cp = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    cp = b0 & 0x0F;
-    if (b0 == 0xE0) lo = 0xA0;  // overlong
-    if (b0 == 0xED) hi = 0x9F;  // UTF-16 surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    cp = b0 & 0x07;
-    if (b0 == 0xF0) lo = 0x90;  // overlong
-    if (b0 == 0xF4) hi = 0x8F;  // above U+10FFFF
-  } else {
-    return std::nullopt;
-  }
-  if (s.size() - pos < len) return std::nullopt;
-  for (size_t i = 1; i < len; ++i) {
-    const unsigned char b = byte(pos + i);
-    if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return std::nullopt;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  pos += len;
-  return cp;
-}
-
 // Eight bytes of text at a time (word-at-a-time tests, exact as a yes or
 // no for the whole word; the byte order does not matter).
 constexpr uint64_t kEachByte = 0x0101010101010101ull;  // times n: n in every byte
@@ -364,6 +325,42 @@ class Canonicalizer {
 };
 
 }  // namespace
+
+std::optional<char32_t> DecodeUtf8(std::string_view s, size_t& pos) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char b0 = byte(pos);
+  if (b0 < 0x80) {
+    ++pos;
+    return b0;
+  }
+  size_t len;
+  char32_t cp;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+    cp = b0 & 0x1F;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    cp = b0 & 0x0F;
+    if (b0 == 0xE0) lo = 0xA0;  // overlong
+    if (b0 == 0xED) hi = 0x9F;  // UTF-16 surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    cp = b0 & 0x07;
+    if (b0 == 0xF0) lo = 0x90;  // overlong
+    if (b0 == 0xF4) hi = 0x8F;  // above U+10FFFF
+  } else {
+    return std::nullopt;
+  }
+  if (s.size() - pos < len) return std::nullopt;
+  for (size_t i = 1; i < len; ++i) {
+    const unsigned char b = byte(pos + i);
+    if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return std::nullopt;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  pos += len;
+  return cp;
+}
 
 StatusOr<Json> ParseJson(std::string_view text, const JsonLimits& limits) {
   if (text.size() > limits.max_bytes) {

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -46,6 +47,11 @@ StatusOr<std::string> CanonicalJson(const Json& value);
 // Appends `s` escaped for the inside of a JSON string literal (no quotes),
 // with RFC 8785's escaping: \" \\ \b \f \n \r \t, other controls as \u00xx.
 void AppendJsonStringContent(std::string_view s, std::string& out);
+
+// Decodes one well-formed UTF-8 sequence (Unicode Table 3-7: no overlong
+// forms, no encoded surrogates, nothing above U+10FFFF) starting at `pos`.
+// Returns the code point and advances `pos`, or nullopt leaving `pos` alone.
+std::optional<char32_t> DecodeUtf8(std::string_view s, size_t& pos);
 
 // True if `s` is well-formed UTF-8 (no overlong forms, no surrogates).
 bool IsValidUtf8(std::string_view s);
