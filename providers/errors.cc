@@ -363,16 +363,18 @@ StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required)
 }
 
 StatusOr<HttpResponse> SendChecked(HttpClient& http, Env& env, std::string_view upstream,
-                                   const HttpRequest& request,
-                                   const std::vector<std::string>& secrets) {
+                                   const HttpRequest& request, const ProviderSecrets& secrets) {
   StatusOr<HttpResponse> response = http.Send(request);
   if (!response.ok()) {
     const Status& s = response.status();
-    return Status(s.code(), RedactAll(std::string(upstream) + ": " + s.message(), secrets),
+    return Status(s.code(), RedactAll(std::string(upstream) + ": " + s.message(), secrets.errors),
                   s.field(), s.retryable());
   }
-  if (response->status >= 200 && response->status <= 299) return response;
-  return ToStatus(ClassifyHttpFailure(upstream, *response, env.WallMillis(), secrets));
+  if (response->status >= 200 && response->status <= 299) {
+    response->body = RedactAll(std::move(response->body), secrets.answers);
+    return response;
+  }
+  return ToStatus(ClassifyHttpFailure(upstream, *response, env.WallMillis(), secrets.errors));
 }
 
 std::string SchemaNameForWire(std::string_view name) {

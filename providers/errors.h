@@ -143,13 +143,22 @@ StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required)
 
 // ---- Adapter plumbing shared by every provider adapter ----
 
-// Sends `request` and returns the response when its status is 2xx. A network
-// failure comes back as HttpClient classified it, prefixed with `upstream`;
-// any other status as ToStatus(ClassifyHttpFailure(...)) with `secrets`
-// redacted and env.WallMillis() as the time for an HTTP-date Retry-After.
+// What an adapter keeps out of everything it hands back (errors, and the
+// answers the engine stores, traces and shows), since an upstream may echo
+// the request, in an error or inside a 2xx (a refusal quoting it, a model
+// repeating it): RedactionListsFor(the key and the headers' secrets
+// (ConfigHeaders), {base_url}). Its `answers` are redacted from a 2xx body
+// before anything reads it: a plain URL part stays, lest the model's answer
+// change.
+using ProviderSecrets = RedactionLists;
+
+// Sends `request` and returns the response when its status is 2xx, its body
+// with `secrets.answers` redacted. A network failure comes back as
+// HttpClient classified it, prefixed with `upstream`; any other status as
+// ToStatus(ClassifyHttpFailure(...)); both with `secrets.errors` redacted,
+// and env.WallMillis() as the time for an HTTP-date Retry-After.
 StatusOr<HttpResponse> SendChecked(HttpClient& http, Env& env, std::string_view upstream,
-                                   const HttpRequest& request,
-                                   const std::vector<std::string>& secrets);
+                                   const HttpRequest& request, const ProviderSecrets& secrets);
 
 // A name usable as an OpenAI json_schema name or an Anthropic tool name:
 // [A-Za-z0-9_-], at most 64 characters; "output" when nothing is left.

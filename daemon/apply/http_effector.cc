@@ -234,19 +234,10 @@ StatusOr<HttpEffectorConfig> ParseHttpEffectorConfig(const ActionConfig& action)
   }
   // A target may echo the request in its error answer: what the daemon's
   // own messages hide of its URLs (UrlForMessages) is as secret there.
-  c.secrets = c.stored_secrets;
-  for (const std::string* url : {&c.url, &c.lookup_url, &c.list_url}) {
-    for (std::string& part : UrlSecrets(*url)) {
-      if (!PlainSegment(part)) c.stored_secrets.push_back(part);
-      c.secrets.push_back(std::move(part));
-    }
-  }
-  // The longest first: a secret that holds another is redacted whole.
-  for (std::vector<std::string>* list : {&c.secrets, &c.stored_secrets}) {
-    std::stable_sort(list->begin(), list->end(), [](const std::string& a, const std::string& b) {
-      return a.size() > b.size();
-    });
-  }
+  RedactionLists lists =
+      RedactionListsFor(std::move(c.stored_secrets), {c.url, c.lookup_url, c.list_url});
+  c.secrets = std::move(lists.errors);
+  c.stored_secrets = std::move(lists.answers);
   return c;
 }
 

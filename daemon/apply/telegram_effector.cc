@@ -64,7 +64,14 @@ Status TelegramEffector::Validate(const Json& args) const {
 }
 
 std::string TelegramEffector::Redacted(std::string text) const {
-  return Redact(std::move(text), token_);
+  return RedactAll(std::move(text), TokenForms());
+}
+
+std::vector<std::string> TelegramEffector::TokenForms() const {
+  // As sent, and as a target that echoes the URL may write it back.
+  std::string encoded;
+  for (char c : token_) encoded += c == ':' ? std::string("%3A") : std::string(1, c);
+  return {token_, encoded};
 }
 
 EffectAttempt TelegramEffector::Execute(const WorkItem& item, EffectContext&) {
@@ -94,7 +101,7 @@ EffectAttempt TelegramEffector::Execute(const WorkItem& item, EffectContext&) {
   const HttpResponse& response = *sent;
   std::optional<Json> answer = ParseJsonBody(response.body);
   if (response.status < 200 || response.status > 299) {
-    UpstreamError error = ClassifyHttpFailure(upstream, response, env_.WallMillis(), {token_});
+    UpstreamError error = ClassifyHttpFailure(upstream, response, env_.WallMillis(), TokenForms());
     std::string message = error.status.message();
     int64_t retry_after_ms = error.retry_after_ms;
     if (answer && answer->is_object()) {
@@ -122,12 +129,15 @@ EffectAttempt TelegramEffector::Execute(const WorkItem& item, EffectContext&) {
                             "", /*retryable=*/true);
     return attempt;
   }
-  const Json& result = answer->contains("result") ? (*answer)["result"] : Json();
+  // What is stored and shown is kept clear of the token: a compatible
+  // server may echo the request's URL in its answer.
+  Json body = RedactAllIn(std::move(*answer), TokenForms());
+  const Json& result = body.contains("result") ? body["result"] : Json();
   if (result.is_object() && result.contains("message_id")) {
     const Json& id = result["message_id"];
     attempt.result.external_ref = id.is_string() ? id.get<std::string>() : id.dump();
   }
-  attempt.result.result = Json{{"status", response.status}, {"body", std::move(*answer)}};
+  attempt.result.result = Json{{"status", response.status}, {"body", std::move(body)}};
   return attempt;
 }
 

@@ -67,6 +67,7 @@ class TelegramEffector final : public Effector {
         env_(env) {}
 
   std::string Redacted(std::string text) const;
+  std::vector<std::string> TokenForms() const;
 
   const std::string kind_;
   const std::string base_url_;

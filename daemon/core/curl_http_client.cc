@@ -500,6 +500,25 @@ bool PlainSegment(std::string_view segment) {
          });
 }
 
+RedactionLists RedactionListsFor(std::vector<std::string> own,
+                                 std::initializer_list<std::string_view> urls) {
+  RedactionLists out;
+  out.answers = own;
+  out.errors = std::move(own);
+  for (std::string_view url : urls) {
+    for (std::string& part : UrlSecrets(url)) {
+      if (!PlainSegment(part)) out.answers.push_back(part);
+      out.errors.push_back(std::move(part));
+    }
+  }
+  for (std::vector<std::string>* list : {&out.errors, &out.answers}) {
+    std::stable_sort(list->begin(), list->end(), [](const std::string& a, const std::string& b) {
+      return a.size() > b.size();
+    });
+  }
+  return out;
+}
+
 std::string UrlForMessages(const std::string& url) {
   std::string out = url.substr(0, url.find_first_of("?#"));
   size_t scheme_end = out.find("://");

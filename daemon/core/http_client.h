@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -113,6 +114,20 @@ std::vector<std::string> UrlSecrets(std::string_view url);
 // Discord's /api/webhooks/<id>/<token> carry their secret in the path, so a
 // path segment is shown only when plain.
 bool PlainSegment(std::string_view segment);
+
+// Two redaction lists of a caller that sends to `urls` (each may be empty)
+// and was handed `own` secrets (a key, `${VAR}` header values): `errors`,
+// for its error texts, gets `own` and every UrlSecrets part; `answers`, for
+// a 2xx answer it stores, gets `own` and the parts that are not
+// PlainSegment (a query's "json" is no secret, and likelier the answer's
+// own data). Each is sorted longest first, so a secret that holds another
+// is redacted whole.
+struct RedactionLists {
+  std::vector<std::string> errors;
+  std::vector<std::string> answers;
+};
+RedactionLists RedactionListsFor(std::vector<std::string> own,
+                                 std::initializer_list<std::string_view> urls);
 
 // Percent-decoding of a URL component; '+' means space when
 // `plus_is_space`. Malformed escapes are kept as they are.

@@ -56,7 +56,7 @@ struct Settings {
   std::string upstream;
   std::string url;
   std::string api_key;
-  std::vector<std::string> secrets;  // the key and the headers' secrets: never in an error
+  ProviderSecrets secrets;  // the key, the headers' and base_url's secrets
   int64_t max_tokens = 4096;
   bool native = false;
   HttpHeaders extra_headers;  // from config
@@ -73,7 +73,8 @@ class AnthropicProvider final : public Provider {
     try {
       return CompleteOrThrow(request);
     } catch (const std::exception& e) {
-      return Internal(RedactAll(s_.upstream + ": unexpected error: " + e.what(), s_.secrets));
+      return Internal(
+          RedactAll(s_.upstream + ": unexpected error: " + e.what(), s_.secrets.errors));
     }
   }
 
@@ -197,12 +198,13 @@ StatusOr<std::unique_ptr<Provider>> MakeAnthropicProvider(const ProviderConfig& 
   ASSIGN_OR_RETURN(s.max_tokens, ConfigInt(config, "max_tokens", 4096, 1, 1'000'000));
   ASSIGN_OR_RETURN(std::string mode,
                    ConfigString(config, "structured_output", "tool", {"tool", "native"}));
-  s.secrets.push_back(s.api_key);
-  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config, &s.secrets));
+  std::vector<std::string> own = {s.api_key};
+  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config, &own));
   s.native = mode == "native";
   s.upstream = config.name.empty() ? "anthropic" : config.name;
-  s.url = StripTrailingSlash(config.base_url.empty() ? kDefaultBaseUrl : config.base_url) +
-          "/v1/messages";
+  const std::string base = config.base_url.empty() ? kDefaultBaseUrl : config.base_url;
+  s.secrets = RedactionListsFor(std::move(own), {base});
+  s.url = StripTrailingSlash(base) + "/v1/messages";
   return std::unique_ptr<Provider>(std::make_unique<AnthropicProvider>(std::move(s), http, env));
 }
 

@@ -19,7 +19,7 @@ constexpr int64_t kConnectTimeoutMs = 10'000;
 class OpenAiProvider final : public Provider {
  public:
   OpenAiProvider(std::string name, std::string base_url, std::string api_key, int64_t max_tokens,
-                 HttpHeaders headers, std::vector<std::string> secrets, HttpClient& http, Env& env)
+                 HttpHeaders headers, ProviderSecrets secrets, HttpClient& http, Env& env)
       : upstream_(std::move(name)),
         url_(StripTrailingSlash(std::move(base_url)) + "/chat/completions"),
         api_key_(std::move(api_key)),
@@ -36,7 +36,7 @@ class OpenAiProvider final : public Provider {
       return CompleteOrThrow(request);
     } catch (const std::exception& e) {
       // Nothing below should throw; keep the promise that nothing escapes.
-      return Internal(RedactAll(upstream_ + ": unexpected error: " + e.what(), secrets_));
+      return Internal(RedactAll(upstream_ + ": unexpected error: " + e.what(), secrets_.errors));
     }
   }
 
@@ -67,8 +67,8 @@ class OpenAiProvider final : public Provider {
   const std::string url_;
   const std::string api_key_;
   const int64_t max_tokens_;
-  const HttpHeaders headers_;               // organization and configured extra headers
-  const std::vector<std::string> secrets_;  // the key and the headers' secrets: never in an error
+  const HttpHeaders headers_;      // organization and configured extra headers
+  const ProviderSecrets secrets_;  // the key, the headers' and base_url's secrets
   HttpClient& http_;
   Env& env_;
 };
@@ -85,9 +85,10 @@ StatusOr<std::unique_ptr<Provider>> MakeOpenAiProvider(const ProviderConfig& con
   if (!organization.empty()) headers.insert(headers.begin(), {"OpenAI-Organization", organization});
   std::string base_url = config.base_url.empty() ? kDefaultBaseUrl : config.base_url;
   std::string name = config.name.empty() ? "openai" : config.name;
-  return std::unique_ptr<Provider>(std::make_unique<OpenAiProvider>(
-      std::move(name), std::move(base_url), std::move(key), max_tokens, std::move(headers),
-      std::move(secrets), http, env));
+  ProviderSecrets all = RedactionListsFor(std::move(secrets), {base_url});
+  return std::unique_ptr<Provider>(
+      std::make_unique<OpenAiProvider>(std::move(name), std::move(base_url), std::move(key),
+                                       max_tokens, std::move(headers), std::move(all), http, env));
 }
 
 }  // namespace idem

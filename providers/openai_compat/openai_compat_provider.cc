@@ -37,8 +37,8 @@ struct Settings {
   Api api = Api::kOpenAi;
   std::string upstream;
   std::string url;
-  std::string api_key;               // may be empty
-  std::vector<std::string> secrets;  // the key and the headers' secrets: never in an error
+  std::string api_key;      // may be empty
+  ProviderSecrets secrets;  // the key, the headers' and base_url's secrets
   int64_t max_tokens = 0;
   HttpHeaders extra_headers;  // from config
 };
@@ -54,7 +54,8 @@ class OpenAiCompatProvider final : public Provider {
     try {
       return CompleteOrThrow(request);
     } catch (const std::exception& e) {
-      return Internal(RedactAll(s_.upstream + ": unexpected error: " + e.what(), s_.secrets));
+      return Internal(
+          RedactAll(s_.upstream + ": unexpected error: " + e.what(), s_.secrets.errors));
     }
   }
 
@@ -109,7 +110,7 @@ class OpenAiCompatProvider final : public Provider {
     const Json& j = *parsed;
     if (std::string error = StringAt(j, "error"); !error.empty()) {
       // Ollama can report a failure inside a 200 (e.g. mid-generation).
-      return Unavailable(RedactAll(s_.upstream + ": " + error, s_.secrets));
+      return Unavailable(RedactAll(s_.upstream + ": " + error, s_.secrets.errors));
     }
     const Json* message = Find(j, "message");
     const Json* content = message == nullptr ? nullptr : Find(*message, "content");
@@ -146,8 +147,8 @@ StatusOr<std::unique_ptr<Provider>> MakeOpenAiCompatProvider(const ProviderConfi
   s.api = api == "ollama" ? Api::kOllama : Api::kOpenAi;
   ASSIGN_OR_RETURN(s.api_key, ApiKeyFromEnv(config, /*required=*/false));
   ASSIGN_OR_RETURN(s.max_tokens, ConfigInt(config, "max_tokens", 0, 0, 1'000'000));
-  s.secrets.push_back(s.api_key);
-  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config, &s.secrets));
+  std::vector<std::string> own = {s.api_key};
+  ASSIGN_OR_RETURN(s.extra_headers, ConfigHeaders(config, &own));
   std::string base = StripTrailingSlash(config.base_url);
   if (s.api == Api::kOllama) {
     if (base.empty()) base = kDefaultOllamaUrl;
@@ -161,6 +162,7 @@ StatusOr<std::unique_ptr<Provider>> MakeOpenAiCompatProvider(const ProviderConfi
     }
     s.url = base + (EndsWithVersionSegment(base) ? "" : "/v1") + "/chat/completions";
   }
+  s.secrets = RedactionListsFor(std::move(own), {base});
   return std::unique_ptr<Provider>(std::make_unique<OpenAiCompatProvider>(std::move(s), http, env));
 }
 

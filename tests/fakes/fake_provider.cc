@@ -359,13 +359,15 @@ std::unique_ptr<FakeProviderServer> FakeProviderServer::Start() {
   svr.new_task_queue = [] { return new httplib::ThreadPool(8); };
   svr.set_payload_max_length(16u << 20);
   FakeProviderServer* self = fake.get();
-  svr.Post("/v1/chat/completions", [self](const httplib::Request& req, httplib::Response& res) {
-    self->Handle(Wire::kOpenAi, req, res);
-  });
-  svr.Post("/v1/messages", [self](const httplib::Request& req, httplib::Response& res) {
+  // Each path also under one prefix segment, as behind a gateway's route.
+  svr.Post("(/[^/]+)?/v1/chat/completions",
+           [self](const httplib::Request& req, httplib::Response& res) {
+             self->Handle(Wire::kOpenAi, req, res);
+           });
+  svr.Post("(/[^/]+)?/v1/messages", [self](const httplib::Request& req, httplib::Response& res) {
     self->Handle(Wire::kAnthropic, req, res);
   });
-  svr.Post("/api/chat", [self](const httplib::Request& req, httplib::Response& res) {
+  svr.Post("(/[^/]+)?/api/chat", [self](const httplib::Request& req, httplib::Response& res) {
     self->Handle(Wire::kOllama, req, res);
   });
   fake->port_ = ServeInBackground(svr, 0, fake->thread_);

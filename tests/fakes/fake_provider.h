@@ -6,6 +6,8 @@
 //   POST /v1/messages           Anthropic Messages
 //   POST /api/chat              Ollama native chat (stream: false)
 //
+// each also under one prefix segment (/gw/v1/messages), as behind a gateway.
+//
 // Each request takes the next FakeReply from a queue (when the queue is
 // empty: HTTP 500 "fake: no scripted reply") and renders it in the wire
 // format of the path it arrived on, so one script works for every adapter:

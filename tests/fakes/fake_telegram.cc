@@ -57,6 +57,11 @@ void FakeTelegramServer::SetKnownChats(std::set<std::string> chats) {
   known_chats_ = std::move(chats);
 }
 
+void FakeTelegramServer::EchoPath() {
+  std::lock_guard<std::mutex> lock(mu_);
+  echo_path_ = true;
+}
+
 std::vector<TelegramMessage> FakeTelegramServer::messages() const {
   std::lock_guard<std::mutex> lock(mu_);
   return messages_;
@@ -112,19 +117,21 @@ void FakeTelegramServer::Install() {
     TelegramMessage m{next_message_id_++, chat, body["text"].get<std::string>()};
     messages_.push_back(m);
     Json chat_json = Json{{"id", body["chat_id"]}, {"type", "private"}};
-    done(200, Json{{"ok", true},
-                   {"result",
-                    {{"message_id", m.message_id},
-                     {"from",
-                      {{"id", 424242},
-                       {"is_bot", true},
-                       {"first_name", "idem test"},
-                       {"username", "idem_test_bot"}}},
-                     {"chat", chat_json},
-                     {"date", std::chrono::duration_cast<std::chrono::seconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count()},
-                     {"text", m.text}}}});
+    Json answer = Json{{"ok", true},
+                       {"result",
+                        {{"message_id", m.message_id},
+                         {"from",
+                          {{"id", 424242},
+                           {"is_bot", true},
+                           {"first_name", "idem test"},
+                           {"username", "idem_test_bot"}}},
+                         {"chat", chat_json},
+                         {"date", std::chrono::duration_cast<std::chrono::seconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count()},
+                         {"text", m.text}}}};
+    if (echo_path_) answer["result"]["request_path"] = req.path;
+    done(200, answer);
   };
   server_->Post(".*", handler);
   server_->Get(".*", handler);

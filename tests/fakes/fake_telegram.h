@@ -57,6 +57,9 @@ class FakeTelegramServer {
   void FloodNext(int n, int retry_after_s);
   // Only these chats exist (chat not found for the others).
   void SetKnownChats(std::set<std::string> chats);
+  // A sendMessage's answer also says the path it came on (result.request_path),
+  // as a compatible server or a proxy that echoes the request may.
+  void EchoPath();
 
   std::vector<TelegramMessage> messages() const;
   std::vector<TelegramCall> calls() const;
@@ -74,6 +77,7 @@ class FakeTelegramServer {
   int flood_next_ = 0;
   int flood_retry_after_s_ = 1;
   bool restrict_chats_ = false;
+  bool echo_path_ = false;
   std::set<std::string> known_chats_;
   int64_t next_message_id_ = 1;
   std::vector<TelegramMessage> messages_;

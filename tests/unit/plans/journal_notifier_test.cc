@@ -128,6 +128,22 @@ TEST_CASE("a notification reaches the webhook and telegram once each") {
   CHECK(t.tg_->messages().size() == 1);
 }
 
+TEST_CASE("a telegram answer that echoes the bot token is stored without it") {
+  NotifyHarness t(/*webhook=*/false);
+  t.tg_->EchoPath();
+  t.h_.engine();
+  t.notifier_->Notify(Approval("plan_echo"));
+  CHECK(t.h_.RunDue() == 1);
+  REQUIRE(t.tg_->calls().size() == 1);
+  CHECK(t.tg_->calls()[0].path.find(kToken) != std::string::npos);  // the token went out
+  WorkItem item = t.h_.Get(t.WorkId(kTelegramNotifyKind, "plan_echo:awaiting_approval"));
+  CHECK(item.state == WorkState::kDone);
+  const std::string stored = item.result.dump();
+  CHECK(stored.find("AAF-secret-bot-token") == std::string::npos);
+  CHECK(item.result["body"]["result"]["request_path"] == "/bot[redacted]/sendMessage");
+  CHECK(item.external_ref == "1");
+}
+
 TEST_CASE("notify called twice with the same event_id sends once per channel") {
   NotifyHarness t;
   t.h_.engine();

@@ -176,6 +176,18 @@ TEST_CASE_FIXTURE(AnthropicFixture, "a refusal says why from stop_details") {
   CHECK(bare.message().find("I can't help with that.") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(AnthropicFixture, "a refusal that quotes the key has it redacted") {
+  Status refused = Fail(FakeReply::Raw(200, std::string(R"({"type":"message","role":"assistant",
+      "content":[{"type":"text","text":"the key )") +
+                                                kTestKey + R"( is not mine"}],
+      "stop_reason":"refusal","stop_details":{"type":"refusal","category":"cyber",
+      "explanation":"asked to use )" + kTestKey +
+                                                R"("}})"));
+  CHECK(IsRefusal(refused));
+  CHECK(refused.message().find("asked to use [redacted]") != std::string::npos);
+  CHECK(refused.message().find("the key [redacted] is not mine") != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(AnthropicFixture, "temperature is sent only when the step sets it") {
   ProviderRequest request = TriageRequest();
   request.temperature.reset();

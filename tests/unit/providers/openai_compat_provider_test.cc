@@ -164,6 +164,34 @@ TEST_CASE("Ollama native: /api/chat with the schema as format, stream off") {
   CHECK(body["messages"][1]["content"] == "Ticket #123: I was charged twice.");
 }
 
+TEST_CASE(
+    "a secret in base_url (userinfo, its Basic credential, a path segment) stays out of "
+    "errors and answers") {
+  ProviderHarness h;
+  REQUIRE(h.server);
+  const std::string host = h.server->base_url().substr(std::string("http://").size());
+  // base64("pu:PROVURLPASS-1234"), what libcurl sends for the userinfo.
+  const std::string basic = "cHU6UFJPVlVSTFBBU1MtMTIzNA==";
+  auto provider = MakeOrFail(
+      h, OllamaConfig(h, "http://pu:PROVURLPASS-1234@" + host + "/PROVPATHSECRETabcdefgh"));
+  // An upstream that echoes what it got, as a proxy in front of Ollama may.
+  h.server->Enqueue(FakeReply::HttpError(
+      401, "bad credentials: Basic " + basic + " (PROVURLPASS-1234) for /PROVPATHSECRETabcdefgh"));
+  auto denied = provider->Complete(TriageRequest());
+  REQUIRE_FALSE(denied.ok());
+  CHECK(h.server->last_request().Header("authorization") == "Basic " + basic);
+  const std::string said = denied.status().ToString();
+  CHECK(said.find(basic) == std::string::npos);
+  CHECK(said.find("PROVURLPASS") == std::string::npos);
+  CHECK(said.find("PROVPATHSECRET") == std::string::npos);
+  CHECK(said.find("bad credentials") != std::string::npos);
+
+  h.server->Enqueue(FakeReply::Output({{"label", "at /PROVPATHSECRETabcdefgh"}}));
+  auto answered = provider->Complete(TriageRequest());
+  REQUIRE(answered.ok());
+  CHECK(answered->output == Json{{"label", "at /[redacted]"}});
+}
+
 TEST_CASE("Ollama native: truncation, errors and bad output") {
   ProviderHarness h;
   REQUIRE(h.server);

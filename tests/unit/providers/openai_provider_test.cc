@@ -233,6 +233,19 @@ TEST_CASE_FIXTURE(OpenAiFixture, "a refusal is a non-retryable failure with the 
   CHECK(s.message().find("I'm sorry, I can't help with that request.") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(OpenAiFixture,
+                  "a refusal or an answer that repeats the key has it redacted before it is read") {
+  Status refused = Fail(FakeReply::Refusal(std::string("I will not use the key ") + kTestKey));
+  CHECK(IsRefusal(refused));
+  CHECK(refused.message().find("I will not use the key [redacted]") != std::string::npos);
+
+  server->Enqueue(FakeReply::Output({{"label", std::string("key=") + kTestKey}}));
+  auto echoed = provider->Complete(TriageRequest());
+  REQUIRE(echoed.ok());
+  CHECK(echoed->output == Json{{"label", "key=[redacted]"}});
+  CHECK(echoed->raw_text.find(kTestKey) == std::string::npos);
+}
+
 TEST_CASE_FIXTURE(OpenAiFixture, "finish_reason length and content_filter are failures") {
   Status truncated = Fail(FakeReply::Truncated());
   CHECK(IsTruncation(truncated));
