@@ -49,6 +49,14 @@ char32_t HiddenCodePointAt(std::string_view text, size_t i, size_t* length) {
   return *cp;
 }
 
+bool IsPrintableText(std::string_view text) {
+  for (size_t pos = 0; pos < text.size();) {
+    const std::optional<char32_t> cp = DecodeUtf8(text, pos);
+    if (!cp || *cp < 0x20 || (*cp >= 0x7f && *cp <= 0x9f)) return false;
+  }
+  return true;
+}
+
 std::string JsonUnicodeEscapes(char32_t cp) {
   if (cp < 0x10000) return UnicodeEscape(cp);
   const char32_t v = cp - 0x10000;

@@ -25,5 +25,10 @@ std::string JsonUnicodeEscapes(char32_t cp);
 // hidden code point (HiddenCodePointAt) written as its JSON escape: still
 // the same JSON, and shown to a person it cannot hide or reorder itself.
 std::string EscapeHiddenInJson(std::string json_text);
+// True when `text` is well-formed UTF-8 with no control character: none of
+// C0 (U+0000-U+001F), DEL or C1 (U+0080-U+009F, where U+009B starts a
+// terminal's escape sequence as ESC [ does). For names a caller chooses and
+// a person reads (lease names).
+bool IsPrintableText(std::string_view text);
 
 }  // namespace idem

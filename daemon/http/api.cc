@@ -1,14 +1,14 @@
 #include "daemon/http/api.h"
 
-#include <strings.h>
-
 #include <charconv>
 #include <memory>
 #include <set>
 #include <string>
 
+#include "daemon/core/hidden_text.h"
 #include "daemon/core/json_diff.h"
 #include "daemon/core/mutex.h"
+#include "daemon/http/http1.h"
 #include "daemon/http/problem.h"
 
 namespace idem {
@@ -569,11 +569,14 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
         if (deps.config.auth.tokens.empty() && actor == "anonymous") {
           actor = ctx.body.value("actor", "anonymous");
           // "idem" is the daemon's own hand (a refresh closing an
-          // escalation): a human's answer must not pass for it in the
-          // audit trail. strcasecmp also stops at a NUL ("idem\u0000x").
-          if (strcasecmp(actor.c_str(), "idem") == 0) {
+          // escalation), "inbox:NAME" a webhook sender's and "anonymous" no
+          // one's: a human's answer must not pass for them in the audit
+          // trail, with odd case, spaces or controls either.
+          if (ctx.body.contains("actor") &&
+              (!IsPrintableText(actor) || IsReservedCallerName(http1::TrimOws(actor)))) {
             return InvalidArgument(
-                "'idem' is reserved: it is the daemon itself in the audit trail; name the human",
+                "'idem', 'anonymous' and 'inbox:…' are reserved (the daemon itself, no one and "
+                "webhook senders in the audit trail), as are control characters: name the human",
                 "/actor");
           }
         }

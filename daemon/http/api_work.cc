@@ -3,6 +3,7 @@
 
 #include "daemon/apply/work_identity.h"
 #include "daemon/core/backoff.h"
+#include "daemon/core/hidden_text.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/json.h"
 #include "daemon/http/api.h"
@@ -125,10 +126,7 @@ Status CheckLeaseName(const std::string& name) {
                                " bytes; this one is " + std::to_string(name.size()),
                            "path:name");
   }
-  const bool control = std::any_of(name.begin(), name.end(), [](char c) {
-    return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-  });
-  if (control || !IsValidUtf8(name)) {
+  if (!IsPrintableText(name)) {
     return InvalidArgument("a lease name is printable UTF-8 text (no control characters)",
                            "path:name");
   }
@@ -1099,6 +1097,10 @@ void AddWorkRoutes(ApiDeps deps, std::vector<Route>& routes) {
       .roles = {"agent"},
       .handler = [deps](RequestContext& ctx) -> StatusOr<RouteResponse> {
         RETURN_IF_ERROR(CheckLeaseName(ctx.params[0]));
+        if (!IsPrintableText(ctx.body["holder"].get_ref<const std::string&>())) {
+          // Shown in a 409 to the next caller and on the operator's screens.
+          return InvalidArgument("a holder is printable text (no control characters)", "/holder");
+        }
         ASSIGN_OR_RETURN(int64_t ttl, DurationField(ctx.body, "ttl", 60'000, kMaxLeaseMs));
         ASSIGN_OR_RETURN(
             LeaseResult r,

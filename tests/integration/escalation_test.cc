@@ -76,9 +76,10 @@ TEST_CASE("an exhausted step escalates, and the human's answer becomes the cache
   CHECK(Json::parse(invalid->body)["pointer"] == "/output/priority");
 
   // Without tokens the body names the human, but never as the daemon (a
-  // refresh closes escalations as "idem") nor as nobody; the escalation
-  // stays open.
-  for (const char* actor : {R"("idem")", R"("IDem")", R"("idem\u0000x")", R"("")"}) {
+  // refresh closes escalations as "idem"), nobody or a webhook sender,
+  // nor with a control character; the escalation stays open.
+  for (const char* actor : {R"("idem")", R"("IDem")", R"("idem\u0000x")", R"("")", R"(" idem")",
+                            R"("Anonymous")", R"("inbox:git")", R"("al\u009bice")"}) {
     CAPTURE(actor);
     auto spoof = c->Post(
         ("/v1/escalations/" + id + "/resolve").c_str(),

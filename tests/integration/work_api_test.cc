@@ -614,9 +614,9 @@ TEST_CASE(
     "a caller's lease name is bounded printable text and none of the daemon's own, which would "
     "stall its decides or stop its outbox") {
   Fixture f;
-  for (const std::string& name :
-       std::vector<std::string>{"decide:0123abcd", "outbox:hook", "cost:flush", "idem.x",
-                                std::string(201, 'n'), "a%0Ab", "a%00b", "a%C3"}) {
+  for (const std::string& name : std::vector<std::string>{
+           "decide:0123abcd", "outbox:hook", "cost:flush", "idem.x", std::string(201, 'n'), "a%0Ab",
+           "a%00b", "a%C3", "a%C2%9Bb", "a%C2%85b"}) {
     auto taken = f.Post("/v1/leases/" + name, {{"holder", "cron"}, {"ttl", "1m"}});
     REQUIRE(taken);
     CHECK_MESSAGE(taken->status == 400, name);
@@ -627,6 +627,15 @@ TEST_CASE(
   }
   CHECK(f.Post("/v1/leases/" + std::string(200, 'n'), {{"holder", "cron"}})->status == 201);
   CHECK(f.Post("/v1/leases/decided:nightly", {{"holder", "cron"}})->status == 201);
+  CHECK(f.Post("/v1/leases/caf%C3%A9%C2%A0nightly", {{"holder", "cron"}})->status == 201);
+  for (const std::string& holder : {std::string("a\0b", 3), std::string("a\x1b[2J"),
+                                    std::string("a\xC2\x9B"
+                                                "2J")}) {
+    auto refused = f.Post("/v1/leases/held-by-control", {{"holder", holder}});
+    REQUIRE(refused);
+    CHECK(refused->status == 400);
+    CHECK(J(refused)["pointer"] == "/holder");
+  }
 }
 
 TEST_CASE("renewing or releasing a named lease needs its token, not only the holder's name") {

@@ -42,5 +42,19 @@ TEST_CASE("hidden_code_points_in_json_become_escapes_and_the_rest_is_kept") {
   CHECK(JsonUnicodeEscapes(0x200B) == R"(\u200b)");
 }
 
+TEST_CASE("printable_text_has_no_c0_del_or_c1_control_and_is_utf8") {
+  CHECK(IsPrintableText("nightly-report \xC3\xA9t\xC3\xA9"));
+  CHECK(IsPrintableText(""));
+  CHECK_FALSE(IsPrintableText(std::string("a\0b", 3)));
+  CHECK_FALSE(IsPrintableText("a\x1b[2Jb"));
+  CHECK_FALSE(IsPrintableText("a\x7f"));
+  CHECK_FALSE(
+      IsPrintableText("a\xC2\x9B"
+                      "2J"));                 // U+009B, the C1 escape introducer
+  CHECK_FALSE(IsPrintableText("a\xC2\x85"));  // U+0085 NEXT LINE
+  CHECK(IsPrintableText("a\xC2\xA0"));        // U+00A0 is no control
+  CHECK_FALSE(IsPrintableText("a\xC0\xAF"));  // overlong
+}
+
 }  // namespace
 }  // namespace idem
