@@ -167,7 +167,11 @@ Status StatusFromCurl(const CurlApi& curl, CURLcode code, const std::string& wha
       // attack; repeating the call will not fix it.
       return Unavailable(std::move(msg), /*retryable=*/false);
     case CURLE_OUT_OF_MEMORY:
-      return Internal(std::move(msg));
+      // What libcurl also answers, before any header callback, for one
+      // response header line past its own cap (CURL_MAX_HTTP_HEADER, 100
+      // KiB): far likelier here than the process running out of memory.
+      return ResourceExhausted(
+          std::move(msg) + " (a response header line past libcurl's 100 KiB limit, or no memory)");
     default:
       // Resolve/connect failures, resets, partial bodies, empty replies,
       // handshake failures: the network, which a later attempt may find well.

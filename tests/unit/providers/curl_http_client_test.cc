@@ -317,6 +317,23 @@ TEST_CASE("response headers past kMaxResponseHeaderBytes are ResourceExhausted")
   CHECK(http->Send(Post(*server)).ok());
 }
 
+TEST_CASE("one response header line past libcurl's own limit is ResourceExhausted and says so") {
+  auto server = FakeProviderServer::Start();
+  REQUIRE(server);
+  auto http = MakeCurlHttpClient();
+  // libcurl refuses a 200 KB line before our header callback sees any of
+  // it, with CURLE_OUT_OF_MEMORY; it read "Internal: Out of memory".
+  server->Enqueue(FakeReply::Output({{"ok", true}}).WithHeader("X-Big", std::string(200'000, 'h')));
+  auto cut = http->Send(Post(*server));
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.status().code() == Code::kResourceExhausted);
+  CHECK_FALSE(cut.status().retryable());
+  CHECK(cut.status().message().find("header line past libcurl's 100 KiB limit") !=
+        std::string::npos);
+  server->Enqueue(FakeReply::Output({{"ok", true}}));
+  CHECK(http->Send(Post(*server)).ok());
+}
+
 TEST_CASE("bad requests are rejected before anything is sent") {
   auto server = FakeProviderServer::Start();
   REQUIRE(server);
