@@ -359,7 +359,17 @@ StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required)
                   who + ": environment variable " + config.api_key_env + " is not set or empty",
                   at + "/api_key_env");
   }
-  return std::string(value);
+  // It goes into a header line: a CR or LF would start another header (or
+  // a request) to the provider. Trailing ones are a copy-paste slip.
+  std::string key(value);
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+  if (key.empty() || key.find_first_of("\r\n") != std::string::npos) {
+    return Status(Code::kFailedPrecondition,
+                  who + ": environment variable " + config.api_key_env +
+                      " holds a line break inside the key (the value is not shown)",
+                  at + "/api_key_env");
+  }
+  return key;
 }
 
 StatusOr<HttpResponse> SendChecked(HttpClient& http, Env& env, std::string_view upstream,

@@ -137,8 +137,9 @@ Status MalformedAnswerError(std::string_view upstream, std::string_view what);
 
 // The API key from the environment variable named in config.api_key_env.
 // Empty api_key_env: "" when !required, else FailedPrecondition. Variable
-// unset or empty: FailedPrecondition naming the provider and the variable
-// (never a value).
+// unset or empty, or a key with a line break inside (a trailing one is
+// dropped): FailedPrecondition naming the provider and the variable (never
+// a value).
 StatusOr<std::string> ApiKeyFromEnv(const ProviderConfig& config, bool required);
 
 // ---- Adapter plumbing shared by every provider adapter ----

@@ -316,6 +316,18 @@ TEST_CASE("OpenAI: a missing key variable is a clear error that names the variab
   auto no_env = MakeOpenAiProvider(h.Config("openai", "", ""), *h.http, h.env);
   CHECK(no_env.status().code() == Code::kFailedPrecondition);
   CHECK(no_env.status().message().find("api_key_env") != std::string::npos);
+
+  // A line break inside would start another header line to the provider.
+  ScopedEnvVar split("IDEM_TEST_OPENAI_SPLIT", "sk-abc\r\nX-Injected: 1");
+  auto injected = MakeOpenAiProvider(
+      h.Config("openai", "IDEM_TEST_OPENAI_SPLIT", "http://127.0.0.1:1/v1"), *h.http, h.env);
+  CHECK(injected.status().code() == Code::kFailedPrecondition);
+  CHECK(injected.status().message().find("X-Injected") == std::string::npos);
+  // A trailing one (echo "$KEY" > file) is dropped.
+  ScopedEnvVar trailing("IDEM_TEST_OPENAI_TRAILING", "sk-abc-123456\n");
+  auto fine = MakeOpenAiProvider(
+      h.Config("openai", "IDEM_TEST_OPENAI_TRAILING", "http://127.0.0.1:1/v1"), *h.http, h.env);
+  CHECK(fine.ok());
 }
 
 TEST_CASE("OpenAI: max_tokens from config is sent as max_completion_tokens") {
