@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/core/failpoints.h"
 #include "daemon/http/api.h"
 
 namespace idem {
@@ -74,16 +75,27 @@ void AddOutboxRoutes(ApiDeps deps, std::vector<Route>& routes) {
         ASSIGN_OR_RETURN(size_t limit, LimitParam(ctx, kOutboxPage));
         // Retention waits for the configured subscribers, not for pullers:
         // a cursor below what it deleted would skip those events unseen.
-        ASSIGN_OR_RETURN(uint64_t swept, deps.store.outbox().SweptThrough());
-        if ((after > 0 || named) && after < swept) {
+        const bool positioned = after > 0 || named;
+        auto passed = [&](uint64_t swept) {
           return Status(Code::kFailedPrecondition,
                         "events after this cursor, up to seq " + std::to_string(swept) +
                             ", were deleted by retention (outbox.retention) before this reader "
                             "took them: reconcile what they covered, then continue with after=" +
                             (id.empty() ? "" : id + ":") + std::to_string(swept),
                         "query:after");
-        }
+        };
+        ASSIGN_OR_RETURN(uint64_t swept, deps.store.outbox().SweptThrough());
+        if (positioned && after < swept) return passed(swept);
+        if (positioned) IDEM_FAILPOINT("outbox.pull_between_reads");
         ASSIGN_OR_RETURN(std::vector<OutboxEvent> events, deps.store.outbox().After(after, limit));
+        if (positioned && (events.empty() || events.front().seq != after + 1)) {
+          // A sweep (another daemon's, on a shared store) may have deleted
+          // the first events after the cursor between the two reads; it
+          // deletes oldest first, so a page that starts right after the
+          // cursor lost nothing.
+          ASSIGN_OR_RETURN(swept, deps.store.outbox().SweptThrough());
+          if (after < swept) return passed(swept);
+        }
         if (events.empty() && after > 0) {
           // Nothing after it: caught up, unless this store never got that
           // far (restored from an older copy): its next events would take

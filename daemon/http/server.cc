@@ -1095,13 +1095,26 @@ void HttpServer::Handle(const http1::Request& req, http1::Response& res, Deferra
   RouteResponse out = run();
   if (out.long_poll != nullptr) out = Finish(route, ctx, out.long_poll->answer());  // no parking
   renewer_->Drop(held);
+  // Abandon and Release end only this request's hold, so a store blip (a
+  // connection the database dropped) is tried again rather than leaving
+  // the key held, its retries refused, until its lease runs out.
+  auto ending = [](const std::function<Status()>& end) {
+    Status s;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      s = Failpoints::Hit("http.key_end");  // a test's store blip
+      if (s.ok()) s = end();
+      if (s.ok() || !s.retryable()) break;
+    }
+    return s;
+  };
   if (IsValidationFailure(out.status)) {
-    (void)deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint);
+    (void)ending([&] { return deps_.idem_keys.Abandon(scope, ctx.idempotency_key, fingerprint); });
   } else if (IsTransient(out)) {
     // Stripe and the IETF draft store final outcomes only: a retry with this
     // key runs the (journal-idempotent) handler again and sees the work's
     // state then, instead of this answer replayed for the whole window.
-    Status rel = deps_.idem_keys.Release(scope, ctx.idempotency_key, fingerprint);
+    Status rel =
+        ending([&] { return deps_.idem_keys.Release(scope, ctx.idempotency_key, fingerprint); });
     if (!rel.ok()) {
       m.idem_key_store_errors.Inc();
       LogEvent(LogLevel::kError, "idempotency_release_failed",

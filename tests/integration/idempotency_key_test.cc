@@ -158,6 +158,22 @@ TEST_CASE(
   CHECK(MetricValue(*f.client, "idem_provider_calls_total") > calls);
 }
 
+TEST_CASE("a store blip while releasing a retryable answer's key is tried again, not held") {
+  Fixture f;
+  // The first write that would release the key fails, as on a database
+  // connection that just dropped.
+  f.Start({{"IDEM_FAILPOINTS", "http.key_end=1*error"}});
+  const std::string body = R"({"step":"triage_ticket","input":{"ticket_id":4,"text":"broken"}})";
+  auto first = f.Decide("\"k-blip\"", body);
+  REQUIRE(first);
+  CHECK(first->status == 503);
+  auto again = f.Decide("\"k-blip\"", body);
+  REQUIRE(again);
+  CHECK(again->status == 503);  // run again; a held key would answer 409 for the whole lease
+  CHECK_FALSE(again->has_header("Idempotent-Replayed"));
+  CHECK(MetricValue(*f.client, "idem_key_store_errors_total") == 0);
+}
+
 TEST_CASE("a 5xx the caller may not retry is a final outcome: stored and replayed") {
   Fixture f;
   f.Start();

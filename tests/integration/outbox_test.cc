@@ -310,4 +310,43 @@ TEST_CASE("outbox: a puller's cursor that retention passed is refused, not answe
   CHECK(Get(*c, "/v1/events?after=" + resume)["items"].size() == 1);
 }
 
+TEST_CASE(
+    "outbox: a sweep between a pull's check of its cursor and its read is a 409, never a page "
+    "that starts past the cursor") {
+  auto hook = fakes::FakeEffectorServer::Start();
+  REQUIRE(hook != nullptr);
+  TempDir dir;
+  std::string config =
+      WriteTestConfig(dir, kQuestionRules, OutboxYaml(*hook, 3) + "  retention: 3s\n");
+  std::string err;
+  // Sweeps every second; the first positioned pull waits 2 s between its
+  // check of the cursor and its read, as when another daemon's sweep
+  // commits between the two on a shared store.
+  auto daemon = DaemonProcess::Start(
+      Args(config, dir, "daemon.sweep_every_second=error,outbox.pull_between_reads=1*delay(2000)"),
+      &err);
+  REQUIRE_MESSAGE(daemon != nullptr, err);
+  auto c = daemon->Client();
+  Complete(*c, "INV-S1");
+  const Json first = Get(*c, "/v1/events?after=0");
+  REQUIRE(first["items"].size() == 1);
+  const uint64_t seen = first["items"][0]["seq"].get<uint64_t>();
+  Complete(*c, "INV-S2");
+  REQUIRE(WaitFor([&] { return Received(*hook).size() >= 2; }, 10'000));
+  // INV-S2's event turns 3 s old during the pull's wait; INV-S3's does not.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2'500));
+  Complete(*c, "INV-S3");
+  auto r = c->Get(("/v1/events?after=" + first["next_cursor"].get<std::string>()).c_str());
+  REQUIRE(r);
+  if (r->status == 200) {
+    // Served only when nothing after the cursor was gone.
+    const Json page = Json::parse(r->body);
+    REQUIRE_FALSE(page["items"].empty());
+    CHECK(page["items"][0]["seq"].get<uint64_t>() == seen + 1);
+  } else {
+    CHECK(r->status == 409);
+    CHECK(Json::parse(r->body)["pointer"] == "query:after");
+  }
+}
+
 }  // namespace idem::testing

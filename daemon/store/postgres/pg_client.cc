@@ -1,5 +1,7 @@
 #include "daemon/store/postgres/pg_client.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -19,6 +21,7 @@ namespace {
 struct PqApi {
   decltype(&::PQconnectdb) connectdb;
   decltype(&::PQstatus) status;
+  decltype(&::PQsocket) socket;
   decltype(&::PQerrorMessage) error_message;
   decltype(&::PQfinish) finish;
   decltype(&::PQexec) exec;
@@ -38,6 +41,7 @@ struct PqApi {
 void BindPq(DynSymbols& s, PqApi& a) {
   s.Bind(a.connectdb, "PQconnectdb");
   s.Bind(a.status, "PQstatus");
+  s.Bind(a.socket, "PQsocket");
   s.Bind(a.error_message, "PQerrorMessage");
   s.Bind(a.finish, "PQfinish");
   s.Bind(a.exec, "PQexec");
@@ -319,6 +323,19 @@ Conn::~Conn() { Pq().finish(c_); }
 
 bool Conn::healthy() const { return Pq().status(c_) == CONNECTION_OK; }
 
+bool Conn::StillOpen() {
+  const PqApi& pq = Pq();
+  const int fd = pq.socket(c_);
+  if (fd < 0 || pq.status(c_) != CONNECTION_OK) return false;
+  // An idle connection has nothing to read unless the server spoke: the
+  // FATAL it sends before it closes (a restart, pg_terminate_backend,
+  // idle_session_timeout), whose end of stream may come a moment later, or
+  // rarely a notice or a reload's new setting. Whatever it said, a fresh
+  // connection is the safe one.
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
 StatusOr<Result> Conn::Exec(std::string_view sql, const std::vector<Param>& params) {
   std::string q(sql);
   std::vector<const char*> values;
@@ -394,7 +411,9 @@ StatusOr<Pool::Lease> Pool::Acquire() {
     if (!idle_.empty()) {
       std::unique_ptr<Conn> c = std::move(idle_.back());
       idle_.pop_back();
-      return Lease(this, std::move(c));
+      if (c->StillOpen()) return Lease(this, std::move(c));
+      --open_;  // closed by the server while idle: a statement sent on it would fail
+      continue;
     }
     if (open_ < options_.size) {
       ++open_;

@@ -25,9 +25,11 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,7 +47,12 @@ inline Param P(std::string_view s) { return std::string(s); }
 inline Param P(const char* s) { return std::string(s); }
 inline Param P(const std::string& s) { return s; }
 inline Param P(int64_t v) { return std::to_string(v); }
-inline Param P(uint64_t v) { return std::to_string(v); }
+// A seq or a count: every column is a bigint, so a value past its range
+// (a "through everything" bound such as UINT64_MAX - 1) is its maximum,
+// which no stored value exceeds; PostgreSQL refuses a larger one.
+inline Param P(uint64_t v) {
+  return std::to_string(std::min<uint64_t>(v, std::numeric_limits<int64_t>::max()));
+}
 inline Param P(int v) { return std::to_string(v); }
 inline Param P(bool v) { return std::string(v ? "true" : "false"); }
 // bytea values: hex form ("\x...").
@@ -93,6 +100,10 @@ class Conn {
   Status ExecScript(std::string_view sql);
   // False once the connection broke; the pool then replaces it.
   bool healthy() const;
+  // For an idle connection: false when the server has sent anything since
+  // (the FATAL before it closes, above all), found without waiting, so that
+  // the pool opens another instead of failing the next statement on it.
+  bool StillOpen();
 
  private:
   explicit Conn(PGconn* c) : c_(c) {}

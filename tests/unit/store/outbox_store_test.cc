@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -317,6 +318,25 @@ TEST_CASE("retention deletes old events up to a seq, and seqs are never reused a
   std::vector<OutboxEvent> events = All(*store);
   REQUIRE(events.size() == 1);
   CHECK(events[0].seq > last);
+}
+
+TEST_CASE("retention with no subscriber to wait for sweeps through every seq") {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  REQUIRE(store->plans().Put(MakePlan("plan_1")).ok());
+  REQUIRE(store->plans().Put(MakePlan("plan_2")).ok());
+  const uint64_t last = All(*store).back().seq;
+  // The dispatcher's bound when no subscriber holds events back; a bigint
+  // column cannot hold it (PostgreSQL refused the sweep, so nothing went).
+  const uint64_t everything = std::numeric_limits<uint64_t>::max() - 1;
+  StatusOr<std::vector<OutboxEvent>> none = store->outbox().After(everything, 10);
+  REQUIRE_MESSAGE(none.ok(), none.status().ToString());
+  CHECK(none->empty());
+  StatusOr<size_t> swept = store->outbox().Sweep(everything, kT0, 100);
+  REQUIRE_MESSAGE(swept.ok(), swept.status().ToString());
+  CHECK(*swept == 2);
+  CHECK(*store->outbox().SweptThrough() == last);
+  CHECK(All(*store).empty());
 }
 
 TEST_CASE("dead letters page in seq order after a seq, per subscriber and for all") {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -160,6 +161,30 @@ TEST_SUITE("postgres") {
     auto c = (*pool)->Acquire();
     REQUIRE_FALSE(c.ok());
     CHECK(c.status().code() == Code::kUnavailable);
+  }
+
+  TEST_CASE("a pooled connection the server ended while idle is replaced, not used to fail") {
+    TempDir dir;
+    auto pool = PoolFor(PgSchemaFor(dir.path()), 2);
+    auto pid = pool->Exec("SELECT pg_backend_pid()");
+    REQUIRE(pid.ok());
+    const int64_t before = pid->i64(0, 0);
+    // Another session ends it, as a restart or an operator's
+    // pg_terminate_backend would; the pool does not hear of it until it looks.
+    auto killer = PoolFor(PgSchemaFor(dir.path()), 1);
+    auto ended = killer->Exec("SELECT pg_terminate_backend(" + std::to_string(before) + ")");
+    REQUIRE_MESSAGE(ended.ok(), ended.status().ToString());
+    // The server's FATAL reaches the idle socket: wait for it to be readable.
+    for (int i = 0; i < 100; ++i) {
+      auto alive = killer->Exec("SELECT count(*) FROM pg_stat_activity WHERE pid = " +
+                                std::to_string(before));
+      REQUIRE(alive.ok());
+      if (alive->i64(0, 0) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    auto after = pool->Exec("SELECT pg_backend_pid()");
+    REQUIRE_MESSAGE(after.ok(), after.status().ToString());
+    CHECK(after->i64(0, 0) != before);
   }
 
   TEST_CASE("a transaction that fails leaves nothing behind") {
