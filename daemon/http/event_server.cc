@@ -273,7 +273,7 @@ class EventServer::Loop {
  public:
   Loop(EventServer& server, int listen_fd, int unix_listen_fd)
       : server_(server), listen_fd_(listen_fd), unix_listen_fd_(unix_listen_fd) {
-    max_buffered_ = server_.options_.limits.max_head_bytes + server_.options_.limits.max_body_bytes;
+    max_buffered_ = http1::MaxRequestBytes(server_.options_.limits);
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_event ev{};
@@ -400,10 +400,11 @@ class EventServer::Loop {
     // The request a worker runs, without its body: what its access line
     // names should the stop answer it (AbandonBusy).
     std::unique_ptr<http1::Request> busy_request;
-    int64_t request_started = 0;  // when the request being read began (seconds)
-    bool overflow = false;        // read more than any acceptable request
-    size_t parse_need = 0;        // do not parse again before `in` holds this much
-    size_t head_scanned = 0;      // of the head being read (http1::ParseResult)
+    int64_t request_started = 0;     // when the request being read began (seconds)
+    bool overflow = false;           // read more than any acceptable request
+    size_t parse_need = 0;           // do not parse again before `in` holds this much
+    http1::ChunkedProgress chunked;  // a chunked body's whole chunks so far
+    size_t head_scanned = 0;         // of the head being read (http1::ParseResult)
     // The request being answered is a HEAD: its answer goes without a body,
     // whichever path writes it (worker, batch lane, loop, refusal).
     bool head_request = false;
@@ -680,7 +681,7 @@ class EventServer::Loop {
       if (c->in.size() < c->parse_need) return;
       auto exchange = std::make_unique<Exchange>();
       http1::ParseResult r =
-          http1::ParseRequest(c->in, o.limits, &exchange->request, c->head_scanned);
+          http1::ParseRequest(c->in, o.limits, &exchange->request, c->head_scanned, &c->chunked);
       if (r.status == http1::ParseStatus::kNeedMore) {
         c->parse_need = r.need;
         c->head_scanned = r.head_scanned;
@@ -691,6 +692,7 @@ class EventServer::Loop {
         }
         return;
       }
+      c->chunked.Reset();
       if (r.status == http1::ParseStatus::kError) {
         RefuseAndClose(c, r.error_status, r.error, r.error_field);
         return;

@@ -81,21 +81,32 @@ size_t FindBareCrOrLf(std::string_view s) {
   return std::string_view::npos;
 }
 
-enum class ChunkStatus { kNeedMore, kComplete, kError, kTooLarge, kTrailerTooLarge };
+enum class ChunkStatus {
+  kNeedMore,
+  kComplete,
+  kError,
+  kTooLarge,
+  kFramingTooLarge,
+  kTrailerTooLarge
+};
 
 constexpr size_t kMaxChunkLine = 1024;  // chunk size plus extensions, without CRLF
 
-// Decodes a chunked body starting at `in`; on kComplete, `used` is the
-// length of the framing through the final CRLF. The trailer section
-// (through its empty line) may take at most `max_trailer` bytes.
-ChunkStatus DecodeChunked(std::string_view in, size_t max_body, size_t max_trailer,
-                          std::string& body, size_t& used, size_t& need, std::string& error) {
-  body.clear();
-  size_t pos = 0;
+// Decodes a chunked body starting at `in`, resuming after the whole chunks
+// `progress` holds (and adding to them); on kComplete, `used` is the length
+// of the framing through the final CRLF. The trailer section (through its
+// empty line) may take at most `max_trailer` bytes, the framing besides the
+// data at most `max_framing`.
+ChunkStatus DecodeChunked(std::string_view in, size_t max_body, size_t max_framing,
+                          size_t max_trailer, ChunkedProgress& progress, size_t& used, size_t& need,
+                          std::string& error) {
+  std::string& body = progress.body;
+  size_t pos = progress.decoded;
   for (;;) {
-    // Chunk framing (size lines, extensions) may not outweigh the body it
-    // carries without end: all of it is bounded by twice the body limit.
-    if (pos > 2 * max_body + kMaxChunkLine) return ChunkStatus::kTooLarge;
+    progress.decoded = pos;  // whole chunks so far: a later call starts here
+    // Chunk framing (size lines, extensions, CRLFs) may not outweigh the
+    // body it carries without end.
+    if (pos - body.size() > max_framing) return ChunkStatus::kFramingTooLarge;
     size_t eol = in.find("\r\n", pos);
     // The same limit whether or not the line's CRLF has arrived yet (a
     // trailing CR may be the start of it).
@@ -273,8 +284,17 @@ void Response::SetContent(std::string content, std::string_view content_type) {
   SetHeader("Content-Type", std::string(content_type));
 }
 
+size_t MaxChunkFraming(const Limits& limits) { return (64 << 10) + limits.max_body_bytes / 4; }
+
+size_t MaxRequestBytes(const Limits& limits) {
+  return 2 * limits.max_head_bytes + limits.max_body_bytes + MaxChunkFraming(limits) +
+         kMaxChunkLine + 2;
+}
+
 ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out,
-                         size_t head_scanned) {
+                         size_t head_scanned, ChunkedProgress* chunked) {
+  ChunkedProgress unkept;
+  ChunkedProgress& progress = chunked != nullptr ? *chunked : unkept;
   // RFC 9112 2.2: ignore empty lines before the request line.
   size_t start = 0;
   while (in.substr(start, 2) == "\r\n") {
@@ -444,21 +464,34 @@ ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out
     size_t used = 0;
     size_t need = 0;
     std::string error;
-    switch (DecodeChunked(in.substr(body_start), limits.max_body_bytes, limits.max_head_bytes,
-                          req.body, used, need, error)) {
+    const ChunkStatus decoded =
+        DecodeChunked(in.substr(body_start), limits.max_body_bytes, MaxChunkFraming(limits),
+                      limits.max_head_bytes, progress, used, need, error);
+    if (decoded == ChunkStatus::kNeedMore) {
+      r.wants_continue = expects_continue;
+      r.need = need == 0 ? 0 : body_start + need;
+      return r;
+    }
+    std::string body = std::move(progress.body);
+    progress.Reset();
+    switch (decoded) {
       case ChunkStatus::kNeedMore:
-        r.wants_continue = expects_continue;
-        r.need = need == 0 ? 0 : body_start + need;
-        return r;
       case ChunkStatus::kError:
         return Error(400, error);
       case ChunkStatus::kTooLarge:
         return Error(413,
                      "the body is larger than " + std::to_string(limits.max_body_bytes) + " bytes");
+      case ChunkStatus::kFramingTooLarge:
+        return Error(413,
+                     "the chunked body's framing (chunk size lines, extensions and CRLFs) "
+                     "is larger than " +
+                         std::to_string(MaxChunkFraming(limits)) +
+                         " bytes: send the body in fewer, larger chunks");
       case ChunkStatus::kTrailerTooLarge:
         return Error(431, "the chunked trailer section exceeds " +
                               std::to_string(limits.max_head_bytes) + " bytes");
       case ChunkStatus::kComplete:
+        req.body = std::move(body);
         r.consumed = body_start + used;
         break;
     }

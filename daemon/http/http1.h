@@ -15,7 +15,8 @@
 //       lets a server accept a bare LF; idem refuses it, so that it never
 //       reads lines differently from a stricter peer in front of it);
 //   413 body larger than Limits.max_body_bytes (checked before it is read),
-//       or chunk framing larger than twice that;
+//       or chunk framing (size lines, extensions, CRLFs) larger than
+//       MaxChunkFraming;
 //   431 request line plus headers larger than Limits.max_head_bytes, more
 //       than Limits.max_headers fields, or chunked trailers larger than
 //       max_head_bytes;
@@ -83,6 +84,29 @@ struct Limits {
   size_t max_body_bytes = 1 << 20;
 };
 
+// The framing a chunked body may carry besides its data: 64 KiB plus a
+// quarter of the body limit (a 1 MiB body in chunks of 24 bytes or more).
+size_t MaxChunkFraming(const Limits& limits);
+// The most bytes one acceptable request takes on the wire: the head, the
+// body with its chunk framing, a chunked trailer section (at most
+// max_head_bytes) and a chunk size line being read. More buffered input
+// than this holds no acceptable request.
+size_t MaxRequestBytes(const Limits& limits);
+
+// What a chunked body's earlier kNeedMore decoded, so that more input
+// resumes there instead of decoding the body from its start again (a body
+// in many small chunks costs linear, not quadratic, work). Kept by the
+// caller for one request on one growing input, and Reset once that request
+// is parsed or refused.
+struct ChunkedProgress {
+  size_t decoded = 0;  // bytes of the chunked body, from its start, that are whole chunks
+  std::string body;    // their data
+  void Reset() {
+    decoded = 0;
+    body.clear();
+  }
+};
+
 enum class ParseStatus {
   kNeedMore,  // not a whole request yet
   kComplete,  // *out is a request; `consumed` bytes of input belong to it
@@ -113,9 +137,11 @@ struct ParseResult {
 // after kNeedMore (the whole buffer, from the same start). At most
 // kMaxLeadingEmptyLines empty lines before the request line are skipped
 // (RFC 9112 2.2); more are a 400. `head_scanned`: the previous kNeedMore's
-// ParseResult::head_scanned for the same (grown) input, or 0.
+// ParseResult::head_scanned for the same (grown) input, or 0. `chunked`:
+// where a chunked body's decoding resumes and is kept (nullptr: from the
+// start, kept nowhere); Reset it after any result but kNeedMore.
 ParseResult ParseRequest(std::string_view in, const Limits& limits, Request* out,
-                         size_t head_scanned = 0);
+                         size_t head_scanned = 0, ChunkedProgress* chunked = nullptr);
 
 // "HTTP/1.1 <status> <reason>" head, the fields, Content-Length, and
 // `Connection: close` when !keep_alive (or keep-alive for an HTTP/1.0 peer

@@ -4,7 +4,8 @@
 // parse is incremental-safe: feeding the same bytes in pieces (as the event
 // server does, re-parsing the whole buffer after each read) reaches the
 // same outcome as feeding them at once, never completing or failing on a
-// prefix differently from what the whole input says.
+// prefix differently from what the whole input says, also when the
+// prefix's chunked decoding is kept (ChunkedProgress) and resumed.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -15,6 +16,7 @@
 
 namespace {
 
+using idem::http1::ChunkedProgress;
 using idem::http1::Limits;
 using idem::http1::ParseRequest;
 using idem::http1::ParseResult;
@@ -81,7 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A prefix: the parser must not finish differently than on the whole.
   size_t cut = in.empty() ? 0 : split_seed * in.size() / 256;
   Request partial;
-  ParseResult p = ParseRequest(in.substr(0, cut), limits, &partial);
+  ChunkedProgress progress;
+  ParseResult p = ParseRequest(in.substr(0, cut), limits, &partial, 0, &progress);
   FUZZ_CHECK(p.consumed <= cut);
   if (p.status == ParseStatus::kComplete) {
     // A prefix that holds a whole request: it is the same request.
@@ -92,11 +95,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // An error seen early stays an error with more bytes.
     FUZZ_CHECK(r.status == ParseStatus::kError);
   } else {
-    // Resumed where the prefix's head scan stopped: the same outcome as
-    // parsing the whole from the start.
+    // Resumed where the prefix's head scan and chunked decoding stopped:
+    // the same outcome as parsing the whole from the start.
     FUZZ_CHECK(p.head_scanned <= cut);
+    FUZZ_CHECK(progress.body.size() <= limits.max_body_bytes);
+    FUZZ_CHECK(progress.decoded <= cut);
     Request resumed;
-    ParseResult q = ParseRequest(in, limits, &resumed, p.head_scanned);
+    ParseResult q = ParseRequest(in, limits, &resumed, p.head_scanned, &progress);
     FUZZ_CHECK(q.status == r.status);
     FUZZ_CHECK(q.consumed == r.consumed);
     FUZZ_CHECK(q.error_status == r.error_status);

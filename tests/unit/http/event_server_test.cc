@@ -635,6 +635,25 @@ TEST_CASE("a chunked request body sent in pieces reaches the handler decoded") {
   CHECK(r->body == "POST /chunked abcde");
 }
 
+TEST_CASE("a body at the limit in one-byte chunks, trickling in, reaches the handler whole") {
+  Running s(EchoCallbacks());  // max_body_bytes = 1024: framing up to 64 KiB + 256 bytes
+  Client c(s.port());
+  REQUIRE(c.ok());
+  REQUIRE(c.Send("POST /chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  std::string data;
+  for (int i = 0; i < 1024; ++i) {
+    const char byte = static_cast<char>('a' + i % 26);
+    data += byte;
+    REQUIRE(c.Send(std::string("1\r\n") + byte + "\r\n"));
+    if (i % 128 == 0) std::this_thread::sleep_for(1ms);  // read after read, resumed each time
+  }
+  REQUIRE(c.Send("0\r\n\r\n"));
+  std::optional<Reply> r = c.Read();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "POST /chunked " + data);
+}
+
 // -------------------------------------------------------------- keep-alive
 
 TEST_CASE("an HTTP/1.0 request without keep-alive is answered, then the connection closes") {

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -379,6 +380,77 @@ TEST_CASE("a chunked body longer than max_body_bytes is refused with 413") {
   SUBCASE("exactly max_body_bytes is accepted") {
     Request req = MustParse(head + "8\r\n01234567\r\n8\r\n01234567\r\n0\r\n\r\n", l);
     CHECK(req.body.size() == 16);
+  }
+}
+
+TEST_CASE("chunk framing past MaxChunkFraming is refused with 413, however small the data") {
+  Limits l;
+  l.max_body_bytes = 4096;  // framing: 64 KiB + 1 KiB
+  const std::string head = "POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  CHECK(MaxChunkFraming(l) == (64 << 10) + 1024);
+  // Empty-looking chunks cannot be sent (size 0 ends the body), so the
+  // framing grows through extensions: 1,000 bytes of them on each 1-byte chunk.
+  const std::string chunk = "1;" + std::string(997, 'e') + "\r\nx\r\n";
+  std::string body;
+  for (int i = 0; i < 70; ++i) body += chunk;
+  Request req;
+  ParseResult r = ParseRequest(head + body, l, &req);
+  REQUIRE(r.status == ParseStatus::kError);
+  CHECK(r.error_status == 413);
+  CHECK(r.error.find("framing") != std::string::npos);
+  // The same framing in fewer chunks is a body.
+  std::string fewer;
+  for (int i = 0; i < 60; ++i) fewer += chunk;
+  CHECK(MustParse(head + fewer + "0\r\n\r\n", l).body == std::string(60, 'x'));
+  // One acceptable request, at its largest, fits MaxRequestBytes.
+  CHECK(MaxRequestBytes(l) >= 2 * l.max_head_bytes + l.max_body_bytes + MaxChunkFraming(l));
+}
+
+TEST_CASE("a body of 1 MiB in 24-byte chunks is accepted under the default limits") {
+  const std::string head = "POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string body;
+  for (size_t i = 0; i < (1u << 20) / 24; ++i) body += "18\r\n0123456789abcdef01234567\r\n";
+  body += "10\r\n0123456789abcdef\r\n";  // 43,690 x 24 + 16 = 1 MiB
+  const std::string whole = head + body + "0\r\n\r\n";
+  CHECK(whole.size() <= MaxRequestBytes(Limits()));
+  CHECK(MustParse(whole).body.size() == (1u << 20));
+}
+
+TEST_CASE(
+    "a chunked body decoded as it arrives, resumed each time, equals the body decoded whole") {
+  const std::string head = "POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string framed;
+  std::string data;
+  for (int i = 1; i <= 40; ++i) {
+    std::string piece(static_cast<size_t>(i % 7 + 1), static_cast<char>('a' + i % 26));
+    char size[8];
+    std::snprintf(size, sizeof size, "%zx", piece.size());
+    framed += std::string(size) + (i % 5 == 0 ? ";ext=1" : "") + "\r\n" + piece + "\r\n";
+    data += piece;
+  }
+  const std::string whole = head + framed + "0\r\nX-Trailer: t\r\n\r\nGET /next";
+  Request once;
+  ParseResult all = ParseRequest(whole, Limits(), &once);
+  REQUIRE(all.status == ParseStatus::kComplete);
+  CHECK(once.body == data);
+  ChunkedProgress progress;
+  size_t scanned = 0;
+  for (size_t n = 1; n <= all.consumed; ++n) {
+    Request req;
+    ParseResult r =
+        ParseRequest(std::string_view(whole).substr(0, n), Limits(), &req, scanned, &progress);
+    if (n < all.consumed) {
+      REQUIRE_MESSAGE(r.status == ParseStatus::kNeedMore, n);
+      scanned = r.head_scanned;
+      CHECK(progress.body.size() <= data.size());
+      CHECK(data.compare(0, progress.body.size(), progress.body) == 0);
+      continue;
+    }
+    REQUIRE(r.status == ParseStatus::kComplete);
+    CHECK(r.consumed == all.consumed);
+    CHECK(req.body == data);
+    CHECK(progress.decoded == 0);  // given back whole
+    CHECK(progress.body.empty());
   }
 }
 
