@@ -159,12 +159,17 @@ void OutboxDispatcher::ReleaseLease(Subscriber& s) {
 }
 
 OutboxDispatcher::Delivered OutboxDispatcher::WaitHolding(Subscriber& s, int64_t ms) {
-  const int64_t slice = leases_ == nullptr ? ms : std::max<int64_t>(1, s.lease_ttl_ms / 4);
+  // In slices: the lease is renewed, and a replay asked for meanwhile is
+  // posted, while an event's retries wait out their backoff.
+  int64_t slice = std::min<int64_t>(ms, kReplayScanMs);
+  if (leases_ != nullptr)
+    slice = std::min<int64_t>(slice, std::max<int64_t>(1, s.lease_ttl_ms / 4));
   while (ms > 0) {
-    const int64_t step = std::min(ms, slice);
+    const int64_t step = std::min(ms, std::max<int64_t>(1, slice));
     if (!Wait(step)) return Delivered::kStopping;
     ms -= step;
     if (!Hold(s)) return Delivered::kLost;
+    ReplayRequested(s);
   }
   return Delivered::kDone;
 }
@@ -336,6 +341,7 @@ void OutboxDispatcher::Run(Subscriber& s) {
       continue;
     }
     for (const OutboxEvent& e : *events) {
+      ReplayRequested(s);  // between events too, not once a batch
       Delivered d = Deliver(s, e);
       if (d == Delivered::kStopping) return;
       if (d == Delivered::kLost) break;  // the new holder starts from the cursor

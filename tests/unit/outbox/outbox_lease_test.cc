@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -192,6 +193,43 @@ TEST_CASE("a replay asked for behind thousands of older dead letters is posted")
   }
   CHECK(o.DeadLetters("sink", kDead - 1, 1)->empty());  // delivered: no longer dead
   CHECK(o.DeadLetters("sink", 0, 10'000)->size() == kDead - 1);
+  a->Stop();
+}
+
+TEST_CASE("a replay asked for while another event backs off between retries is posted at once") {
+  SharedStore t;
+  OutboxConfig c = t.Config("a");
+  c.subscribers["sink"].retry.attempts = 5;
+  c.subscribers["sink"].retry.cap_ms = 3'000;
+  auto a = t.Dispatcher(c, *t.http_a, "daemon-a", false);
+  // The first event is refused for good (404): a dead letter.
+  t.sink->FailNext(1, 404);
+  t.Stage(1);
+  a->Start();
+  OutboxStore& o = t.store->outbox();
+  auto waited = [](const std::function<bool()>& done, int64_t ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  };
+  REQUIRE(waited([&] { return o.DeadLetters("sink", 0, 10)->size() == 1; }, 5'000));
+  const OutboxEvent dead = o.DeadLetters("sink", 0, 10)->front().event;
+  // The next events meet a subscriber that says "come back in 3 s" four
+  // times each: a batch of them keeps the dispatcher busy for 30 s and more.
+  t.sink->FailNext(1'000, 503, 3);
+  t.Stage(3);
+  REQUIRE(waited([&] { return t.sink->calls().size() >= 2; }, 5'000));
+  REQUIRE(o.RequestReplay("sink", dead.seq).ok());
+  const auto asked = std::chrono::steady_clock::now();
+  // The replay goes out (and fails: the subscriber still refuses) within
+  // about a scan, not after the batch.
+  CHECK(waited([&] { return t.Posted()[dead.event_id].size() == 2; }, 4'000));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - asked)
+                        .count();
+  MESSAGE("replay posted after ", took, " ms");
   a->Stop();
 }
 
