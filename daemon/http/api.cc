@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "daemon/core/failpoints.h"
 #include "daemon/core/hidden_text.h"
 #include "daemon/core/json_diff.h"
 #include "daemon/core/mutex.h"
@@ -18,6 +19,8 @@ constexpr PageSize kDecisionsPage{50, 500};
 constexpr const char* kDecisionStatuses[] = {"decided"};
 constexpr PageSize kEscalationsPage{100, 1000};
 constexpr const char* kEscalationStates[] = {"open", "resolved"};
+// How long a promote's lock on its key lasts if its daemon dies holding it.
+constexpr int64_t kPromoteLockMs = 30'000;
 
 }  // namespace
 
@@ -425,6 +428,32 @@ std::vector<Route> BuildApiRoutes(ApiDeps deps) {
                         "/promote");
         }
         if (ctx.body.value("promote", false)) {
+          // Promotes of one key go one at a time, on every daemon of the
+          // store (a named lease of the daemon's own): each reads what the
+          // key answers with, replaces it and retires what it displaced.
+          // Two at once both retired the original's plan, and neither the
+          // other's decision, which a decide between them could give a plan.
+          const std::string lock = "idem.promote:" + original.decision_key;
+          const std::string holder = "promote " + ctx.request_id;
+          ASSIGN_OR_RETURN(LeaseResult held,
+                           deps.store.leases().Acquire(lock, holder, "", kPromoteLockMs,
+                                                       deps.clock.NowMillis()));
+          if (held.outcome == LeaseOutcome::kHeld) {
+            return Status(Code::kFailedPrecondition,
+                          "another promote of this decision's key is running (" +
+                              held.lease.holder +
+                              "): read the key's decision again when it is "
+                              "done, and promote then if this answer should still replace it",
+                          "/promote", /*retryable=*/true);
+          }
+          struct Unlock {
+            Store& store;
+            const std::string& lock;
+            const std::string& holder;
+            const std::string token;
+            ~Unlock() { (void)store.leases().Release(lock, holder, token); }
+          } unlock{deps.store, lock, holder, held.lease.token};
+          IDEM_FAILPOINT("api.promote_locked");
           // The replayed answer becomes the cached decision for the key;
           // its audit record is written first, so no promote goes
           // unrecorded (a Replace that then fails leaves the record, with

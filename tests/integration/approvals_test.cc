@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <thread>
 
 #include "daemon/core/crypto.h"
@@ -32,8 +33,9 @@ struct Fixture {
   std::unique_ptr<httplib::Client> client;
   std::string config_path;
 
-  // threads > 0: the daemon's handler threads (server.threads).
-  explicit Fixture(int threads = 0) {
+  // threads > 0: the daemon's handler threads (server.threads); env: the
+  // daemon's environment besides (failpoints).
+  explicit Fixture(int threads = 0, std::map<std::string, std::string> env = {}) {
     REQUIRE(target != nullptr);
     // The step's plans wait when the model says refund (a policy file);
     // refunds over 100 wait (inline); wires always wait, 1 s at most;
@@ -91,7 +93,7 @@ struct Fixture {
     }
     config_path = config;
     std::string err;
-    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, {}}, &err);
+    daemon = DaemonProcess::Start({config, dir.path() + "/data", {}, std::move(env)}, &err);
     REQUIRE_MESSAGE(daemon != nullptr, err);
     client = daemon->Client();
   }
@@ -698,6 +700,56 @@ TEST_CASE(
   REQUIRE(approve_p2);
   CHECK(approve_p2->status == 409);
   CHECK(f.Effects() == 0);
+}
+
+TEST_CASE(
+    "two promotes of one key at once: one replaces the decision, the other is refused and "
+    "writes nothing") {
+  // The first promote holds its key's lock 1.5 s, so the second meets it.
+  Fixture f(0, {{"IDEM_FAILPOINTS", "api.promote_locked=1*delay(1500)"}});
+  const Json decide = {{"step", "triage_ticket"}, {"input", {{"ticket_id", "T-21"}}}};
+  auto d1 = f.Post("/v1/decide", decide, kAgent);
+  REQUIRE(d1->status == 200);
+  const std::string d1_id = J(d1)["decision_id"];
+  const std::string p1 = J(d1)["plan"]["plan_id"];
+  auto promotes = [&] {
+    size_t n = 0;
+    const Json audit = J(f.Get("/v1/audit?from_seq=1&limit=100", kAdmin));
+    for (const Json& e : audit["items"]) {
+      n += e.value("action", "") == "decision.promoted" ? 1 : 0;
+    }
+    return n;
+  };
+  REQUIRE(promotes() == 0);
+  int first_status = 0;
+  std::string first_body;
+  std::thread first([&] {
+    auto c = f.daemon->Client();
+    auto r = c->Post(("/v1/decisions/" + d1_id + "/replay").c_str(),
+                     {{"Authorization", std::string("Bearer ") + kOperator}},
+                     Json{{"promote", true}}.dump(), "application/json");
+    if (r) {
+      first_status = r->status;
+      first_body = r->body;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto second = f.Post("/v1/decisions/" + d1_id + "/replay", {{"promote", true}}, kOperator2);
+  first.join();
+  REQUIRE(second);
+  REQUIRE_MESSAGE(first_status == 200, first_body);
+  CHECK(Json::parse(first_body)["promoted"] == true);
+  CHECK(Json::parse(first_body)["retired_plan_id"] == p1);
+  CHECK_MESSAGE(second->status == 409, second->body);
+  CHECK(J(second)["pointer"] == "/promote");
+  // One decision.promoted in the audit trail, and the key answers with the first's.
+  CHECK(promotes() == 1);
+  const std::string winner = Json::parse(first_body)["replayed"]["decision_id"];
+  auto now = f.Post("/v1/decide", decide, kAgent);
+  CHECK(J(now)["decision_id"] == winner);
+  // The lock is given back: a promote after it goes through.
+  auto third = f.Post("/v1/decisions/" + d1_id + "/replay", {{"promote", true}}, kOperator);
+  CHECK_MESSAGE(third->status == 200, third->body);
 }
 
 TEST_CASE(
