@@ -79,11 +79,19 @@ StatusOr<Decision> ImportedDecision(const Json& line) {
   StatusOr<Decision> d = Decision::FromJson(line);
   if (!d.ok()) {
     // FromJson speaks of stored records; say what is wrong with the line.
+    // FromJson names the member it refused as "field 'NAME'".
     const std::string& why = d.status().message();
     const size_t colon = why.find(": ");
+    std::string pointer;
+    if (const size_t at = why.find("field '"); at != std::string::npos) {
+      const size_t end = why.find('\'', at + 7);
+      if (end != std::string::npos)
+        pointer = "/" + JsonPointerToken(why.substr(at + 7, end - at - 7));
+    }
     return InvalidArgument(
         "the line is not an exported decision" +
-        (colon == std::string::npos ? std::string() : ": " + why.substr(colon + 2)));
+            (colon == std::string::npos ? std::string() : ": " + why.substr(colon + 2)),
+        pointer);
   }
   return d;
 }

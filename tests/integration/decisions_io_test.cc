@@ -330,6 +330,30 @@ TEST_CASE("an import refuses a line whose key material was edited and imports th
   CHECK(cli.out.find("\n5 ") != std::string::npos);  // line 5, counted across batches
 }
 
+TEST_CASE("an import line with a member of the wrong type is refused naming that member") {
+  TempDir dir;
+  const std::string config = WriteTestConfig(dir, kRules);
+  std::map<std::string, Json> recorded;
+  std::vector<Json> lines = Lines(RecordRun(dir, config, &recorded));
+  REQUIRE(lines.size() == 3);
+  std::string body;
+  const char* members[] = {"created_at_ms", "expires_at_ms", "step"};
+  for (size_t i = 0; i < 3; ++i) {
+    Json line = lines[i];
+    line[members[i]] = i == 2 ? Json(7) : Json("soon");
+    body += line.dump() + "\n";
+  }
+  auto imported = ImportIntoFreshStore(dir, config, body);
+  const Json& result = imported.second;
+  CHECK(result["refused"] == 3);
+  REQUIRE(result["results"].size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(result["results"][i]["verdict"] == "refused");
+    CHECK(result["results"][i]["field"] == std::string("/") + members[i]);
+  }
+}
+
 TEST_CASE(
     "an import refuses a prompt version its material contradicts, an output its step would "
     "refuse and a decision dated ahead of the daemon's clock") {
