@@ -23,6 +23,7 @@
 #include "daemon/core/env.h"
 #include "daemon/core/failpoints.h"
 #include "daemon/core/json.h"
+#include "daemon/core/sanitizers.h"
 #include "daemon/obs/log.h"
 #include "daemon/store/record_codec.h"
 
@@ -989,15 +990,6 @@ ChunkedSweep::~ChunkedSweep() {
 // pass through the library are suppressed; races between our own accesses
 // stay reported. Defined here, in the store library, so that every TSan
 // binary using the store (store, apply, decide, http tests) gets it.
-// GCC says -fsanitize=thread with __SANITIZE_THREAD__; clang 14 only with
-// __has_feature(thread_sanitizer).
-#if defined(__SANITIZE_THREAD__)
-#define IDEM_STORE_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define IDEM_STORE_UNDER_TSAN 1
-#endif
-#endif
-#if defined(IDEM_STORE_UNDER_TSAN)
+#if defined(IDEM_UNDER_TSAN)
 extern "C" const char* __tsan_default_suppressions() { return "race:librocksdb.so\n"; }
 #endif

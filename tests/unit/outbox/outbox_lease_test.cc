@@ -15,6 +15,7 @@
 #include "daemon/core/crypto.h"
 #include "daemon/core/env.h"
 #include "daemon/core/http_client.h"
+#include "daemon/core/sanitizers.h"
 #include "daemon/outbox/outbox.h"
 #include "tests/fakes/fake_effector.h"
 
@@ -202,13 +203,6 @@ TEST_CASE("a replay asked for behind thousands of older dead letters is posted")
 // TSan cannot see, and the read shows as a race in our frames (the
 // suppression in rocksdb_database.cc covers only stacks through the
 // library). The daemon's other builds run this test.
-#if defined(__SANITIZE_THREAD__)
-#define IDEM_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define IDEM_UNDER_TSAN 1
-#endif
-#endif
 
 TEST_CASE("a replay asked for while another event backs off between retries is posted at once") {
 #if defined(IDEM_UNDER_TSAN)
